@@ -1,0 +1,637 @@
+//! # agentjail-manifest
+//!
+//! The one description of an agentjail run. A [`Manifest`] says what runs (command, environment),
+//! on what (read-only inputs, an optional pinned image), what may come out (one output path,
+//! optionally checked against a JSON Schema), with which network access and under which limits.
+//! The CLI flags of `agentjail run`, manifest files (YAML or JSON) and the orchestrator all build
+//! this same type; nothing else describes a run.
+//!
+//! Parsing ([`Manifest::parse`]) has no side effects and refuses unknown fields with their line.
+//! Validation ([`Manifest::validate`]) resolves and checks everything that can be checked before
+//! the first syscall of a run (mount points, source paths, limits, expiry) and yields a
+//! [`ValidatedManifest`], the only form the engine accepts.
+//!
+//! The run report ([`report::RunReport`]) lives here too, because every consumer (CLI, verifier,
+//! receipts, orchestrator) speaks it.
+//!
+//! Tested by unit tests in this crate and by the CLI's integration tests, which run real manifests.
+
+pub mod report;
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Version tag of the manifest format. Bumped on any incompatible change.
+pub const MANIFEST_SCHEMA: &str = "agentjail.manifest/v1";
+
+/// Upper bounds on limits: a manifest asking for more is refused as absurd, not clamped.
+pub mod bounds {
+    /// Wall-clock seconds: at most one day.
+    pub const MAX_SECONDS: u64 = 86_400;
+    /// Memory: at least 16 MiB (a dynamic loader and a shell need that), at most 64 GiB.
+    pub const MIN_MEMORY_MB: u64 = 16;
+    pub const MAX_MEMORY_MB: u64 = 65_536;
+    /// Processes and threads of the whole tree.
+    pub const MAX_PROCESSES: u64 = 4_096;
+    /// Total bytes under /output.
+    pub const MAX_OUTPUT_MB: u64 = 4_096;
+    /// Environment: entries and bytes per value.
+    pub const MAX_ENV: usize = 256;
+    pub const MAX_ENV_VALUE: usize = 32 * 1024;
+    /// Inputs per run.
+    pub const MAX_INPUTS: usize = 64;
+    /// Command words and bytes per word.
+    pub const MAX_ARGS: usize = 4_096;
+    pub const MAX_ARG_BYTES: usize = 128 * 1024;
+    /// Longest sandbox path accepted.
+    pub const MAX_PATH: usize = 1_024;
+}
+
+/// One run, as the user or the orchestrator describes it.
+///
+/// Every field has a default except `command`. Unknown fields are refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "agentjail manifest (agentjail.manifest/v1)")]
+pub struct Manifest {
+    /// Caller's identifier for this run; recorded in the report and the receipt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    /// Digest of the root filesystem image the run must use. For the host image, omit it or
+    /// give the host image's digest (printed by `agentjail check`); a mismatch refuses the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_digest: Option<String>,
+    /// The identity the command runs as. Only `nonroot` (uid/gid 65534 inside) exists.
+    #[serde(default)]
+    pub user: User,
+    /// Read-only inputs bound into the sandbox.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<Input>,
+    /// The one artifact the run must produce, e.g. `/output/summary.json`. When set, the run is
+    /// `ok` only if exactly this file exists and passes verification; other files are dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+    /// JSON Schema (draft 2020-12) the output must satisfy; a path relative to the manifest's
+    /// folder (CLI) or a schema stored by the orchestrator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<String>,
+    /// Network access: `deny` (loopback only, no DNS, no route).
+    #[serde(default)]
+    pub network: Network,
+    /// Resource limits.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Refuse to start at or after this instant (RFC 3339, e.g. `2030-01-01T00:00:00Z`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>", extend("format" = "date-time"))]
+    pub expires_at: Option<String>,
+    /// Program and arguments. A program without `/` is looked up in the sandbox's PATH.
+    pub command: Vec<String>,
+    /// Environment of the command. Nothing of the caller's environment leaks in; these are added
+    /// to the sandbox defaults (`PATH`, `HOME`, `LANG`, `TMPDIR`), and may override them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+}
+
+/// The sandbox user. One value today; an enum so that a manifest asking for `root` is refused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum User {
+    /// uid 65534, gid 65534 inside the sandbox; an unprivileged uid on the host.
+    #[default]
+    Nonroot,
+}
+
+/// A read-only input.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Input {
+    /// Host path of a file or directory, relative to the manifest's folder (or absolute, inside
+    /// an allowed source root). Symlinks are followed when resolving, then the result is checked.
+    pub source: String,
+    /// Where it appears in the sandbox: below `/input` or `/work`.
+    pub mount: String,
+    /// Only `read-only` exists.
+    #[serde(default)]
+    pub mode: Mode,
+}
+
+/// Access mode of an input.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Mode {
+    #[default]
+    #[serde(rename = "read-only")]
+    ReadOnly,
+}
+
+/// Network policy: `deny`, or an allowlist served by the egress gateway.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(from = "NetworkRepr", into = "NetworkRepr")]
+#[schemars(with = "NetworkRepr")]
+pub enum Network {
+    /// A network namespace with loopback alone: no route, no DNS.
+    #[default]
+    Deny,
+    /// Loopback alone, plus a proxy endpoint inside the sandbox that reaches only the
+    /// allowed destinations.
+    Allow(EgressPolicy),
+}
+
+/// The only word accepted for `network`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkWord {
+    Deny,
+}
+
+/// How `network` is written: `deny`, or `{allow: [...], allow_private: [...]}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged, expecting = "`deny` or a map with `allow` (and optionally `allow_private`)")]
+pub enum NetworkRepr {
+    Word(NetworkWord),
+    Policy(EgressPolicy),
+}
+
+impl From<NetworkRepr> for Network {
+    fn from(r: NetworkRepr) -> Network {
+        match r {
+            NetworkRepr::Word(NetworkWord::Deny) => Network::Deny,
+            NetworkRepr::Policy(p) => Network::Allow(p),
+        }
+    }
+}
+
+impl From<Network> for NetworkRepr {
+    fn from(n: Network) -> NetworkRepr {
+        match n {
+            Network::Deny => NetworkRepr::Word(NetworkWord::Deny),
+            Network::Allow(p) => NetworkRepr::Policy(p),
+        }
+    }
+}
+
+/// Destinations the egress gateway may connect to.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EgressPolicy {
+    /// Allowed destinations. A request matching none is refused.
+    pub allow: Vec<AllowRule>,
+    /// CIDRs that may be reached even though they are private, loopback or link-local
+    /// (e.g. `127.0.0.1/32` in tests). Empty by default.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_private: Vec<String>,
+}
+
+/// One allowed destination.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AllowRule {
+    /// An exact host name (`api.example.com`), or one wildcard label at the left
+    /// (`*.example.com`, matching subdomains only).
+    pub host: String,
+    /// Allowed ports (at least one).
+    pub ports: Vec<u16>,
+}
+
+/// Resource limits of one run. Each must be within [`bounds`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Wall-clock limit in seconds (default 30, at most 86400).
+    #[serde(default = "Limits::default_seconds")]
+    pub seconds: u64,
+    /// Memory of the whole process tree in MiB, page cache and tmpfs included (default 256).
+    #[serde(default = "Limits::default_memory_mb")]
+    pub memory_mb: u64,
+    /// Processes and threads of the whole tree (default 16, at most 4096).
+    #[serde(default = "Limits::default_processes")]
+    pub processes: u64,
+    /// Total bytes under /output in MiB (default 5).
+    #[serde(default = "Limits::default_output_mb")]
+    pub output_mb: u64,
+}
+
+impl Limits {
+    fn default_seconds() -> u64 {
+        30
+    }
+    fn default_memory_mb() -> u64 {
+        256
+    }
+    fn default_processes() -> u64 {
+        16
+    }
+    fn default_output_mb() -> u64 {
+        5
+    }
+    /// Memory limit in bytes.
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory_mb * 1024 * 1024
+    }
+    /// Output limit in bytes.
+    pub fn output_bytes(&self) -> u64 {
+        self.output_mb * 1024 * 1024
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            seconds: Self::default_seconds(),
+            memory_mb: Self::default_memory_mb(),
+            processes: Self::default_processes(),
+            output_mb: Self::default_output_mb(),
+        }
+    }
+}
+
+/// Why a manifest was refused. Every message is one line that names the field.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("manifest: {0}")]
+    Syntax(String),
+    #[error("manifest field `{field}`: {reason}")]
+    Field { field: String, reason: String },
+    #[error("manifest: cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn field(field: impl Into<String>, reason: impl Into<String>) -> ManifestError {
+    ManifestError::Field {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// Where the sources of inputs (and the output schema) may come from.
+#[derive(Debug, Clone)]
+pub struct SourcePolicy {
+    /// Relative sources are resolved against this folder (the manifest's folder).
+    pub base_dir: PathBuf,
+    /// After resolving symlinks, a source must lie below one of these (canonical) folders.
+    /// `None` means any host path (the CLI's `--ro` flags: the caller names paths itself).
+    pub roots: Option<Vec<PathBuf>>,
+}
+
+/// A manifest that passed every check that can be made before a run, with inputs resolved.
+#[derive(Debug, Clone)]
+pub struct ValidatedManifest {
+    pub manifest: Manifest,
+    /// Resolved inputs, in manifest order.
+    pub inputs: Vec<ResolvedInput>,
+    /// The output schema, resolved to a host path (CLI mode).
+    pub output_schema_path: Option<PathBuf>,
+    /// sha256 of the canonical JSON form of `manifest` (RFC 8785), `sha256:<hex>`.
+    pub digest: String,
+}
+
+/// An input whose source was resolved on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedInput {
+    /// Canonical host path (symlinks resolved).
+    pub host_path: PathBuf,
+    /// Absolute, normalized sandbox path.
+    pub mount: String,
+    /// True for a directory, false for a regular file.
+    pub is_dir: bool,
+}
+
+impl Manifest {
+    /// A manifest for `command` with every other field at its default.
+    pub fn for_command(command: Vec<String>) -> Manifest {
+        Manifest {
+            request_id: None,
+            image_digest: None,
+            user: User::Nonroot,
+            inputs: Vec::new(),
+            output: None,
+            output_schema: None,
+            network: Network::Deny,
+            limits: Limits::default(),
+            expires_at: None,
+            command,
+            env: BTreeMap::new(),
+        }
+    }
+
+    /// Parses a manifest from text. JSON is recognised by content (a leading `{`), anything else
+    /// is read as YAML. Unknown fields and wrong types are refused with their line.
+    pub fn parse(text: &str) -> Result<Manifest, ManifestError> {
+        if text.trim_start().starts_with('{') {
+            serde_json::from_str(text).map_err(|e| ManifestError::Syntax(e.to_string()))
+        } else {
+            yaml_serde::from_str(text).map_err(|e| ManifestError::Syntax(one_line(&e.to_string())))
+        }
+    }
+
+    /// Reads and parses a manifest file; the file's folder becomes the base of relative sources.
+    pub fn load(path: &Path) -> Result<Manifest, ManifestError> {
+        let meta = std::fs::metadata(path).map_err(|source| ManifestError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        if meta.len() > 1024 * 1024 {
+            return Err(ManifestError::Syntax(format!(
+                "{} is larger than 1 MiB",
+                path.display()
+            )));
+        }
+        let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Manifest::parse(&text)
+    }
+
+    /// The JSON Schema of the manifest format, generated from these types.
+    pub fn json_schema() -> serde_json::Value {
+        serde_json::to_value(schemars::schema_for!(Manifest)).unwrap_or_default()
+    }
+
+    /// sha256 over the RFC 8785 canonical JSON form, as `sha256:<hex>`.
+    pub fn canonical_digest(&self) -> String {
+        let bytes = serde_jcs::to_vec(self).unwrap_or_default();
+        format!("sha256:{}", hex(&Sha256::digest(&bytes)))
+    }
+
+    /// Checks everything that can be checked before a run, resolving input sources under
+    /// `policy`. `now` is the instant expiry is judged against.
+    pub fn validate(
+        self,
+        policy: &SourcePolicy,
+        now: jiff::Timestamp,
+    ) -> Result<ValidatedManifest, ManifestError> {
+        let m = self;
+        if let Some(id) = &m.request_id {
+            if id.is_empty() || id.len() > 128 || !id.chars().all(is_id_char) {
+                return Err(field(
+                    "request_id",
+                    "must be 1-128 characters of A-Z a-z 0-9 . _ : -",
+                ));
+            }
+        }
+        if let Some(d) = &m.image_digest {
+            if !d.starts_with("sha256:") || d.len() > 128 || d.chars().any(|c| c.is_control()) {
+                return Err(field("image_digest", "must have the form sha256:<hex>"));
+            }
+        }
+        check_limits(&m.limits)?;
+        if let Some(exp) = &m.expires_at {
+            let t: jiff::Timestamp = exp.parse().map_err(|e| {
+                field(
+                    "expires_at",
+                    format!("not an RFC 3339 instant ({e}); e.g. 2030-01-01T00:00:00Z"),
+                )
+            })?;
+            if t <= now {
+                return Err(field(
+                    "expires_at",
+                    format!("the manifest expired at {t}; refusing to start"),
+                ));
+            }
+        }
+        check_command(&m.command)?;
+        check_env(&m.env)?;
+
+        if m.inputs.len() > bounds::MAX_INPUTS {
+            return Err(field(
+                "inputs",
+                format!("at most {} inputs", bounds::MAX_INPUTS),
+            ));
+        }
+        let mut inputs: Vec<ResolvedInput> = Vec::with_capacity(m.inputs.len());
+        for (i, input) in m.inputs.iter().enumerate() {
+            let name = format!("inputs[{i}].mount");
+            let mount = normalize_sandbox_path(&input.mount).map_err(|r| field(&name, r))?;
+            if !(under(&mount, "/input") || under(&mount, "/work")) {
+                let hint = if mount == "/input" || mount == "/work" {
+                    "must name a path below /input or /work, not the folder itself".to_string()
+                } else if under(&mount, "/output") || mount == "/output" {
+                    "inputs cannot be mounted under /output, which holds only what the command writes".to_string()
+                } else {
+                    format!("{mount} is outside /input and /work")
+                };
+                return Err(field(&name, hint));
+            }
+            for other in &inputs {
+                if mount == other.mount || under(&mount, &other.mount) || under(&other.mount, &mount)
+                {
+                    return Err(field(
+                        &name,
+                        format!("{mount} overlaps the input mounted at {}", other.mount),
+                    ));
+                }
+            }
+            let host_path = resolve_source(&input.source, policy)
+                .map_err(|r| field(format!("inputs[{i}].source"), r))?;
+            let meta = std::fs::metadata(&host_path).map_err(|e| {
+                field(format!("inputs[{i}].source"), format!("{}: {e}", input.source))
+            })?;
+            if !(meta.is_file() || meta.is_dir()) {
+                return Err(field(
+                    format!("inputs[{i}].source"),
+                    format!("{} is neither a regular file nor a directory", input.source),
+                ));
+            }
+            inputs.push(ResolvedInput {
+                host_path,
+                mount,
+                is_dir: meta.is_dir(),
+            });
+        }
+
+        if let Some(out) = &m.output {
+            let p = normalize_sandbox_path(out).map_err(|r| field("output", r))?;
+            if !under(&p, "/output") {
+                return Err(field("output", format!("{p} is not below /output")));
+            }
+        }
+        let output_schema_path = match &m.output_schema {
+            None => None,
+            Some(s) => {
+                if m.output.is_none() {
+                    return Err(field(
+                        "output_schema",
+                        "needs `output`: the schema applies to that one file",
+                    ));
+                }
+                Some(resolve_source(s, policy).map_err(|r| field("output_schema", r))?)
+            }
+        };
+        let digest = m.canonical_digest();
+        Ok(ValidatedManifest {
+            manifest: m,
+            inputs,
+            output_schema_path,
+            digest,
+        })
+    }
+}
+
+impl ValidatedManifest {
+    /// The output path relative to /output (e.g. `summary.json`), when one is named.
+    pub fn output_relative(&self) -> Option<String> {
+        self.manifest.output.as_deref().and_then(|o| {
+            normalize_sandbox_path(o)
+                .ok()
+                .and_then(|p| p.strip_prefix("/output/").map(str::to_owned))
+        })
+    }
+}
+
+fn is_id_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')
+}
+
+fn check_limits(l: &Limits) -> Result<(), ManifestError> {
+    use bounds::*;
+    let checks: [(&str, u64, u64, u64); 4] = [
+        ("limits.seconds", l.seconds, 1, MAX_SECONDS),
+        ("limits.memory_mb", l.memory_mb, MIN_MEMORY_MB, MAX_MEMORY_MB),
+        ("limits.processes", l.processes, 1, MAX_PROCESSES),
+        ("limits.output_mb", l.output_mb, 1, MAX_OUTPUT_MB),
+    ];
+    for (name, v, lo, hi) in checks {
+        if v < lo || v > hi {
+            return Err(field(name, format!("{v} is outside {lo}..={hi}")));
+        }
+    }
+    Ok(())
+}
+
+fn check_command(cmd: &[String]) -> Result<(), ManifestError> {
+    if cmd.is_empty() || cmd[0].is_empty() {
+        return Err(field("command", "must name a program"));
+    }
+    if cmd.len() > bounds::MAX_ARGS {
+        return Err(field("command", format!("at most {} words", bounds::MAX_ARGS)));
+    }
+    for (i, a) in cmd.iter().enumerate() {
+        if a.contains('\0') {
+            return Err(field(format!("command[{i}]"), "contains a NUL byte"));
+        }
+        if a.len() > bounds::MAX_ARG_BYTES {
+            return Err(field(format!("command[{i}]"), "is too long"));
+        }
+    }
+    Ok(())
+}
+
+fn check_env(env: &BTreeMap<String, String>) -> Result<(), ManifestError> {
+    if env.len() > bounds::MAX_ENV {
+        return Err(field("env", format!("at most {} variables", bounds::MAX_ENV)));
+    }
+    for (k, v) in env {
+        let ok_key = !k.is_empty()
+            && k.len() <= 256
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !k.starts_with(|c: char| c.is_ascii_digit());
+        if !ok_key {
+            return Err(field(
+                "env",
+                format!("{k:?} is not a variable name (A-Z a-z 0-9 _, not starting with a digit)"),
+            ));
+        }
+        if v.contains('\0') || v.len() > bounds::MAX_ENV_VALUE {
+            return Err(field(
+                format!("env.{k}"),
+                "contains a NUL byte or is too long",
+            ));
+        }
+        // LD_* would let a value steer the dynamic loader of every program in the sandbox;
+        // that is the command's business only if the manifest's author means it, so it is
+        // allowed, but it cannot reach anything the sandbox does not already expose.
+    }
+    Ok(())
+}
+
+/// Normalizes an absolute sandbox path: refuses `..`, `.`, empty components after the root,
+/// control characters and overlong paths, and returns it without a trailing slash.
+pub fn normalize_sandbox_path(p: &str) -> Result<String, String> {
+    if !p.starts_with('/') {
+        return Err(format!("{p:?} is not an absolute path"));
+    }
+    if p.len() > bounds::MAX_PATH {
+        return Err("path is too long".into());
+    }
+    if p.chars().any(|c| c.is_control()) {
+        return Err(format!("{p:?} contains a control character"));
+    }
+    let mut out = String::new();
+    for comp in p.split('/').filter(|c| !c.is_empty()) {
+        if comp == ".." || comp == "." {
+            return Err(format!("{p:?} contains a `{comp}` component"));
+        }
+        out.push('/');
+        out.push_str(comp);
+    }
+    if out.is_empty() {
+        return Err("the sandbox root cannot be a mount point".into());
+    }
+    Ok(out)
+}
+
+/// True when `p` lies strictly below `dir` (both normalized).
+fn under(p: &str, dir: &str) -> bool {
+    p.len() > dir.len() && p.starts_with(dir) && p.as_bytes()[dir.len()] == b'/'
+}
+
+fn resolve_source(source: &str, policy: &SourcePolicy) -> Result<PathBuf, String> {
+    if source.is_empty() || source.contains('\0') {
+        return Err("empty or contains a NUL byte".into());
+    }
+    let raw = Path::new(source);
+    let joined = if raw.is_absolute() {
+        raw.to_path_buf()
+    } else {
+        policy.base_dir.join(raw)
+    };
+    let canon = joined
+        .canonicalize()
+        .map_err(|e| format!("{source}: {e}"))?;
+    if let Some(roots) = &policy.roots {
+        if !roots.iter().any(|r| canon.starts_with(r)) {
+            let allowed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+            return Err(format!(
+                "{source} resolves to {}, outside the allowed source folder(s) {}; hint: pass --source-root DIR to allow another folder",
+                canon.display(),
+                allowed.join(", ")
+            ));
+        }
+    }
+    // Reject paths whose components could confuse mount handling later.
+    if canon.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err(format!("{source}: unexpected `..` after resolution"));
+    }
+    Ok(canon)
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Lowercase hex of bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// `sha256:<hex>` of bytes.
+pub fn sha256_digest(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex(&Sha256::digest(bytes)))
+}
+
+#[cfg(test)]
+mod tests;
