@@ -3,6 +3,7 @@
 //! Placeholder crate doc; completed below.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+pub mod collect;
 pub mod json;
 pub mod schema;
 pub mod text;

@@ -1,0 +1,715 @@
+//! Collecting what a sandboxed command left in its output directory, trusting nothing.
+//!
+//! The source is an open directory (the sandbox's `/output`) whose content is hostile: it may
+//! hold symlinks to host files, hard links, FIFOs that would block a reader, sockets, device
+//! nodes, names with control characters, millions of entries or deep nesting. [`collect`]
+//! walks it iteratively (at most [`MAX_DEPTH`] levels and [`MAX_ENTRIES`] entries, with at most
+//! two open descriptors per level), opening every entry relative to its parent's descriptor
+//! with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS |
+//! RESOLVE_NO_XDEV)` and `O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC`. Every entry is
+//! classified with `fstatat(AT_SYMLINK_NOFOLLOW)` before it is opened (so FIFOs, sockets and
+//! devices are never opened at all) and again with `fstat` after (a swap in between is refused).
+//! Only regular files with one link and directories pass; files are copied into a private
+//! staging folder, within a total byte budget, hashing while copying.
+
+use std::ffi::CStr;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use agentjail_manifest::report::{OutputFile, RejectedFile};
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
+use sha2::{Digest, Sha256};
+
+use crate::text::{escape_name, is_unsafe_char};
+
+/// Deepest path accepted, in components (`a/b/c` is 3). A directory at this level is refused,
+/// since anything inside it would be deeper.
+pub const MAX_DEPTH: usize = 16;
+/// Most entries (files, directories and refused entries together) examined.
+pub const MAX_ENTRIES: usize = 10_000;
+
+/// What came out of the output directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CollectReport {
+    /// Files copied into the staging folder, in path order.
+    pub files: Vec<OutputFile>,
+    /// Entries that were refused, with the reason.
+    pub rejected: Vec<RejectedFile>,
+}
+
+/// A failure on the host side (the staging folder or the output descriptor itself), as opposed
+/// to hostile content, which is reported in [`CollectReport::rejected`]. After one, the staging
+/// folder's content is incomplete and should be discarded.
+#[derive(Debug, thiserror::Error)]
+pub enum CollectError {
+    #[error("output directory: {0}")]
+    Source(#[source] std::io::Error),
+    #[error("output directory descriptor is not a directory")]
+    SourceNotDirectory,
+    #[error("staging folder {}: {source}", .path.display())]
+    Staging {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "staging folder {} must be an empty directory owned by the current user with mode 0700",
+        .path.display()
+    )]
+    StagingNotPrivate { path: PathBuf },
+}
+
+const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
+    .union(ResolveFlags::NO_SYMLINKS)
+    .union(ResolveFlags::NO_MAGICLINKS)
+    .union(ResolveFlags::NO_XDEV);
+
+fn open_flags() -> OFlags {
+    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC
+}
+
+/// One directory being walked: its source and staging descriptors, its relative path and the
+/// names still to examine.
+struct Frame {
+    src: OwnedFd,
+    dst: OwnedFd,
+    /// Relative path components (all valid, printable UTF-8).
+    rel: Vec<String>,
+    names: std::vec::IntoIter<Vec<u8>>,
+}
+
+struct Walk<'a> {
+    report: CollectReport,
+    dest: &'a Path,
+    budget: u64,
+    used: u64,
+    entries: usize,
+}
+
+/// Copies every acceptable file under `src` (an `O_DIRECTORY` descriptor of the sandbox's
+/// `/output`) into `dest` (an existing, empty, 0700 folder owned by the current user), keeping
+/// relative paths, within `max_total_bytes` of file content in total.
+///
+/// Created folders are 0700 and files 0600. Hostile entries are refused and listed with a
+/// reason; they never cause an error. `Err` means the host side failed (see [`CollectError`]).
+pub fn collect(
+    src: BorrowedFd<'_>,
+    dest: &Path,
+    max_total_bytes: u64,
+) -> Result<CollectReport, CollectError> {
+    let staging = |source: std::io::Error| CollectError::Staging {
+        path: dest.to_owned(),
+        source,
+    };
+    let root_stat = rustix::fs::fstat(src).map_err(|e| CollectError::Source(e.into()))?;
+    if !FileType::from_raw_mode(root_stat.st_mode).is_dir() {
+        return Err(CollectError::SourceNotDirectory);
+    }
+    let src_root = rustix::fs::openat(
+        src,
+        c".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| CollectError::Source(e.into()))?;
+    let dst_root = rustix::fs::open(
+        dest,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| staging(e.into()))?;
+    let st = rustix::fs::fstat(&dst_root).map_err(|e| staging(e.into()))?;
+    let not_private = st.st_uid != rustix::process::geteuid().as_raw() || st.st_mode & 0o077 != 0;
+    if not_private || !read_names(&dst_root, 1).map_err(staging)?.is_empty() {
+        return Err(CollectError::StagingNotPrivate {
+            path: dest.to_owned(),
+        });
+    }
+
+    let mut walk = Walk {
+        report: CollectReport::default(),
+        dest,
+        budget: max_total_bytes,
+        used: 0,
+        entries: 0,
+    };
+    let names = match read_names(&src_root, MAX_ENTRIES + 1) {
+        Ok(n) => n,
+        Err(e) => return Err(CollectError::Source(e)),
+    };
+    let mut stack = vec![Frame {
+        src: src_root,
+        dst: dst_root,
+        rel: Vec::new(),
+        names: names.into_iter(),
+    }];
+    while let Some(frame) = stack.last_mut() {
+        let Some(name) = frame.names.next() else {
+            stack.pop();
+            continue;
+        };
+        walk.entries += 1;
+        if walk.entries > MAX_ENTRIES {
+            walk.reject(
+                &frame.rel,
+                &name,
+                format!("more than {MAX_ENTRIES} entries; this and the rest were not collected"),
+            );
+            break;
+        }
+        if let Some(child) = walk.entry(frame, &name)? {
+            stack.push(child);
+        }
+    }
+    walk.report.files.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(walk.report)
+}
+
+/// Names in a directory except `.` and `..`, sorted, at most `limit` of them.
+fn read_names(dir: &OwnedFd, limit: usize) -> std::io::Result<Vec<Vec<u8>>> {
+    let fd = rustix::fs::openat(
+        dir,
+        c".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut d = Dir::new(fd)?;
+    let mut names = Vec::new();
+    while let Some(entry) = d.read() {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        names.push(name.to_vec());
+        if names.len() >= limit {
+            break;
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Why a name is unsafe, if it is: not UTF-8, a control or bidi character, `.`/`..`.
+fn name_ok(name: &[u8]) -> Option<&str> {
+    let s = std::str::from_utf8(name).ok()?;
+    if s.is_empty() || s == "." || s == ".." || s.contains('/') || s.chars().any(is_unsafe_char) {
+        return None;
+    }
+    Some(s)
+}
+
+fn kind_refused(t: FileType) -> &'static str {
+    match t {
+        FileType::Symlink => "symlink refused",
+        FileType::Fifo => "FIFO refused",
+        FileType::Socket => "socket refused",
+        FileType::CharacterDevice | FileType::BlockDevice => "device node refused",
+        _ => "unsupported file type refused",
+    }
+}
+
+fn errno_reason(e: Errno, what: &str) -> String {
+    match e {
+        Errno::LOOP => "symlink refused".into(),
+        Errno::XDEV => "mount point refused".into(),
+        other => format!("{what}: {}", std::io::Error::from(other)),
+    }
+}
+
+impl Walk<'_> {
+    fn reject(&mut self, rel: &[String], name: &[u8], reason: impl Into<String>) {
+        let mut path = rel.join("/");
+        if !path.is_empty() {
+            path.push('/');
+        }
+        path.push_str(&escape_name(name));
+        self.report.rejected.push(RejectedFile {
+            path,
+            reason: reason.into(),
+        });
+    }
+
+    fn staging_err(
+        &self,
+        rel: &[String],
+        name: &str,
+        e: impl Into<std::io::Error>,
+    ) -> CollectError {
+        let mut path = self.dest.to_owned();
+        for c in rel {
+            path.push(c);
+        }
+        path.push(name);
+        CollectError::Staging {
+            path,
+            source: e.into(),
+        }
+    }
+
+    /// Examines one entry of `frame`; returns a frame to descend into for an accepted directory.
+    fn entry(&mut self, frame: &Frame, raw: &[u8]) -> Result<Option<Frame>, CollectError> {
+        let Some(name) = name_ok(raw) else {
+            self.reject(&frame.rel, raw, "unsafe name");
+            return Ok(None);
+        };
+        let cname = match std::ffi::CString::new(raw) {
+            Ok(c) => c,
+            Err(_) => {
+                self.reject(&frame.rel, raw, "unsafe name");
+                return Ok(None);
+            }
+        };
+        let before =
+            match rustix::fs::statat(&frame.src, cname.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(s) => s,
+                Err(e) => {
+                    self.reject(&frame.rel, raw, errno_reason(e, "cannot examine"));
+                    return Ok(None);
+                }
+            };
+        let kind = FileType::from_raw_mode(before.st_mode);
+        if !(kind.is_file() || kind.is_dir()) {
+            self.reject(&frame.rel, raw, kind_refused(kind));
+            return Ok(None);
+        }
+        if kind.is_dir() && frame.rel.len() + 1 >= MAX_DEPTH {
+            self.reject(
+                &frame.rel,
+                raw,
+                format!("directory nested deeper than {MAX_DEPTH} levels refused"),
+            );
+            return Ok(None);
+        }
+        let flags = if kind.is_dir() {
+            open_flags() | OFlags::DIRECTORY
+        } else {
+            open_flags()
+        };
+        let fd = match rustix::fs::openat2(
+            &frame.src,
+            cname.as_c_str(),
+            flags,
+            Mode::empty(),
+            RESOLVE,
+        ) {
+            Ok(fd) => fd,
+            Err(e) => {
+                self.reject(&frame.rel, raw, errno_reason(e, "cannot open"));
+                return Ok(None);
+            }
+        };
+        let after = match rustix::fs::fstat(&fd) {
+            Ok(s) => s,
+            Err(e) => {
+                self.reject(&frame.rel, raw, errno_reason(e, "cannot examine"));
+                return Ok(None);
+            }
+        };
+        let kind_after = FileType::from_raw_mode(after.st_mode);
+        if kind_after != kind || after.st_ino != before.st_ino || after.st_dev != before.st_dev {
+            self.reject(&frame.rel, raw, "changed while being collected; refused");
+            return Ok(None);
+        }
+        if kind.is_dir() {
+            return self.enter_dir(frame, raw, name, &cname, fd);
+        }
+        if after.st_nlink > 1 {
+            self.reject(&frame.rel, raw, "hard link refused");
+            return Ok(None);
+        }
+        self.copy_file(frame, raw, name, &cname, fd, after.st_size)?;
+        Ok(None)
+    }
+
+    fn enter_dir(
+        &mut self,
+        frame: &Frame,
+        raw: &[u8],
+        name: &str,
+        cname: &CStr,
+        src: OwnedFd,
+    ) -> Result<Option<Frame>, CollectError> {
+        let remaining = (MAX_ENTRIES + 1).saturating_sub(self.entries);
+        let names = match read_names(&src, remaining.max(1)) {
+            Ok(n) => n,
+            Err(e) => {
+                self.reject(&frame.rel, raw, format!("cannot read directory: {e}"));
+                return Ok(None);
+            }
+        };
+        rustix::fs::mkdirat(&frame.dst, cname, Mode::from_raw_mode(0o700))
+            .map_err(|e| self.staging_err(&frame.rel, name, e))?;
+        let dst = rustix::fs::openat2(
+            &frame.dst,
+            cname,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            RESOLVE,
+        )
+        .map_err(|e| self.staging_err(&frame.rel, name, e))?;
+        let mut rel = frame.rel.clone();
+        rel.push(name.to_owned());
+        Ok(Some(Frame {
+            src,
+            dst,
+            rel,
+            names: names.into_iter(),
+        }))
+    }
+
+    fn copy_file(
+        &mut self,
+        frame: &Frame,
+        raw: &[u8],
+        name: &str,
+        cname: &CStr,
+        src: OwnedFd,
+        size: i64,
+    ) -> Result<(), CollectError> {
+        let remaining = self.budget.saturating_sub(self.used);
+        let too_big = format!("output exceeds {} bytes", self.budget);
+        if u64::try_from(size).map_or(true, |s| s > remaining) {
+            self.reject(&frame.rel, raw, too_big);
+            return Ok(());
+        }
+        let out = rustix::fs::openat(
+            &frame.dst,
+            cname,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| self.staging_err(&frame.rel, name, e))?;
+        let mut out = File::from(out);
+        // Read at most one byte more than the budget allows, to notice a file that grew.
+        let mut input = File::from(src).take(remaining.saturating_add(1));
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut copied: u64 = 0;
+        loop {
+            let n = match input.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    drop(out);
+                    self.discard(frame, name, cname)?;
+                    self.reject(&frame.rel, raw, format!("cannot read: {e}"));
+                    return Ok(());
+                }
+            };
+            copied += n as u64;
+            if copied > remaining {
+                drop(out);
+                self.discard(frame, name, cname)?;
+                self.reject(&frame.rel, raw, too_big);
+                return Ok(());
+            }
+            let chunk = buf.get(..n).unwrap_or_default();
+            hasher.update(chunk);
+            out.write_all(chunk)
+                .map_err(|e| self.staging_err(&frame.rel, name, e))?;
+        }
+        out.sync_all()
+            .map_err(|e| self.staging_err(&frame.rel, name, e))?;
+        self.used += copied;
+        let mut path = frame.rel.join("/");
+        if !path.is_empty() {
+            path.push('/');
+        }
+        path.push_str(name);
+        self.report.files.push(OutputFile {
+            path,
+            bytes: copied,
+            sha256: format!("sha256:{}", agentjail_manifest::hex(&hasher.finalize())),
+        });
+        Ok(())
+    }
+
+    fn discard(&self, frame: &Frame, name: &str, cname: &CStr) -> Result<(), CollectError> {
+        rustix::fs::unlinkat(&frame.dst, cname, AtFlags::empty())
+            .map_err(|e| self.staging_err(&frame.rel, name, e))
+    }
+}
+
+/// Opens `path` as an `O_DIRECTORY` descriptor suitable for [`collect`] (no symlink followed in
+/// its last component). A convenience for callers and tests that start from a host path.
+pub fn open_dir(path: &Path) -> std::io::Result<OwnedFd> {
+    Ok(rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+
+    struct Fixture {
+        _tmp: tempfile::TempDir,
+        src: PathBuf,
+        dest: PathBuf,
+        canary: PathBuf,
+    }
+
+    const CANARY: &[u8] = b"CANARY-SECRET-HOST-CONTENT";
+
+    fn fixture() -> Fixture {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("output");
+        let dest = tmp.path().join("staging");
+        std::fs::create_dir(&src).unwrap();
+        std::fs::create_dir(&dest).unwrap();
+        std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let canary = tmp.path().join("canary.txt");
+        std::fs::write(&canary, CANARY).unwrap();
+        Fixture {
+            _tmp: tmp,
+            src,
+            dest,
+            canary,
+        }
+    }
+
+    fn run(f: &Fixture, budget: u64) -> CollectReport {
+        let fd = open_dir(&f.src).unwrap();
+        collect(fd.as_fd(), &f.dest, budget).unwrap()
+    }
+
+    fn reason_of<'a>(r: &'a CollectReport, path: &str) -> &'a str {
+        r.rejected
+            .iter()
+            .find(|x| x.path == path)
+            .map(|x| x.reason.as_str())
+            .unwrap_or_else(|| panic!("{path} not rejected: {r:?}"))
+    }
+
+    /// Every file under `dir`, recursively, with its content.
+    fn staged(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut stack = vec![dir.to_owned()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                let m = std::fs::symlink_metadata(&p).unwrap();
+                if m.is_dir() {
+                    stack.push(p);
+                } else {
+                    assert!(m.is_file(), "{p:?} in staging is not a regular file");
+                    out.push((p.clone(), std::fs::read(&p).unwrap()));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    fn assert_canary_not_copied(f: &Fixture) {
+        for (p, content) in staged(&f.dest) {
+            assert!(
+                !content.windows(CANARY.len()).any(|w| w == CANARY),
+                "canary copied into {p:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn normal_tree_copies_exactly() {
+        let f = fixture();
+        std::fs::write(f.src.join("summary.json"), b"{\"a\":1}").unwrap();
+        std::fs::create_dir_all(f.src.join("sub/deeper")).unwrap();
+        std::fs::create_dir(f.src.join("empty")).unwrap();
+        std::fs::write(f.src.join("sub/b.txt"), b"hello").unwrap();
+        std::fs::write(f.src.join("sub/deeper/c.bin"), [0u8, 1, 2, 255]).unwrap();
+        std::fs::write(f.src.join("zero"), b"").unwrap();
+        let r = run(&f, 1 << 20);
+        assert!(r.rejected.is_empty(), "{r:?}");
+        let paths: Vec<&str> = r.files.iter().map(|x| x.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            ["sub/b.txt", "sub/deeper/c.bin", "summary.json", "zero"]
+        );
+        let b = &r.files[0];
+        assert_eq!(b.bytes, 5);
+        assert_eq!(b.sha256, agentjail_manifest::sha256_digest(b"hello"));
+        assert_eq!(std::fs::read(f.dest.join("sub/b.txt")).unwrap(), b"hello");
+        assert_eq!(
+            std::fs::read(f.dest.join("sub/deeper/c.bin")).unwrap(),
+            [0u8, 1, 2, 255]
+        );
+        assert!(f.dest.join("empty").is_dir());
+        let m = std::fs::metadata(f.dest.join("summary.json")).unwrap();
+        assert_eq!(m.mode() & 0o777, 0o600);
+        let m = std::fs::metadata(f.dest.join("sub/deeper")).unwrap();
+        assert_eq!(m.mode() & 0o777, 0o700);
+    }
+
+    #[test]
+    fn symlinks_are_refused_and_never_followed() {
+        let f = fixture();
+        symlink(&f.canary, f.src.join("link-to-canary")).unwrap();
+        symlink("../canary.txt", f.src.join("relative-link")).unwrap();
+        symlink(f.canary.parent().unwrap(), f.src.join("dir-link")).unwrap();
+        symlink("/etc", f.src.join("etc")).unwrap();
+        std::fs::write(f.src.join("ok.txt"), b"fine").unwrap();
+        let r = run(&f, 1 << 20);
+        for p in ["link-to-canary", "relative-link", "dir-link", "etc"] {
+            assert_eq!(reason_of(&r, p), "symlink refused");
+        }
+        assert_eq!(r.files.len(), 1);
+        assert_eq!(r.files[0].path, "ok.txt");
+        assert_canary_not_copied(&f);
+        assert!(!f.dest.join("etc").exists());
+    }
+
+    #[test]
+    fn hard_links_are_refused() {
+        let f = fixture();
+        // A hard link to a host file (same filesystem), and two links to one file inside.
+        std::fs::hard_link(&f.canary, f.src.join("canary-hardlink")).unwrap();
+        std::fs::write(f.src.join("a"), b"x").unwrap();
+        std::fs::hard_link(f.src.join("a"), f.src.join("b")).unwrap();
+        let r = run(&f, 1 << 20);
+        assert_eq!(reason_of(&r, "canary-hardlink"), "hard link refused");
+        assert_eq!(reason_of(&r, "a"), "hard link refused");
+        assert_eq!(reason_of(&r, "b"), "hard link refused");
+        assert!(r.files.is_empty());
+        assert_canary_not_copied(&f);
+    }
+
+    #[test]
+    fn fifo_socket_are_refused_without_blocking() {
+        let f = fixture();
+        let fifo = std::ffi::CString::new(f.src.join("fifo").as_os_str().as_bytes()).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            fifo.as_c_str(),
+            FileType::Fifo,
+            Mode::from_raw_mode(0o666),
+            0,
+        )
+        .unwrap();
+        let sub = f.src.join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let _listener = std::os::unix::net::UnixListener::bind(sub.join("sock")).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (src, dest) = (f.src.clone(), f.dest.clone());
+        std::thread::spawn(move || {
+            let fd = open_dir(&src).unwrap();
+            let _ = tx.send(collect(fd.as_fd(), &dest, 1 << 20).unwrap());
+        });
+        let r = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("collect blocked on a FIFO");
+        assert_eq!(reason_of(&r, "fifo"), "FIFO refused");
+        assert_eq!(reason_of(&r, "sub/sock"), "socket refused");
+        assert!(r.files.is_empty());
+    }
+
+    #[test]
+    fn unsafe_names_are_refused_and_escaped() {
+        let f = fixture();
+        std::fs::write(f.src.join("bad\nname"), b"x").unwrap();
+        std::fs::write(f.src.join("esc\x1b[31m"), b"x").unwrap();
+        std::fs::write(f.src.join("rtl\u{202E}txt.exe"), b"x").unwrap();
+        let non_utf8 = std::ffi::OsStr::from_bytes(b"bad\xff");
+        std::fs::write(f.src.join(non_utf8), b"x").unwrap();
+        std::fs::create_dir(f.src.join("dir\tname")).unwrap();
+        std::fs::write(f.src.join("dir\tname/inner"), b"x").unwrap();
+        std::fs::write(f.src.join("fine name (1).txt"), b"x").unwrap();
+        let r = run(&f, 1 << 20);
+        assert_eq!(reason_of(&r, "bad\\nname"), "unsafe name");
+        assert_eq!(reason_of(&r, "esc\\u{1b}[31m"), "unsafe name");
+        assert_eq!(reason_of(&r, "rtl\\u{202e}txt.exe"), "unsafe name");
+        assert_eq!(reason_of(&r, "bad\\xff"), "unsafe name");
+        assert_eq!(reason_of(&r, "dir\\tname"), "unsafe name");
+        assert_eq!(r.rejected.len(), 5);
+        assert_eq!(r.files.len(), 1);
+        assert_eq!(r.files[0].path, "fine name (1).txt");
+        for rej in &r.rejected {
+            assert!(!rej.path.chars().any(|c| c.is_control()), "{rej:?}");
+        }
+    }
+
+    #[test]
+    fn byte_budget_is_enforced() {
+        let f = fixture();
+        std::fs::write(f.src.join("a-small"), vec![b'a'; 60]).unwrap();
+        std::fs::write(f.src.join("b-big"), vec![b'b'; 200]).unwrap();
+        std::fs::write(f.src.join("c-fits"), vec![b'c'; 40]).unwrap();
+        std::fs::write(f.src.join("d-over"), vec![b'd'; 1]).unwrap();
+        let r = run(&f, 100);
+        assert_eq!(reason_of(&r, "b-big"), "output exceeds 100 bytes");
+        assert_eq!(reason_of(&r, "d-over"), "output exceeds 100 bytes");
+        let paths: Vec<&str> = r.files.iter().map(|x| x.path.as_str()).collect();
+        assert_eq!(paths, ["a-small", "c-fits"]);
+        assert!(!f.dest.join("b-big").exists());
+        assert!(!f.dest.join("d-over").exists());
+        assert_eq!(r.files.iter().map(|x| x.bytes).sum::<u64>(), 100);
+    }
+
+    #[test]
+    fn entry_count_is_bounded() {
+        let f = fixture();
+        for i in 0..(MAX_ENTRIES + 50) {
+            std::fs::write(f.src.join(format!("f{i:05}")), b"").unwrap();
+        }
+        let r = run(&f, 1 << 20);
+        assert_eq!(r.files.len(), MAX_ENTRIES);
+        assert_eq!(r.rejected.len(), 1);
+        assert!(r.rejected[0].reason.starts_with("more than 10000 entries"));
+    }
+
+    #[test]
+    fn deep_nesting_is_bounded() {
+        let f = fixture();
+        let mut p = f.src.clone();
+        for i in 0..30 {
+            p.push(format!("d{i}"));
+        }
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::write(p.join("deep.txt"), b"x").unwrap();
+        let mut ok = f.src.clone();
+        for i in 0..(MAX_DEPTH - 1) {
+            ok.push(format!("d{i}"));
+        }
+        std::fs::write(ok.join("at-limit.txt"), b"x").unwrap();
+        let r = run(&f, 1 << 20);
+        let limit_path: Vec<String> = (0..MAX_DEPTH).map(|i| format!("d{i}")).collect();
+        assert_eq!(
+            reason_of(&r, &limit_path.join("/")),
+            "directory nested deeper than 16 levels refused"
+        );
+        assert_eq!(r.files.len(), 1);
+        assert_eq!(r.files[0].path.split('/').count(), MAX_DEPTH);
+    }
+
+    #[test]
+    fn staging_must_be_private_and_empty() {
+        let f = fixture();
+        let fd = open_dir(&f.src).unwrap();
+        std::fs::set_permissions(&f.dest, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(matches!(
+            collect(fd.as_fd(), &f.dest, 10),
+            Err(CollectError::StagingNotPrivate { .. })
+        ));
+        std::fs::set_permissions(&f.dest, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::write(f.dest.join("leftover"), b"").unwrap();
+        assert!(matches!(
+            collect(fd.as_fd(), &f.dest, 10),
+            Err(CollectError::StagingNotPrivate { .. })
+        ));
+        let file = File::open(&f.canary).unwrap();
+        assert!(matches!(
+            collect(file.as_fd(), &f.dest, 10),
+            Err(CollectError::SourceNotDirectory)
+        ));
+    }
+}
