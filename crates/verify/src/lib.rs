@@ -5,5 +5,6 @@
 
 pub mod collect;
 pub mod json;
+pub mod receipt;
 pub mod schema;
 pub mod text;

@@ -1,0 +1,1016 @@
+//! Signed run receipts: an in-toto Statement v1 about a run, in a DSSE envelope, signed with
+//! Ed25519.
+//!
+//! * The statement's `subject` lists the output files by sha256; its `predicate`
+//!   ([`RunPredicate`], type [`PREDICATE_TYPE`]) records what ran and under which protections.
+//! * The statement is serialized canonically (RFC 8785, `serde_jcs`), base64-encoded into the
+//!   envelope's `payload`, and signed over the DSSE pre-authentication encoding
+//!   `"DSSEv1" SP len(type) SP type SP len(body) SP body` ([`pae`]).
+//! * Keys are PKCS#8 PEM files, created on first use with mode 0600 in a 0700 folder
+//!   ([`ReceiptKey::load_or_create`]); an existing key file readable by others, or not owned by
+//!   the current user, is refused. The key id is the hex sha256 of the raw 32-byte public key.
+//!
+//! [`verify`] checks the envelope's payload type, the signature (with a given public key, or
+//! the local key), the statement and predicate types, and that every artifact given matches a
+//! subject of the same name. See `docs/receipts.md` for the format and third-party checks.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use agentjail_manifest::Limits;
+use agentjail_manifest::report::{
+    Denial, Isolation, OutputError, OutputFile, RejectedFile, RunReport, Status,
+};
+use base64::Engine as _;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE};
+use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey};
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::text::printable;
+
+/// `_type` of an in-toto Statement v1.
+pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
+/// `predicateType` of an agentjail run attestation.
+pub const PREDICATE_TYPE: &str = "https://agentjail.dev/attestation/run/v1";
+/// DSSE `payloadType` of an in-toto statement.
+pub const PAYLOAD_TYPE: &str = "application/vnd.in-toto+json";
+/// Largest envelope, key file or PEM text accepted.
+const MAX_ENVELOPE_BYTES: usize = 16 * 1024 * 1024;
+const MAX_KEY_FILE_BYTES: u64 = 16 * 1024;
+
+/// Why a receipt could not be made or did not verify. Each message is one line.
+#[derive(Debug, thiserror::Error)]
+pub enum ReceiptError {
+    #[error("receipt is not a DSSE envelope: {reason}")]
+    BadEnvelope { reason: String },
+    #[error("receipt payload type is `{found}`, expected `{PAYLOAD_TYPE}`")]
+    WrongPayloadType { found: String },
+    #[error("receipt has no signature")]
+    NoSignature,
+    #[error(
+        "receipt signature is invalid for key {keyid} (the receipt or its signature was altered, or it was signed by another key)"
+    )]
+    SignatureInvalid { keyid: String },
+    #[error("receipt was signed by key id {found}, not by the given key {expected}")]
+    UnknownKeyId { found: String, expected: String },
+    #[error("receipt statement type is `{found}`, expected `{STATEMENT_TYPE}`")]
+    WrongStatementType { found: String },
+    #[error("receipt predicate type is `{found}`, expected `{PREDICATE_TYPE}`")]
+    WrongPredicateType { found: String },
+    #[error("receipt payload is not an agentjail run statement: {reason}")]
+    BadStatement { reason: String },
+    #[error(
+        "artifact {name} does not match the receipt: sha256 {actual}, the receipt says {expected}"
+    )]
+    ArtifactMismatch {
+        name: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("artifact {name} is not a subject of the receipt (subjects: {subjects})")]
+    ArtifactNotSubject { name: String, subjects: String },
+    #[error(
+        "artifact {name} matches several subjects by file name; name it by its full subject path"
+    )]
+    ArtifactAmbiguous { name: String },
+    #[error("cannot read artifact {}: {source}", .path.display())]
+    ArtifactRead {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("output file {name} has no sha256:<hex> digest")]
+    BadSubjectDigest { name: String },
+    #[error("key file {} has mode {mode:04o}; it must not be readable or writable by group or others (chmod 600)", .path.display())]
+    KeyPermissions { path: PathBuf, mode: u32 },
+    #[error("key file {} is owned by uid {owner}, not by the current user (uid {uid})", .path.display())]
+    KeyOwner { path: PathBuf, owner: u32, uid: u32 },
+    #[error("key file {} is not a regular file", .path.display())]
+    KeyNotRegularFile { path: PathBuf },
+    #[error("key file {}: {source}", .path.display())]
+    KeyIo {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("key file {} is not a PKCS#8 PEM Ed25519 private key", .path.display())]
+    KeyFormat { path: PathBuf },
+    #[error("no public key given and no receipt key at {}; pass the signer's public key (agentjail receipt pubkey)", .path.display())]
+    NoKey { path: PathBuf },
+    #[error("public key is not an Ed25519 public key in PEM (\"BEGIN PUBLIC KEY\") form")]
+    PublicKeyFormat,
+    #[error("cannot get random bytes for a new key: {0}")]
+    Random(String),
+    #[error("cannot encode the receipt statement: {0}")]
+    Encoding(String),
+}
+
+/// A DSSE envelope.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// Base64 of the canonical statement.
+    pub payload: String,
+    #[serde(rename = "payloadType")]
+    pub payload_type: String,
+    pub signatures: Vec<EnvelopeSignature>,
+}
+
+/// One DSSE signature.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvelopeSignature {
+    /// Hex sha256 of the raw Ed25519 public key (a hint, not trusted for security).
+    #[serde(default)]
+    pub keyid: String,
+    /// Base64 of the 64-byte Ed25519 signature over [`pae`].
+    pub sig: String,
+}
+
+impl Envelope {
+    /// The envelope as pretty JSON with a final newline, as written to a receipt file.
+    pub fn to_json(&self) -> String {
+        let mut s = serde_json::to_string_pretty(self).unwrap_or_default();
+        s.push('\n');
+        s
+    }
+}
+
+/// An in-toto Statement v1 with the agentjail run predicate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Statement {
+    #[serde(rename = "_type")]
+    pub type_: String,
+    pub subject: Vec<Subject>,
+    #[serde(rename = "predicateType")]
+    pub predicate_type: String,
+    pub predicate: RunPredicate,
+}
+
+/// One subject: a file by name (path relative to /output) and digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Subject {
+    pub name: String,
+    /// `{"sha256": "<hex>"}`.
+    pub digest: BTreeMap<String, String>,
+}
+
+/// The digest of one input, by its mount point in the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputDigest {
+    pub mount: String,
+    /// `sha256:<hex>`.
+    pub sha256: String,
+}
+
+/// The predicate of an agentjail run attestation (`https://agentjail.dev/attestation/run/v1`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunPredicate {
+    /// Version of agentjail that ran and signed.
+    pub agentjail_version: String,
+    pub request_id: Option<String>,
+    /// `sha256:<hex>` of the canonical manifest.
+    pub manifest_digest: Option<String>,
+    /// Identity of the root filesystem image.
+    pub image: Option<String>,
+    pub inputs: Vec<InputDigest>,
+    pub limits: Limits,
+    pub isolation: Isolation,
+    pub status: Status,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub wall_ms: u64,
+    pub cpu_ms: u64,
+    pub peak_memory_bytes: u64,
+    pub denials: Vec<Denial>,
+    /// Entries of /output that were refused.
+    #[serde(default)]
+    pub output_rejected: Vec<RejectedFile>,
+    /// Verification errors of the named output.
+    #[serde(default)]
+    pub output_errors: Vec<OutputError>,
+    /// RFC 3339, UTC.
+    pub started_at: String,
+}
+
+/// A receipt that verified.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VerifiedReceipt {
+    pub statement: Statement,
+    /// Key id of the key that verified it.
+    pub keyid: String,
+}
+
+/// An artifact to check against a receipt's subjects: a name and its digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Artifact {
+    /// The name to match: a subject's full name, or a file name matching one subject's last
+    /// path component.
+    pub name: String,
+    /// Lowercase hex sha256.
+    pub sha256: String,
+}
+
+impl Artifact {
+    /// An artifact from bytes in memory.
+    pub fn from_bytes(name: impl Into<String>, bytes: &[u8]) -> Artifact {
+        Artifact {
+            name: name.into(),
+            sha256: agentjail_manifest::hex(&Sha256::digest(bytes)),
+        }
+    }
+
+    /// An artifact read (streamed) from a file; its name is the file name.
+    pub fn from_path(path: &Path) -> Result<Artifact, ReceiptError> {
+        let err = |source| ReceiptError::ArtifactRead {
+            path: path.to_owned(),
+            source,
+        };
+        let mut f = File::open(path).map_err(err)?;
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match f.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(err(e)),
+            };
+            hasher.update(buf.get(..n).unwrap_or_default());
+        }
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| path.display().to_string());
+        Ok(Artifact {
+            name,
+            sha256: agentjail_manifest::hex(&hasher.finalize()),
+        })
+    }
+}
+
+/// The signing key of receipts.
+pub struct ReceiptKey {
+    key: SigningKey,
+}
+
+impl std::fmt::Debug for ReceiptKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReceiptKey")
+            .field("keyid", &self.keyid())
+            .finish_non_exhaustive()
+    }
+}
+
+/// `$XDG_DATA_HOME/agentjail/receipt-key.pem`, else `$HOME/.local/share/agentjail/receipt-key.pem`
+/// (relative or empty variables are ignored, as the XDG spec says).
+pub fn default_key_path() -> PathBuf {
+    key_path_from(std::env::var_os("XDG_DATA_HOME"), std::env::var_os("HOME"))
+}
+
+fn key_path_from(xdg: Option<std::ffi::OsString>, home: Option<std::ffi::OsString>) -> PathBuf {
+    let abs = |v: Option<std::ffi::OsString>| v.map(PathBuf::from).filter(|p| p.is_absolute());
+    let base = abs(xdg)
+        .or_else(|| abs(home).map(|h| h.join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("/nonexistent/.local/share"));
+    base.join("agentjail").join("receipt-key.pem")
+}
+
+impl ReceiptKey {
+    /// A new random key (not stored).
+    pub fn generate() -> Result<ReceiptKey, ReceiptError> {
+        let mut seed = [0u8; 32];
+        getrandom::fill(&mut seed).map_err(|e| ReceiptError::Random(e.to_string()))?;
+        let key = SigningKey::from_bytes(&seed);
+        seed.fill(0);
+        Ok(ReceiptKey { key })
+    }
+
+    /// Loads the key at `path`, creating it (mode 0600, parent folders 0700) when absent.
+    pub fn load_or_create(path: &Path) -> Result<ReceiptKey, ReceiptError> {
+        let io = |source| ReceiptError::KeyIo {
+            path: path.to_owned(),
+            source,
+        };
+        match std::fs::symlink_metadata(path) {
+            Ok(_) => return ReceiptKey::load(path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(e)),
+        }
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+                .map_err(io)?;
+        }
+        let key = ReceiptKey::generate()?;
+        let pem = key
+            .key
+            .to_pkcs8_pem(ed25519_dalek::pkcs8::spki::der::pem::LineEnding::LF)
+            .map_err(|e| ReceiptError::Encoding(e.to_string()))?;
+        let mut f = match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(path)
+        {
+            Ok(f) => f,
+            // Created by someone else meanwhile: load (and check) that one.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return ReceiptKey::load(path);
+            }
+            Err(e) => return Err(io(e)),
+        };
+        f.write_all(pem.as_bytes()).map_err(io)?;
+        f.sync_all().map_err(io)?;
+        Ok(key)
+    }
+
+    /// Loads an existing key file, refusing one that is not a regular file owned by the current
+    /// user with no group/other permission bits.
+    pub fn load(path: &Path) -> Result<ReceiptKey, ReceiptError> {
+        let io = |source| ReceiptError::KeyIo {
+            path: path.to_owned(),
+            source,
+        };
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(
+                (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32,
+            )
+            .open(path)
+            .map_err(|e| {
+                if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
+                    ReceiptError::KeyNotRegularFile {
+                        path: path.to_owned(),
+                    }
+                } else {
+                    io(e)
+                }
+            })?;
+        let meta = f.metadata().map_err(io)?;
+        if !meta.is_file() {
+            return Err(ReceiptError::KeyNotRegularFile {
+                path: path.to_owned(),
+            });
+        }
+        let uid = rustix::process::geteuid().as_raw();
+        if meta.uid() != uid {
+            return Err(ReceiptError::KeyOwner {
+                path: path.to_owned(),
+                owner: meta.uid(),
+                uid,
+            });
+        }
+        if meta.mode() & 0o077 != 0 {
+            return Err(ReceiptError::KeyPermissions {
+                path: path.to_owned(),
+                mode: meta.mode() & 0o7777,
+            });
+        }
+        let mut pem = String::new();
+        f.take(MAX_KEY_FILE_BYTES)
+            .read_to_string(&mut pem)
+            .map_err(|_| ReceiptError::KeyFormat {
+                path: path.to_owned(),
+            })?;
+        let key = SigningKey::from_pkcs8_pem(&pem).map_err(|_| ReceiptError::KeyFormat {
+            path: path.to_owned(),
+        })?;
+        Ok(ReceiptKey { key })
+    }
+
+    /// The public key as SPKI PEM (`-----BEGIN PUBLIC KEY-----`).
+    pub fn public_key_pem(&self) -> String {
+        self.key
+            .verifying_key()
+            .to_public_key_pem(ed25519_dalek::pkcs8::spki::der::pem::LineEnding::LF)
+            .unwrap_or_default()
+    }
+
+    /// Hex sha256 of the raw 32-byte public key.
+    pub fn keyid(&self) -> String {
+        keyid_of(&self.key.verifying_key())
+    }
+
+    /// The public half.
+    pub fn verifying_key(&self) -> VerifyingKey {
+        self.key.verifying_key()
+    }
+}
+
+fn keyid_of(k: &VerifyingKey) -> String {
+    agentjail_manifest::hex(&Sha256::digest(k.as_bytes()))
+}
+
+/// Parses an SPKI PEM Ed25519 public key.
+pub fn parse_public_key_pem(pem: &str) -> Result<VerifyingKey, ReceiptError> {
+    if pem.len() > MAX_KEY_FILE_BYTES as usize {
+        return Err(ReceiptError::PublicKeyFormat);
+    }
+    VerifyingKey::from_public_key_pem(pem.trim()).map_err(|_| ReceiptError::PublicKeyFormat)
+}
+
+/// DSSE pre-authentication encoding: `"DSSEv1" SP len(type) SP type SP len(body) SP body`.
+pub fn pae(payload_type: &str, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + payload_type.len() + 32);
+    out.extend_from_slice(b"DSSEv1 ");
+    out.extend_from_slice(payload_type.len().to_string().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(payload_type.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(body.len().to_string().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(body);
+    out
+}
+
+/// Builds the statement of a run: `report` for the predicate, `inputs` as `(mount, sha256:<hex>)`
+/// pairs, `subjects` the output files that passed (their `sha256:<hex>` digests).
+pub fn statement(
+    report: &RunReport,
+    inputs: &[(String, String)],
+    subjects: &[OutputFile],
+) -> Result<Statement, ReceiptError> {
+    let mut subject = Vec::with_capacity(subjects.len());
+    for f in subjects {
+        let hex = f
+            .sha256
+            .strip_prefix("sha256:")
+            .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+            .ok_or_else(|| ReceiptError::BadSubjectDigest {
+                name: printable(&f.path, 200),
+            })?;
+        subject.push(Subject {
+            name: f.path.clone(),
+            digest: BTreeMap::from([("sha256".to_string(), hex.to_ascii_lowercase())]),
+        });
+    }
+    Ok(Statement {
+        type_: STATEMENT_TYPE.into(),
+        subject,
+        predicate_type: PREDICATE_TYPE.into(),
+        predicate: RunPredicate {
+            agentjail_version: env!("CARGO_PKG_VERSION").into(),
+            request_id: report.request_id.clone(),
+            manifest_digest: report.manifest_digest.clone(),
+            image: report.image.clone(),
+            inputs: inputs
+                .iter()
+                .map(|(mount, sha256)| InputDigest {
+                    mount: mount.clone(),
+                    sha256: sha256.clone(),
+                })
+                .collect(),
+            limits: report.limits,
+            isolation: report.isolation.clone(),
+            status: report.status,
+            exit_code: report.exit_code,
+            signal: report.signal,
+            wall_ms: report.wall_ms,
+            cpu_ms: report.cpu_ms,
+            peak_memory_bytes: report.peak_memory_bytes,
+            denials: report.denials.clone(),
+            output_rejected: report.output.rejected.clone(),
+            output_errors: report.output.errors.clone(),
+            started_at: report.started_at.clone(),
+        },
+    })
+}
+
+/// Signs the statement of a run (see [`statement`]) into a DSSE envelope.
+pub fn sign(
+    key: &ReceiptKey,
+    report: &RunReport,
+    inputs: &[(String, String)],
+    subjects: &[OutputFile],
+) -> Result<Envelope, ReceiptError> {
+    sign_statement(key, &statement(report, inputs, subjects)?)
+}
+
+/// Signs any statement: canonical JSON (RFC 8785), base64, Ed25519 over the PAE.
+pub fn sign_statement(key: &ReceiptKey, statement: &Statement) -> Result<Envelope, ReceiptError> {
+    let body = serde_jcs::to_vec(statement).map_err(|e| ReceiptError::Encoding(e.to_string()))?;
+    let sig: Signature = key.key.sign(&pae(PAYLOAD_TYPE, &body));
+    Ok(Envelope {
+        payload: STANDARD.encode(&body),
+        payload_type: PAYLOAD_TYPE.into(),
+        signatures: vec![EnvelopeSignature {
+            keyid: key.keyid(),
+            sig: STANDARD.encode(sig.to_bytes()),
+        }],
+    })
+}
+
+/// Base64 as DSSE allows it: standard or URL-safe alphabet, padded or not.
+fn decode_b64(s: &str) -> Option<Vec<u8>> {
+    let t = s.trim_end_matches('=');
+    let padded = {
+        let mut p = t.to_string();
+        while !p.len().is_multiple_of(4) {
+            p.push('=');
+        }
+        p
+    };
+    STANDARD
+        .decode(&padded)
+        .or_else(|_| URL_SAFE.decode(&padded))
+        .ok()
+}
+
+/// Checks a receipt. `pubkey_pem` is the signer's public key; `None` uses the local key at
+/// [`default_key_path`]. Every artifact must match a subject (see [`Artifact::name`]).
+pub fn verify(
+    envelope_json: &[u8],
+    pubkey_pem: Option<&str>,
+    artifacts: &[Artifact],
+) -> Result<VerifiedReceipt, ReceiptError> {
+    let key = match pubkey_pem {
+        Some(pem) => parse_public_key_pem(pem)?,
+        None => {
+            let path = default_key_path();
+            if !path.exists() {
+                return Err(ReceiptError::NoKey { path });
+            }
+            ReceiptKey::load(&path)?.verifying_key()
+        }
+    };
+    verify_with_key(envelope_json, &key, artifacts)
+}
+
+/// [`verify`] with a parsed key.
+pub fn verify_with_key(
+    envelope_json: &[u8],
+    key: &VerifyingKey,
+    artifacts: &[Artifact],
+) -> Result<VerifiedReceipt, ReceiptError> {
+    if envelope_json.len() > MAX_ENVELOPE_BYTES {
+        return Err(ReceiptError::BadEnvelope {
+            reason: format!("larger than {MAX_ENVELOPE_BYTES} bytes"),
+        });
+    }
+    let env: Envelope =
+        serde_json::from_slice(envelope_json).map_err(|e| ReceiptError::BadEnvelope {
+            reason: format!(
+                "not valid envelope JSON (line {} column {})",
+                e.line(),
+                e.column()
+            ),
+        })?;
+    if env.payload_type != PAYLOAD_TYPE {
+        return Err(ReceiptError::WrongPayloadType {
+            found: printable(&env.payload_type, 80),
+        });
+    }
+    let body = decode_b64(&env.payload).ok_or_else(|| ReceiptError::BadEnvelope {
+        reason: "payload is not base64".into(),
+    })?;
+    if env.signatures.is_empty() {
+        return Err(ReceiptError::NoSignature);
+    }
+    let keyid = keyid_of(key);
+    let message = pae(&env.payload_type, &body);
+    let mut other_keyid: Option<String> = None;
+    let mut verified = false;
+    for s in &env.signatures {
+        if !s.keyid.is_empty() && s.keyid != keyid {
+            other_keyid.get_or_insert_with(|| printable(&s.keyid, 80));
+            continue;
+        }
+        let Some(sig) = decode_b64(&s.sig).and_then(|b| Signature::from_slice(&b).ok()) else {
+            continue;
+        };
+        if key.verify_strict(&message, &sig).is_ok() {
+            verified = true;
+            break;
+        }
+    }
+    if !verified {
+        let any_for_us = env
+            .signatures
+            .iter()
+            .any(|s| s.keyid.is_empty() || s.keyid == keyid);
+        return Err(match other_keyid {
+            Some(found) if !any_for_us => ReceiptError::UnknownKeyId {
+                found,
+                expected: keyid,
+            },
+            _ => ReceiptError::SignatureInvalid { keyid },
+        });
+    }
+
+    // The payload is authentic from here on; still parse it defensively.
+    let raw: serde_json::Value =
+        serde_json::from_slice(&body).map_err(|_| ReceiptError::BadStatement {
+            reason: "payload is not JSON".into(),
+        })?;
+    let found_type = raw.get("_type").and_then(|v| v.as_str()).unwrap_or("");
+    if found_type != STATEMENT_TYPE {
+        return Err(ReceiptError::WrongStatementType {
+            found: printable(found_type, 80),
+        });
+    }
+    let found_pred = raw
+        .get("predicateType")
+        .and_then(|v| v.as_str())
+        .unwrap_or("");
+    if found_pred != PREDICATE_TYPE {
+        return Err(ReceiptError::WrongPredicateType {
+            found: printable(found_pred, 80),
+        });
+    }
+    let statement: Statement =
+        serde_json::from_value(raw).map_err(|e| ReceiptError::BadStatement {
+            reason: printable(&e.to_string(), 200),
+        })?;
+
+    for a in artifacts {
+        check_artifact(&statement, a)?;
+    }
+    Ok(VerifiedReceipt { statement, keyid })
+}
+
+fn check_artifact(statement: &Statement, a: &Artifact) -> Result<(), ReceiptError> {
+    let exact: Vec<&Subject> = statement
+        .subject
+        .iter()
+        .filter(|s| s.name == a.name)
+        .collect();
+    let candidates = if exact.is_empty() {
+        let base = a.name.rsplit('/').next().unwrap_or(&a.name);
+        statement
+            .subject
+            .iter()
+            .filter(|s| s.name.rsplit('/').next() == Some(base))
+            .collect()
+    } else {
+        exact
+    };
+    let name = printable(&a.name, 200);
+    match candidates.as_slice() {
+        [] => Err(ReceiptError::ArtifactNotSubject {
+            name,
+            subjects: if statement.subject.is_empty() {
+                "none".into()
+            } else {
+                statement
+                    .subject
+                    .iter()
+                    .map(|s| printable(&s.name, 80))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+        }),
+        [s] => {
+            let expected = s.digest.get("sha256").cloned().unwrap_or_default();
+            if expected.eq_ignore_ascii_case(&a.sha256) {
+                Ok(())
+            } else {
+                Err(ReceiptError::ArtifactMismatch {
+                    name,
+                    expected: printable(&expected, 80),
+                    actual: a.sha256.clone(),
+                })
+            }
+        }
+        _ => Err(ReceiptError::ArtifactAmbiguous { name }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentjail_manifest::report::{DenialKind, REPORT_SCHEMA};
+    use std::os::unix::fs::PermissionsExt;
+
+    fn report() -> RunReport {
+        let mut r = RunReport::setup_error(Limits::default(), String::new());
+        r.schema = REPORT_SCHEMA.into();
+        r.status = Status::Ok;
+        r.error = None;
+        r.request_id = Some("example-095".into());
+        r.manifest_digest = Some(format!("sha256:{}", "ab".repeat(32)));
+        r.image = Some(format!("sha256:{}", "cd".repeat(32)));
+        r.exit_code = Some(0);
+        r.wall_ms = 120;
+        r.cpu_ms = 80;
+        r.peak_memory_bytes = 12 << 20;
+        r.started_at = "2026-11-29T08:00:00Z".into();
+        r.isolation.kind = "native".into();
+        r.isolation.user_ns = true;
+        r.isolation.seccomp = true;
+        r.deny(DenialKind::Network, "connect to 93.184.216.34:80 refused");
+        r
+    }
+
+    const ARTIFACT: &[u8] = b"{\"rows\": 3}\n";
+
+    fn signed(key: &ReceiptKey) -> Envelope {
+        let files = vec![OutputFile {
+            path: "summary.json".into(),
+            bytes: ARTIFACT.len() as u64,
+            sha256: agentjail_manifest::sha256_digest(ARTIFACT),
+        }];
+        let inputs = vec![(
+            "/input/report.csv".to_string(),
+            agentjail_manifest::sha256_digest(b"a,b\n1,2\n"),
+        )];
+        sign(key, &report(), &inputs, &files).unwrap()
+    }
+
+    fn tamper_payload(env: &Envelope) -> Envelope {
+        let mut body = STANDARD.decode(&env.payload).unwrap();
+        // Change one digit of wall_ms, keeping valid JSON.
+        let needle = b"\"wall_ms\":120";
+        let pos = body
+            .windows(needle.len())
+            .position(|w| w == needle)
+            .unwrap();
+        body[pos + needle.len() - 3] = b'9';
+        serde_json::from_slice::<serde_json::Value>(&body).unwrap();
+        Envelope {
+            payload: STANDARD.encode(&body),
+            ..env.clone()
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let key = ReceiptKey::generate().unwrap();
+        let env = signed(&key);
+        let json = env.to_json();
+        let v = verify(
+            json.as_bytes(),
+            Some(&key.public_key_pem()),
+            &[Artifact::from_bytes("summary.json", ARTIFACT)],
+        )
+        .unwrap();
+        assert_eq!(v.keyid, key.keyid());
+        assert_eq!(v.statement.subject[0].name, "summary.json");
+        let p = &v.statement.predicate;
+        assert_eq!(p.request_id.as_deref(), Some("example-095"));
+        assert_eq!(p.status, Status::Ok);
+        assert_eq!(p.inputs[0].mount, "/input/report.csv");
+        assert_eq!(p.denials.len(), 1);
+        assert_eq!(p.limits, Limits::default());
+
+        // The payload is the canonical (JCS) form of the statement.
+        let body = STANDARD.decode(&env.payload).unwrap();
+        assert_eq!(body, serde_jcs::to_vec(&v.statement).unwrap());
+        let raw: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(raw["_type"], STATEMENT_TYPE);
+        assert_eq!(
+            raw["subject"][0]["digest"]["sha256"],
+            agentjail_manifest::hex(&Sha256::digest(ARTIFACT))
+        );
+        // No artifacts: signature and types only.
+        verify(json.as_bytes(), Some(&key.public_key_pem()), &[]).unwrap();
+        // Artifact named by path: matched by file name.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("summary.json");
+        std::fs::write(&p, ARTIFACT).unwrap();
+        verify(
+            json.as_bytes(),
+            Some(&key.public_key_pem()),
+            &[Artifact::from_path(&p).unwrap()],
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn flipped_payload_byte_fails() {
+        let key = ReceiptKey::generate().unwrap();
+        let env = tamper_payload(&signed(&key));
+        let err = verify(env.to_json().as_bytes(), Some(&key.public_key_pem()), &[]).unwrap_err();
+        assert!(
+            matches!(err, ReceiptError::SignatureInvalid { .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn flipped_signature_byte_fails() {
+        let key = ReceiptKey::generate().unwrap();
+        let mut env = signed(&key);
+        let mut sig = STANDARD.decode(&env.signatures[0].sig).unwrap();
+        sig[10] ^= 0x01;
+        env.signatures[0].sig = STANDARD.encode(&sig);
+        let err = verify(env.to_json().as_bytes(), Some(&key.public_key_pem()), &[]).unwrap_err();
+        assert!(
+            matches!(err, ReceiptError::SignatureInvalid { .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn flipped_artifact_byte_fails_naming_the_artifact() {
+        let key = ReceiptKey::generate().unwrap();
+        let env = signed(&key);
+        let mut bad = ARTIFACT.to_vec();
+        bad[3] ^= 0x20;
+        let err = verify(
+            env.to_json().as_bytes(),
+            Some(&key.public_key_pem()),
+            &[Artifact::from_bytes("summary.json", &bad)],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, ReceiptError::ArtifactMismatch { .. }),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .starts_with("artifact summary.json does not match")
+        );
+
+        let err = verify(
+            env.to_json().as_bytes(),
+            Some(&key.public_key_pem()),
+            &[Artifact::from_bytes("other.json", ARTIFACT)],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, ReceiptError::ArtifactNotSubject { .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("subjects: summary.json"), "{err}");
+    }
+
+    #[test]
+    fn another_key_fails() {
+        let key = ReceiptKey::generate().unwrap();
+        let other = ReceiptKey::generate().unwrap();
+        let env = signed(&key);
+        let err = verify(env.to_json().as_bytes(), Some(&other.public_key_pem()), &[]).unwrap_err();
+        assert!(matches!(err, ReceiptError::UnknownKeyId { .. }), "{err}");
+        // Without the key id hint, the signature itself fails.
+        let mut env = env;
+        env.signatures[0].keyid.clear();
+        let err = verify(env.to_json().as_bytes(), Some(&other.public_key_pem()), &[]).unwrap_err();
+        assert!(
+            matches!(err, ReceiptError::SignatureInvalid { .. }),
+            "{err}"
+        );
+        // A forged key id claiming the other key does not help either.
+        env.signatures[0].keyid = other.keyid();
+        let err = verify(env.to_json().as_bytes(), Some(&other.public_key_pem()), &[]).unwrap_err();
+        assert!(
+            matches!(err, ReceiptError::SignatureInvalid { .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn envelope_and_statement_checks() {
+        let key = ReceiptKey::generate().unwrap();
+        let pem = key.public_key_pem();
+        let env = signed(&key);
+        let err = verify(b"not json", Some(&pem), &[]).unwrap_err();
+        assert!(matches!(err, ReceiptError::BadEnvelope { .. }), "{err}");
+
+        let mut e = env.clone();
+        e.payload_type = "text/plain".into();
+        let err = verify(e.to_json().as_bytes(), Some(&pem), &[]).unwrap_err();
+        assert!(
+            matches!(err, ReceiptError::WrongPayloadType { .. }),
+            "{err}"
+        );
+
+        let mut e = env.clone();
+        e.signatures.clear();
+        let err = verify(e.to_json().as_bytes(), Some(&pem), &[]).unwrap_err();
+        assert!(matches!(err, ReceiptError::NoSignature), "{err}");
+
+        let err = verify(env.to_json().as_bytes(), Some("garbage"), &[]).unwrap_err();
+        assert!(matches!(err, ReceiptError::PublicKeyFormat), "{err}");
+
+        // A correctly signed statement of another type is refused.
+        let mut st = statement(&report(), &[], &[]).unwrap();
+        st.predicate_type = "https://slsa.dev/provenance/v1".into();
+        let e = sign_statement(&key, &st).unwrap();
+        let err = verify(e.to_json().as_bytes(), Some(&pem), &[]).unwrap_err();
+        assert!(
+            matches!(err, ReceiptError::WrongPredicateType { .. }),
+            "{err}"
+        );
+        let mut st = statement(&report(), &[], &[]).unwrap();
+        st.type_ = "https://in-toto.io/Statement/v0.1".into();
+        let e = sign_statement(&key, &st).unwrap();
+        let err = verify(e.to_json().as_bytes(), Some(&pem), &[]).unwrap_err();
+        assert!(
+            matches!(err, ReceiptError::WrongStatementType { .. }),
+            "{err}"
+        );
+
+        // URL-safe unpadded base64 is accepted, as DSSE allows.
+        let mut e = env.clone();
+        let body = STANDARD.decode(&e.payload).unwrap();
+        e.payload = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&body);
+        verify(e.to_json().as_bytes(), Some(&pem), &[]).unwrap();
+
+        let bad = OutputFile {
+            path: "x".into(),
+            bytes: 1,
+            sha256: "md5:00".into(),
+        };
+        assert!(matches!(
+            sign(&key, &report(), &[], &[bad]),
+            Err(ReceiptError::BadSubjectDigest { .. })
+        ));
+    }
+
+    #[test]
+    fn default_key_location() {
+        let p =
+            |x: Option<&str>, h: Option<&str>| key_path_from(x.map(Into::into), h.map(Into::into));
+        assert_eq!(
+            p(Some("/x/data"), Some("/home/u")),
+            PathBuf::from("/x/data/agentjail/receipt-key.pem")
+        );
+        assert_eq!(
+            p(None, Some("/home/u")),
+            PathBuf::from("/home/u/.local/share/agentjail/receipt-key.pem")
+        );
+        assert_eq!(
+            p(Some("relative"), Some("/home/u")),
+            PathBuf::from("/home/u/.local/share/agentjail/receipt-key.pem")
+        );
+        assert!(default_key_path().ends_with("agentjail/receipt-key.pem"));
+    }
+
+    #[test]
+    fn pae_matches_the_dsse_spec_example() {
+        // From the DSSE protocol spec's test vector.
+        assert_eq!(
+            pae("http://example.com/HelloWorld", b"hello world"),
+            b"DSSEv1 29 http://example.com/HelloWorld 11 hello world".to_vec()
+        );
+    }
+
+    #[test]
+    fn key_file_is_created_private_and_reloaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data/agentjail/receipt-key.pem");
+        let key = ReceiptKey::load_or_create(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let pmode = std::fs::metadata(path.parent().unwrap())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(pmode & 0o777, 0o700);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("-----BEGIN PRIVATE KEY-----"));
+        let again = ReceiptKey::load_or_create(&path).unwrap();
+        assert_eq!(again.keyid(), key.keyid());
+        assert!(
+            key.public_key_pem()
+                .starts_with("-----BEGIN PUBLIC KEY-----")
+        );
+        assert_eq!(key.keyid().len(), 64);
+    }
+
+    #[test]
+    fn readable_or_foreign_key_files_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k.pem");
+        ReceiptKey::load_or_create(&path).unwrap();
+        for mode in [0o644, 0o640, 0o604, 0o620] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let err = ReceiptKey::load_or_create(&path).unwrap_err();
+            assert!(matches!(err, ReceiptError::KeyPermissions { .. }), "{err}");
+            assert!(err.to_string().contains("chmod 600"), "{err}");
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        // A symlink in place of the key is refused.
+        let link = dir.path().join("link.pem");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        let err = ReceiptKey::load_or_create(&link).unwrap_err();
+        assert!(
+            matches!(err, ReceiptError::KeyNotRegularFile { .. }),
+            "{err}"
+        );
+        // Not a key.
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "hello").unwrap();
+        std::fs::set_permissions(&junk, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let err = ReceiptKey::load(&junk).unwrap_err();
+        assert!(matches!(err, ReceiptError::KeyFormat { .. }), "{err}");
+        // Owned by someone else (only testable as root).
+        if rustix::process::geteuid().is_root() {
+            rustix::fs::chown(
+                &path,
+                Some(rustix::fs::Uid::from_raw(65534)),
+                Some(rustix::fs::Gid::from_raw(65534)),
+            )
+            .unwrap();
+            let err = ReceiptKey::load(&path).unwrap_err();
+            assert!(matches!(err, ReceiptError::KeyOwner { .. }), "{err}");
+        }
+    }
+}
