@@ -1,0 +1,1060 @@
+//! The proxy itself: accept loop, CONNECT tunnels, plain-HTTP forwarding, redirect checks.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode, Uri, Version};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde::Serialize;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use agentjail_manifest::EgressPolicy;
+
+use crate::addr::canonical;
+use crate::decision::{Decision, Log, method_name, ms, now_ms, sanitize};
+use crate::host::{Host, Target, TargetError, parse_authority};
+use crate::meter::{BoxError, Budget, Dir, Flow, Meter, MeteredBody, MeteredStream, reserve};
+use crate::policy::{CompiledPolicy, PolicyError, compile_policy};
+use crate::resolve::Resolve;
+
+/// The header that carries a refusal's reason to the client.
+pub const DENIED_HEADER: &str = "x-agentjail-denied";
+
+/// How much the gateway moves and for how long. Byte budgets are **run-wide**: they count
+/// every connection of one gateway together, so opening more connections does not buy more
+/// bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct GatewayLimits {
+    /// Bytes the sandbox may send to destinations in total (tunnel payload, plain-HTTP request
+    /// heads and bodies).
+    pub max_bytes_up: u64,
+    /// Bytes the sandbox may receive from destinations in total.
+    pub max_bytes_down: u64,
+    /// Client connections open at the same time.
+    pub max_concurrent_connections: usize,
+    /// Client connections over the gateway's lifetime.
+    pub max_total_connections: u64,
+    /// Proxy requests (CONNECTs and forwarded requests) over the gateway's lifetime.
+    pub max_requests: u64,
+    /// Time for DNS resolution plus the TCP connect to a destination.
+    pub connect_timeout: Duration,
+    /// Lifetime of one client connection, tunnel included.
+    pub max_connection_time: Duration,
+    /// Largest request head (request line + headers) accepted from the sandbox, and largest
+    /// response head accepted from a destination.
+    pub max_header_bytes: usize,
+}
+
+impl Default for GatewayLimits {
+    fn default() -> GatewayLimits {
+        GatewayLimits {
+            max_bytes_up: 64 << 20,
+            max_bytes_down: 1 << 30,
+            max_concurrent_connections: 32,
+            max_total_connections: 1024,
+            max_requests: 4096,
+            connect_timeout: Duration::from_secs(10),
+            max_connection_time: Duration::from_secs(300),
+            max_header_bytes: 32 << 10,
+        }
+    }
+}
+
+pub(crate) struct Shared {
+    policy: CompiledPolicy,
+    limits: GatewayLimits,
+    resolver: Arc<dyn Resolve>,
+    log: Log,
+    budget: Arc<Budget>,
+    requests: AtomicU64,
+}
+
+/// The egress gateway. Build it with [`Gateway::new`], run it with [`Gateway::serve`].
+pub struct Gateway {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("policy", &self.shared.policy)
+            .field("limits", &self.shared.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+type RespBody = BoxBody<Bytes, BoxError>;
+
+fn full(text: String) -> RespBody {
+    Full::new(Bytes::from(text))
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+fn empty() -> RespBody {
+    Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// A refusal answer: status, `X-Agentjail-Denied: <reason>` and a one-line text body.
+fn refusal(status: StatusCode, reason: &str) -> Response<RespBody> {
+    let reason = sanitize(reason, 300);
+    let mut r = Response::new(full(format!("agentjail egress gateway: {reason}\n")));
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&reason) {
+        h.insert(HeaderName::from_static(DENIED_HEADER), v);
+    }
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// A refused check: the status to answer with and why.
+#[derive(Debug)]
+struct Refusal {
+    status: StatusCode,
+    reason: String,
+    address: Option<IpAddr>,
+}
+
+impl Refusal {
+    fn forbidden(reason: String) -> Refusal {
+        Refusal {
+            status: StatusCode::FORBIDDEN,
+            reason,
+            address: None,
+        }
+    }
+}
+
+struct Vetted {
+    addrs: Vec<IpAddr>,
+    reason: String,
+}
+
+/// Per client connection.
+#[derive(Default)]
+struct ConnCtx {
+    timed_out: AtomicBool,
+    tunnel: Mutex<Option<TunnelJob>>,
+}
+
+struct TunnelJob {
+    on_upgrade: hyper::upgrade::OnUpgrade,
+    upstream: TcpStream,
+    meter: Meter,
+    pending: Arc<Pending>,
+}
+
+/// Aborts a spawned task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// An allowed flow whose decision is written when the last holder drops it, with the bytes
+/// moved and the duration; plus a denial if a limit cut it short.
+struct Pending {
+    shared: Arc<Shared>,
+    ctx: Arc<ConnCtx>,
+    flow: Arc<Flow>,
+    base: Decision,
+    start: Instant,
+    note: Mutex<Option<String>>,
+    _driver: Mutex<Option<AbortOnDrop>>,
+}
+
+impl Pending {
+    fn note(&self, n: String) {
+        if let Ok(mut g) = self.note.lock() {
+            g.get_or_insert(n);
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let mut d = self.base.clone();
+        d.bytes_up = self.flow.up.load(Ordering::SeqCst);
+        d.bytes_down = self.flow.down.load(Ordering::SeqCst);
+        d.duration_ms = ms(self.start.elapsed());
+        let note = match self.note.lock() {
+            Ok(mut g) => g.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if let Some(n) = note {
+            d.reason = format!("{}; {n}", d.reason);
+        }
+        let limit = match self.flow.exceeded() {
+            Some("max_bytes_up") => Some(format!(
+                "connection closed: max_bytes_up ({}) exceeded",
+                self.shared.limits.max_bytes_up
+            )),
+            Some(_) => Some(format!(
+                "connection closed: max_bytes_down ({}) exceeded",
+                self.shared.limits.max_bytes_down
+            )),
+            None if self.ctx.timed_out.load(Ordering::SeqCst) => Some(format!(
+                "connection closed: max_connection_time ({}s) exceeded",
+                self.shared.limits.max_connection_time.as_secs()
+            )),
+            None => None,
+        };
+        let denial = limit.map(|reason| Decision {
+            allowed: false,
+            reason,
+            ..d.clone()
+        });
+        self.shared.log.push(d);
+        if let Some(x) = denial {
+            self.shared.log.push(x);
+        }
+    }
+}
+
+impl Gateway {
+    /// Compiles `policy` and prepares a gateway. Nothing is bound or spawned yet.
+    pub fn new(
+        policy: &EgressPolicy,
+        limits: GatewayLimits,
+        resolver: Arc<dyn Resolve>,
+    ) -> Result<Gateway, PolicyError> {
+        let policy = compile_policy(policy)?;
+        Ok(Gateway::from_compiled(policy, limits, resolver))
+    }
+
+    /// Like [`Gateway::new`] with an already compiled policy.
+    pub fn from_compiled(
+        policy: CompiledPolicy,
+        limits: GatewayLimits,
+        resolver: Arc<dyn Resolve>,
+    ) -> Gateway {
+        Gateway {
+            shared: Arc::new(Shared {
+                policy,
+                limits,
+                resolver,
+                log: Log::default(),
+                budget: Arc::new(Budget::new(limits.max_bytes_up, limits.max_bytes_down)),
+                requests: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Serves proxy clients accepted on `listener` until `shutdown` resolves, then closes every
+    /// connection and returns the decision log (in the order decisions completed).
+    ///
+    /// Must be called inside a tokio runtime with the time and I/O drivers enabled.
+    pub async fn serve(
+        self,
+        listener: std::net::TcpListener,
+        shutdown: impl Future<Output = ()>,
+    ) -> Vec<Decision> {
+        let shared = self.shared;
+        let listener = match listener
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::TcpListener::from_std(listener))
+        {
+            Ok(l) => l,
+            Err(e) => {
+                shared.log.push(Decision {
+                    allowed: false,
+                    method: String::new(),
+                    host: String::new(),
+                    port: 0,
+                    address: None,
+                    reason: format!("gateway could not use its listening socket: {e}"),
+                    bytes_up: 0,
+                    bytes_down: 0,
+                    started_ms: now_ms(),
+                    duration_ms: 0,
+                });
+                return shared.log.take();
+            }
+        };
+        let limits = shared.limits;
+        let slots = Arc::new(Semaphore::new(limits.max_concurrent_connections));
+        let mut accepted: u64 = 0;
+        let mut tasks = JoinSet::new();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                res = listener.accept() => match res {
+                    Ok((stream, _peer)) => {
+                        accepted = accepted.saturating_add(1);
+                        let permit = if accepted > limits.max_total_connections {
+                            Err(format!(
+                                "max_total_connections ({}) exceeded",
+                                limits.max_total_connections
+                            ))
+                        } else {
+                            slots.clone().try_acquire_owned().map_err(|_| format!(
+                                "max_concurrent_connections ({}) reached",
+                                limits.max_concurrent_connections
+                            ))
+                        };
+                        match permit {
+                            Ok(permit) => {
+                                tasks.spawn(serve_conn(shared.clone(), stream, permit));
+                            }
+                            Err(reason) => {
+                            shared.log.push(Decision {
+                                allowed: false,
+                                method: String::new(),
+                                host: String::new(),
+                                port: 0,
+                                address: None,
+                                reason: reason.clone(),
+                                bytes_up: 0,
+                                bytes_down: 0,
+                                started_ms: now_ms(),
+                                duration_ms: 0,
+                            });
+                            tasks.spawn(reject_conn(stream, reason));
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "egress gateway accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+            }
+        }
+        drop(listener);
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+        shared.log.take()
+    }
+}
+
+/// Answers a connection we will not serve with a 503 and closes it.
+async fn reject_conn(mut stream: TcpStream, reason: String) {
+    let reason = sanitize(&reason, 200);
+    let body = format!("agentjail egress gateway: {reason}\n");
+    let msg = format!(
+        "HTTP/1.1 503 Service Unavailable\r\n{DENIED_HEADER}: {reason}\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        let _ = stream.write_all(msg.as_bytes()).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
+}
+
+async fn serve_conn(
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+) {
+    let _ = stream.set_nodelay(true);
+    let limits = shared.limits;
+    let deadline = tokio::time::Instant::now() + limits.max_connection_time;
+    let ctx = Arc::new(ConnCtx::default());
+    let timer = {
+        let ctx = ctx.clone();
+        async move {
+            tokio::time::sleep_until(deadline).await;
+            // Set before the connection's futures are dropped, so their decisions say why.
+            ctx.timed_out.store(true, Ordering::SeqCst);
+        }
+    };
+    tokio::pin!(timer);
+    let svc = {
+        let shared = shared.clone();
+        let ctx = ctx.clone();
+        service_fn(move |req| handle(shared.clone(), ctx.clone(), req))
+    };
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.max_connection_time.min(Duration::from_secs(30)))
+        .max_header_size(limits.max_header_bytes.max(1024))
+        .half_close(false);
+    let conn = builder
+        .serve_connection(TokioIo::new(stream), svc)
+        .with_upgrades();
+    tokio::select! {
+        _ = conn => {}
+        () = &mut timer => return,
+    }
+    let job = match ctx.tunnel.lock() {
+        Ok(mut g) => g.take(),
+        Err(p) => p.into_inner().take(),
+    };
+    if let Some(job) = job {
+        tokio::select! {
+            () = run_tunnel(job) => {}
+            () = &mut timer => {}
+        }
+    }
+}
+
+async fn run_tunnel(job: TunnelJob) {
+    let TunnelJob {
+        on_upgrade,
+        upstream,
+        meter,
+        pending,
+    } = job;
+    let upgraded = match on_upgrade.await {
+        Ok(u) => u,
+        Err(_) => {
+            pending.note("client went away before the tunnel started".into());
+            return;
+        }
+    };
+    let mut client = TokioIo::new(upgraded);
+    let mut upstream = MeteredStream {
+        inner: upstream,
+        meter,
+    };
+    let _ =
+        tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, 64 << 10, 64 << 10)
+            .await;
+    drop(pending);
+}
+
+fn base_decision(method: &str, started_ms: u64) -> Decision {
+    Decision {
+        allowed: false,
+        method: method.to_owned(),
+        host: String::new(),
+        port: 0,
+        address: None,
+        reason: String::new(),
+        bytes_up: 0,
+        bytes_down: 0,
+        started_ms,
+        duration_ms: 0,
+    }
+}
+
+impl Shared {
+    fn deny(&self, mut d: Decision, start: Instant, reason: &str, address: Option<IpAddr>) {
+        d.allowed = false;
+        d.reason = reason.to_owned();
+        d.address = address;
+        d.duration_ms = ms(start.elapsed());
+        self.log.push(d);
+    }
+
+    /// Policy match, resolution, and the address check of every resolved address.
+    async fn vet(&self, t: &Target) -> Result<Vetted, Refusal> {
+        let rule = self.policy.match_target(t).map_err(Refusal::forbidden)?;
+        let raw = match &t.host {
+            Host::Ip(ip) => vec![*ip],
+            Host::Name(n) => {
+                match tokio::time::timeout(self.limits.connect_timeout, self.resolver.resolve(n))
+                    .await
+                {
+                    Err(_) => {
+                        return Err(Refusal {
+                            status: StatusCode::BAD_GATEWAY,
+                            reason: format!("DNS lookup of {n} timed out"),
+                            address: None,
+                        });
+                    }
+                    Ok(Err(e)) => {
+                        return Err(Refusal {
+                            status: StatusCode::BAD_GATEWAY,
+                            reason: sanitize(&e.to_string(), 200),
+                            address: None,
+                        });
+                    }
+                    Ok(Ok(a)) => a,
+                }
+            }
+        };
+        let mut addrs: Vec<IpAddr> = Vec::with_capacity(raw.len());
+        for ip in raw.into_iter().map(canonical) {
+            if !addrs.contains(&ip) {
+                addrs.push(ip);
+            }
+        }
+        if addrs.is_empty() {
+            return Err(Refusal {
+                status: StatusCode::BAD_GATEWAY,
+                reason: format!("{} has no addresses", t.host),
+                address: None,
+            });
+        }
+        let mut note = None;
+        for ip in &addrs {
+            match self.policy.check_address(*ip) {
+                Ok(None) => {}
+                Ok(Some(n)) => {
+                    note.get_or_insert(n);
+                }
+                Err(r) => {
+                    let reason = match &t.host {
+                        Host::Name(n) => format!("{n} resolves to a blocked {r}"),
+                        Host::Ip(_) => format!("blocked {r}"),
+                    };
+                    return Err(Refusal {
+                        status: StatusCode::FORBIDDEN,
+                        reason,
+                        address: Some(*ip),
+                    });
+                }
+            }
+        }
+        // IPv4 first: a sandbox host without IPv6 routes should not wait on AAAA answers.
+        addrs.sort_by_key(|ip| !ip.is_ipv4());
+        let reason = match note {
+            None => format!("allowed by rule {rule}"),
+            Some(n) => format!("allowed by rule {rule}; {n}"),
+        };
+        Ok(Vetted { addrs, reason })
+    }
+
+    /// Connects to the vetted addresses in order, within the connect timeout.
+    async fn connect(&self, addrs: &[IpAddr], port: u16) -> Result<(TcpStream, IpAddr), Refusal> {
+        let deadline = tokio::time::Instant::now() + self.limits.connect_timeout;
+        let mut last = Refusal {
+            status: StatusCode::BAD_GATEWAY,
+            reason: "no address to connect to".into(),
+            address: None,
+        };
+        for ip in addrs {
+            let sa = SocketAddr::new(*ip, port);
+            match tokio::time::timeout_at(deadline, TcpStream::connect(sa)).await {
+                Ok(Ok(s)) => {
+                    let _ = s.set_nodelay(true);
+                    return Ok((s, *ip));
+                }
+                Ok(Err(e)) => {
+                    last = Refusal {
+                        status: StatusCode::BAD_GATEWAY,
+                        reason: format!("connect to {sa} failed: {e}"),
+                        address: Some(*ip),
+                    };
+                }
+                Err(_) => {
+                    return Err(Refusal {
+                        status: StatusCode::GATEWAY_TIMEOUT,
+                        reason: format!("connect to {sa} timed out"),
+                        address: Some(*ip),
+                    });
+                }
+            }
+        }
+        Err(last)
+    }
+}
+
+/// Host text recorded for a destination that could not be parsed: never userinfo.
+fn recorded_host(raw: &str, err: &TargetError) -> String {
+    match err {
+        TargetError::Userinfo => String::new(),
+        _ => sanitize(raw, 255),
+    }
+}
+
+fn target_refusal_status(err: &TargetError) -> StatusCode {
+    match err {
+        TargetError::Userinfo => StatusCode::FORBIDDEN,
+        _ => StatusCode::BAD_REQUEST,
+    }
+}
+
+async fn handle(
+    shared: Arc<Shared>,
+    ctx: Arc<ConnCtx>,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<RespBody>, Infallible> {
+    let start = Instant::now();
+    let mut d = base_decision(&method_name(req.method()), now_ms());
+    if !reserve(&shared.requests, shared.limits.max_requests, 1) {
+        let reason = format!("max_requests ({}) exceeded", shared.limits.max_requests);
+        shared.deny(d, start, &reason, None);
+        let mut r = refusal(StatusCode::TOO_MANY_REQUESTS, &reason);
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return Ok(r);
+    }
+    if req.method() == hyper::Method::CONNECT {
+        return Ok(handle_connect(shared, ctx, req, d, start).await);
+    }
+    if req.uri().authority().is_none() {
+        let reason = "not a proxy request: send an absolute http:// URL or use CONNECT";
+        if let Some(h) = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok())
+            && let Ok(t) = parse_authority(h, Some(80))
+        {
+            d.host = t.host.to_string();
+            d.port = t.port;
+        }
+        shared.deny(d, start, reason, None);
+        return Ok(refusal(StatusCode::BAD_REQUEST, reason));
+    }
+    Ok(handle_forward(shared, ctx, req, d, start).await)
+}
+
+async fn handle_connect(
+    shared: Arc<Shared>,
+    ctx: Arc<ConnCtx>,
+    mut req: Request<hyper::body::Incoming>,
+    mut d: Decision,
+    start: Instant,
+) -> Response<RespBody> {
+    let uri = req.uri();
+    let authority = match (uri.scheme(), uri.authority(), uri.path_and_query()) {
+        (None, Some(a), None) => a.as_str().to_owned(),
+        (None, Some(a), Some(pq)) if pq.as_str().is_empty() || pq.as_str() == "/" => {
+            a.as_str().to_owned()
+        }
+        _ => {
+            let reason = "CONNECT needs a host:port target";
+            shared.deny(d, start, reason, None);
+            return refusal(StatusCode::BAD_REQUEST, reason);
+        }
+    };
+    let target = match parse_authority(&authority, None) {
+        Ok(t) => t,
+        Err(e) => {
+            d.host = recorded_host(&authority, &e);
+            let reason = format!("refused destination: {e}");
+            shared.deny(d, start, &reason, None);
+            return refusal(target_refusal_status(&e), &reason);
+        }
+    };
+    d.host = target.host.to_string();
+    d.port = target.port;
+    let vetted = match shared.vet(&target).await {
+        Ok(v) => v,
+        Err(r) => {
+            shared.deny(d, start, &r.reason, r.address);
+            return refusal(r.status, &r.reason);
+        }
+    };
+    if let Some(what) = shared.budget.exhausted() {
+        let reason = format!("{what} budget already used up");
+        shared.deny(d, start, &reason, None);
+        return refusal(StatusCode::FORBIDDEN, &reason);
+    }
+    let (upstream, addr) = match shared.connect(&vetted.addrs, target.port).await {
+        Ok(x) => x,
+        Err(r) => {
+            shared.deny(d, start, &r.reason, r.address);
+            return refusal(r.status, &r.reason);
+        }
+    };
+    d.allowed = true;
+    d.address = Some(addr);
+    d.reason = vetted.reason;
+    let flow = Arc::new(Flow::default());
+    let pending = Arc::new(Pending {
+        shared: shared.clone(),
+        ctx: ctx.clone(),
+        flow: flow.clone(),
+        base: d,
+        start,
+        note: Mutex::new(None),
+        _driver: Mutex::new(None),
+    });
+    let job = TunnelJob {
+        on_upgrade: hyper::upgrade::on(&mut req),
+        upstream,
+        meter: Meter {
+            budget: shared.budget.clone(),
+            flow,
+        },
+        pending,
+    };
+    match ctx.tunnel.lock() {
+        Ok(mut g) => *g = Some(job),
+        Err(p) => *p.into_inner() = Some(job),
+    }
+    Response::new(empty())
+}
+
+/// Hop-by-hop headers (RFC 9110 section 7.6.1) and proxy credentials, never forwarded.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in listed {
+        h.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        h.remove(*name);
+    }
+}
+
+fn head_bytes(h: &HeaderMap) -> u64 {
+    h.iter()
+        .map(|(k, v)| (k.as_str().len() + v.len() + 4) as u64)
+        .sum()
+}
+
+async fn handle_forward(
+    shared: Arc<Shared>,
+    ctx: Arc<ConnCtx>,
+    req: Request<hyper::body::Incoming>,
+    mut d: Decision,
+    start: Instant,
+) -> Response<RespBody> {
+    let uri = req.uri().clone();
+    let Some(authority) = uri.authority().map(|a| a.as_str().to_owned()) else {
+        let reason = "not a proxy request";
+        shared.deny(d, start, reason, None);
+        return refusal(StatusCode::BAD_REQUEST, reason);
+    };
+    let target = match parse_authority(&authority, Some(80)) {
+        Ok(t) => t,
+        Err(e) => {
+            d.host = recorded_host(&authority, &e);
+            let reason = format!("refused destination: {e}");
+            shared.deny(d, start, &reason, None);
+            return refusal(target_refusal_status(&e), &reason);
+        }
+    };
+    d.host = target.host.to_string();
+    d.port = target.port;
+    if !uri
+        .scheme_str()
+        .is_some_and(|s| s.eq_ignore_ascii_case("http"))
+    {
+        let reason = "only http:// URLs are forwarded; use CONNECT for TLS";
+        shared.deny(d, start, reason, None);
+        return refusal(StatusCode::BAD_REQUEST, reason);
+    }
+    // The Host header, if present, must name the same destination as the URL.
+    let hosts: Vec<&HeaderValue> = req.headers().get_all(header::HOST).iter().collect();
+    let host_ok = match hosts.as_slice() {
+        [] => true,
+        [one] => one
+            .to_str()
+            .ok()
+            .and_then(|s| parse_authority(s, Some(80)).ok())
+            .is_some_and(|h| h == target),
+        _ => false,
+    };
+    if !host_ok {
+        let reason = "Host header does not match the request URL";
+        shared.deny(d, start, reason, None);
+        return refusal(StatusCode::BAD_REQUEST, reason);
+    }
+    let vetted = match shared.vet(&target).await {
+        Ok(v) => v,
+        Err(r) => {
+            shared.deny(d, start, &r.reason, r.address);
+            return refusal(r.status, &r.reason);
+        }
+    };
+    if let Some(what) = shared.budget.exhausted() {
+        let reason = format!("{what} budget already used up");
+        shared.deny(d, start, &reason, None);
+        return refusal(StatusCode::FORBIDDEN, &reason);
+    }
+    let (upstream, addr) = match shared.connect(&vetted.addrs, target.port).await {
+        Ok(x) => x,
+        Err(r) => {
+            shared.deny(d, start, &r.reason, r.address);
+            return refusal(r.status, &r.reason);
+        }
+    };
+    d.allowed = true;
+    d.address = Some(addr);
+    d.reason = vetted.reason;
+    let flow = Arc::new(Flow::default());
+    let meter = Meter {
+        budget: shared.budget.clone(),
+        flow: flow.clone(),
+    };
+    let pending = Arc::new(Pending {
+        shared: shared.clone(),
+        ctx,
+        flow,
+        base: d.clone(),
+        start,
+        note: Mutex::new(None),
+        _driver: Mutex::new(None),
+    });
+
+    let mut client = hyper::client::conn::http1::Builder::new();
+    client.max_header_size(shared.limits.max_header_bytes.max(1024));
+    let (mut sender, conn) = match client.handshake(TokioIo::new(upstream)).await {
+        Ok(x) => x,
+        Err(e) => {
+            let reason = format!("upstream handshake failed: {e}");
+            pending.note(reason.clone());
+            return refusal(StatusCode::BAD_GATEWAY, &reason);
+        }
+    };
+    let driver = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    if let Ok(mut g) = pending._driver.lock() {
+        *g = Some(AbortOnDrop(driver));
+    }
+
+    let (mut parts, body) = req.into_parts();
+    let origin_form = parts
+        .uri
+        .path_and_query()
+        .map(|pq| pq.as_str())
+        .filter(|s| s.starts_with('/'))
+        .unwrap_or("/")
+        .to_owned();
+    let Ok(path) = origin_form.parse::<Uri>() else {
+        let reason = "request path could not be forwarded";
+        pending.note(reason.into());
+        return refusal(StatusCode::BAD_REQUEST, reason);
+    };
+    strip_hop_by_hop(&mut parts.headers);
+    match HeaderValue::from_str(&authority) {
+        Ok(v) => {
+            parts.headers.insert(header::HOST, v);
+        }
+        Err(_) => {
+            let reason = "request authority could not be forwarded";
+            pending.note(reason.into());
+            return refusal(StatusCode::BAD_REQUEST, reason);
+        }
+    }
+    let head =
+        (parts.method.as_str().len() + origin_form.len() + 12) as u64 + head_bytes(&parts.headers);
+    if !meter.take(Dir::Up, head) {
+        return refusal(StatusCode::FORBIDDEN, "max_bytes_up exceeded");
+    }
+    let body = MeteredBody {
+        inner: body,
+        meter: meter.clone(),
+        dir: Dir::Up,
+        _keep: (),
+    };
+    let mut out = Request::new(body.boxed());
+    *out.method_mut() = parts.method.clone();
+    *out.uri_mut() = path;
+    *out.version_mut() = Version::HTTP_11;
+    *out.headers_mut() = parts.headers;
+
+    let resp = match sender.send_request(out).await {
+        Ok(r) => r,
+        Err(e) => {
+            let reason = if meter.flow.exceeded().is_some() {
+                "request body exceeded the byte budget".to_owned()
+            } else {
+                format!("upstream request failed: {e}")
+            };
+            pending.note(reason.clone());
+            return refusal(StatusCode::BAD_GATEWAY, &reason);
+        }
+    };
+
+    // Redirects: the target must pass the same checks before the client may follow it.
+    if matches!(resp.status().as_u16(), 301 | 302 | 303 | 307 | 308)
+        && let Some(loc) = resp.headers().get(header::LOCATION)
+    {
+        let refused = match redirect_target(loc.as_bytes()) {
+            Ok(None) => None,
+            Ok(Some(t)) if t == target => None,
+            Ok(Some(t)) => match shared.vet(&t).await {
+                Ok(_) => None,
+                Err(r) => Some((t.host.to_string(), t.port, r.reason, r.address)),
+            },
+            Err(reason) => Some((String::new(), 0, reason.to_owned(), None)),
+        };
+        if let Some((host, port, why, address)) = refused {
+            let reason = format!("redirect from {target} refused: {why}");
+            let denial = Decision {
+                allowed: false,
+                method: d.method.clone(),
+                host,
+                port,
+                address,
+                reason: reason.clone(),
+                bytes_up: 0,
+                bytes_down: 0,
+                started_ms: d.started_ms,
+                duration_ms: ms(start.elapsed()),
+            };
+            shared.log.push(denial);
+            pending.note("redirect not forwarded".into());
+            drop(resp);
+            return refusal(StatusCode::FORBIDDEN, &reason);
+        }
+    }
+
+    let (mut rparts, rbody) = resp.into_parts();
+    strip_hop_by_hop(&mut rparts.headers);
+    if !meter.take(Dir::Down, head_bytes(&rparts.headers) + 16) {
+        return refusal(StatusCode::FORBIDDEN, "max_bytes_down exceeded");
+    }
+    let body = MeteredBody {
+        inner: rbody,
+        meter,
+        dir: Dir::Down,
+        _keep: pending,
+    };
+    Response::from_parts(rparts, body.boxed())
+}
+
+/// Where a `Location` value points, when it leaves the current origin.
+///
+/// `Ok(None)`: a relative reference (same scheme, host and port). `Ok(Some(t))`: an absolute
+/// or network-path reference to `t`. `Err`: ambiguous or non-HTTP; such redirects are refused
+/// rather than guessed at, because clients disagree on how to parse them.
+pub fn redirect_target(location: &[u8]) -> Result<Option<Target>, &'static str> {
+    let s = std::str::from_utf8(location).map_err(|_| "Location is not valid UTF-8")?;
+    if s.chars()
+        .any(|c| c.is_control() || c.is_whitespace() || c == '\\' || !c.is_ascii())
+    {
+        return Err("ambiguous Location (whitespace, control, backslash or non-ASCII)");
+    }
+    let (scheme, rest) = match s.find(':') {
+        Some(i)
+            if !s[..i].contains(['/', '?', '#'])
+                && s[..i].starts_with(|c: char| c.is_ascii_alphabetic())
+                && s[..i]
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')) =>
+        {
+            (Some(s[..i].to_ascii_lowercase()), &s[i + 1..])
+        }
+        _ => (None, s),
+    };
+    let default_port = match scheme.as_deref() {
+        None | Some("http") => 80,
+        Some("https") => 443,
+        Some(_) => return Err("redirect to a non-HTTP URL scheme"),
+    };
+    let Some(after) = rest.strip_prefix("//") else {
+        return if scheme.is_some() {
+            Err("absolute Location without an authority")
+        } else {
+            Ok(None)
+        };
+    };
+    let end = after.find(['/', '?', '#']).unwrap_or(after.len());
+    match parse_authority(&after[..end], Some(default_port)) {
+        Ok(t) => Ok(Some(t)),
+        Err(TargetError::Userinfo) => Err("Location carries userinfo"),
+        Err(_) => Err("Location has an invalid host or port"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> Option<String> {
+        redirect_target(s.as_bytes())
+            .unwrap()
+            .map(|t| t.to_string())
+    }
+
+    #[test]
+    fn redirect_targets() {
+        assert_eq!(t("/next"), None);
+        assert_eq!(t("next?x=1"), None);
+        assert_eq!(t(""), None);
+        assert_eq!(t("?q"), None);
+        assert_eq!(t("http://Evil.test/x"), Some("evil.test:80".into()));
+        assert_eq!(t("HTTPS://evil.test"), Some("evil.test:443".into()));
+        assert_eq!(t("//evil.test:8080/x"), Some("evil.test:8080".into()));
+        assert_eq!(t("http://2130706433/"), Some("127.0.0.1:80".into()));
+        assert_eq!(
+            t("http://[::ffff:10.0.0.1]:81/"),
+            Some("10.0.0.1:81".into())
+        );
+        assert_eq!(t("http://evil.test?x"), Some("evil.test:80".into()));
+        assert_eq!(t("http://evil.test#x"), Some("evil.test:80".into()));
+        for bad in [
+            "http://allowed.test@evil.test/",
+            "http://user:pw@allowed.test/",
+            "http:\\\\evil.test",
+            "/\\evil.test",
+            "http:evil.test",
+            "ftp://evil.test/",
+            "javascript:alert(1)",
+            "http://evil .test/",
+            "http://evil.test:0/",
+            "http://evil.test:99999/",
+            "http:///x",
+            "http://ex\u{e4}mple.test/",
+        ] {
+            assert!(redirect_target(bad.as_bytes()).is_err(), "{bad:?}");
+        }
+        assert!(redirect_target(&[0xff, 0xfe]).is_err());
+    }
+
+    #[test]
+    fn hop_by_hop_headers_are_stripped() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "connection",
+            HeaderValue::from_static("x-secret-hop, keep-alive"),
+        );
+        h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert("proxy-authorization", HeaderValue::from_static("Basic abc"));
+        h.insert("accept", HeaderValue::from_static("*/*"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("accept"));
+    }
+
+    #[test]
+    fn refusal_has_header_and_body() {
+        let r = refusal(
+            StatusCode::FORBIDDEN,
+            "host evil.test is not in the allowlist\r\n",
+        );
+        assert_eq!(r.status(), StatusCode::FORBIDDEN);
+        assert_eq!(
+            r.headers().get(DENIED_HEADER).unwrap(),
+            "host evil.test is not in the allowlist??"
+        );
+    }
+
+    #[test]
+    fn default_limits_are_sane() {
+        let l = GatewayLimits::default();
+        assert!(l.max_bytes_up > 0 && l.max_bytes_down >= l.max_bytes_up);
+        assert!(l.max_concurrent_connections > 0);
+        assert!(l.connect_timeout < l.max_connection_time);
+    }
+}

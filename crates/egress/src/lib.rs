@@ -1,0 +1,161 @@
+//! # agentjail-egress: the egress gateway
+//!
+//! When a manifest allows network access, the sandbox still has no route anywhere: its network
+//! namespace holds loopback alone. The only way out is a proxy endpoint on `127.0.0.1:PORT`
+//! inside that namespace, whose listening socket is handed to the supervisor, which serves it
+//! with this crate's [`Gateway`]. The gateway speaks
+//!
+//! * **HTTP CONNECT** (any TCP, e.g. TLS, tunnelled byte for byte without terminating it), and
+//! * **plain HTTP forward proxying** (absolute-form `GET http://host:port/path`),
+//!
+//! and for every request it
+//!
+//! 1. parses and normalises the destination ([`host`]): UTS-46/IDNA, lowercase, one trailing
+//!    dot stripped, every IPv4 spelling (`2130706433`, `0177.0.0.1`, `0x7f.1`, `127.1`) and
+//!    bracketed IPv6 (including `[::ffff:127.0.0.1]`) parsed as an address, userinfo and
+//!    other authority tricks refused;
+//! 2. matches host and port against the allowlist ([`CompiledPolicy`]); IP literals match only
+//!    rules that name that exact IP;
+//! 3. resolves names itself ([`Resolve`]; [`HickoryResolver`] with the host's
+//!    `/etc/resolv.conf` and `/etc/hosts` by default) and refuses when **any** returned address
+//!    is not public unicast ([`addr::classify`]: loopback, RFC 1918, CGNAT, link-local and the
+//!    metadata addresses, ULA, multicast, documentation, reserved, and IPv6 embeddings of
+//!    those), unless an `allow_private` CIDR covers it;
+//! 4. connects to the exact address it vetted (no second lookup, so no DNS rebinding);
+//! 5. for plain HTTP, checks a redirect's `Location` target the same way and answers
+//!    `403` instead of forwarding a redirect to a disallowed destination; refuses
+//!    absolute-form requests whose `Host` header names another destination (`400`);
+//! 6. bounds bytes (run-wide), connections (concurrent and total), requests, connect time,
+//!    connection lifetime and header size ([`GatewayLimits`]);
+//! 7. records a [`Decision`] for every allowed or refused request: method, normalised host,
+//!    port, address, reason, bytes, times. Never a payload, header value, path, query or
+//!    credential.
+//!
+//! Refusals answer `403` (policy), `400` (malformed or mismatching request), `502`/`504`
+//! (DNS or connect failure) or `503` (connection limits), with an `X-Agentjail-Denied: <reason>`
+//! header and a one-line body; for CONNECT before any tunnel exists.
+//!
+//! ## Limitations
+//!
+//! * TLS is not inspected: an allowed CONNECT target can carry anything, including
+//!   domain-fronted traffic to other services behind the same front, or DNS-over-HTTPS.
+//!   An allowed host that is itself an open proxy, or that accepts uploads, is a channel the
+//!   operator owns.
+//! * The gateway speaks HTTP/1.1 to clients; no SOCKS5 (clients that only speak SOCKS need
+//!   `ALL_PROXY=http://...` support or an HTTP proxy). Plain-HTTP upstream connections are not
+//!   pooled (one upstream connection per forwarded request).
+//! * Byte counts for plain HTTP include an approximation of the heads.
+//! * `allow_private` exceptions apply to the address connected to, not to an IPv4 address
+//!   that an IPv6 address embeds.
+//!
+//! ## Testing
+//!
+//! Unit tests cover parsing, normalisation, matching, classification (table-driven and with
+//! proptest) and redirect parsing without any network. The integration tests in
+//! `tests/netns.rs` run the gateway, an upstream HTTP server, a small DNS server and the
+//! clients on a thread that first moved into a **fresh network namespace with only loopback**
+//! (`unshare(CLONE_NEWNET)`, needs root; they print a skip line otherwise), so no test traffic
+//! can leave the machine.
+
+pub mod addr;
+mod decision;
+mod gateway;
+pub mod host;
+mod meter;
+mod policy;
+mod resolve;
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+pub use decision::Decision;
+pub use gateway::{DENIED_HEADER, Gateway, GatewayLimits, redirect_target};
+pub use policy::{CompiledPolicy, PolicyError, compile_policy};
+pub use resolve::{HickoryResolver, Resolve, ResolveError, ResolveFuture, StaticResolver};
+
+/// Failure to start a gateway with [`spawn_gateway`].
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The policy does not compile.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// The tokio runtime could not be built.
+    #[error("egress gateway runtime: {0}")]
+    Runtime(std::io::Error),
+    /// The gateway thread could not be started.
+    #[error("egress gateway thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// A gateway running on its own thread (see [`spawn_gateway`]).
+#[derive(Debug)]
+pub struct GatewayHandle {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<Vec<Decision>>>,
+}
+
+impl GatewayHandle {
+    /// Stops the gateway (closing every connection) and returns its decision log.
+    pub fn stop(mut self) -> Vec<Decision> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        match self.thread.take().map(JoinHandle::join) {
+            Some(Ok(log)) => log,
+            Some(Err(_)) | None => vec![Decision {
+                allowed: false,
+                method: String::new(),
+                host: String::new(),
+                port: 0,
+                address: None,
+                reason: "egress gateway thread failed; its decisions are lost".into(),
+                bytes_up: 0,
+                bytes_down: 0,
+                started_ms: decision::now_ms(),
+                duration_ms: 0,
+            }],
+        }
+    }
+}
+
+impl Drop for GatewayHandle {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Starts a gateway on a thread of its own, with a small multi-threaded tokio runtime, serving
+/// `listener` until [`GatewayHandle::stop`]. For synchronous callers such as the supervisor.
+///
+/// Outgoing connections are made from the network namespace of the calling thread.
+pub fn spawn_gateway(
+    policy: &agentjail_manifest::EgressPolicy,
+    limits: GatewayLimits,
+    resolver: Arc<dyn Resolve>,
+    listener: std::net::TcpListener,
+) -> Result<GatewayHandle, GatewayError> {
+    let gateway = Gateway::new(policy, limits, resolver)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("agentjail-egress")
+        .enable_all()
+        .build()
+        .map_err(GatewayError::Runtime)?;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name("agentjail-egress".into())
+        .spawn(move || {
+            let log = runtime.block_on(gateway.serve(listener, async move {
+                let _ = rx.await;
+            }));
+            runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+            log
+        })
+        .map_err(GatewayError::Thread)?;
+    Ok(GatewayHandle {
+        stop: Some(tx),
+        thread: Some(thread),
+    })
+}

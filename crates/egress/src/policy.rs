@@ -1,0 +1,475 @@
+//! The compiled allowlist: rules normalised once, matched many times.
+
+use std::net::IpAddr;
+
+use agentjail_manifest::EgressPolicy;
+use ipnet::IpNet;
+
+use crate::addr::{canonical, classify};
+use crate::host::{Host, Target, parse_host};
+
+/// A manifest `network` policy that could not be compiled. One line, naming the bad entry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// The host of an allow rule is not a valid name, wildcard or IP address.
+    #[error("network.allow[{index}]: host {host:?} is invalid: {reason}")]
+    BadHost {
+        /// Index of the rule.
+        index: usize,
+        /// The host as written.
+        host: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An allow rule without ports.
+    #[error("network.allow[{index}]: host {host:?} lists no ports")]
+    NoPorts {
+        /// Index of the rule.
+        index: usize,
+        /// The host as written.
+        host: String,
+    },
+    /// An allow rule with port 0.
+    #[error("network.allow[{index}]: host {host:?}: port 0 is not a valid port")]
+    PortZero {
+        /// Index of the rule.
+        index: usize,
+        /// The host as written.
+        host: String,
+    },
+    /// An allow rule naming a non-public IP that `allow_private` does not cover.
+    #[error(
+        "network.allow[{index}]: {ip} is a {class} address; it is only reachable if allow_private covers it"
+    )]
+    NonPublicIpRule {
+        /// Index of the rule.
+        index: usize,
+        /// The address.
+        ip: IpAddr,
+        /// Its class.
+        class: String,
+    },
+    /// An `allow_private` entry that is not an address or CIDR.
+    #[error(
+        "network.allow_private[{index}]: {cidr:?} is not an IP address or CIDR (e.g. 10.1.2.0/24)"
+    )]
+    BadCidr {
+        /// Index of the entry.
+        index: usize,
+        /// The entry as written.
+        cidr: String,
+    },
+    /// An `allow_private` entry with prefix length 0 (it would switch the address check off).
+    #[error(
+        "network.allow_private[{index}]: {cidr:?} covers every address and would disable the address check; list the ranges you need"
+    )]
+    TooBroad {
+        /// Index of the entry.
+        index: usize,
+        /// The entry as written.
+        cidr: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Pattern {
+    /// Exactly this normalised name.
+    Exact(String),
+    /// Any name ending in `.` + this suffix (one or more extra labels).
+    Wildcard(String),
+    /// Exactly this IP literal.
+    Ip(IpAddr),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rule {
+    pattern: Pattern,
+    ports: Vec<u16>,
+}
+
+impl std::fmt::Display for Rule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.pattern {
+            Pattern::Exact(n) => f.write_str(n)?,
+            Pattern::Wildcard(s) => write!(f, "*.{s}")?,
+            Pattern::Ip(IpAddr::V6(v6)) => write!(f, "[{v6}]")?,
+            Pattern::Ip(ip) => write!(f, "{ip}")?,
+        }
+        let ports: Vec<String> = self.ports.iter().map(|p| p.to_string()).collect();
+        write!(f, ":{}", ports.join(","))
+    }
+}
+
+/// A validated, normalised [`EgressPolicy`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompiledPolicy {
+    rules: Vec<Rule>,
+    allow_private: Vec<IpNet>,
+}
+
+/// Compiles (validates and normalises) a manifest egress policy.
+///
+/// Rule hosts get the same normalisation as requested hosts (UTS-46, lowercase, one trailing
+/// dot stripped, IP literals in any form parsed as IPs). A rule host `*.suffix` matches names
+/// with one or more labels in front of `suffix`, never `suffix` itself; the suffix must have at
+/// least two labels (`*.com` is refused as too broad). Allow rules that name an IP address must
+/// name a public one unless `allow_private` covers it.
+pub fn compile_policy(p: &EgressPolicy) -> Result<CompiledPolicy, PolicyError> {
+    let mut allow_private = Vec::with_capacity(p.allow_private.len());
+    for (index, raw) in p.allow_private.iter().enumerate() {
+        let text = raw.trim();
+        let net = match text.parse::<IpNet>() {
+            Ok(n) => n.trunc(),
+            Err(_) => match text.parse::<IpAddr>() {
+                Ok(ip) => IpNet::from(canonical(ip)),
+                Err(_) => {
+                    return Err(PolicyError::BadCidr {
+                        index,
+                        cidr: raw.clone(),
+                    });
+                }
+            },
+        };
+        if net.prefix_len() == 0 {
+            return Err(PolicyError::TooBroad {
+                index,
+                cidr: raw.clone(),
+            });
+        }
+        allow_private.push(net);
+    }
+    let mut rules = Vec::with_capacity(p.allow.len());
+    for (index, rule) in p.allow.iter().enumerate() {
+        let bad = |reason: String| PolicyError::BadHost {
+            index,
+            host: rule.host.clone(),
+            reason,
+        };
+        if rule.ports.is_empty() {
+            return Err(PolicyError::NoPorts {
+                index,
+                host: rule.host.clone(),
+            });
+        }
+        if rule.ports.contains(&0) {
+            return Err(PolicyError::PortZero {
+                index,
+                host: rule.host.clone(),
+            });
+        }
+        let raw = rule.host.trim();
+        if raw != rule.host {
+            return Err(bad("leading or trailing whitespace".into()));
+        }
+        let pattern = if let Some(suffix) = raw.strip_prefix("*.") {
+            match parse_host(suffix) {
+                Ok(Host::Name(n)) if n.contains('.') => Pattern::Wildcard(n),
+                Ok(Host::Name(_)) => {
+                    return Err(bad(
+                        "a wildcard needs at least two labels after `*.` (e.g. *.example.com)"
+                            .into(),
+                    ));
+                }
+                Ok(Host::Ip(_)) => return Err(bad("a wildcard cannot cover IP addresses".into())),
+                Err(e) => return Err(bad(e.to_string())),
+            }
+        } else if raw.contains('*') {
+            return Err(bad(
+                "`*` is only allowed as the whole leftmost label (`*.example.com`)".into(),
+            ));
+        } else {
+            // Bare IPv6 literals are accepted in rules for convenience.
+            let parsed = match raw.parse::<std::net::Ipv6Addr>() {
+                Ok(v6) => Ok(Host::Ip(canonical(IpAddr::V6(v6)))),
+                Err(_) => parse_host(raw),
+            };
+            match parsed {
+                Ok(Host::Name(n)) => Pattern::Exact(n),
+                Ok(Host::Ip(ip)) => {
+                    if let Some(class) = classify(ip)
+                        && !allow_private.iter().any(|n| n.contains(&ip))
+                    {
+                        return Err(PolicyError::NonPublicIpRule {
+                            index,
+                            ip,
+                            class: class.to_string(),
+                        });
+                    }
+                    Pattern::Ip(ip)
+                }
+                Err(e) => return Err(bad(e.to_string())),
+            }
+        };
+        let mut ports = rule.ports.clone();
+        ports.sort_unstable();
+        ports.dedup();
+        rules.push(Rule { pattern, ports });
+    }
+    Ok(CompiledPolicy {
+        rules,
+        allow_private,
+    })
+}
+
+impl CompiledPolicy {
+    /// Does any rule allow `target`? On success, returns the matching rule as text (for the
+    /// decision's reason); on refusal, a one-line reason.
+    pub fn match_target(&self, target: &Target) -> Result<String, String> {
+        let mut host_matched = false;
+        for rule in &self.rules {
+            let hit = match (&rule.pattern, &target.host) {
+                (Pattern::Exact(r), Host::Name(n)) => r == n,
+                (Pattern::Wildcard(s), Host::Name(n)) => n
+                    .strip_suffix(s.as_str())
+                    .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
+                (Pattern::Ip(r), Host::Ip(ip)) => r == ip,
+                _ => false,
+            };
+            if hit {
+                host_matched = true;
+                if rule.ports.contains(&target.port) {
+                    return Ok(rule.to_string());
+                }
+            }
+        }
+        Err(match (&target.host, host_matched) {
+            (_, true) => format!("port {} is not allowed for {}", target.port, target.host),
+            (Host::Ip(ip), false) => {
+                format!("IP literal {ip} is not in the allowlist")
+            }
+            (Host::Name(n), false) => format!("host {n} is not in the allowlist"),
+        })
+    }
+
+    /// May the gateway connect to `ip`? Public unicast addresses may; any other address only
+    /// if an `allow_private` CIDR contains it. On success returns a note when an exception was
+    /// used; on refusal, a one-line reason.
+    pub fn check_address(&self, ip: IpAddr) -> Result<Option<String>, String> {
+        let ip = canonical(ip);
+        match classify(ip) {
+            None => Ok(None),
+            Some(class) => match self.allow_private.iter().find(|n| n.contains(&ip)) {
+                Some(net) => Ok(Some(format!(
+                    "{class} address allowed by allow_private {net}"
+                ))),
+                None => Err(format!("address {ip} is {class}")),
+            },
+        }
+    }
+
+    /// The `allow_private` CIDRs, normalised.
+    pub fn allow_private(&self) -> &[IpNet] {
+        &self.allow_private
+    }
+
+    /// The rules as text, e.g. `*.example.com:80,443`.
+    pub fn rules(&self) -> Vec<String> {
+        self.rules.iter().map(|r| r.to_string()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::parse_authority;
+    use agentjail_manifest::AllowRule;
+
+    fn policy(rules: &[(&str, &[u16])], private: &[&str]) -> Result<CompiledPolicy, PolicyError> {
+        compile_policy(&EgressPolicy {
+            allow: rules
+                .iter()
+                .map(|(h, p)| AllowRule {
+                    host: (*h).into(),
+                    ports: p.to_vec(),
+                })
+                .collect(),
+            allow_private: private.iter().map(|s| (*s).into()).collect(),
+        })
+    }
+
+    fn allowed(p: &CompiledPolicy, authority: &str) -> bool {
+        match parse_authority(authority, None) {
+            Ok(t) => p.match_target(&t).is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    #[test]
+    fn exact_and_wildcard_rules() {
+        let p = policy(
+            &[
+                ("api.example.com", &[443]),
+                ("*.pypi.example", &[443, 80]),
+                ("BÜCHER.example", &[443]),
+                ("trailing.example.", &[443]),
+            ],
+            &[],
+        )
+        .unwrap();
+        let cases = [
+            ("api.example.com:443", true),
+            ("API.Example.COM:443", true),
+            ("api.example.com.:443", true),
+            ("api.example.com:80", false),
+            ("example.com:443", false),
+            ("x.api.example.com:443", false),
+            ("api.example.com.evil.com:443", false),
+            ("evilapi.example.com:443", false),
+            ("files.pypi.example:443", true),
+            ("a.b.c.pypi.example:80", true),
+            ("pypi.example:443", false),
+            ("xpypi.example:443", false),
+            (".pypi.example:443", false),
+            ("files.pypi.example:8080", false),
+            ("xn--bcher-kva.example:443", true),
+            ("bücher.example:443", true),
+            ("BÜCHER.EXAMPLE.:443", true),
+            ("trailing.example:443", true),
+            ("allowed.com@api.example.com:443", false),
+            ("api.example.com@evil.com:443", false),
+            ("evil.com#@api.example.com:443", false),
+        ];
+        for (a, want) in cases {
+            assert_eq!(allowed(&p, a), want, "{a}");
+        }
+    }
+
+    #[test]
+    fn refusal_reasons() {
+        let p = policy(&[("api.example.com", &[443])], &[]).unwrap();
+        let t = parse_authority("api.example.com:80", None).unwrap();
+        assert_eq!(
+            p.match_target(&t).unwrap_err(),
+            "port 80 is not allowed for api.example.com"
+        );
+        let t = parse_authority("evil.com:443", None).unwrap();
+        assert_eq!(
+            p.match_target(&t).unwrap_err(),
+            "host evil.com is not in the allowlist"
+        );
+        let t = parse_authority("2130706433:443", None).unwrap();
+        assert_eq!(
+            p.match_target(&t).unwrap_err(),
+            "IP literal 127.0.0.1 is not in the allowlist"
+        );
+        let t = parse_authority("api.example.com:443", None).unwrap();
+        assert_eq!(p.match_target(&t).unwrap(), "api.example.com:443");
+    }
+
+    #[test]
+    fn ip_literals_match_only_exact_ip_rules() {
+        let p = policy(
+            &[("allowed.test", &[80]), ("127.0.0.1", &[8080])],
+            &["127.0.0.1/32"],
+        )
+        .unwrap();
+        for form in [
+            "127.0.0.1",
+            "2130706433",
+            "0x7f000001",
+            "0177.0.0.1",
+            "0x7f.0.0.1",
+            "127.1",
+            "[::ffff:127.0.0.1]",
+            "[::ffff:7f00:1]",
+        ] {
+            assert!(allowed(&p, &format!("{form}:8080")), "{form}");
+            assert!(!allowed(&p, &format!("{form}:80")), "{form}");
+        }
+        // A name rule never matches an IP, an IP rule never matches a name.
+        assert!(!allowed(&p, "127.0.0.2:8080"));
+        assert!(!allowed(&p, "[::1]:8080"));
+        assert!(!allowed(&p, "[::127.0.0.1]:8080"));
+        let p = policy(&[("allowed.test", &[80])], &["127.0.0.0/8"]).unwrap();
+        for form in ["127.0.0.1", "2130706433", "0x7f.1", "[::ffff:127.0.0.1]"] {
+            assert!(!allowed(&p, &format!("{form}:80")), "{form}");
+        }
+    }
+
+    #[test]
+    fn compile_errors_name_the_entry() {
+        let cases: &[(&[(&str, &[u16])], &[&str], &str)] = &[
+            (
+                &[("", &[443])],
+                &[],
+                "network.allow[0]: host \"\" is invalid",
+            ),
+            (
+                &[("ok.example", &[443]), ("bad host", &[443])],
+                &[],
+                "network.allow[1]: host \"bad host\"",
+            ),
+            (&[("*.com", &[443])], &[], "at least two labels"),
+            (&[("*", &[443])], &[], "network.allow[0]"),
+            (
+                &[("a.*.example.com", &[443])],
+                &[],
+                "only allowed as the whole leftmost label",
+            ),
+            (&[("*.127.0.0.1", &[443])], &[], "wildcard cannot cover IP"),
+            (&[("api.example.com", &[])], &[], "lists no ports"),
+            (&[("api.example.com", &[0])], &[], "port 0"),
+            (&[("user@api.example.com", &[443])], &[], "userinfo"),
+            (&[("api.example.com:443", &[443])], &[], "network.allow[0]"),
+            (
+                &[("10.0.0.1", &[443])],
+                &[],
+                "10.0.0.1 is a private-use (RFC 1918) address",
+            ),
+            (&[("169.254.169.254", &[80])], &[], "link-local"),
+            (&[("256.1.1.1", &[80])], &[], "not a valid IPv4"),
+            (
+                &[],
+                &["10.0.0.0/33"],
+                "network.allow_private[0]: \"10.0.0.0/33\"",
+            ),
+            (&[], &["ten"], "not an IP address or CIDR"),
+            (&[], &["0.0.0.0/0"], "disable the address check"),
+            (&[], &["::/0"], "disable the address check"),
+            (&[(" api.example.com", &[443])], &[], "whitespace"),
+        ];
+        for (rules, private, want) in cases {
+            let err = policy(rules, private).unwrap_err().to_string();
+            assert!(err.contains(want), "{err:?} does not contain {want:?}");
+            assert!(!err.contains('\n'));
+        }
+    }
+
+    #[test]
+    fn private_ip_rule_allowed_with_exception() {
+        let p = policy(
+            &[("10.0.0.1", &[443]), ("::1", &[80])],
+            &["10.0.0.0/8", "::1"],
+        )
+        .unwrap();
+        assert_eq!(
+            p.rules(),
+            vec!["10.0.0.1:443".to_string(), "[::1]:80".into()]
+        );
+        assert!(allowed(&p, "10.0.0.1:443"));
+        assert!(allowed(&p, "[::1]:80"));
+    }
+
+    #[test]
+    fn address_check_with_and_without_exceptions() {
+        let p = policy(&[("a.example", &[443])], &["127.0.0.1/32", "fd00::/8"]).unwrap();
+        let ok = |s: &str| p.check_address(s.parse().unwrap());
+        assert_eq!(ok("93.184.216.34"), Ok(None));
+        assert!(
+            ok("127.0.0.1")
+                .unwrap()
+                .unwrap()
+                .contains("allow_private 127.0.0.1/32")
+        );
+        assert!(ok("::ffff:127.0.0.1").is_ok());
+        assert!(ok("fd00:ec2::254").is_ok());
+        assert_eq!(ok("127.0.0.2"), Err("address 127.0.0.2 is loopback".into()));
+        assert!(ok("10.0.0.1").unwrap_err().contains("private-use"));
+        assert!(ok("169.254.169.254").unwrap_err().contains("link-local"));
+        assert!(ok("100.64.1.1").unwrap_err().contains("CGNAT"));
+        assert!(ok("::1").unwrap_err().contains("loopback"));
+        assert!(ok("fc00::1").unwrap_err().contains("unique-local"));
+        // The exception is for the address itself, not for what a 6to4 address embeds.
+        assert!(ok("2002:7f00:1::").unwrap_err().contains("6to4"));
+    }
+}
