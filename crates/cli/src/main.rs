@@ -1,1 +1,553 @@
-fn main() {}
+//! The `agentjail` binary: thin argument parsing over the library crates.
+//!
+//! Exit status of `agentjail run`: the command's own code; 128+N when signal N ended it; 124 on
+//! timeout; 65 when output was rejected; 125 when agentjail could not set up the run or the
+//! arguments were wrong (one line on stderr, never a backtrace).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use agentjail::pipeline::{self, Delivery, SetupFailure};
+use agentjail_engine::{RunOptions, Sink};
+use agentjail_manifest::report::RunReport;
+use agentjail_manifest::{Input, Limits, Manifest, Mode, SourcePolicy};
+use clap::{Args, Parser, Subcommand};
+
+/// Exit status for setup and usage errors.
+const EXIT_SETUP: u8 = 125;
+
+#[derive(Parser)]
+#[command(
+    name = "agentjail",
+    version,
+    about = "Run code that AI agents write, with kernel-enforced bounds",
+    propagate_version = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a command (or a manifest) in a sandbox.
+    Run(RunArgs),
+    /// Print the manifest that `run` flags describe, or the manifest format's JSON Schema.
+    Manifest(ManifestArgs),
+    /// Which protections this host offers to this user; non-zero if a strict run is refused.
+    Check {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the CSV-summary example (shipped in examples/csv-summary) end to end.
+    Demo {
+        /// Run even where a protection cannot be applied (listed in the report).
+        #[arg(long)]
+        allow_degraded: bool,
+        /// Also write the run report here.
+        #[arg(long, value_name = "FILE")]
+        report: Option<PathBuf>,
+    },
+    /// Verify signed run receipts, or print the receipt public key.
+    #[command(subcommand)]
+    Receipt(ReceiptCmd),
+    /// Print the JSON Schema of the run report.
+    Report {
+        #[arg(long, required = true)]
+        schema: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ReceiptCmd {
+    /// Check a receipt's signature and that artifacts match its subjects.
+    Verify {
+        receipt: PathBuf,
+        /// An artifact to check against the receipt's subjects (repeatable).
+        #[arg(long = "artifact", value_name = "FILE")]
+        artifacts: Vec<PathBuf>,
+        /// Public key (PEM); default: the key in the user's data directory.
+        #[arg(long, value_name = "FILE")]
+        pubkey: Option<PathBuf>,
+    },
+    /// Print the public key of the receipt signing key (created if absent).
+    Pubkey {
+        #[arg(long, value_name = "FILE")]
+        key: Option<PathBuf>,
+    },
+}
+
+/// Flags that build a manifest (the same type a manifest file holds).
+#[derive(Args, Clone, Default)]
+struct ManifestFlags {
+    /// Read-only input, file or directory: HOST_PATH[:SANDBOX_PATH] (default /input/<name>).
+    #[arg(long = "ro", value_name = "HOST_PATH[:SANDBOX_PATH]")]
+    ro: Vec<String>,
+    /// Bound on the total bytes under /output, in MiB [default: 5].
+    #[arg(long, value_name = "N")]
+    output_max_mb: Option<u64>,
+    /// Wall-clock limit in seconds [default: 30].
+    #[arg(long, value_name = "SECS")]
+    timeout: Option<u64>,
+    /// Memory limit for the whole tree in MiB [default: 256].
+    #[arg(long, value_name = "N")]
+    memory_mb: Option<u64>,
+    /// Process/thread limit for the whole tree [default: 16].
+    #[arg(long, value_name = "N")]
+    pids: Option<u64>,
+    /// Environment for the command: KEY=VALUE (repeatable). Nothing else of ours leaks in.
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// Network mode: `deny` (the default).
+    #[arg(long, value_name = "MODE")]
+    net: Option<String>,
+    /// The one output file the run must produce, e.g. /output/summary.json.
+    #[arg(long, value_name = "SANDBOX_PATH")]
+    output: Option<String>,
+    /// JSON Schema (host file) the output must satisfy.
+    #[arg(long, value_name = "FILE")]
+    output_schema: Option<String>,
+    /// Identifier recorded in the report and receipt.
+    #[arg(long, value_name = "ID")]
+    request_id: Option<String>,
+    /// Refuse to start after this instant (RFC 3339).
+    #[arg(long, value_name = "TIME")]
+    expires_at: Option<String>,
+    /// The program and its arguments.
+    #[arg(last = true, value_name = "PROGRAM [ARGS]...")]
+    command: Vec<String>,
+}
+
+impl ManifestFlags {
+    fn is_empty(&self) -> bool {
+        self.ro.is_empty()
+            && self.output_max_mb.is_none()
+            && self.timeout.is_none()
+            && self.memory_mb.is_none()
+            && self.pids.is_none()
+            && self.env.is_empty()
+            && self.net.is_none()
+            && self.output.is_none()
+            && self.output_schema.is_none()
+            && self.request_id.is_none()
+            && self.expires_at.is_none()
+            && self.command.is_empty()
+    }
+
+    fn to_manifest(&self) -> Result<Manifest, String> {
+        if self.command.is_empty() {
+            return Err("no command given; usage: agentjail run [OPTIONS] -- PROGRAM [ARGS...]".into());
+        }
+        let mut m = Manifest::for_command(self.command.clone());
+        let d = Limits::default();
+        m.limits = Limits {
+            seconds: self.timeout.unwrap_or(d.seconds),
+            memory_mb: self.memory_mb.unwrap_or(d.memory_mb),
+            processes: self.pids.unwrap_or(d.processes),
+            output_mb: self.output_max_mb.unwrap_or(d.output_mb),
+        };
+        match self.net.as_deref() {
+            None | Some("deny") => {}
+            Some(other) => {
+                return Err(format!(
+                    "--net {other}: the only network mode of `run` flags is `deny`"
+                ));
+            }
+        }
+        for ro in &self.ro {
+            let (host, mount) = match ro.rsplit_once(':') {
+                Some((h, m)) if m.starts_with('/') => (h.to_string(), m.to_string()),
+                _ => {
+                    let name = Path::new(ro)
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .ok_or_else(|| format!("--ro {ro}: no file name to mount it under /input"))?;
+                    (ro.clone(), format!("/input/{name}"))
+                }
+            };
+            let abs = std::path::absolute(&host).map_err(|e| format!("--ro {ro}: {e}"))?;
+            m.inputs.push(Input {
+                source: abs.to_string_lossy().into_owned(),
+                mount,
+                mode: Mode::ReadOnly,
+            });
+        }
+        let mut env = BTreeMap::new();
+        for kv in &self.env {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("--env {kv}: expected KEY=VALUE"))?;
+            env.insert(k.to_string(), v.to_string());
+        }
+        m.env = env;
+        m.output = self.output.clone();
+        m.output_schema = match &self.output_schema {
+            Some(s) => Some(
+                std::path::absolute(s)
+                    .map_err(|e| format!("--output-schema {s}: {e}"))?
+                    .to_string_lossy()
+                    .into_owned(),
+            ),
+            None => None,
+        };
+        m.request_id = self.request_id.clone();
+        m.expires_at = self.expires_at.clone();
+        Ok(m)
+    }
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Run what this manifest file (YAML or JSON) describes.
+    #[arg(long, value_name = "FILE")]
+    manifest: Option<PathBuf>,
+    /// Allow manifest sources below this folder too (repeatable; default: the manifest's folder).
+    #[arg(long, value_name = "DIR")]
+    source_root: Vec<PathBuf>,
+    /// Copy verified output here (created if absent; refused if not empty).
+    #[arg(long, value_name = "DIR")]
+    output_dir: Option<PathBuf>,
+    /// Write the run report (JSON) here.
+    #[arg(long, value_name = "FILE")]
+    report: Option<PathBuf>,
+    /// Write a signed receipt (DSSE envelope, in-toto statement) here.
+    #[arg(long, value_name = "FILE")]
+    receipt: Option<PathBuf>,
+    /// Receipt signing key (default: $XDG_DATA_HOME/agentjail/receipt-key.pem).
+    #[arg(long, value_name = "FILE")]
+    key: Option<PathBuf>,
+    /// Run even where a protection cannot be applied; the report lists what was not.
+    #[arg(long)]
+    allow_degraded: bool,
+    /// Print the setup plan (mounts, Landlock rules, environment names) and exit.
+    #[arg(long)]
+    dry_run: bool,
+    #[command(flatten)]
+    flags: ManifestFlags,
+}
+
+#[derive(Args)]
+struct ManifestArgs {
+    /// Print the JSON Schema of the manifest format.
+    #[arg(long, conflicts_with = "print")]
+    schema: bool,
+    /// Print the manifest (JSON) that the given `run` flags produce.
+    #[arg(long)]
+    print: bool,
+    #[command(flatten)]
+    flags: ManifestFlags,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            let code = match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => 0,
+                ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => EXIT_SETUP,
+                _ => EXIT_SETUP,
+            };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    match dispatch(cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(msg) => {
+            eprintln!("agentjail: error: {msg}");
+            ExitCode::from(EXIT_SETUP)
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> Result<u8, String> {
+    match cli.command {
+        Command::Run(a) => run(a),
+        Command::Manifest(a) => {
+            if a.schema {
+                print_json(&Manifest::json_schema());
+                Ok(0)
+            } else if a.print {
+                print_json(&a.flags.to_manifest()?);
+                Ok(0)
+            } else {
+                Err("manifest: give --schema or --print".into())
+            }
+        }
+        Command::Check { json } => check(json),
+        Command::Demo {
+            allow_degraded,
+            report,
+        } => demo(allow_degraded, report),
+        Command::Receipt(ReceiptCmd::Verify {
+            receipt,
+            artifacts,
+            pubkey,
+        }) => receipt_verify(&receipt, &artifacts, pubkey.as_deref()),
+        Command::Receipt(ReceiptCmd::Pubkey { key }) => {
+            let path = key.unwrap_or_else(agentjail_verify::receipt::default_key_path);
+            let k = agentjail_verify::receipt::ReceiptKey::load_or_create(&path)
+                .map_err(|e| e.to_string())?;
+            print!("{}", k.public_key_pem());
+            Ok(0)
+        }
+        Command::Report { .. } => {
+            print_json(&RunReport::json_schema());
+            Ok(0)
+        }
+    }
+}
+
+fn print_json<T: serde::Serialize>(v: &T) {
+    let s = serde_json::to_string_pretty(v).unwrap_or_default();
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{s}");
+}
+
+/// Writes a setup-error report when the run never got to the engine.
+fn report_setup_error(path: Option<&Path>, limits: Limits, msg: &str) {
+    if let Some(p) = path {
+        let r = RunReport::setup_error(limits, msg.to_string());
+        if let Ok(mut bytes) = serde_json::to_vec_pretty(&r) {
+            bytes.push(b'\n');
+            let _ = pipeline::write_atomic(p, &bytes);
+        }
+    }
+}
+
+fn run(a: RunArgs) -> Result<u8, String> {
+    let (manifest, policy) = match &a.manifest {
+        Some(path) => {
+            if !a.flags.is_empty() {
+                let msg = "--manifest cannot be combined with flags that describe the run (the manifest is the one description); hint: `agentjail manifest --print` shows what flags produce";
+                report_setup_error(a.report.as_deref(), Limits::default(), msg);
+                return Err(msg.into());
+            }
+            let m = match Manifest::load(path) {
+                Ok(m) => m,
+                Err(e) => {
+                    report_setup_error(a.report.as_deref(), Limits::default(), &e.to_string());
+                    return Err(e.to_string());
+                }
+            };
+            let base = path
+                .parent()
+                .map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p })
+                .unwrap_or(Path::new("."))
+                .canonicalize()
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let mut roots = vec![base.clone()];
+            for r in &a.source_root {
+                roots.push(
+                    r.canonicalize()
+                        .map_err(|e| format!("--source-root {}: {e}", r.display()))?,
+                );
+            }
+            (
+                m,
+                SourcePolicy {
+                    base_dir: base,
+                    roots: Some(roots),
+                },
+            )
+        }
+        None => {
+            let m = a.flags.to_manifest().inspect_err(|e| {
+                report_setup_error(a.report.as_deref(), Limits::default(), e);
+            })?;
+            let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+            // The caller names host paths on its own command line: any path it can read.
+            (
+                m,
+                SourcePolicy {
+                    base_dir: cwd,
+                    roots: None,
+                },
+            )
+        }
+    };
+    let limits = manifest.limits;
+    let vm = match manifest.validate(&policy, jiff::Timestamp::now()) {
+        Ok(vm) => vm,
+        Err(e) => {
+            report_setup_error(a.report.as_deref(), limits, &e.to_string());
+            return Err(e.to_string());
+        }
+    };
+    if a.dry_run {
+        let plan = agentjail_engine::plan::Plan::new(&vm);
+        let env_names: Vec<&str> = plan.env.iter().map(|(k, _)| k.as_str()).collect();
+        print_json(&serde_json::json!({
+            "manifest_digest": vm.digest,
+            "ops": plan.ops,
+            "landlock": plan.rules,
+            "argv": plan.argv,
+            "env": env_names,
+            "cwd": plan.cwd,
+        }));
+        return Ok(0);
+    }
+    let opts = RunOptions {
+        allow_degraded: a.allow_degraded,
+        stdout: Sink::Stdout,
+        stderr: Sink::Stderr,
+    };
+    let delivery = Delivery {
+        output_dir: a.output_dir.clone(),
+        report: a.report.clone(),
+        receipt: a.receipt.clone(),
+        key: a.key.clone(),
+    };
+    let finished = match pipeline::execute(&vm, &opts, &delivery) {
+        Ok(f) => f,
+        Err(SetupFailure(msg)) => {
+            if a.report.as_ref().map(|p| !p.exists()).unwrap_or(false) {
+                report_setup_error(a.report.as_deref(), limits, &msg);
+            }
+            return Err(msg);
+        }
+    };
+    summarize(&finished.report);
+    Ok(finished.exit_code.clamp(0, 255) as u8)
+}
+
+/// One line on stderr for a person: what happened, and why when it was not `ok`.
+fn summarize(r: &RunReport) {
+    use agentjail_manifest::report::Status;
+    let mut line = match r.status {
+        Status::Ok => return,
+        Status::SetupError => format!(
+            "agentjail: error: {}",
+            r.error.as_deref().unwrap_or("the run could not be set up")
+        ),
+        s => format!("agentjail: run ended: {}", serde_json::to_value(s).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()),
+    };
+    if r.status != Status::SetupError {
+        if let Some(d) = r.denials.first() {
+            line.push_str(&format!(" ({} denial(s); first: {})", r.denials.len(), d.detail));
+        }
+    }
+    eprintln!("{line}");
+    if r.status == Status::SetupError && r.error.as_deref().map(|e| e.contains("refusing to run without")).unwrap_or(false) {
+        // The message already carries its hint.
+    }
+}
+
+fn check(json: bool) -> Result<u8, String> {
+    let r = agentjail_engine::check::check();
+    if json {
+        print_json(&r);
+    } else {
+        for i in &r.items {
+            println!("{:<16} {:<4} {}", i.name, if i.ok { "ok" } else { "NO" }, i.detail);
+        }
+        println!("{:<16} {:<4} {}", "host image", "", r.host_image);
+        if !r.strict_run_ok {
+            println!("a strict run is refused here; `agentjail run --allow-degraded` runs with what is available and lists the rest in the report");
+        }
+    }
+    Ok(if r.strict_run_ok { 0 } else { 1 })
+}
+
+const DEMO_FILES: &[(&str, &str)] = &[
+    ("manifest.yaml", include_str!("../../../examples/csv-summary/manifest.yaml")),
+    ("report.csv", include_str!("../../../examples/csv-summary/report.csv")),
+    ("summarize.py", include_str!("../../../examples/csv-summary/summarize.py")),
+    ("summary.schema.json", include_str!("../../../examples/csv-summary/summary.schema.json")),
+];
+
+fn demo(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> {
+    let dir = tempfile::Builder::new()
+        .prefix("agentjail-demo-")
+        .tempdir()
+        .map_err(|e| format!("cannot create a temporary folder: {e}"))?;
+    for (name, content) in DEMO_FILES {
+        std::fs::write(dir.path().join(name), content)
+            .map_err(|e| format!("cannot write the demo files: {e}"))?;
+    }
+    // The sandbox user (an unprivileged uid in root mode) must be able to read the inputs.
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755));
+    let out_dir = dir.path().join("out");
+    let m = Manifest::load(&dir.path().join("manifest.yaml")).map_err(|e| e.to_string())?;
+    let base = dir.path().canonicalize().map_err(|e| e.to_string())?;
+    let vm = m
+        .validate(
+            &SourcePolicy {
+                base_dir: base.clone(),
+                roots: Some(vec![base]),
+            },
+            jiff::Timestamp::now(),
+        )
+        .map_err(|e| e.to_string())?;
+    eprintln!("agentjail demo: summarizing report.csv with python3 in a sandbox (network denied, /input read-only)");
+    let f = pipeline::execute(
+        &vm,
+        &RunOptions {
+            allow_degraded,
+            stdout: Sink::Stderr,
+            stderr: Sink::Stderr,
+        },
+        &Delivery {
+            output_dir: Some(out_dir),
+            report,
+            receipt: None,
+            key: None,
+        },
+    )
+    .map_err(|SetupFailure(m)| m)?;
+    let r = &f.report;
+    match &f.artifact {
+        Some(bytes) => {
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(bytes);
+            if !bytes.ends_with(b"\n") {
+                let _ = out.write_all(b"\n");
+            }
+            eprintln!(
+                "agentjail demo: status {:?}, verified against summary.schema.json; wall {} ms, cpu {} ms, peak memory {} KiB; isolation: landlock ABI {:?}, seccomp {}, cgroup {:?}",
+                r.status,
+                r.wall_ms,
+                r.cpu_ms,
+                r.peak_memory_bytes / 1024,
+                r.isolation.landlock_abi,
+                r.isolation.seccomp,
+                r.isolation.cgroup
+            );
+        }
+        None => summarize(r),
+    }
+    Ok(f.exit_code.clamp(0, 255) as u8)
+}
+
+fn receipt_verify(receipt: &Path, artifacts: &[PathBuf], pubkey: Option<&Path>) -> Result<u8, String> {
+    let env = std::fs::read(receipt).map_err(|e| format!("{}: {e}", receipt.display()))?;
+    let pem = match pubkey {
+        Some(p) => Some(std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?),
+        None => None,
+    };
+    let arts: Vec<agentjail_verify::receipt::Artifact> = artifacts
+        .iter()
+        .map(|p| agentjail_verify::receipt::Artifact::from_path(p).map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
+    match agentjail_verify::receipt::verify(&env, pem.as_deref(), &arts) {
+        Ok(v) => {
+            println!(
+                "receipt OK: signed by key {}; status {}; {} subject(s); {} artifact(s) match",
+                v.keyid,
+                serde_json::to_value(v.statement.predicate.status).ok().and_then(|s| s.as_str().map(str::to_owned)).unwrap_or_default(),
+                v.statement.subject.len(),
+                arts.len()
+            );
+            Ok(0)
+        }
+        Err(e) => {
+            eprintln!("agentjail: receipt verification failed: {e}");
+            Ok(1)
+        }
+    }
+}

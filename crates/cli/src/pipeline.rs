@@ -1,0 +1,428 @@
+//! One run end to end: image check, engine, collection, verification, delivery, receipt and
+//! report. The CLI calls it; the orchestrator will call the same function.
+//!
+//! Nothing is half-written: output is collected into a private staging folder next to the
+//! destination, verified there, and moved into the destination only when the run passed; the
+//! report and receipt are written to a temporary file and renamed.
+
+use std::path::{Path, PathBuf};
+
+use agentjail_engine::{Outcome, RunOptions};
+use agentjail_manifest::ValidatedManifest;
+use agentjail_manifest::report::{DenialKind, OutputError, OutputFile, RunReport, Status};
+use agentjail_verify::receipt::{self, ReceiptKey};
+
+/// Where the results of a run go on the host.
+#[derive(Debug, Clone, Default)]
+pub struct Delivery {
+    /// Folder that receives verified output (created if absent; must be empty).
+    pub output_dir: Option<PathBuf>,
+    /// Where to write the run report.
+    pub report: Option<PathBuf>,
+    /// Where to write the signed receipt.
+    pub receipt: Option<PathBuf>,
+    /// Signing key (default: the user's data directory).
+    pub key: Option<PathBuf>,
+}
+
+/// What a finished run produced.
+#[derive(Debug)]
+pub struct Finished {
+    pub report: RunReport,
+    /// Verified files, as delivered (host paths), in report order.
+    pub delivered: Vec<PathBuf>,
+    /// The named output's verified content, when the manifest names one and it passed.
+    pub artifact: Option<Vec<u8>>,
+    pub exit_code: i32,
+}
+
+/// A failure that prevents the run from starting (exit 125) with its one-line message.
+#[derive(Debug)]
+pub struct SetupFailure(pub String);
+
+/// Checks the output folder before anything runs.
+pub fn check_output_dir(dir: &Path) -> Result<(), SetupFailure> {
+    match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(SetupFailure(format!("--output-dir {}: {e}", dir.display()))),
+        Ok(m) if !m.is_dir() => Err(SetupFailure(format!(
+            "--output-dir {} exists and is not a directory",
+            dir.display()
+        ))),
+        Ok(_) => {
+            let mut it = std::fs::read_dir(dir)
+                .map_err(|e| SetupFailure(format!("--output-dir {}: {e}", dir.display())))?;
+            if it.next().is_some() {
+                Err(SetupFailure(format!(
+                    "--output-dir {} is not empty; refusing to mix a run's output with other files",
+                    dir.display()
+                )))
+            } else {
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Runs, verifies, delivers and records one validated manifest.
+pub fn execute(
+    vm: &ValidatedManifest,
+    opts: &RunOptions,
+    delivery: &Delivery,
+) -> Result<Finished, SetupFailure> {
+    if let Some(d) = &delivery.output_dir {
+        check_output_dir(d)?;
+    }
+    let schema = match &vm.output_schema_path {
+        Some(p) => Some(load_schema(p)?),
+        None => None,
+    };
+    // Load (or create) the signing key before the run, so a key problem costs no run.
+    let key = match &delivery.receipt {
+        Some(_) => {
+            let path = delivery.key.clone().unwrap_or_else(receipt::default_key_path);
+            Some(ReceiptKey::load_or_create(&path).map_err(|e| SetupFailure(e.to_string()))?)
+        }
+        None => None,
+    };
+    let image = agentjail_engine::image::host_image_identity();
+    if let Some(want) = &vm.manifest.image_digest {
+        if *want != image {
+            let msg = format!(
+                "manifest field `image_digest`: {want} does not match the image actually used (host image {image}); refusing to run"
+            );
+            let mut r = RunReport::setup_error(vm.manifest.limits, msg.clone());
+            r.request_id = vm.manifest.request_id.clone();
+            r.manifest_digest = Some(vm.digest.clone());
+            r.image = Some(image);
+            write_report(delivery, &r)?;
+            return Err(SetupFailure(msg));
+        }
+    }
+
+    let staging = match &delivery.output_dir {
+        Some(d) => Some(make_staging(d)?),
+        None => Some(
+            tempfile::Builder::new()
+                .prefix("agentjail-output-")
+                .permissions(private_dir())
+                .tempdir()
+                .map_err(|e| SetupFailure(format!("cannot create a staging folder: {e}")))?,
+        ),
+    };
+
+    let Outcome {
+        mut report,
+        output_dir,
+        output_full,
+        ..
+    } = agentjail_engine::run(vm, opts, Some(image));
+
+    let mut artifact = None;
+    let mut delivered = Vec::new();
+    if let (Some(fd), Some(stage)) = (output_dir.as_ref(), staging.as_ref()) {
+        verify_output(
+            vm,
+            &mut report,
+            std::os::fd::AsFd::as_fd(fd),
+            stage.path(),
+            output_full,
+            schema.as_ref(),
+            &mut artifact,
+        );
+        drop(output_dir);
+        if report.status == Status::Ok
+            || (report.status == Status::OutputRejected && vm.manifest.output.is_none())
+        {
+            if let Some(d) = &delivery.output_dir {
+                delivered = deliver(stage.path(), d, &report.output.files)?;
+            }
+        } else {
+            artifact = None;
+        }
+    }
+
+    if let (Some(path), Some(key)) = (&delivery.receipt, &key) {
+        if report.status != Status::SetupError {
+            let inputs: Vec<(String, String)> = vm
+                .inputs
+                .iter()
+                .map(|i| (i.mount.clone(), digest_input(&i.host_path)))
+                .collect();
+            let env = receipt::sign(key, &report, &inputs, &report.output.files)
+                .map_err(|e| SetupFailure(e.to_string()))?;
+            write_atomic(path, env.to_json().as_bytes())?;
+        }
+    }
+    write_report(delivery, &report)?;
+    let exit_code = report.status.exit_code(report.exit_code, report.signal);
+    Ok(Finished {
+        report,
+        delivered,
+        artifact,
+        exit_code,
+    })
+}
+
+fn load_schema(p: &Path) -> Result<agentjail_verify::schema::SchemaChecker, SetupFailure> {
+    let bytes = std::fs::read(p)
+        .map_err(|e| SetupFailure(format!("output_schema {}: {e}", p.display())))?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+        SetupFailure(format!("output_schema {}: not JSON: {e}", p.display()))
+    })?;
+    agentjail_verify::schema::SchemaChecker::compile(&v)
+        .map_err(|e| SetupFailure(format!("output_schema {}: {e}", p.display())))
+}
+
+/// sha256 of an input: a file's content, or for a directory a digest over its sorted entries'
+/// relative paths and contents (symlinks recorded by target, not followed).
+fn digest_input(p: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    fn walk(base: &Path, dir: &Path, h: &mut Sha256, depth: usize) {
+        let Ok(rd) = std::fs::read_dir(dir) else { return };
+        let mut entries: Vec<_> = rd.filter_map(Result::ok).collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let path = e.path();
+            let rel = path.strip_prefix(base).unwrap_or(&path).to_string_lossy().into_owned();
+            let Ok(m) = std::fs::symlink_metadata(&path) else { continue };
+            if m.file_type().is_symlink() {
+                let t = std::fs::read_link(&path).unwrap_or_default();
+                h.update(format!("L {rel} {}\n", t.display()).as_bytes());
+            } else if m.is_dir() && depth < 64 {
+                h.update(format!("D {rel}\n").as_bytes());
+                walk(base, &path, h, depth + 1);
+            } else if m.is_file() {
+                let d = file_digest(&path);
+                h.update(format!("F {rel} {d}\n").as_bytes());
+            }
+        }
+    }
+    if p.is_dir() {
+        let mut h = Sha256::new();
+        walk(p, p, &mut h, 0);
+        format!("sha256:{}", agentjail_manifest::hex(&h.finalize()))
+    } else {
+        file_digest(p)
+    }
+}
+
+fn file_digest(p: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut h = Sha256::new();
+    if let Ok(mut f) = std::fs::File::open(p) {
+        let mut buf = vec![0u8; 1 << 16];
+        while let Ok(n) = f.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+    }
+    format!("sha256:{}", agentjail_manifest::hex(&h.finalize()))
+}
+
+fn verify_output(
+    vm: &ValidatedManifest,
+    report: &mut RunReport,
+    fd: std::os::fd::BorrowedFd<'_>,
+    stage: &Path,
+    output_full: bool,
+    schema: Option<&agentjail_verify::schema::SchemaChecker>,
+    artifact: &mut Option<Vec<u8>>,
+) {
+    let limit = vm.manifest.limits.output_bytes();
+    let collected = match agentjail_verify::collect::collect(fd, stage, limit) {
+        Ok(c) => c,
+        Err(e) => {
+            report.deny(DenialKind::Output, format!("collection failed: {e}"));
+            if report.status == Status::Ok {
+                report.status = Status::OutputRejected;
+            }
+            return;
+        }
+    };
+    let command_ok = report.status == Status::Ok;
+    for r in &collected.rejected {
+        report.deny(DenialKind::Output, format!("{}: {}", r.path, r.reason));
+    }
+    report.output.rejected = collected.rejected;
+    let mut failed = false;
+    if output_full {
+        report.deny(
+            DenialKind::Output,
+            format!(
+                "output: /output reached its limit of {} MiB; files may be truncated, nothing is passed on",
+                vm.manifest.limits.output_mb
+            ),
+        );
+        report.output.rejected.extend(collected.files.iter().map(|f| {
+            agentjail_manifest::report::RejectedFile {
+                path: f.path.clone(),
+                reason: "output limit reached".into(),
+            }
+        }));
+        report.output.files.clear();
+        if command_ok {
+            report.status = Status::OutputRejected;
+        }
+        return;
+    }
+    match vm.output_relative() {
+        None => {
+            report.output.files = collected.files;
+            failed = !report.output.rejected.is_empty();
+        }
+        Some(name) => {
+            let mut kept: Vec<OutputFile> = Vec::new();
+            for f in collected.files {
+                if f.path == name {
+                    kept.push(f);
+                } else {
+                    report.deny(
+                        DenialKind::Output,
+                        format!("{}: not the manifest's output ({name}): dropped", f.path),
+                    );
+                    report.output.rejected.push(agentjail_manifest::report::RejectedFile {
+                        path: f.path,
+                        reason: format!("not the manifest's output ({name}): dropped"),
+                    });
+                }
+            }
+            match kept.pop() {
+                None => {
+                    failed = true;
+                    if command_ok && !report.output.rejected.iter().any(|r| r.path == name) {
+                        report.deny(DenialKind::Output, format!("{name}: missing"));
+                    }
+                    report.output.errors.push(OutputError {
+                        instance_path: String::new(),
+                        message: format!("the expected output {name} was not produced or was refused"),
+                    });
+                }
+                Some(f) => {
+                    let errors = check_artifact(&stage.join(&f.path), &name, schema, artifact);
+                    if errors.is_empty() {
+                        report.output.files.push(f);
+                    } else {
+                        failed = true;
+                        report.deny(DenialKind::Output, format!("{name}: failed verification"));
+                        report.output.rejected.push(agentjail_manifest::report::RejectedFile {
+                            path: f.path,
+                            reason: "failed verification (see output.errors)".into(),
+                        });
+                        report.output.errors = errors;
+                        *artifact = None;
+                    }
+                }
+            }
+        }
+    }
+    if failed && command_ok {
+        report.status = Status::OutputRejected;
+    }
+}
+
+/// Type and schema checks of the named output.
+fn check_artifact(
+    path: &Path,
+    name: &str,
+    schema: Option<&agentjail_verify::schema::SchemaChecker>,
+    artifact: &mut Option<Vec<u8>>,
+) -> Vec<OutputError> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) => {
+            return vec![OutputError {
+                instance_path: String::new(),
+                message: format!("cannot read the collected file: {e}"),
+            }];
+        }
+    };
+    let is_json = name.ends_with(".json") || schema.is_some();
+    if is_json {
+        match agentjail_verify::json::check_json(&bytes) {
+            Err(e) => return vec![e],
+            Ok(v) => {
+                if let Some(s) = schema {
+                    let errs = s.check(&v);
+                    if !errs.is_empty() {
+                        return errs;
+                    }
+                }
+            }
+        }
+    } else if name.ends_with(".txt") || name.ends_with(".csv") || name.ends_with(".md") {
+        if let Err(e) = std::str::from_utf8(&bytes) {
+            return vec![OutputError {
+                instance_path: String::new(),
+                message: format!("not valid UTF-8 text (byte {})", e.valid_up_to()),
+            }];
+        }
+    }
+    *artifact = Some(bytes);
+    Vec::new()
+}
+
+fn private_dir() -> std::fs::Permissions {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::Permissions::from_mode(0o700)
+}
+
+fn make_staging(dest: &Path) -> Result<tempfile::TempDir, SetupFailure> {
+    let parent = match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent)
+        .map_err(|e| SetupFailure(format!("--output-dir {}: {e}", dest.display())))?;
+    tempfile::Builder::new()
+        .prefix(".agentjail-staging-")
+        .permissions(private_dir())
+        .tempdir_in(&parent)
+        .map_err(|e| SetupFailure(format!("cannot create a staging folder in {}: {e}", parent.display())))
+}
+
+/// Moves verified files from the staging folder into the destination (same file system).
+fn deliver(stage: &Path, dest: &Path, files: &[OutputFile]) -> Result<Vec<PathBuf>, SetupFailure> {
+    let fail = |e: std::io::Error| SetupFailure(format!("delivering output to {}: {e}", dest.display()));
+    std::fs::create_dir_all(dest).map_err(fail)?;
+    let mut out = Vec::new();
+    for f in files {
+        let to = dest.join(&f.path);
+        if let Some(p) = to.parent() {
+            std::fs::create_dir_all(p).map_err(fail)?;
+        }
+        std::fs::rename(stage.join(&f.path), &to).map_err(fail)?;
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o644));
+        out.push(to);
+    }
+    Ok(out)
+}
+
+fn write_report(delivery: &Delivery, r: &RunReport) -> Result<(), SetupFailure> {
+    if let Some(p) = &delivery.report {
+        let mut bytes = serde_json::to_vec_pretty(r)
+            .map_err(|e| SetupFailure(format!("cannot encode the report: {e}")))?;
+        bytes.push(b'\n');
+        write_atomic(p, &bytes)?;
+    }
+    Ok(())
+}
+
+/// Writes a file through a temporary sibling and a rename, so readers never see half of it.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SetupFailure> {
+    use std::io::Write;
+    let fail = |e: std::io::Error| SetupFailure(format!("cannot write {}: {e}", path.display()));
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mut tmp = tempfile::NamedTempFile::new_in(&dir).map_err(fail)?;
+    tmp.write_all(bytes).map_err(fail)?;
+    tmp.as_file().sync_all().map_err(fail)?;
+    tmp.persist(path).map_err(|e| fail(e.error))?;
+    Ok(())
+}

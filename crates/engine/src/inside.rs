@@ -1,0 +1,692 @@
+//! What runs inside the new namespaces: the sandbox's init (pid 1) and, forked from it, the
+//! payload that becomes the command.
+//!
+//! The init builds the root file system from the plan, then forks the payload, serves the
+//! seccomp listener (recording each refused syscall), reaps every process, and when the payload
+//! ends kills whatever it left behind (double-forked daemons included) before reporting. It never
+//! runs untrusted code, is not dumpable, and holds its own creds (uid 0 of the user namespace in
+//! root mode, the caller's uid otherwise).
+//!
+//! The payload drops everything in kernel-required order — session, fds, securebits, bounding
+//! set, ids, capabilities, rlimits, Landlock (with no_new_privs), seccomp last — and execs.
+
+use std::ffi::CString;
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+use rustix::event::{PollFd, PollFlags, poll};
+use rustix::fs::{Mode, OFlags, ResolveFlags, openat2};
+use rustix::mount::MountFlags;
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, recvmsg, sendmsg,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::plan::{Access, Op, Plan, SANDBOX_ID};
+use crate::seccomp;
+use crate::sys;
+
+/// Messages on the control sockets (init → supervisor, payload → init, supervisor → init).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "t", rename_all = "snake_case")]
+pub enum Msg {
+    /// Supervisor → init: id maps and cgroups are in place.
+    Go,
+    /// Init → supervisor: the root is built; carries the /output fd.
+    Ready,
+    /// Payload → init (with the seccomp listener fd) and init → supervisor: what was applied.
+    Applied(Applied),
+    /// The command was executed.
+    Started,
+    ExecFailed { program: String, error: String },
+    SetupFailed { step: String, error: String },
+    Denial { syscall: String },
+    /// Init → supervisor: the payload ended with this raw wait status.
+    Exit {
+        status: i32,
+        cpu_us: u64,
+        maxrss_kb: u64,
+    },
+}
+
+/// Protections the payload applied to itself.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Applied {
+    pub landlock_abi: Option<u32>,
+    pub seccomp_notify: bool,
+    pub rlimits: Vec<String>,
+    pub degraded: Vec<String>,
+}
+
+/// How the init was started.
+pub struct InitArgs<'a> {
+    pub plan: &'a Plan,
+    pub ctl: OwnedFd,
+    pub stdout_w: Option<OwnedFd>,
+    pub stderr_w: Option<OwnedFd>,
+    /// Root mode: uid 0 inside maps to host root and the sandbox user to a separate uid.
+    pub root_mode: bool,
+    pub allow_degraded: bool,
+}
+
+type StepResult<T> = Result<T, (String, String)>;
+
+fn step<T, E: std::fmt::Display>(name: &str, r: Result<T, E>) -> StepResult<T> {
+    r.map_err(|e| (name.to_string(), e.to_string()))
+}
+
+/// Sends a message, with at most one fd attached.
+pub fn send(sock: BorrowedFd<'_>, msg: &Msg, fd: Option<BorrowedFd<'_>>) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut cmsg = SendAncillaryBuffer::new(&mut space);
+    let fds;
+    if let Some(fd) = fd {
+        fds = [fd];
+        cmsg.push(SendAncillaryMessage::ScmRights(&fds));
+    }
+    sendmsg(sock, &[IoSlice::new(&bytes)], &mut cmsg, SendFlags::NOSIGNAL)?;
+    Ok(())
+}
+
+/// Receives a message and any fd attached. `Ok(None)` at end of stream.
+pub fn recv(sock: BorrowedFd<'_>) -> std::io::Result<Option<(Msg, Option<OwnedFd>)>> {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut cmsg = RecvAncillaryBuffer::new(&mut space);
+    let r = recvmsg(
+        sock,
+        &mut [IoSliceMut::new(&mut buf)],
+        &mut cmsg,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    let mut fd = None;
+    for m in cmsg.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = m {
+            for f in fds {
+                if fd.is_none() {
+                    fd = Some(f);
+                }
+            }
+        }
+    }
+    if r.bytes == 0 {
+        return Ok(None);
+    }
+    let msg = serde_json::from_slice(&buf[..r.bytes]).map_err(std::io::Error::other)?;
+    Ok(Some((msg, fd)))
+}
+
+/// Entry point of the sandbox's init. Never returns.
+pub fn init_main(mut a: InitArgs<'_>) -> ! {
+    let code = match init(&mut a) {
+        Ok(()) => 0,
+        Err((step, error)) => {
+            let _ = send(a.ctl.as_fd(), &Msg::SetupFailed { step, error }, None);
+            1
+        }
+    };
+    sys::exit_now(code)
+}
+
+fn init(a: &mut InitArgs<'_>) -> StepResult<()> {
+    // If the supervisor dies, so does the sandbox (the pid namespace dies with its init).
+    step(
+        "set parent-death signal",
+        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL)),
+    )?;
+    match step("wait for the supervisor", recv(a.ctl.as_fd()))? {
+        Some((Msg::Go, _)) => {}
+        _ => return Err(("wait for the supervisor".into(), "supervisor went away".into())),
+    }
+    step(
+        "make the init non-dumpable",
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable),
+    )?;
+    build_root(a.plan)?;
+    step("set host name", rustix::system::sethostname(crate::plan::HOSTNAME.as_bytes()))?;
+    step("bring loopback up", sys::loopback_up())?;
+    let sigchld = step("block SIGCHLD", sys::sigchld_fd())?;
+
+    let out = step(
+        "open /output",
+        rustix::fs::open(
+            "/output",
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+        ),
+    )?;
+    step("report ready", send(a.ctl.as_fd(), &Msg::Ready, Some(out.as_fd())))?;
+    drop(out);
+
+    let (to_payload, from_payload) = step(
+        "create payload socket",
+        rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        ),
+    )?;
+    let pid = match step("fork the command", sys::fork())? {
+        None => payload_main(a, from_payload),
+        Some(pid) => pid,
+    };
+    drop(from_payload);
+    // Our copies of the command's stdout/stderr must go, or the supervisor never sees EOF.
+    drop(a.stdout_w.take());
+    drop(a.stderr_w.take());
+
+    // The payload sends what it applied with the seccomp listener, then either the socket
+    // closes (exec succeeded: the fd was close-on-exec) or an error follows.
+    let mut listener: Option<OwnedFd> = None;
+    loop {
+        match recv(to_payload.as_fd()) {
+            Ok(Some((Msg::Applied(ap), fd))) => {
+                listener = fd;
+                let _ = send(a.ctl.as_fd(), &Msg::Applied(ap), None);
+            }
+            Ok(Some((m @ (Msg::ExecFailed { .. } | Msg::SetupFailed { .. }), _))) => {
+                let _ = send(a.ctl.as_fd(), &m, None);
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break,
+        }
+    }
+    drop(to_payload);
+    let _ = send(a.ctl.as_fd(), &Msg::Started, None);
+
+    let mut payload_status: Option<i32> = None;
+    while payload_status.is_none() {
+        let mut fds = vec![PollFd::new(&sigchld, PollFlags::IN)];
+        if let Some(l) = &listener {
+            fds.push(PollFd::new(l, PollFlags::IN));
+        }
+        if poll(&mut fds, None).is_err() {
+            continue;
+        }
+        let listener_ready = fds.get(1).map(|f| !f.revents().is_empty()).unwrap_or(false);
+        let child_ready = !fds[0].revents().is_empty();
+        if listener_ready {
+            if let Some(l) = &listener {
+                serve_notification(l, a.ctl.as_fd());
+            }
+        }
+        if child_ready {
+            let mut buf = [0u8; 128];
+            while rustix::io::read(&sigchld, &mut buf).is_ok() {}
+            while let Some((p, st)) = sys::wait_any_nohang() {
+                if p == pid {
+                    payload_status = Some(st);
+                }
+            }
+        }
+    }
+    // The command is over: nothing it started may outlive it.
+    sys::kill_all_others();
+    drop(listener);
+    while sys::wait_any().is_some() {}
+    let ru = sys::rusage_children();
+    let cpu_us = (ru.ru_utime.tv_sec as u64 * 1_000_000 + ru.ru_utime.tv_usec as u64)
+        + (ru.ru_stime.tv_sec as u64 * 1_000_000 + ru.ru_stime.tv_usec as u64);
+    let _ = send(
+        a.ctl.as_fd(),
+        &Msg::Exit {
+            status: payload_status.unwrap_or(0),
+            cpu_us,
+            maxrss_kb: ru.ru_maxrss as u64,
+        },
+        None,
+    );
+    Ok(())
+}
+
+/// Reads one notification, records it, and answers EPERM.
+fn serve_notification(listener: &OwnedFd, ctl: BorrowedFd<'_>) {
+    if let Ok(n) = sys::notif_recv(listener) {
+        let name = seccomp::syscall_name(n.nr as i64, &n.args);
+        let _ = send(ctl, &Msg::Denial { syscall: name }, None);
+        let _ = sys::notif_deny(listener, n.id, libc::EPERM);
+    }
+}
+
+/// Builds the new root under a staging tmpfs and pivots into it.
+fn build_root(plan: &Plan) -> StepResult<()> {
+    use rustix::mount::*;
+    step(
+        "make / private",
+        mount_change("/", MountPropagationFlags::PRIVATE | MountPropagationFlags::REC),
+    )?;
+    step(
+        "mount staging tmpfs on /tmp",
+        mount(
+            "agentjail",
+            "/tmp",
+            "tmpfs",
+            MountFlags::NOSUID | MountFlags::NODEV,
+            Some(c"size=64k,nr_inodes=16,mode=0755"),
+        ),
+    )?;
+    for d in ["/tmp/oldroot", "/tmp/newroot"] {
+        step(&format!("mkdir {d}"), std::fs::create_dir(d))?;
+    }
+    step(
+        "pivot_root(/tmp, /tmp/oldroot)",
+        rustix::process::pivot_root("/tmp", "/tmp/oldroot"),
+    )?;
+    step("chdir /", std::env::set_current_dir("/"))?;
+    step(
+        "mount new root tmpfs",
+        mount(
+            "agentjail",
+            "/newroot",
+            "tmpfs",
+            MountFlags::NOSUID | MountFlags::NODEV,
+            Some(c"size=1m,nr_inodes=4096,mode=0755"),
+        ),
+    )?;
+    for op in &plan.ops {
+        apply(op)?;
+    }
+    for d in ["/newroot/input", "/newroot/work", "/newroot/output"] {
+        let _ = std::fs::DirBuilder::new().mode(0o755).create(d);
+    }
+    step(
+        "remount new root read-only",
+        mount_remount(
+            "/newroot",
+            MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
+            "",
+        ),
+    )?;
+    step("chdir /newroot", std::env::set_current_dir("/newroot"))?;
+    step("pivot_root(., .)", rustix::process::pivot_root(".", "."))?;
+    step(
+        "detach the old root",
+        unmount(".", UnmountFlags::DETACH),
+    )?;
+    step("chdir /", std::env::set_current_dir("/"))?;
+    Ok(())
+}
+
+fn new(dest: &str) -> String {
+    format!("/newroot{dest}")
+}
+
+fn mkdirs(path: &Path) -> StepResult<()> {
+    step(
+        &format!("mkdir {}", path.display()),
+        std::fs::DirBuilder::new().recursive(true).mode(0o755).create(path),
+    )
+}
+
+fn mountpoint(dest: &str, dir: bool) -> StepResult<String> {
+    let d = new(dest);
+    let p = Path::new(&d);
+    if dir {
+        mkdirs(p)?;
+    } else {
+        if let Some(parent) = p.parent() {
+            mkdirs(parent)?;
+        }
+        step(
+            &format!("create mount point {dest}"),
+            std::fs::OpenOptions::new().write(true).create(true).mode(0o444).open(p),
+        )?;
+    }
+    Ok(d)
+}
+
+/// Opens a host path (below /oldroot) without following any symlink, so that a path swapped
+/// for a symlink after validation cannot redirect the bind.
+fn open_source(src: &Path, dir: bool) -> StepResult<OwnedFd> {
+    let path = format!("/oldroot{}", src.display());
+    let fd = step(
+        &format!("open {}", src.display()),
+        openat2(
+            rustix::fs::CWD,
+            path.as_str(),
+            OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+            ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        ),
+    )?;
+    let st = step(&format!("stat {}", src.display()), rustix::fs::fstat(&fd))?;
+    let is_dir = rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory;
+    if dir && !is_dir {
+        return Err((format!("open {}", src.display()), "is no longer a directory".into()));
+    }
+    Ok(fd)
+}
+
+fn apply(op: &Op) -> StepResult<()> {
+    use rustix::mount::*;
+    match op {
+        Op::BindRo { src, dest, dir } => {
+            let fd = open_source(src, *dir)?;
+            let d = mountpoint(dest, *dir)?;
+            let via = format!("/oldroot/proc/self/fd/{}", fd.as_raw_fd());
+            step(
+                &format!("bind {} -> {dest}", src.display()),
+                mount_bind_recursive(via.as_str(), d.as_str()),
+            )?;
+            make_readonly(&d, dest)?;
+        }
+        Op::Device { src, dest } => {
+            let fd = open_source(src, false)?;
+            let d = mountpoint(dest, false)?;
+            let via = format!("/oldroot/proc/self/fd/{}", fd.as_raw_fd());
+            step(&format!("bind device {dest}"), mount_bind(via.as_str(), d.as_str()))?;
+            let c = cstr(&d)?;
+            step(
+                &format!("restrict device {dest}"),
+                sys::mount_setattr_recursive(&c, libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NOEXEC),
+            )?;
+        }
+        Op::Tmpfs {
+            dest,
+            size_bytes,
+            inodes,
+            mode,
+            exec,
+        } => {
+            let d = mountpoint(dest, true)?;
+            let mut flags = MountFlags::NOSUID | MountFlags::NODEV;
+            if !exec {
+                flags |= MountFlags::NOEXEC;
+            }
+            let owner = if *mode == 0o700 {
+                format!(",uid={SANDBOX_ID},gid={SANDBOX_ID}")
+            } else {
+                String::new()
+            };
+            let data = format!("size={size_bytes},nr_inodes={inodes},mode={mode:o}{owner}");
+            let cdata = cstr(&data)?;
+            step(
+                &format!("mount tmpfs {dest} ({data})"),
+                mount("tmpfs", d.as_str(), "tmpfs", flags, Some(cdata.as_c_str())),
+            )?;
+        }
+        Op::Proc { dest } => {
+            let d = mountpoint(dest, true)?;
+            step(
+                &format!("mount proc on {dest}"),
+                mount(
+                    "proc",
+                    d.as_str(),
+                    "proc",
+                    MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+                    None,
+                ),
+            )?;
+        }
+        Op::Symlink { target, dest } => {
+            let d = new(dest);
+            if let Some(parent) = Path::new(&d).parent() {
+                mkdirs(parent)?;
+            }
+            step(
+                &format!("symlink {dest} -> {target}"),
+                std::os::unix::fs::symlink(target, &d),
+            )?;
+        }
+        Op::File { dest, content } => {
+            let d = new(dest);
+            if let Some(parent) = Path::new(&d).parent() {
+                mkdirs(parent)?;
+            }
+            step(&format!("write {dest}"), std::fs::write(&d, content))?;
+            step(
+                &format!("chmod {dest}"),
+                std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o644)),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn cstr(s: &str) -> StepResult<CString> {
+    CString::new(s).map_err(|e| ("path".to_string(), e.to_string()))
+}
+
+fn make_readonly(d: &str, dest: &str) -> StepResult<()> {
+    let c = cstr(d)?;
+    let attrs = libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+    match sys::mount_setattr_recursive(&c, attrs) {
+        Ok(()) => Ok(()),
+        // Kernels before 5.12: remount the top mount only.
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => step(
+            &format!("remount {dest} read-only"),
+            rustix::mount::mount_remount(
+                d,
+                MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
+                "",
+            ),
+        ),
+        Err(e) => Err((format!("make {dest} read-only"), e.to_string())),
+    }
+}
+
+/// The payload: drops everything and execs the command. Never returns.
+fn payload_main(a: &InitArgs<'_>, sock: OwnedFd) -> ! {
+    let program = a.plan.argv.first().cloned().unwrap_or_default();
+    let msg = match payload(a, &sock) {
+        Ok(e) => Msg::ExecFailed {
+            program,
+            error: e,
+        },
+        Err((step, error)) => Msg::SetupFailed { step, error },
+    };
+    let _ = send(sock.as_fd(), &msg, None);
+    sys::exit_now(127)
+}
+
+/// Returns only on failure: `Ok(reason)` when exec failed, `Err` when a setup step did.
+fn payload(a: &InitArgs<'_>, sock: &OwnedFd) -> StepResult<String> {
+    sys::reset_signals();
+    sys::setsid();
+    for (fd, to, name) in [(&a.stdout_w, 1, "stdout"), (&a.stderr_w, 2, "stderr")] {
+        if let Some(fd) = fd {
+            step(name, sys::dup2(fd.as_raw_fd(), to))?;
+        }
+    }
+    let null = step(
+        "open /dev/null",
+        rustix::fs::open("/dev/null", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()),
+    )?;
+    step("stdin", sys::dup2(null.as_raw_fd(), 0))?;
+    drop(null);
+    step(&format!("chdir {}", a.plan.cwd), std::env::set_current_dir(&a.plan.cwd))?;
+
+    // Capabilities: lock the securebits and empty the bounding set while we still hold
+    // CAP_SETPCAP, then change ids, then clear the remaining sets.
+    step("lock securebits", sys::lock_securebits())?;
+    step("drop bounding set", sys::drop_bounding_set())?;
+    step("clear ambient capabilities", caps::clear(None, caps::CapSet::Ambient))?;
+    step(
+        "become the sandbox user",
+        sys::become_user(SANDBOX_ID, SANDBOX_ID, a.root_mode),
+    )?;
+    for set in [caps::CapSet::Effective, caps::CapSet::Inheritable, caps::CapSet::Permitted] {
+        step("clear capabilities", caps::clear(None, set))?;
+    }
+
+    let mut applied = Applied {
+        rlimits: apply_rlimits(a)?,
+        ..Applied::default()
+    };
+    applied.landlock_abi = apply_landlock(a, &mut applied.degraded)?;
+    step("set no_new_privs", rustix::thread::set_no_new_privs(true))?;
+
+    let prog = step("build seccomp filter", seccomp::build_filter(true))?;
+    let listener = match sys::seccomp_set_filter(
+        &prog,
+        libc::SECCOMP_FILTER_FLAG_NEW_LISTENER as u32,
+    ) {
+        Ok(l) => {
+            applied.seccomp_notify = true;
+            l
+        }
+        Err(e) if a.allow_degraded => {
+            applied
+                .degraded
+                .push(format!("seccomp user notification unavailable ({e}): refused syscalls fail with EPERM but are not reported"));
+            let prog = step("build seccomp filter", seccomp::build_filter(false))?;
+            step("install seccomp filter", sys::seccomp_set_filter(&prog, 0))?
+        }
+        Err(e) => return Err(("install seccomp filter".into(), e.to_string())),
+    };
+    step(
+        "report applied protections",
+        send(sock.as_fd(), &Msg::Applied(applied), listener.as_ref().map(|l| l.as_fd())),
+    )?;
+    drop(listener);
+    step("close inherited fds", sys::cloexec_from(3))?;
+
+    let argv: Vec<CString> = a
+        .plan
+        .argv
+        .iter()
+        .map(|s| CString::new(s.as_str()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| ("command".to_string(), e.to_string()))?;
+    let envp: Vec<CString> = a
+        .plan
+        .env
+        .iter()
+        .map(|(k, v)| CString::new(format!("{k}={v}")))
+        .collect::<Result<_, _>>()
+        .map_err(|e| ("env".to_string(), e.to_string()))?;
+    let program = &a.plan.argv[0];
+    let candidates: Vec<String> = if program.contains('/') {
+        vec![program.clone()]
+    } else {
+        let path = a
+            .plan
+            .env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.as_str())
+            .unwrap_or(crate::plan::DEFAULT_PATH);
+        path.split(':')
+            .filter(|d| !d.is_empty())
+            .map(|d| format!("{d}/{program}"))
+            .collect()
+    };
+    let mut first_err: Option<std::io::Error> = None;
+    for c in candidates {
+        let Ok(path) = CString::new(c) else { continue };
+        let e = sys::execve(&path, &argv, &envp);
+        let skip = matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR));
+        if first_err.is_none() || !skip {
+            if first_err.as_ref().map(|f| f.raw_os_error() == Some(libc::ENOENT)).unwrap_or(true) {
+                first_err = Some(e);
+            }
+        }
+    }
+    Ok(match first_err {
+        Some(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+            "not found in the sandbox (no such file, or not on PATH)".to_string()
+        }
+        Some(e) => e.to_string(),
+        None => "not found".to_string(),
+    })
+}
+
+fn apply_rlimits(a: &InitArgs<'_>) -> StepResult<Vec<String>> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let l = &a.plan.limits;
+    let lim = |cur: u64, max: u64| Rlimit {
+        current: Some(cur),
+        maximum: Some(max),
+    };
+    // In unprivileged mode the init shares the sandbox user's uid and counts toward NPROC.
+    let nproc = l.processes + if a.root_mode { 0 } else { 1 };
+    let address_space = if a.plan.cgroup_applied {
+        (l.memory_bytes() * 4).max(1 << 30)
+    } else {
+        l.memory_bytes()
+    };
+    let nofile_max = getrlimit(Resource::Nofile).maximum.unwrap_or(1024).min(1024);
+    let list: [(Resource, &str, Rlimit); 6] = [
+        (Resource::Core, "core=0", lim(0, 0)),
+        (Resource::Nproc, "nproc", lim(nproc, nproc)),
+        (Resource::Cpu, "cpu", lim(l.seconds + 1, l.seconds + 2)),
+        (Resource::Fsize, "fsize", lim(l.memory_bytes(), l.memory_bytes())),
+        (Resource::Nofile, "nofile", lim(nofile_max, nofile_max)),
+        (Resource::As, "as", lim(address_space, address_space)),
+    ];
+    let mut names = Vec::new();
+    for (res, name, v) in list {
+        step(&format!("setrlimit {name}"), setrlimit(res, v))?;
+        names.push(name.trim_end_matches("=0").to_string());
+    }
+    Ok(names)
+}
+
+/// Landlock: the payload may reach exactly the plan's mounts, with the plan's access, and no
+/// TCP bind or connect, and may not signal or reach abstract sockets outside its domain.
+fn apply_landlock(a: &InitArgs<'_>, degraded: &mut Vec<String>) -> StepResult<Option<u32>> {
+    use landlock::{
+        ABI, Access as _, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus,
+        PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+    };
+    // Everything up to ABI 6 is required: file system (incl. truncate and device ioctls),
+    // TCP bind/connect, and signal/abstract-socket scoping.
+    let abi = ABI::V6;
+    let kernel_abi = sys::landlock_abi();
+    let err = |e: landlock::RulesetError| ("landlock".to_string(), e.to_string());
+    let all = AccessFs::from_all(abi);
+    let read = AccessFs::from_read(abi) & !AccessFs::Execute;
+    let read_exec = AccessFs::from_read(abi);
+    let device = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev;
+    let write = all & !(AccessFs::MakeChar | AccessFs::MakeBlock);
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(all)
+        .map_err(err)?
+        .handle_access(AccessNet::from_all(abi))
+        .map_err(err)?
+        .scope(Scope::from_all(abi))
+        .map_err(err)?
+        .create()
+        .map_err(err)?;
+    for (path, acc) in &a.plan.rules {
+        let rights = match acc {
+            Access::ReadExec => read_exec,
+            Access::Read => read,
+            Access::Device => device,
+            Access::Write { exec: true } => write,
+            Access::Write { exec: false } => write & !AccessFs::Execute,
+            Access::ListOnly => AccessFs::ReadDir.into(),
+        };
+        let fd = step(&format!("landlock: open {path}"), PathFd::new(path))?;
+        // Rules on a file may only carry file rights.
+        let is_dir = std::fs::metadata(path).map(|m| m.is_dir()).unwrap_or(false);
+        let rights = if is_dir { rights } else { rights & AccessFs::from_file(abi) };
+        ruleset = ruleset
+            .add_rule(PathBeneath::new(fd, rights))
+            .map_err(err)?;
+    }
+    let status = ruleset.restrict_self().map_err(err)?;
+    let available = matches!(status.landlock, LandlockStatus::Available { .. });
+    match status.ruleset {
+        RulesetStatus::FullyEnforced => Ok(Some(kernel_abi)),
+        RulesetStatus::PartiallyEnforced | RulesetStatus::NotEnforced => {
+            let why = if available {
+                format!("landlock: kernel ABI {kernel_abi} < 6, only part of the rules is enforced")
+            } else {
+                "landlock: not available in this kernel".to_string()
+            };
+            if !a.allow_degraded {
+                return Err(("landlock".into(), format!("{why}; refusing (use --allow-degraded to run anyway)")));
+            }
+            degraded.push(why);
+            Ok(if available { Some(kernel_abi) } else { None })
+        }
+    }
+}

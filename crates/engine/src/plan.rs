@@ -1,0 +1,296 @@
+//! The sandbox's file system and process parameters as data: a list of setup operations built
+//! from a validated manifest (in the supervisor, before any namespace exists), interpreted in
+//! order by the sandbox's init. Reviewers can read the list on its own (`agentjail run
+//! --dry-run` prints it), and it is the only source of the Landlock rules, so the mounts and the
+//! Landlock policy cannot disagree.
+
+use std::path::{Path, PathBuf};
+
+use agentjail_manifest::ValidatedManifest;
+use serde::Serialize;
+
+/// uid and gid of the sandbox user inside the sandbox.
+pub const SANDBOX_ID: u32 = 65534;
+/// The sandbox's host name.
+pub const HOSTNAME: &str = "agentjail";
+/// Default PATH inside the sandbox.
+pub const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// What the payload may do below a path (its Landlock rule).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Access {
+    /// Read and execute files, list directories.
+    ReadExec,
+    /// Read files and list directories.
+    Read,
+    /// Read and write a device file (and its ioctls).
+    Device,
+    /// Everything but creating device nodes; `exec` also allows executing files.
+    Write { exec: bool },
+    /// List the directory itself only.
+    ListOnly,
+}
+
+/// One setup step, applied below the new root. Paths are absolute sandbox paths.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    /// Recursive read-only, nosuid, nodev bind of a host path.
+    BindRo { src: PathBuf, dest: String, dir: bool },
+    /// Bind of a host device node (read-write, nosuid).
+    Device { src: PathBuf, dest: String },
+    /// A fresh tmpfs.
+    Tmpfs {
+        dest: String,
+        size_bytes: u64,
+        inodes: u64,
+        mode: u32,
+        exec: bool,
+    },
+    /// A fresh procfs for the sandbox's pid namespace.
+    Proc { dest: String },
+    /// A symbolic link.
+    Symlink { target: String, dest: String },
+    /// A small file written into the (later read-only) root.
+    File { dest: String, content: String },
+}
+
+/// Everything the init needs to build the sandbox and start the command.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub ops: Vec<Op>,
+    /// Landlock rules for the payload: (sandbox path, access).
+    pub rules: Vec<(String, Access)>,
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
+    pub limits: agentjail_manifest::Limits,
+    /// Set by the supervisor: whether cgroup limits are in place (decides the rlimit layer).
+    pub cgroup_applied: bool,
+}
+
+/// The host directories that form the default (host) image, with how each is reproduced.
+pub fn host_system_ops() -> Vec<Op> {
+    let mut ops = Vec::new();
+    for dir in ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"] {
+        let p = Path::new(dir);
+        match std::fs::symlink_metadata(p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                if let Ok(t) = std::fs::read_link(p) {
+                    ops.push(Op::Symlink {
+                        target: t.to_string_lossy().into_owned(),
+                        dest: dir.to_string(),
+                    });
+                }
+            }
+            Ok(m) if m.is_dir() => ops.push(Op::BindRo {
+                src: p.to_owned(),
+                dest: dir.to_string(),
+                dir: true,
+            }),
+            _ => {}
+        }
+    }
+    ops
+}
+
+fn etc_ops() -> Vec<Op> {
+    let file = |name: &str, content: String| Op::File {
+        dest: format!("/etc/{name}"),
+        content,
+    };
+    let mut ops = vec![
+        file(
+            "passwd",
+            "root:x:0:0:root:/nonexistent:/usr/sbin/nologin\nnobody:x:65534:65534:agentjail sandbox user:/work:/usr/sbin/nologin\n".into(),
+        ),
+        file("group", "root:x:0:\nnogroup:x:65534:\n".into()),
+        file(
+            "hosts",
+            format!("127.0.0.1\tlocalhost {HOSTNAME}\n::1\tlocalhost ip6-localhost\n"),
+        ),
+        file("hostname", format!("{HOSTNAME}\n")),
+        file(
+            "nsswitch.conf",
+            "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\n".into(),
+        ),
+        file("resolv.conf", String::new()),
+    ];
+    // Read-only pieces of the host's /etc that programs need and that hold no secrets:
+    // the loader cache, the public CA certificates, the alternatives symlinks, and the
+    // protocol/service tables.
+    for (src, dir) in [
+        ("/etc/ld.so.cache", false),
+        ("/etc/ssl/certs", true),
+        ("/etc/alternatives", true),
+        ("/etc/protocols", false),
+        ("/etc/services", false),
+        ("/etc/mime.types", false),
+    ] {
+        let p = Path::new(src);
+        let ok = match std::fs::metadata(p) {
+            Ok(m) => m.is_dir() == dir && (dir || m.is_file()),
+            Err(_) => false,
+        };
+        if ok {
+            ops.push(Op::BindRo {
+                src: p.to_owned(),
+                dest: src.to_string(),
+                dir,
+            });
+        }
+    }
+    ops
+}
+
+fn dev_ops() -> Vec<Op> {
+    let mut ops = vec![Op::Tmpfs {
+        dest: "/dev".into(),
+        size_bytes: 64 * 1024,
+        inodes: 64,
+        mode: 0o755,
+        exec: false,
+    }];
+    for d in ["null", "zero", "full", "random", "urandom", "tty"] {
+        ops.push(Op::Device {
+            src: PathBuf::from(format!("/dev/{d}")),
+            dest: format!("/dev/{d}"),
+        });
+    }
+    for (t, l) in [
+        ("/proc/self/fd", "/dev/fd"),
+        ("/proc/self/fd/0", "/dev/stdin"),
+        ("/proc/self/fd/1", "/dev/stdout"),
+        ("/proc/self/fd/2", "/dev/stderr"),
+    ] {
+        ops.push(Op::Symlink {
+            target: t.into(),
+            dest: l.into(),
+        });
+    }
+    ops
+}
+
+impl Plan {
+    /// Builds the plan for a validated manifest on the host image.
+    pub fn new(vm: &ValidatedManifest) -> Plan {
+        let m = &vm.manifest;
+        let limits = m.limits;
+        let mut ops = host_system_ops();
+        let mut rules: Vec<(String, Access)> = vec![("/".into(), Access::ListOnly)];
+        for op in &ops {
+            if let Op::BindRo { dest, .. } = op {
+                rules.push((dest.clone(), Access::ReadExec));
+            }
+        }
+        ops.extend(etc_ops());
+        rules.push(("/etc".into(), Access::Read));
+        ops.extend(dev_ops());
+        for d in ["null", "zero", "full", "random", "urandom", "tty"] {
+            rules.push((format!("/dev/{d}"), Access::Device));
+        }
+        ops.push(Op::Proc {
+            dest: "/proc".into(),
+        });
+        rules.push(("/proc".into(), Access::Read));
+        // Scratch space is memory-backed and charged to the run's memory cgroup, so its size
+        // is bounded by the memory limit as well as by these sizes.
+        let scratch = limits.memory_bytes();
+        for dest in ["/tmp", "/work"] {
+            ops.push(Op::Tmpfs {
+                dest: dest.into(),
+                size_bytes: scratch,
+                inodes: 65_536,
+                mode: 0o700,
+                exec: true,
+            });
+            rules.push((dest.into(), Access::Write { exec: true }));
+        }
+        ops.push(Op::Tmpfs {
+            dest: "/output".into(),
+            size_bytes: limits.output_bytes(),
+            inodes: 16_384,
+            mode: 0o700,
+            exec: false,
+        });
+        rules.push(("/output".into(), Access::Write { exec: false }));
+        for input in &vm.inputs {
+            ops.push(Op::BindRo {
+                src: input.host_path.clone(),
+                dest: input.mount.clone(),
+                dir: input.is_dir,
+            });
+            rules.push((input.mount.clone(), Access::ReadExec));
+        }
+        let mut env: Vec<(String, String)> = vec![
+            ("PATH".into(), DEFAULT_PATH.into()),
+            ("HOME".into(), "/work".into()),
+            ("LANG".into(), "C.UTF-8".into()),
+            ("TMPDIR".into(), "/tmp".into()),
+        ];
+        for (k, v) in &m.env {
+            env.retain(|(ek, _)| ek != k);
+            env.push((k.clone(), v.clone()));
+        }
+        Plan {
+            ops,
+            rules,
+            argv: m.command.clone(),
+            env,
+            cwd: "/work".into(),
+            limits,
+            cgroup_applied: false,
+        }
+    }
+
+    /// The host image's parts (system directories and curated /etc), for its identity.
+    pub fn image_description() -> Vec<String> {
+        let mut ops = host_system_ops();
+        ops.extend(etc_ops());
+        ops.extend(dev_ops());
+        ops.iter()
+            .filter_map(|op| match op {
+                Op::BindRo { src, dest, .. } => Some(format!("{}={dest}", src.display())),
+                Op::Symlink { target, dest } => Some(format!("{dest}->{target}")),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentjail_manifest::{Manifest, SourcePolicy};
+
+    #[test]
+    fn plan_has_no_host_etc_wholesale_and_no_secrets() {
+        let d = tempfile::tempdir().unwrap();
+        let vm = Manifest::for_command(vec!["true".into()])
+            .validate(
+                &SourcePolicy {
+                    base_dir: d.path().into(),
+                    roots: None,
+                },
+                jiff::Timestamp::now(),
+            )
+            .unwrap();
+        let p = Plan::new(&vm);
+        for op in &p.ops {
+            if let Op::BindRo { src, .. } = op {
+                let s = src.to_string_lossy();
+                assert!(s != "/etc" && !s.starts_with("/etc/ssl/private"), "{s}");
+                assert!(!s.starts_with("/home") && !s.starts_with("/root") && !s.starts_with("/var"));
+                assert!(!s.starts_with("/sys") && !s.starts_with("/proc"));
+            }
+        }
+        // Every mount point the payload may write to is a tmpfs.
+        for (path, acc) in &p.rules {
+            if let Access::Write { .. } = acc {
+                assert!(p.ops.iter().any(|o| matches!(o, Op::Tmpfs { dest, .. } if dest == path)));
+            }
+        }
+        assert!(p.env.iter().any(|(k, v)| k == "HOME" && v == "/work"));
+    }
+}

@@ -1,0 +1,543 @@
+//! The supervisor: the process that starts one sandbox and watches it from outside.
+//!
+//! In kernel-required order: create the cgroup; clone the init into new user, mount, pid, net,
+//! ipc, uts and cgroup namespaces; write its id maps and move it into the cgroup; release it;
+//! then wait on its messages, the command's output pipes and its pidfd until it ends or the
+//! deadline passes (SIGKILL to the init ends the whole pid namespace, daemons included); read
+//! the cgroup's figures; remove the cgroup.
+//!
+//! Must run in a single-threaded process (the CLI's main thread, or a helper process the
+//! server spawns): user namespaces cannot be created from a multi-threaded one.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use agentjail_manifest::ValidatedManifest;
+use agentjail_manifest::report::{DenialKind, Isolation, RunReport, Status, StreamReport};
+use rustix::event::{PollFd, PollFlags, poll};
+
+use crate::cgroup::{Cgroup, Stats};
+use crate::inside::{self, Applied, InitArgs, Msg};
+use crate::plan::{Plan, SANDBOX_ID};
+use crate::sys::{self, Cloned};
+
+/// Bound on what passes through of the command's stdout and of its stderr.
+pub const STREAM_LIMIT: u64 = 1024 * 1024;
+
+/// Base of the host uids that sandbox users map to in root mode (one per run: base + pid).
+pub const HOST_UID_BASE: u32 = 1_000_000_000;
+
+/// Where a stream of the command goes.
+#[derive(Debug, Clone, Copy)]
+pub enum Sink {
+    /// Written through to our own stdout, up to [`STREAM_LIMIT`].
+    Stdout,
+    /// Written through to our own stderr, up to [`STREAM_LIMIT`].
+    Stderr,
+    /// Kept in memory, up to [`STREAM_LIMIT`].
+    Capture,
+}
+
+/// Options of one run that are not part of the manifest (they concern the caller's side).
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Run even when a protection cannot be applied; the report lists what was not.
+    pub allow_degraded: bool,
+    pub stdout: Sink,
+    pub stderr: Sink,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            allow_degraded: false,
+            stdout: Sink::Stdout,
+            stderr: Sink::Stderr,
+        }
+    }
+}
+
+/// The result of a run, before its output is verified.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Status is final except that `ok` still depends on output verification.
+    pub report: RunReport,
+    /// The sandbox's /output, readable after every process of the sandbox is gone.
+    pub output_dir: Option<OwnedFd>,
+    /// /output reached its size limit: files in it may be truncated.
+    pub output_full: bool,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+struct Stream {
+    fd: Option<OwnedFd>,
+    sink: Sink,
+    report: StreamReport,
+    captured: Vec<u8>,
+}
+
+impl Stream {
+    /// Reads what is available; false at end of stream.
+    fn pump(&mut self) -> bool {
+        let Some(fd) = &self.fd else { return false };
+        let mut buf = [0u8; 65536];
+        match rustix::io::read(fd, &mut buf) {
+            Ok(0) => {
+                self.fd = None;
+                false
+            }
+            Ok(n) => {
+                let room = STREAM_LIMIT.saturating_sub(self.report.bytes) as usize;
+                let keep = n.min(room);
+                if keep < n {
+                    self.report.truncated = true;
+                }
+                if keep > 0 {
+                    match self.sink {
+                        Sink::Stdout => {
+                            let _ = write_all(std::io::stdout().as_fd(), &buf[..keep]);
+                        }
+                        Sink::Stderr => {
+                            let _ = write_all(std::io::stderr().as_fd(), &buf[..keep]);
+                        }
+                        Sink::Capture => self.captured.extend_from_slice(&buf[..keep]),
+                    }
+                }
+                self.report.bytes += n as u64;
+                true
+            }
+            Err(rustix::io::Errno::INTR) | Err(rustix::io::Errno::AGAIN) => true,
+            Err(_) => {
+                self.fd = None;
+                false
+            }
+        }
+    }
+}
+
+fn write_all(fd: BorrowedFd<'_>, mut b: &[u8]) -> rustix::io::Result<()> {
+    while !b.is_empty() {
+        match rustix::io::write(fd, b) {
+            Ok(n) => b = &b[n..],
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn base_report(vm: &ValidatedManifest) -> RunReport {
+    let mut r = RunReport::setup_error(vm.manifest.limits, String::new());
+    r.error = None;
+    r.request_id = vm.manifest.request_id.clone();
+    r.manifest_digest = Some(vm.digest.clone());
+    r.isolation.kind = "native".into();
+    r
+}
+
+fn fail(mut r: RunReport, msg: String) -> Outcome {
+    r.status = Status::SetupError;
+    r.error = Some(msg);
+    Outcome {
+        report: r,
+        output_dir: None,
+        output_full: false,
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+    }
+}
+
+/// Runs a validated manifest on the host image. Never panics; failures to start are reported
+/// as `setup_error` with a one-line reason.
+pub fn run(vm: &ValidatedManifest, opts: &RunOptions, image: Option<String>) -> Outcome {
+    let mut report = base_report(vm);
+    report.image = image;
+    if sys::thread_count().unwrap_or(1) > 1 {
+        return fail(
+            report,
+            "internal: the engine must run in a single-threaded process".into(),
+        );
+    }
+    let root_mode = rustix::process::geteuid().is_root();
+    let limits = vm.manifest.limits;
+    let mut degraded: Vec<String> = Vec::new();
+
+    let abi = sys::landlock_abi();
+    if abi < 6 {
+        degraded.push(if abi == 0 {
+            "landlock: not available in this kernel".to_string()
+        } else {
+            format!("landlock: kernel ABI {abi} < 6 (no TCP rules or scoping before 4 and 6)")
+        });
+    }
+    // The init counts toward pids.max: the command's tree gets exactly `processes`.
+    let cgroup = match Cgroup::create(limits.memory_bytes(), limits.processes + 1) {
+        Ok(cg) => Some(cg),
+        Err(reason) => {
+            degraded.push(format!(
+                "{reason}; memory and process limits fall back to rlimits (RLIMIT_AS, RLIMIT_NPROC)"
+            ));
+            None
+        }
+    };
+    if !degraded.is_empty() && !opts.allow_degraded {
+        report.isolation.degraded = degraded.clone();
+        return fail(
+            report,
+            format!(
+                "refusing to run without: {}; hint: `agentjail check` explains, --allow-degraded runs anyway",
+                degraded.join("; ")
+            ),
+        );
+    }
+
+    let mut plan = Plan::new(vm);
+    plan.cgroup_applied = cgroup.is_some();
+
+    let pair = rustix::net::socketpair(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::SEQPACKET,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    );
+    let pipes = (
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC),
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC),
+    );
+    let ((ctl_s, ctl_c), (out_r, out_w), (err_r, err_w)) = match (pair, pipes) {
+        (Ok(p), (Ok(o), Ok(e))) => (p, o, e),
+        _ => return fail(report, "cannot create the control socket and pipes".into()),
+    };
+
+    let flags = (libc::CLONE_NEWUSER
+        | libc::CLONE_NEWNS
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWNET
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS
+        | libc::CLONE_NEWCGROUP) as u64;
+    let (pid, pidfd) = match sys::clone_sandbox(flags) {
+        Err(e) => {
+            return fail(
+                report,
+                format!(
+                    "cannot create the sandbox namespaces: {e}; hint: `agentjail check` tells whether user namespaces are allowed here"
+                ),
+            );
+        }
+        Ok(Cloned::Child) => {
+            drop((ctl_s, out_r, err_r));
+            inside::init_main(InitArgs {
+                plan: &plan,
+                ctl: ctl_c,
+                stdout_w: Some(out_w),
+                stderr_w: Some(err_w),
+                root_mode,
+                allow_degraded: opts.allow_degraded,
+            })
+        }
+        Ok(Cloned::Parent { pid, pidfd }) => (pid, pidfd),
+    };
+    drop((ctl_c, out_w, err_w));
+
+    let host_uid = if root_mode {
+        HOST_UID_BASE + pid as u32
+    } else {
+        rustix::process::getuid().as_raw()
+    };
+    if let Err(e) = setup_child(pid, root_mode, host_uid, cgroup.as_ref()) {
+        let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+        let _ = rustix::process::waitid(
+            rustix::process::WaitId::PidFd(pidfd.as_fd()),
+            rustix::process::WaitIdOptions::EXITED,
+        );
+        return fail(report, e);
+    }
+    report.isolation = Isolation {
+        kind: "native".into(),
+        user_ns: true,
+        pid_ns: true,
+        net_ns: true,
+        mount_ns: true,
+        ipc_ns: true,
+        uts_ns: true,
+        cgroup_ns: true,
+        cgroup: cgroup.as_ref().map(|c| c.version.name().to_string()),
+        host_uid: Some(host_uid),
+        degraded,
+        ..Isolation::default()
+    };
+
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(limits.seconds);
+    if inside::send(ctl_s.as_fd(), &Msg::Go, None).is_err() {
+        return fail(report, "the sandbox init died during setup".into());
+    }
+
+    let mut out = Stream {
+        fd: Some(out_r),
+        sink: opts.stdout,
+        report: StreamReport::default(),
+        captured: Vec::new(),
+    };
+    let mut err = Stream {
+        fd: Some(err_r),
+        sink: opts.stderr,
+        report: StreamReport::default(),
+        captured: Vec::new(),
+    };
+    let mut st = State::default();
+    let mut ctl_open = true;
+    let mut timed_out = false;
+    let mut init_done = false;
+    while !init_done {
+        let now = Instant::now();
+        let remaining = deadline.saturating_duration_since(now);
+        if remaining.is_zero() && !timed_out {
+            timed_out = true;
+            let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+        }
+        let mut fds: Vec<PollFd<'_>> = vec![PollFd::new(&pidfd, PollFlags::IN)];
+        let ctl_ix = if ctl_open {
+            fds.push(PollFd::new(&ctl_s, PollFlags::IN));
+            Some(fds.len() - 1)
+        } else {
+            None
+        };
+        let out_ix = out.fd.as_ref().map(|f| {
+            fds.push(PollFd::new(f, PollFlags::IN));
+            fds.len() - 1
+        });
+        let err_ix = err.fd.as_ref().map(|f| {
+            fds.push(PollFd::new(f, PollFlags::IN));
+            fds.len() - 1
+        });
+        let timeout = if timed_out {
+            None
+        } else {
+            Some(rustix::time::Timespec {
+                tv_sec: remaining.as_secs() as i64,
+                tv_nsec: remaining.subsec_nanos() as i64,
+            })
+        };
+        if poll(&mut fds, timeout.as_ref()).is_err() {
+            continue;
+        }
+        let ready = |ix: Option<usize>| ix.map(|i| !fds[i].revents().is_empty()).unwrap_or(false);
+        let (init_ready, ctl_ready, out_ready, err_ready) =
+            (!fds[0].revents().is_empty(), ready(ctl_ix), ready(out_ix), ready(err_ix));
+        drop(fds);
+        if ctl_ready {
+            ctl_open = st.take(&ctl_s, &mut report);
+        }
+        if out_ready {
+            out.pump();
+        }
+        if err_ready {
+            err.pump();
+        }
+        if init_ready {
+            init_done = true;
+        }
+    }
+    let wall = start.elapsed();
+    let _ = rustix::process::waitid(
+        rustix::process::WaitId::PidFd(pidfd.as_fd()),
+        rustix::process::WaitIdOptions::EXITED,
+    );
+    // Everything in the sandbox is gone now: drain what is left.
+    while ctl_open && has_data(ctl_s.as_fd()) {
+        ctl_open = st.take(&ctl_s, &mut report);
+    }
+    while out.pump() {}
+    while err.pump() {}
+
+    let stats = cgroup.as_ref().map(Cgroup::stats).unwrap_or_default();
+    drop(cgroup);
+    finish(&mut report, &st, &stats, timed_out, wall, &vm.manifest.limits);
+    report.stdout = out.report;
+    report.stderr = err.report;
+    let output_full = st
+        .output
+        .as_ref()
+        .and_then(|fd| rustix::fs::fstatfs(fd).ok())
+        .map(|s| s.f_bavail == 0 || s.f_ffree == 0)
+        .unwrap_or(false);
+    Outcome {
+        report,
+        output_dir: st.output.take(),
+        output_full,
+        stdout: out.captured,
+        stderr: err.captured,
+    }
+}
+
+fn has_data(fd: BorrowedFd<'_>) -> bool {
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    let zero = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
+        && fds[0].revents().contains(PollFlags::IN)
+}
+
+/// Writes the child's id maps and moves it into the cgroup, before it may continue.
+fn setup_child(pid: i32, root_mode: bool, host_uid: u32, cg: Option<&Cgroup>) -> Result<(), String> {
+    let proc = format!("/proc/{pid}");
+    let write = |file: &str, content: String| {
+        std::fs::write(format!("{proc}/{file}"), &content)
+            .map_err(|e| format!("cannot write {file} of the sandbox ({content:?}): {e}"))
+    };
+    if root_mode {
+        // uid 0 inside is the init's own (host root, capabilities only in the new namespace);
+        // the sandbox user is a host uid of its own, used by no one else.
+        write("uid_map", format!("0 0 1\n{SANDBOX_ID} {host_uid} 1\n"))?;
+        write("gid_map", format!("0 0 1\n{SANDBOX_ID} {host_uid} 1\n"))?;
+    } else {
+        let gid = rustix::process::getgid().as_raw();
+        write("setgroups", "deny".into())?;
+        write("uid_map", format!("{SANDBOX_ID} {host_uid} 1\n"))?;
+        write("gid_map", format!("{SANDBOX_ID} {gid} 1\n"))?;
+    }
+    if let Some(cg) = cg {
+        cg.attach(pid)?;
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct State {
+    output: Option<OwnedFd>,
+    applied: Option<Applied>,
+    started: bool,
+    exec_failed: Option<String>,
+    setup_failed: Option<String>,
+    exit: Option<(i32, u64, u64)>,
+}
+
+impl State {
+    /// Handles one control message; false when the socket is closed.
+    fn take(&mut self, ctl: &OwnedFd, report: &mut RunReport) -> bool {
+        match inside::recv(ctl.as_fd()) {
+            Ok(Some((msg, fd))) => {
+                match msg {
+                    Msg::Ready => self.output = fd,
+                    Msg::Applied(a) => self.applied = Some(a),
+                    Msg::Started => self.started = true,
+                    Msg::ExecFailed { program, error } => {
+                        self.exec_failed = Some(format!("cannot execute `{}`: {error}", printable(&program)))
+                    }
+                    Msg::SetupFailed { step, error } => {
+                        self.setup_failed
+                            .get_or_insert(format!("sandbox setup failed at `{step}`: {error}"));
+                    }
+                    Msg::Denial { syscall } => report.deny(DenialKind::Syscall, syscall),
+                    Msg::Exit {
+                        status,
+                        cpu_us,
+                        maxrss_kb,
+                    } => self.exit = Some((status, cpu_us, maxrss_kb)),
+                    Msg::Go => {}
+                }
+                true
+            }
+            Ok(None) => false,
+            Err(_) => false,
+        }
+    }
+}
+
+/// Escapes control characters of a string taken from a manifest (it may reach a terminal).
+fn printable(s: &str) -> String {
+    s.chars().flat_map(char::escape_debug).collect::<String>()
+}
+
+fn finish(
+    r: &mut RunReport,
+    st: &State,
+    stats: &Stats,
+    timed_out: bool,
+    wall: Duration,
+    limits: &agentjail_manifest::Limits,
+) {
+    r.wall_ms = wall.as_millis() as u64;
+    if let Some(a) = &st.applied {
+        r.isolation.landlock_abi = a.landlock_abi;
+        r.isolation.seccomp = true;
+        r.isolation.seccomp_notify = a.seccomp_notify;
+        r.isolation.no_new_privs = true;
+        r.isolation.capabilities_dropped = true;
+        r.isolation.rlimits = a.rlimits.clone();
+        r.isolation.degraded.extend(a.degraded.iter().cloned());
+    }
+    let (cpu_us, maxrss_kb) = st.exit.map(|(_, c, m)| (c, m)).unwrap_or((0, 0));
+    if r.isolation.cgroup.is_some() {
+        r.accounting = "cgroup".into();
+        r.peak_memory_bytes = stats.peak_memory_bytes;
+        r.cpu_ms = stats.cpu_ns.map(|n| n / 1_000_000).unwrap_or(cpu_us / 1000);
+    } else {
+        r.accounting = "rusage".into();
+        r.peak_memory_bytes = maxrss_kb * 1024;
+        r.cpu_ms = cpu_us / 1000;
+    }
+    if stats.pids_refused > 0 {
+        r.deny(
+            DenialKind::Limit,
+            format!(
+                "pids: fork refused {} time(s) at the limit of {} processes",
+                stats.pids_refused, limits.processes
+            ),
+        );
+    }
+    if stats.oom_kills > 0 {
+        r.deny(
+            DenialKind::Limit,
+            format!("memory: limit of {} MiB reached, process killed", limits.memory_mb),
+        );
+    }
+    if timed_out {
+        r.status = Status::Timeout;
+        r.signal = Some(libc::SIGKILL);
+        r.deny(
+            DenialKind::Limit,
+            format!("time: wall-clock limit of {} s reached, every process killed", limits.seconds),
+        );
+        return;
+    }
+    if let Some(e) = &st.setup_failed {
+        r.status = Status::SetupError;
+        r.error = Some(e.clone());
+        return;
+    }
+    if let Some(e) = &st.exec_failed {
+        r.status = Status::SetupError;
+        r.error = Some(e.clone());
+        return;
+    }
+    let Some((status, _, _)) = st.exit else {
+        r.status = Status::SetupError;
+        r.error = Some("the sandbox ended before the command did (init died)".into());
+        return;
+    };
+    if libc::WIFEXITED(status) {
+        let code = libc::WEXITSTATUS(status);
+        r.exit_code = Some(code);
+        r.status = if code == 0 {
+            Status::Ok
+        } else if stats.oom_kills > 0 {
+            Status::MemoryLimit
+        } else {
+            Status::ExitNonzero
+        };
+    } else if libc::WIFSIGNALED(status) {
+        let sig = libc::WTERMSIG(status);
+        r.signal = Some(sig);
+        r.status = if stats.oom_kills > 0 && sig == libc::SIGKILL {
+            Status::MemoryLimit
+        } else {
+            Status::Signaled
+        };
+    }
+}
