@@ -597,7 +597,14 @@ async fn handle(
         return Ok(r);
     }
     if req.method() == hyper::Method::CONNECT {
-        return Ok(handle_connect(shared, ctx, req, d, start).await);
+        let mut resp = handle_connect(shared, ctx, req, d, start).await;
+        if resp.status() != StatusCode::OK {
+            // Whatever the client already sent after a refused CONNECT (often a TLS
+            // ClientHello) must not be read as HTTP: close the connection.
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        return Ok(resp);
     }
     if req.uri().authority().is_none() {
         let reason = "not a proxy request: send an absolute http:// URL or use CONNECT";

@@ -57,6 +57,8 @@
 //! (`unshare(CLONE_NEWNET)`, needs root; they print a skip line otherwise), so no test traffic
 //! can leave the machine.
 
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod addr;
 mod decision;
 mod gateway;

@@ -5,7 +5,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -31,6 +31,10 @@ pub(crate) struct Budget {
     pub(crate) down: AtomicU64,
     pub(crate) max_up: u64,
     pub(crate) max_down: u64,
+    /// Set once a reservation failed: from then on the run's budget counts as spent, even if
+    /// a few bytes remain below the maximum.
+    tripped_up: AtomicBool,
+    tripped_down: AtomicBool,
 }
 
 impl Budget {
@@ -40,13 +44,17 @@ impl Budget {
             down: AtomicU64::new(0),
             max_up,
             max_down,
+            tripped_up: AtomicBool::new(false),
+            tripped_down: AtomicBool::new(false),
         }
     }
 
     pub(crate) fn exhausted(&self) -> Option<&'static str> {
-        if self.up.load(Ordering::SeqCst) >= self.max_up {
+        if self.tripped_up.load(Ordering::SeqCst) || self.up.load(Ordering::SeqCst) >= self.max_up {
             Some("max_bytes_up")
-        } else if self.down.load(Ordering::SeqCst) >= self.max_down {
+        } else if self.tripped_down.load(Ordering::SeqCst)
+            || self.down.load(Ordering::SeqCst) >= self.max_down
+        {
             Some("max_bytes_down")
         } else {
             None
@@ -64,6 +72,7 @@ pub(crate) struct Flow {
 
 impl Flow {
     fn mark(&self, what: &'static str) {
+        tracing::debug!(limit = what, "egress byte budget exceeded");
         match self.exceeded.lock() {
             Ok(mut g) => {
                 g.get_or_insert(what);
@@ -116,8 +125,17 @@ impl Meter {
             local.fetch_add(n, Ordering::SeqCst);
             true
         } else {
+            self.trip(dir);
             self.flow.mark(name);
             false
+        }
+    }
+
+    /// Marks the run-wide budget of `dir` as spent.
+    pub(crate) fn trip(&self, dir: Dir) {
+        match dir {
+            Dir::Up => self.budget.tripped_up.store(true, Ordering::SeqCst),
+            Dir::Down => self.budget.tripped_down.store(true, Ordering::SeqCst),
         }
     }
 
@@ -180,12 +198,14 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for MeteredStream<S> {
         }
         let room = self.meter.remaining_up();
         if room == 0 {
+            self.meter.trip(Dir::Up);
             self.meter.flow.mark("max_bytes_up");
             return Poll::Ready(Err(limit_error("max_bytes_up")));
         }
         let len = buf.len().min(usize::try_from(room).unwrap_or(usize::MAX));
         let want = len as u64;
         if !reserve(&self.meter.budget.up, self.meter.budget.max_up, want) {
+            self.meter.trip(Dir::Up);
             self.meter.flow.mark("max_bytes_up");
             return Poll::Ready(Err(limit_error("max_bytes_up")));
         }

@@ -388,7 +388,8 @@ mod tests {
 
     #[test]
     fn compile_errors_name_the_entry() {
-        let cases: &[(&[(&str, &[u16])], &[&str], &str)] = &[
+        type Case<'a> = (&'a [(&'a str, &'a [u16])], &'a [&'a str], &'a str);
+        let cases: &[Case] = &[
             (
                 &[("", &[443])],
                 &[],
