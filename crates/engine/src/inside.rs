@@ -604,8 +604,11 @@ fn apply_rlimits(a: &InitArgs<'_>) -> StepResult<Vec<String>> {
         current: Some(cur),
         maximum: Some(max),
     };
-    // In unprivileged mode the init shares the sandbox user's uid and counts toward NPROC.
-    let nproc = l.processes + if a.root_mode { 0 } else { 1 };
+    // A backstop one above the cgroup's limit, so that the cgroup (which counts and reports
+    // refusals) is what stops a fork bomb when it exists. In unprivileged mode the init shares
+    // the sandbox user's uid and counts toward NPROC too.
+    let nproc = if a.plan.cgroup_applied { l.processes + 1 } else { l.processes }
+        + if a.root_mode { 0 } else { 1 };
     let address_space = if a.plan.cgroup_applied {
         (l.memory_bytes() * 4).max(1 << 30)
     } else {
