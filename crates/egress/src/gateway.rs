@@ -48,7 +48,7 @@ pub struct GatewayLimits {
     pub max_total_connections: u64,
     /// Proxy requests (CONNECTs and forwarded requests) over the gateway's lifetime.
     pub max_requests: u64,
-    /// Time for DNS resolution plus the TCP connect to a destination.
+    /// Time allowed for the DNS lookup of a destination, and again for the TCP connect to it.
     pub connect_timeout: Duration,
     /// Lifetime of one client connection, tunnel included.
     pub max_connection_time: Duration,

@@ -174,3 +174,39 @@ impl Resolve for StaticResolver {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn static_resolver_normalises_names() {
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        let r = StaticResolver::new()
+            .insert("BÜCHER.example.", &[lo])
+            .insert("not a name", &[lo]);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert_eq!(
+            rt.block_on(r.resolve("xn--bcher-kva.example")),
+            Ok(vec![lo])
+        );
+        assert!(matches!(
+            rt.block_on(r.resolve("other.example")),
+            Err(ResolveError::NoAddresses(_))
+        ));
+    }
+
+    #[test]
+    fn resolvers_construct_without_network() {
+        // Building reads configuration only; no query is sent.
+        assert!(HickoryResolver::with_name_servers(&[], Duration::from_secs(1)).is_err());
+        let ns: SocketAddr = "127.0.0.1:53".parse().unwrap();
+        assert!(HickoryResolver::with_name_servers(&[ns], Duration::from_secs(1)).is_ok());
+        match HickoryResolver::from_system_conf() {
+            Ok(_) | Err(ResolveError::Config(_)) => {}
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+}
