@@ -1029,6 +1029,18 @@ mod tests {
         assert!(redirect_target(&[0xff, 0xfe]).is_err());
     }
 
+    proptest::proptest! {
+        #[test]
+        fn redirect_target_never_panics(loc in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..120)) {
+            let _ = redirect_target(&loc);
+        }
+
+        #[test]
+        fn redirect_target_text_never_panics(loc in "(https?:)?(//)?\\PC{0,60}") {
+            let _ = redirect_target(loc.as_bytes());
+        }
+    }
+
     #[test]
     fn hop_by_hop_headers_are_stripped() {
         let mut h = HeaderMap::new();
