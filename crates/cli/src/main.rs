@@ -308,6 +308,20 @@ fn print_json<T: serde::Serialize>(v: &T) {
     let _ = writeln!(out, "{s}");
 }
 
+/// Removes a report left at `path` by an earlier run, so that after the pipeline a file at
+/// `path` is always this run's report (the pipeline's own, or the setup-error report written
+/// when the pipeline failed without one). Refuses when an existing entry cannot be removed.
+fn clear_stale_report(path: Option<&Path>) -> Result<(), String> {
+    match path.map(std::fs::remove_file) {
+        None | Some(Ok(())) => Ok(()),
+        Some(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Some(Err(e)) => Err(format!(
+            "--report {}: cannot replace the existing file: {e}",
+            path.map(|p| p.display().to_string()).unwrap_or_default()
+        )),
+    }
+}
+
 /// Writes a setup-error report when the run never got to the engine.
 fn report_setup_error(path: Option<&Path>, limits: Limits, msg: &str) {
     if let Some(p) = path {
@@ -391,6 +405,7 @@ fn run(a: RunArgs) -> Result<u8, String> {
         }));
         return Ok(0);
     }
+    clear_stale_report(a.report.as_deref())?;
     let opts = RunOptions {
         allow_degraded: a.allow_degraded,
         stdout: Sink::Stdout,
@@ -473,6 +488,7 @@ fn demo(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> {
     use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755));
     let out_dir = dir.path().join("out");
+    clear_stale_report(report.as_deref())?;
     let m = Manifest::load(&dir.path().join("manifest.yaml")).map_err(|e| e.to_string())?;
     let base = dir.path().canonicalize().map_err(|e| e.to_string())?;
     let vm = m
