@@ -842,6 +842,27 @@ fn yaml_is_recognised_by_content_even_with_a_json_name() {
 }
 
 #[test]
+fn yaml_aliases_cannot_blow_up_the_parser() {
+    // 220 KB of YAML whose aliases would expand to 1 GB of strings while parsing.
+    let d = tmp();
+    let big = "x".repeat(200_000);
+    let aliases = vec!["*s"; 5000].join(", ");
+    let m = write(
+        d.path(),
+        "m.yaml",
+        format!("command: [&s \"{big}\", {aliases}]\n"),
+    );
+    let start = Instant::now();
+    let (out, report) = run_manifest(d.path(), &m, &[]);
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert_refused(d.path(), &out, &report, "expands to more than");
+}
+
+#[test]
 fn the_manifest_digest_is_canonical() {
     // The same manifest in YAML and in JSON (other key order, defaults spelled out) has one
     // digest: sha256 over the RFC 8785 form of the manifest with defaults filled in.

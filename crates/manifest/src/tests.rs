@@ -177,3 +177,15 @@ fn network_is_deny_or_an_allowlist() {
     assert!(Manifest::parse("command: [x]\nnetwork: allow-all\n").is_err());
     assert_eq!(serde_json::to_value(Manifest::for_command(vec!["x".into()])).unwrap()["network"], "deny");
 }
+
+#[test]
+fn yaml_aliases_cannot_expand_beyond_the_budget() {
+    // 200 KB of text repeated 100 times by aliases would be 20 MB of strings.
+    let big = "x".repeat(200_000);
+    let text = format!("command: [&s \"{big}\", {}]\n", vec!["*s"; 100].join(", "));
+    let e = Manifest::parse(&text).unwrap_err().to_string();
+    assert!(e.contains("expands to more than"), "{e}");
+    // Modest reuse is still fine.
+    let m = Manifest::parse("command: &c [/bin/echo]\nenv: {A: &v x, B: *v}\n").unwrap();
+    assert_eq!(m.env["B"], "x");
+}
