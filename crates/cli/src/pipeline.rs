@@ -86,18 +86,24 @@ pub fn execute(
         None => None,
     };
     let image = agentjail_engine::image::host_image_identity();
-    if let Some(want) = &vm.manifest.image_digest {
-        if *want != image {
-            let msg = format!(
-                "manifest field `image_digest`: {want} does not match the image actually used (host image {image}); refusing to run"
-            );
-            let mut r = RunReport::setup_error(vm.manifest.limits, msg.clone());
-            r.request_id = vm.manifest.request_id.clone();
-            r.manifest_digest = Some(vm.digest.clone());
-            r.image = Some(image);
-            write_report(delivery, &r)?;
-            return Err(SetupFailure(msg));
-        }
+    let refusal = match &vm.manifest.image_digest {
+        Some(want) if *want != image => Some(format!(
+            "manifest field `image_digest`: {want} does not match the image actually used (host image {image}); refusing to run"
+        )),
+        // The engine does not serve an egress allowlist yet: running such a manifest would
+        // silently give it no network at all while its report claimed the run as asked.
+        _ if vm.manifest.network != agentjail_manifest::Network::Deny => Some(
+            "manifest field `network`: allowlists are not wired into runs yet (the egress gateway is not started); use `network: deny`".to_string(),
+        ),
+        _ => None,
+    };
+    if let Some(msg) = refusal {
+        let mut r = RunReport::setup_error(vm.manifest.limits, msg.clone());
+        r.request_id = vm.manifest.request_id.clone();
+        r.manifest_digest = Some(vm.digest.clone());
+        r.image = Some(image);
+        write_report(delivery, &r)?;
+        return Err(SetupFailure(msg));
     }
 
     let staging = match &delivery.output_dir {

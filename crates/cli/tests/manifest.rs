@@ -804,6 +804,37 @@ fn an_output_schema_escaping_the_manifest_folder_is_refused() {
     assert_refused(d.path(), &out, &report, "output_schema");
 }
 
+#[test]
+fn an_output_schema_with_a_remote_ref_or_invalid_is_refused_before_running() {
+    for schema in [
+        r#"{"$ref": "https://example.com/s.json"}"#,
+        r#"{"properties": {"a": {"$ref": "file:///etc/passwd"}}}"#,
+        r#"{"type": "bogus"}"#,
+        "not json",
+    ] {
+        let d = tmp();
+        write(d.path(), "schema.json", schema);
+        let m = write(
+            d.path(),
+            "m.yaml",
+            sentinel_manifest("output: /output/marker\noutput_schema: schema.json\n"),
+        );
+        let (out, report) = run_manifest(d.path(), &m, &[]);
+        assert_refused(d.path(), &out, &report, "output_schema");
+    }
+}
+
+#[test]
+fn a_network_allowlist_is_refused_until_the_gateway_serves_it() {
+    // The engine does not start the egress gateway yet: an allowlist must not silently run as
+    // `deny` under a report that says the run went as asked.
+    refused(
+        &sentinel_manifest("network: {allow: [{host: example.com, ports: [443]}]}\n"),
+        "network",
+    );
+    refused(&sentinel_manifest("network: allow-all\n"), "network");
+}
+
 // ---------------------------------------------------------------------------------------------
 // 4. YAML or JSON: by content, not by name
 

@@ -150,7 +150,10 @@ pub enum NetworkWord {
 
 /// How `network` is written: `deny`, or `{allow: [...], allow_private: [...]}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(untagged, expecting = "`deny` or a map with `allow` (and optionally `allow_private`)")]
+#[serde(
+    untagged,
+    expecting = "field `network` must be `deny` or a map with `allow` (and optionally `allow_private`)"
+)]
 pub enum NetworkRepr {
     Word(NetworkWord),
     Policy(EgressPolicy),
