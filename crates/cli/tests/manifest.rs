@@ -196,7 +196,7 @@ fn copy_example(dir: &Path) -> PathBuf {
     dir.join("manifest.yaml")
 }
 
-/// A successful run of the example with a receipt. Returns (report, receipt, key, artifact).
+/// A successful run of the example (`D/out/summary.json`, `D/receipt.json`, `D/key.pem`).
 struct GoodRun {
     dir: tempfile::TempDir,
     report: Value,
@@ -292,7 +292,7 @@ fn host_image_digest() -> String {
 }
 
 /// A run whose command copies `payload` (an input) to `/output/out.json`, optionally checked
-/// against `schema`, after running `more` (shell) too. Returns (dir, exit, report, stderr).
+/// against `schema`, then runs the shell snippet `more`. Returns (dir, output, report).
 fn output_case(
     payload: &[u8],
     schema: Option<&str>,
