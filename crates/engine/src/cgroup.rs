@@ -266,7 +266,45 @@ impl Cgroup {
         Ok(cg)
     }
 
-    /// Moves `pid` (and so its future children) into the run's cgroup(s).
+    /// v1 only: the `tasks` files through which the sandbox's init moves itself (writing `0`).
+    ///
+    /// Why not move it from outside through `cgroup.procs`: that takes the kernel's global
+    /// cgroup_threadgroup_rwsem for writing, which waits for an RCU grace period (10–13 ms per
+    /// run measured on this project's CI host, more than the whole rest of a run). A thread
+    /// that moves itself through `tasks` skips that lock. The supervisor then checks that the
+    /// move happened (fail closed).
+    pub fn self_join_files(&self) -> Vec<PathBuf> {
+        if self.version != Version::V1 {
+            return Vec::new();
+        }
+        let mut v = vec![self.memory.join("tasks"), self.pids.join("tasks")];
+        v.extend(self.cpu.as_ref().map(|c| c.join("tasks")));
+        v
+    }
+
+    /// True when `pid` is in every cgroup of this run (read from /proc/PID/cgroup).
+    pub fn contains(&self, pid: i32) -> bool {
+        let Ok(text) = fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+            return false;
+        };
+        let Some(name) = self.memory.file_name().and_then(|n| n.to_str()) else {
+            return false;
+        };
+        let wanted: &[&str] = match self.version {
+            Version::V1 => &["memory", "pids"],
+            Version::V2 => &[""],
+        };
+        wanted.iter().all(|ctl| {
+            text.lines().any(|l| {
+                let mut it = l.splitn(3, ':');
+                let (_, c, path) = (it.next(), it.next().unwrap_or(""), it.next().unwrap_or(""));
+                let ctl_ok = if ctl.is_empty() { c.is_empty() } else { c.split(',').any(|x| x == *ctl) };
+                ctl_ok && path.ends_with(&format!("/{name}"))
+            })
+        })
+    }
+
+    /// Moves `pid` (and so its future children) into the run's cgroup(s) from outside.
     pub fn attach(&self, pid: i32) -> Result<(), String> {
         let pid = pid.to_string();
         write(&self.memory.join("cgroup.procs"), &pid)?;

@@ -34,6 +34,8 @@ use crate::sys;
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "t", rename_all = "snake_case")]
 pub enum Msg {
+    /// Init → supervisor: the init joined the cgroups it was told to (if any).
+    Joined,
     /// Supervisor → init: id maps and cgroups are in place.
     Go,
     /// Init → supervisor: the root is built; carries the /output fd.
@@ -76,7 +78,34 @@ pub struct InitArgs<'a> {
 type StepResult<T> = Result<T, (String, String)>;
 
 fn step<T, E: std::fmt::Display>(name: &str, r: Result<T, E>) -> StepResult<T> {
+    timing::mark(name);
     r.map_err(|e| (name.to_string(), e.to_string()))
+}
+
+/// `AGENTJAIL_DEBUG_TIMING=1`: the init and the payload print how long each setup step took
+/// (time since the previous step) to stderr. A diagnostic for performance work.
+pub mod timing {
+    use std::sync::OnceLock;
+    use std::time::Instant;
+
+    static START: OnceLock<Option<std::sync::Mutex<Instant>>> = OnceLock::new();
+
+    /// Reads the switch; called in the supervisor before the clone.
+    pub fn init_from_env() {
+        START.get_or_init(|| {
+            std::env::var_os("AGENTJAIL_DEBUG_TIMING").map(|_| std::sync::Mutex::new(Instant::now()))
+        });
+    }
+
+    pub fn mark(label: &str) {
+        if let Some(Some(m)) = START.get() {
+            if let Ok(mut last) = m.lock() {
+                let now = Instant::now();
+                eprintln!("agentjail-timing: pid {} {:>7} us  {label}", std::process::id(), (now - *last).as_micros());
+                *last = now;
+            }
+        }
+    }
 }
 
 /// Sends a message, with at most one fd attached.
@@ -139,6 +168,12 @@ fn init(a: &mut InitArgs<'_>) -> StepResult<()> {
         "set parent-death signal",
         rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL)),
     )?;
+    // Join the run's cgroups first (v1; see Cgroup::self_join_files), so that everything
+    // the sandbox ever starts is inside them.
+    for f in &a.plan.cgroup_join {
+        step(&format!("join cgroup {}", f.display()), std::fs::write(f, "0"))?;
+    }
+    step("report joined", send(a.ctl.as_fd(), &Msg::Joined, None))?;
     match step("wait for the supervisor", recv(a.ctl.as_fd()))? {
         Some((Msg::Go, _)) => {}
         _ => return Err(("wait for the supervisor".into(), "supervisor went away".into())),
@@ -198,6 +233,7 @@ fn init(a: &mut InitArgs<'_>) -> StepResult<()> {
         }
     }
     drop(to_payload);
+    timing::mark("init: command started");
     let _ = send(a.ctl.as_fd(), &Msg::Started, None);
 
     let mut payload_status: Option<i32> = None;
@@ -226,6 +262,7 @@ fn init(a: &mut InitArgs<'_>) -> StepResult<()> {
             }
         }
     }
+    timing::mark("init: command exited");
     // The command is over: nothing it started may outlive it.
     sys::kill_all_others();
     drop(listener);
@@ -233,6 +270,7 @@ fn init(a: &mut InitArgs<'_>) -> StepResult<()> {
     let ru = sys::rusage_children();
     let cpu_us = (ru.ru_utime.tv_sec as u64 * 1_000_000 + ru.ru_utime.tv_usec as u64)
         + (ru.ru_stime.tv_sec as u64 * 1_000_000 + ru.ru_stime.tv_usec as u64);
+    timing::mark("init: reaped all");
     let _ = send(
         a.ctl.as_fd(),
         &Msg::Exit {

@@ -68,6 +68,10 @@ pub struct Plan {
     pub limits: agentjail_manifest::Limits,
     /// Set by the supervisor: whether cgroup limits are in place (decides the rlimit layer).
     pub cgroup_applied: bool,
+    /// Set by the supervisor: cgroup v1 `tasks` files the init writes `0` to, joining the
+    /// run's cgroups itself before anything else happens.
+    #[serde(skip)]
+    pub cgroup_join: Vec<std::path::PathBuf>,
 }
 
 /// The host directories that form the default (host) image, with how each is reproduced.
@@ -241,6 +245,7 @@ impl Plan {
             cwd: "/work".into(),
             limits,
             cgroup_applied: false,
+            cgroup_join: Vec::new(),
         }
     }
 

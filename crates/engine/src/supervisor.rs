@@ -159,6 +159,8 @@ pub fn run(vm: &ValidatedManifest, opts: &RunOptions, image: Option<String>) -> 
             "internal: the engine must run in a single-threaded process".into(),
         );
     }
+    inside::timing::init_from_env();
+    inside::timing::mark("supervisor: start");
     let root_mode = rustix::process::geteuid().is_root();
     let limits = vm.manifest.limits;
     let mut degraded: Vec<String> = Vec::new();
@@ -192,8 +194,10 @@ pub fn run(vm: &ValidatedManifest, opts: &RunOptions, image: Option<String>) -> 
         );
     }
 
+    inside::timing::mark("supervisor: before `let mut plan = Plan::new(vm);`");
     let mut plan = Plan::new(vm);
     plan.cgroup_applied = cgroup.is_some();
+    plan.cgroup_join = cgroup.as_ref().map(Cgroup::self_join_files).unwrap_or_default();
 
     let pair = rustix::net::socketpair(
         rustix::net::AddressFamily::UNIX,
@@ -217,6 +221,7 @@ pub fn run(vm: &ValidatedManifest, opts: &RunOptions, image: Option<String>) -> 
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS
         | libc::CLONE_NEWCGROUP) as u64;
+    inside::timing::mark("supervisor: before `let (pid, pidfd) = match sys::clone_sand`");
     let (pid, pidfd) = match sys::clone_sandbox(flags) {
         Err(e) => {
             return fail(
@@ -246,7 +251,7 @@ pub fn run(vm: &ValidatedManifest, opts: &RunOptions, image: Option<String>) -> 
     } else {
         rustix::process::getuid().as_raw()
     };
-    if let Err(e) = setup_child(pid, root_mode, host_uid, cgroup.as_ref()) {
+    if let Err(e) = setup_child(pid, root_mode, host_uid, cgroup.as_ref(), &ctl_s) {
         let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
         let _ = rustix::process::waitid(
             rustix::process::WaitId::PidFd(pidfd.as_fd()),
@@ -269,6 +274,7 @@ pub fn run(vm: &ValidatedManifest, opts: &RunOptions, image: Option<String>) -> 
         ..Isolation::default()
     };
 
+    inside::timing::mark("supervisor: before `let start = Instant::now();`");
     let start = Instant::now();
     let deadline = start + Duration::from_secs(limits.seconds);
     if inside::send(ctl_s.as_fd(), &Msg::Go, None).is_err() {
@@ -341,6 +347,7 @@ pub fn run(vm: &ValidatedManifest, opts: &RunOptions, image: Option<String>) -> 
             init_done = true;
         }
     }
+    inside::timing::mark("supervisor: before `let wall = start.elapsed();`");
     let wall = start.elapsed();
     let _ = rustix::process::waitid(
         rustix::process::WaitId::PidFd(pidfd.as_fd()),
@@ -353,6 +360,7 @@ pub fn run(vm: &ValidatedManifest, opts: &RunOptions, image: Option<String>) -> 
     while out.pump() {}
     while err.pump() {}
 
+    inside::timing::mark("supervisor: before `let stats = cgroup.as_ref().map(Cgroup::`");
     let stats = cgroup.as_ref().map(Cgroup::stats).unwrap_or_default();
     drop(cgroup);
     finish(&mut report, &st, &stats, timed_out, wall, &vm.manifest.limits);
@@ -383,8 +391,14 @@ fn has_data(fd: BorrowedFd<'_>) -> bool {
         && fds[0].revents().contains(PollFlags::IN)
 }
 
-/// Writes the child's id maps and moves it into the cgroup, before it may continue.
-fn setup_child(pid: i32, root_mode: bool, host_uid: u32, cg: Option<&Cgroup>) -> Result<(), String> {
+/// Writes the child's id maps and makes sure it is in the cgroup, before it may continue.
+fn setup_child(
+    pid: i32,
+    root_mode: bool,
+    host_uid: u32,
+    cg: Option<&Cgroup>,
+    ctl: &OwnedFd,
+) -> Result<(), String> {
     let proc = format!("/proc/{pid}");
     let write = |file: &str, content: String| {
         std::fs::write(format!("{proc}/{file}"), &content)
@@ -401,8 +415,21 @@ fn setup_child(pid: i32, root_mode: bool, host_uid: u32, cg: Option<&Cgroup>) ->
         write("uid_map", format!("{SANDBOX_ID} {host_uid} 1\n"))?;
         write("gid_map", format!("{SANDBOX_ID} {gid} 1\n"))?;
     }
+    match inside::recv(ctl.as_fd()) {
+        Ok(Some((Msg::Joined, _))) => {}
+        Ok(Some((Msg::SetupFailed { step, error }, _))) => {
+            return Err(format!("sandbox setup failed at `{step}`: {error}"));
+        }
+        _ => return Err("the sandbox init died during setup".into()),
+    }
     if let Some(cg) = cg {
-        cg.attach(pid)?;
+        // v2 (and any v1 hierarchy the init could not join itself): move it from outside.
+        if !cg.contains(pid) {
+            cg.attach(pid)?;
+        }
+        if !cg.contains(pid) {
+            return Err("the sandbox init is not in its cgroup; refusing to run".into());
+        }
     }
     Ok(())
 }
@@ -438,8 +465,11 @@ impl State {
                         status,
                         cpu_us,
                         maxrss_kb,
-                    } => self.exit = Some((status, cpu_us, maxrss_kb)),
-                    Msg::Go => {}
+                    } => {
+                        inside::timing::mark("supervisor: exit message");
+                        self.exit = Some((status, cpu_us, maxrss_kb))
+                    }
+                    Msg::Go | Msg::Joined => {}
                 }
                 true
             }

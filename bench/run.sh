@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Side-by-side start-up and CSV benchmark: bare exec, agentjail (fully isolated) and bubblewrap
+# (the profile measured in shared/research/perf-baselines.md), in one hyperfine run each.
+# Usage: bench/run.sh [RUNS]   (needs root for agentjail's cgroups; installs hyperfine and bwrap)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-300}
+command -v hyperfine >/dev/null && command -v bwrap >/dev/null || {
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hyperfine bubblewrap
+}
+cargo build --release -q
+aj="$PWD/target/release/agentjail"
+py=/usr/bin/python3
+work=$(mktemp -d /tmp/agentjail-bench-XXXXXX)
+chmod 755 "$work"
+trap 'rm -rf "$work"' EXIT
+$py bench/gen_csv.py "$work/bench.csv"
+cp examples/csv-summary/summarize.py "$work/summarize.py"
+chmod 644 "$work"/*
+bwrap_profile=(bwrap --unshare-all --die-with-parent --new-session --ro-bind /usr /usr
+  --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin
+  --proc /proc --dev /dev --tmpfs /tmp)
+out="$work/out"
+
+echo "== /bin/true: bare vs agentjail vs bwrap =="
+hyperfine -N -w 20 -r "$runs" --export-markdown "$work/true.md" \
+  -n bare '/bin/true' \
+  -n agentjail "$aj run -- /bin/true" \
+  -n bwrap "${bwrap_profile[*]} -- /bin/true"
+cat "$work/true.md"
+
+echo "== CSV summary (10 MB, 200k rows): bare vs agentjail vs bwrap =="
+csv_runs=$(( runs / 10 > 10 ? runs / 10 : 10 ))
+hyperfine -w 3 -r "$csv_runs" --export-markdown "$work/csv.md" \
+  -n bare "$py $work/summarize.py $work/bench.csv $work/bare.json" \
+  -n agentjail "$aj run --ro $work/bench.csv:/input/report.csv --ro $work/summarize.py:/input/summarize.py -- $py /input/summarize.py /input/report.csv /output/summary.json" \
+  -n bwrap "${bwrap_profile[*]} --ro-bind $work/bench.csv /input/report.csv --ro-bind $work/summarize.py /input/summarize.py --tmpfs /output -- $py /input/summarize.py /input/report.csv /output/summary.json"
+cat "$work/csv.md"
