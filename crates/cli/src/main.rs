@@ -12,7 +12,9 @@ use std::process::ExitCode;
 use agentjail::pipeline::{self, Delivery, SetupFailure};
 use agentjail_engine::{RunOptions, Sink};
 use agentjail_manifest::report::RunReport;
-use agentjail_manifest::{Input, Limits, Manifest, Mode, SourcePolicy};
+use agentjail_manifest::{
+    AllowRule, EgressPolicy, Input, Limits, Manifest, Mode, Network, SourcePolicy,
+};
 use clap::{Args, Parser, Subcommand};
 
 /// Exit status for setup and usage errors.
@@ -101,9 +103,17 @@ struct ManifestFlags {
     /// Environment for the command: KEY=VALUE (repeatable). Nothing else of ours leaks in.
     #[arg(long = "env", value_name = "KEY=VALUE")]
     env: Vec<String>,
-    /// Network mode: `deny` (the default).
+    /// Network mode: `deny` (the default: loopback only). With --allow-host, the only way out
+    /// is the egress gateway's proxy inside the sandbox.
     #[arg(long, value_name = "MODE")]
     net: Option<String>,
+    /// Allow connections through the egress gateway to HOST (exact name, `*.domain`, or an
+    /// IP) on PORT (default 443), e.g. api.example.com:443 (repeatable).
+    #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
+    allow_host: Vec<String>,
+    /// Let the gateway reach this private/loopback CIDR, e.g. 127.0.0.1/32 (repeatable).
+    #[arg(long = "allow-private", value_name = "CIDR")]
+    allow_private: Vec<String>,
     /// The one output file the run must produce, e.g. /output/summary.json.
     #[arg(long, value_name = "SANDBOX_PATH")]
     output: Option<String>,
@@ -121,6 +131,29 @@ struct ManifestFlags {
     command: Vec<String>,
 }
 
+/// Splits `HOST[:PORT]` (IPv6 literals in brackets); the port defaults to 443.
+fn split_host_port(s: &str) -> Result<(String, u16), String> {
+    let bad = || format!("--allow-host {s}: expected HOST[:PORT], e.g. api.example.com:443");
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let (h, after) = rest.split_once(']').ok_or_else(bad)?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => p.parse().map_err(|_| bad())?,
+            None if after.is_empty() => 443,
+            None => return Err(bad()),
+        };
+        (format!("[{h}]"), port)
+    } else {
+        match s.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), p.parse().map_err(|_| bad())?),
+            None => (s.to_string(), 443),
+        }
+    };
+    if host.is_empty() || port == 0 {
+        return Err(bad());
+    }
+    Ok((host, port))
+}
+
 impl ManifestFlags {
     fn is_empty(&self) -> bool {
         self.ro.is_empty()
@@ -130,6 +163,8 @@ impl ManifestFlags {
             && self.pids.is_none()
             && self.env.is_empty()
             && self.net.is_none()
+            && self.allow_host.is_empty()
+            && self.allow_private.is_empty()
             && self.output.is_none()
             && self.output_schema.is_none()
             && self.request_id.is_none()
@@ -153,9 +188,29 @@ impl ManifestFlags {
             None | Some("deny") => {}
             Some(other) => {
                 return Err(format!(
-                    "--net {other}: the only network mode of `run` flags is `deny`"
+                    "--net {other}: `deny` is the only mode; allow destinations with --allow-host"
                 ));
             }
+        }
+        if !self.allow_host.is_empty() {
+            let mut allow: Vec<AllowRule> = Vec::new();
+            for h in &self.allow_host {
+                let (host, port) = split_host_port(h)?;
+                match allow.iter_mut().find(|r| r.host == host) {
+                    Some(r) if !r.ports.contains(&port) => r.ports.push(port),
+                    Some(_) => {}
+                    None => allow.push(AllowRule {
+                        host,
+                        ports: vec![port],
+                    }),
+                }
+            }
+            m.network = Network::Allow(EgressPolicy {
+                allow,
+                allow_private: self.allow_private.clone(),
+            });
+        } else if !self.allow_private.is_empty() {
+            return Err("--allow-private needs at least one --allow-host".into());
         }
         for ro in &self.ro {
             let (host, mount) = match ro.rsplit_once(':') {
