@@ -183,6 +183,7 @@ impl ManifestFlags {
             memory_mb: self.memory_mb.unwrap_or(d.memory_mb),
             processes: self.pids.unwrap_or(d.processes),
             output_mb: self.output_max_mb.unwrap_or(d.output_mb),
+            ..d
         };
         match self.net.as_deref() {
             None | Some("deny") => {}
@@ -280,6 +281,10 @@ struct RunArgs {
     /// Print the setup plan (mounts, Landlock rules, environment names) and exit.
     #[arg(long)]
     dry_run: bool,
+    /// Name server (IP:PORT) the egress gateway resolves destinations with, instead of the
+    /// host's /etc/hosts and /etc/resolv.conf (repeatable).
+    #[arg(long = "egress-dns", value_name = "IP:PORT")]
+    egress_dns: Vec<std::net::SocketAddr>,
     #[command(flatten)]
     flags: ManifestFlags,
 }
@@ -465,6 +470,7 @@ fn run(a: RunArgs) -> Result<u8, String> {
         allow_degraded: a.allow_degraded,
         stdout: Sink::Stdout,
         stderr: Sink::Stderr,
+        egress_dns: a.egress_dns.clone(),
     };
     let delivery = Delivery {
         output_dir: a.output_dir.clone(),
@@ -562,6 +568,7 @@ fn demo(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> {
             allow_degraded,
             stdout: Sink::Stderr,
             stderr: Sink::Stderr,
+            egress_dns: Vec::new(),
         },
         &Delivery {
             output_dir: Some(out_dir),

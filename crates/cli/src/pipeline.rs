@@ -90,12 +90,12 @@ pub fn execute(
         Some(want) if *want != image => Some(format!(
             "manifest field `image_digest`: {want} does not match the image actually used (host image {image}); refusing to run"
         )),
-        // The engine does not serve an egress allowlist yet: running such a manifest would
-        // silently give it no network at all while its report claimed the run as asked.
-        _ if vm.manifest.network != agentjail_manifest::Network::Deny => Some(
-            "manifest field `network`: allowlists are not wired into runs yet (the egress gateway is not started); use `network: deny`".to_string(),
-        ),
-        _ => None,
+        _ => match &vm.manifest.network {
+            agentjail_manifest::Network::Allow(p) => agentjail_egress::compile_policy(p)
+                .err()
+                .map(|e| format!("manifest field `network`: {e}")),
+            agentjail_manifest::Network::Deny => None,
+        },
     };
     if let Some(msg) = refusal {
         let mut r = RunReport::setup_error(vm.manifest.limits, msg.clone());

@@ -825,11 +825,16 @@ fn an_output_schema_with_a_remote_ref_or_invalid_is_refused_before_running() {
 }
 
 #[test]
-fn a_network_allowlist_is_refused_until_the_gateway_serves_it() {
-    // The engine does not start the egress gateway yet: an allowlist must not silently run as
-    // `deny` under a report that says the run went as asked.
+fn a_bad_network_policy_is_refused_before_anything_runs() {
+    // The allowlist is compiled by the egress gateway's own rules at validation time.
     refused(
-        &sentinel_manifest("network: {allow: [{host: example.com, ports: [443]}]}\n"),
+        &sentinel_manifest("network: {allow: [{host: \"*.com\", ports: [443]}]}\n"),
+        "network",
+    );
+    refused(
+        &sentinel_manifest(
+            "network: {allow: [{host: api.example.com, ports: [443]}], allow_private: [not-a-cidr]}\n",
+        ),
         "network",
     );
     refused(&sentinel_manifest("network: allow-all\n"), "network");

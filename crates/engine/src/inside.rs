@@ -40,6 +40,9 @@ pub enum Msg {
     Go,
     /// Init → supervisor: the root is built; carries the /output fd.
     Ready,
+    /// Init → supervisor: carries the egress proxy's listening socket (inside the sandbox's
+    /// network namespace), which the supervisor serves from outside.
+    Listener,
     /// Payload → init (with the seccomp listener fd) and init → supervisor: what was applied.
     Applied(Applied),
     /// The command was executed.
@@ -185,6 +188,14 @@ fn init(a: &mut InitArgs<'_>) -> StepResult<()> {
     build_root(a.plan)?;
     step("set host name", rustix::system::sethostname(crate::plan::HOSTNAME.as_bytes()))?;
     step("bring loopback up", sys::loopback_up())?;
+    if let Some(port) = a.plan.proxy_port {
+        // Created here, so it belongs to the sandbox's network namespace; served outside.
+        let l = step(
+            "listen on the proxy port",
+            std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)),
+        )?;
+        step("hand the proxy socket over", send(a.ctl.as_fd(), &Msg::Listener, Some(l.as_fd())))?;
+    }
     let sigchld = step("block SIGCHLD", sys::sigchld_fd())?;
 
     let out = step(
@@ -711,6 +722,12 @@ fn apply_landlock(a: &InitArgs<'_>, degraded: &mut Vec<String>) -> StepResult<Op
         let rights = if is_dir { rights } else { rights & AccessFs::from_file(abi) };
         ruleset = ruleset
             .add_rule(PathBeneath::new(fd, rights))
+            .map_err(err)?;
+    }
+    if let Some(port) = a.plan.proxy_port {
+        // The one TCP destination allowed: the gateway's proxy on the sandbox's loopback.
+        ruleset = ruleset
+            .add_rule(landlock::NetPort::new(port, AccessNet::ConnectTcp))
             .map_err(err)?;
     }
     let status = ruleset.restrict_self().map_err(err)?;

@@ -47,6 +47,7 @@ pub fn probe_strict_run() -> Result<(), String> {
         allow_degraded: false,
         stdout: Sink::Capture,
         stderr: Sink::Capture,
+        egress_dns: Vec::new(),
     };
     let out = run(&vm, &opts, None);
     match out.report.status {

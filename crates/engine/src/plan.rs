@@ -13,6 +13,10 @@ use serde::Serialize;
 pub const SANDBOX_ID: u32 = 65534;
 /// The sandbox's host name.
 pub const HOSTNAME: &str = "agentjail";
+/// Port of the egress gateway's proxy endpoint on the sandbox's loopback (when the manifest
+/// has a network allowlist). Fixed, so that the environment can name it before the sandbox
+/// exists; the network namespace is the sandbox's own, so nothing else can hold it.
+pub const PROXY_PORT: u16 = 3128;
 /// Default PATH inside the sandbox.
 pub const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
@@ -66,6 +70,8 @@ pub struct Plan {
     pub env: Vec<(String, String)>,
     pub cwd: String,
     pub limits: agentjail_manifest::Limits,
+    /// The egress gateway's listening port inside the sandbox, when the network is allowed.
+    pub proxy_port: Option<u16>,
     /// Set by the supervisor: whether cgroup limits are in place (decides the rlimit layer).
     pub cgroup_applied: bool,
     /// Set by the supervisor: cgroup v1 `tasks` files the init writes `0` to, joining the
@@ -233,6 +239,19 @@ impl Plan {
             ("LANG".into(), "C.UTF-8".into()),
             ("TMPDIR".into(), "/tmp".into()),
         ];
+        let proxy_port = match m.network {
+            agentjail_manifest::Network::Deny => None,
+            agentjail_manifest::Network::Allow(_) => Some(PROXY_PORT),
+        };
+        if let Some(port) = proxy_port {
+            // Both spellings: curl reads only the lowercase http_proxy, others the uppercase.
+            let url = format!("http://127.0.0.1:{port}");
+            for k in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
+                env.push((k.into(), url.clone()));
+            }
+            env.push(("NO_PROXY".into(), String::new()));
+            env.push(("no_proxy".into(), String::new()));
+        }
         for (k, v) in &m.env {
             env.retain(|(ek, _)| ek != k);
             env.push((k.clone(), v.clone()));
@@ -244,6 +263,7 @@ impl Plan {
             env,
             cwd: "/work".into(),
             limits,
+            proxy_port,
             cgroup_applied: false,
             cgroup_join: Vec::new(),
         }

@@ -45,6 +45,9 @@ pub struct RunOptions {
     pub allow_degraded: bool,
     pub stdout: Sink,
     pub stderr: Sink,
+    /// Name servers the egress gateway asks; empty means the host's resolver configuration
+    /// (/etc/hosts, /etc/resolv.conf).
+    pub egress_dns: Vec<std::net::SocketAddr>,
 }
 
 impl Default for RunOptions {
@@ -53,6 +56,7 @@ impl Default for RunOptions {
             allow_degraded: false,
             stdout: Sink::Stdout,
             stderr: Sink::Stderr,
+            egress_dns: Vec::new(),
         }
     }
 }
@@ -294,6 +298,7 @@ pub fn run(vm: &ValidatedManifest, opts: &RunOptions, image: Option<String>) -> 
         captured: Vec::new(),
     };
     let mut st = State::default();
+    let mut gateway: Option<agentjail_egress::GatewayHandle> = None;
     let mut ctl_open = true;
     let mut timed_out = false;
     let mut init_done = false;
@@ -337,6 +342,15 @@ pub fn run(vm: &ValidatedManifest, opts: &RunOptions, image: Option<String>) -> 
         if ctl_ready {
             ctl_open = st.take(&ctl_s, &mut report);
         }
+        if let Some(fd) = st.listener.take() {
+            match start_gateway(vm, opts, fd) {
+                Ok(h) => gateway = Some(h),
+                Err(e) => {
+                    st.setup_failed.get_or_insert(e);
+                    let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+                }
+            }
+        }
         if out_ready {
             out.pump();
         }
@@ -361,6 +375,9 @@ pub fn run(vm: &ValidatedManifest, opts: &RunOptions, image: Option<String>) -> 
     while err.pump() {}
 
     inside::timing::mark("supervisor: before `let stats = cgroup.as_ref().map(Cgroup::`");
+    if let Some(g) = gateway {
+        record_network(&mut report, g.stop());
+    }
     let stats = cgroup.as_ref().map(Cgroup::stats).unwrap_or_default();
     drop(cgroup);
     finish(&mut report, &st, &stats, timed_out, wall, &vm.manifest.limits);
@@ -434,8 +451,81 @@ fn setup_child(
     Ok(())
 }
 
+/// Serves the sandbox's proxy socket with the egress gateway, from this (host) namespace.
+fn start_gateway(
+    vm: &ValidatedManifest,
+    opts: &RunOptions,
+    fd: OwnedFd,
+) -> Result<agentjail_egress::GatewayHandle, String> {
+    use std::sync::Arc;
+    let agentjail_manifest::Network::Allow(policy) = &vm.manifest.network else {
+        return Err("internal: a proxy socket without a network allowlist".into());
+    };
+    let l = vm.manifest.limits;
+    let seconds = std::time::Duration::from_secs(l.seconds);
+    let limits = agentjail_egress::GatewayLimits {
+        max_bytes_up: l.network_up_mb << 20,
+        max_bytes_down: l.network_down_mb << 20,
+        max_concurrent_connections: l.network_connections.min(32) as usize,
+        max_total_connections: l.network_connections,
+        max_requests: l.network_connections.saturating_mul(16),
+        connect_timeout: seconds.min(std::time::Duration::from_secs(10)),
+        max_connection_time: seconds,
+        ..agentjail_egress::GatewayLimits::default()
+    };
+    let resolver: Arc<dyn agentjail_egress::Resolve> = if opts.egress_dns.is_empty() {
+        Arc::new(
+            agentjail_egress::HickoryResolver::from_system_conf()
+                .map_err(|e| format!("egress gateway: resolver: {e}"))?,
+        )
+    } else {
+        Arc::new(
+            agentjail_egress::HickoryResolver::with_name_servers(
+                &opts.egress_dns,
+                std::time::Duration::from_secs(5),
+            )
+            .map_err(|e| format!("egress gateway: resolver: {e}"))?,
+        )
+    };
+    let listener = std::net::TcpListener::from(fd);
+    agentjail_egress::spawn_gateway(policy, limits, resolver, listener)
+        .map_err(|e| format!("egress gateway: {e}"))
+}
+
+/// Puts the gateway's decisions into the report: refusals as denials, the rest as connections.
+fn record_network(report: &mut RunReport, decisions: Vec<agentjail_egress::Decision>) {
+    let mut net = agentjail_manifest::report::NetworkReport {
+        proxy: format!("http://127.0.0.1:{}", crate::plan::PROXY_PORT),
+        connections: Vec::new(),
+    };
+    for d in decisions {
+        if d.allowed {
+            net.connections.push(agentjail_manifest::report::Connection {
+                method: d.method,
+                host: d.host,
+                port: d.port,
+                address: d.address.map(|a| a.to_string()),
+                rule: d.reason,
+                bytes_up: d.bytes_up,
+                bytes_down: d.bytes_down,
+                duration_ms: d.duration_ms,
+            });
+        } else {
+            let dest = if d.host.is_empty() {
+                String::from("(unparsed request)")
+            } else {
+                format!("{}:{}", d.host, d.port)
+            };
+            let method = if d.method.is_empty() { "request" } else { d.method.as_str() };
+            report.deny(DenialKind::Network, format!("{method} {dest}: {}", d.reason));
+        }
+    }
+    report.network = Some(net);
+}
+
 #[derive(Default)]
 struct State {
+    listener: Option<OwnedFd>,
     output: Option<OwnedFd>,
     applied: Option<Applied>,
     started: bool,
@@ -451,6 +541,7 @@ impl State {
             Ok(Some((msg, fd))) => {
                 match msg {
                     Msg::Ready => self.output = fd,
+                    Msg::Listener => self.listener = fd,
                     Msg::Applied(a) => self.applied = Some(a),
                     Msg::Started => self.started = true,
                     Msg::ExecFailed { program, error } => {

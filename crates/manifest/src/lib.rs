@@ -39,6 +39,10 @@ pub mod bounds {
     pub const MAX_PROCESSES: u64 = 4_096;
     /// Total bytes under /output.
     pub const MAX_OUTPUT_MB: u64 = 4_096;
+    /// Bytes through the egress gateway, each direction.
+    pub const MAX_NETWORK_MB: u64 = 65_536;
+    /// Connections through the egress gateway per run.
+    pub const MAX_NETWORK_CONNECTIONS: u64 = 10_000;
     /// Environment: entries and bytes per value.
     pub const MAX_ENV: usize = 256;
     pub const MAX_ENV_VALUE: usize = 32 * 1024;
@@ -216,6 +220,16 @@ pub struct Limits {
     /// Total bytes under /output in MiB (default 5).
     #[serde(default = "Limits::default_output_mb")]
     pub output_mb: u64,
+    /// With a network allowlist: MiB the sandbox may send through the egress gateway, all
+    /// connections together (default 16).
+    #[serde(default = "Limits::default_network_up_mb")]
+    pub network_up_mb: u64,
+    /// With a network allowlist: MiB the sandbox may receive through the gateway (default 256).
+    #[serde(default = "Limits::default_network_down_mb")]
+    pub network_down_mb: u64,
+    /// With a network allowlist: connections through the gateway over the run (default 64).
+    #[serde(default = "Limits::default_network_connections")]
+    pub network_connections: u64,
 }
 
 impl Limits {
@@ -230,6 +244,15 @@ impl Limits {
     }
     fn default_output_mb() -> u64 {
         5
+    }
+    fn default_network_up_mb() -> u64 {
+        16
+    }
+    fn default_network_down_mb() -> u64 {
+        256
+    }
+    fn default_network_connections() -> u64 {
+        64
     }
     /// Memory limit in bytes.
     pub fn memory_bytes(&self) -> u64 {
@@ -248,6 +271,9 @@ impl Default for Limits {
             memory_mb: Self::default_memory_mb(),
             processes: Self::default_processes(),
             output_mb: Self::default_output_mb(),
+            network_up_mb: Self::default_network_up_mb(),
+            network_down_mb: Self::default_network_down_mb(),
+            network_connections: Self::default_network_connections(),
         }
     }
 }
@@ -497,11 +523,14 @@ fn is_id_char(c: char) -> bool {
 
 fn check_limits(l: &Limits) -> Result<(), ManifestError> {
     use bounds::*;
-    let checks: [(&str, u64, u64, u64); 4] = [
+    let checks: [(&str, u64, u64, u64); 7] = [
         ("limits.seconds", l.seconds, 1, MAX_SECONDS),
         ("limits.memory_mb", l.memory_mb, MIN_MEMORY_MB, MAX_MEMORY_MB),
         ("limits.processes", l.processes, 1, MAX_PROCESSES),
         ("limits.output_mb", l.output_mb, 1, MAX_OUTPUT_MB),
+        ("limits.network_up_mb", l.network_up_mb, 1, MAX_NETWORK_MB),
+        ("limits.network_down_mb", l.network_down_mb, 1, MAX_NETWORK_MB),
+        ("limits.network_connections", l.network_connections, 1, MAX_NETWORK_CONNECTIONS),
     ];
     for (name, v, lo, hi) in checks {
         if v < lo || v > hi {

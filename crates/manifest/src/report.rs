@@ -109,6 +109,32 @@ pub struct StreamReport {
     pub truncated: bool,
 }
 
+/// One connection the egress gateway let through. Never payload, headers or credentials.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Connection {
+    /// `CONNECT`, `GET`, ...
+    pub method: String,
+    /// Normalised destination host.
+    pub host: String,
+    pub port: u16,
+    /// The vetted address the gateway connected to.
+    pub address: Option<String>,
+    /// The allowlist rule that matched.
+    pub rule: String,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    pub duration_ms: u64,
+}
+
+/// The egress gateway's part of a run (present only with a network allowlist).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct NetworkReport {
+    /// The proxy endpoint inside the sandbox, e.g. `http://127.0.0.1:3128`.
+    pub proxy: String,
+    /// Connections let through (refusals are in `denials` with kind `network`).
+    pub connections: Vec<Connection>,
+}
+
 /// The protections actually applied to this run.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Isolation {
@@ -170,6 +196,9 @@ pub struct RunReport {
     pub output: OutputReport,
     pub stdout: StreamReport,
     pub stderr: StreamReport,
+    /// The egress gateway's allowed connections; null when the network was denied.
+    #[serde(default)]
+    pub network: Option<NetworkReport>,
     pub isolation: Isolation,
     /// When the run started (RFC 3339, UTC).
     pub started_at: String,
@@ -196,6 +225,7 @@ impl RunReport {
             output: OutputReport::default(),
             stdout: StreamReport::default(),
             stderr: StreamReport::default(),
+            network: None,
             isolation: Isolation::default(),
             started_at: jiff::Timestamp::now().to_string(),
         }
