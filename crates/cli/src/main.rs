@@ -61,6 +61,27 @@ enum Command {
         #[arg(long, required = true)]
         schema: bool,
     },
+    /// Start the orchestrator HTTP service (docs/server.md); without --config, the built-in
+    /// example with a fresh dev token printed on stderr.
+    Serve {
+        /// Configuration file (TOML or YAML; `agentjail config --schema` prints its schema).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Address to listen on [default: 127.0.0.1:8787, or the config's].
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<std::net::SocketAddr>,
+        /// Data directory [default: $XDG_DATA_HOME/agentjail/server, or the config's].
+        #[arg(long, value_name = "DIR")]
+        data_dir: Option<PathBuf>,
+        /// Run even where a protection cannot be applied (listed in each report).
+        #[arg(long)]
+        allow_degraded: bool,
+    },
+    /// Print the JSON Schema of the server configuration.
+    Config {
+        #[arg(long, required = true)]
+        schema: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -357,6 +378,23 @@ fn dispatch(cli: Cli) -> Result<u8, String> {
         }
         Command::Report { .. } => {
             print_json(&RunReport::json_schema());
+            Ok(0)
+        }
+        Command::Serve {
+            config,
+            listen,
+            data_dir,
+            allow_degraded,
+        } => agentjail_server::serve_blocking(agentjail_server::ServeOptions {
+            config,
+            listen,
+            data_dir,
+            allow_degraded,
+        })
+        .map(|()| 0)
+        .map_err(|e| e.to_string()),
+        Command::Config { .. } => {
+            print_json(&agentjail_server::config_schema());
             Ok(0)
         }
     }

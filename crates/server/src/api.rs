@@ -1,0 +1,1536 @@
+//! The HTTP API: handlers, bearer authentication, RFC 9457 problem details and the OpenAPI
+//! document (generated with utoipa from these handlers and types).
+
+use std::sync::Arc;
+
+use axum::Extension;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{Next, from_fn_with_state};
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::audit::Event;
+use crate::config::{CodePolicy, is_name};
+use crate::db::{self, InputRow, Insert, RunRow};
+use crate::runner::{self, Admission, Job};
+use crate::{AppState, now, random_hex};
+
+/// Base of the problem `type` URIs.
+pub const PROBLEM_BASE: &str = "https://agentjail.dev/problems/";
+
+/// An RFC 9457 problem details object.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Problem {
+    /// Stable URI naming the kind of problem, e.g. `https://agentjail.dev/problems/unauthorized`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub title: String,
+    pub status: u16,
+    /// What went wrong, for a person; never internal detail.
+    pub detail: String,
+}
+
+/// An error response: a problem, plus optional headers.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    slug: &'static str,
+    title: &'static str,
+    detail: String,
+    retry_after: Option<u64>,
+}
+
+impl ApiError {
+    fn new(
+        status: StatusCode,
+        slug: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
+        ApiError {
+            status,
+            slug,
+            title,
+            detail: detail.into(),
+            retry_after: None,
+        }
+    }
+    fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "Unauthorized",
+            "a valid bearer token is required",
+        )
+    }
+    fn bad_request(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-request",
+            "Invalid request",
+            detail,
+        )
+    }
+    fn forbidden(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "Forbidden by policy",
+            detail,
+        )
+    }
+    fn not_found(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not-found", "Not found", detail)
+    }
+    fn unprocessable(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "input-mismatch",
+            "Inputs do not match the task",
+            detail,
+        )
+    }
+    fn internal() -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "Internal error",
+            "the service could not complete the request; the details are in its log",
+        )
+    }
+    /// The problem body.
+    pub fn problem(&self) -> Problem {
+        Problem {
+            type_: format!("{PROBLEM_BASE}{}", self.slug),
+            title: self.title.into(),
+            status: self.status.as_u16(),
+            detail: self.detail.clone(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_vec(&self.problem()).unwrap_or_default();
+        let mut r = (self.status, body).into_response();
+        let h = r.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if self.status == StatusCode::UNAUTHORIZED {
+            h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let Some(s) = self.retry_after
+            && let Ok(v) = HeaderValue::from_str(&s.to_string())
+        {
+            h.insert(header::RETRY_AFTER, v);
+        }
+        r
+    }
+}
+
+impl From<db::DbError> for ApiError {
+    fn from(e: db::DbError) -> Self {
+        tracing::error!(error = %e, "database error");
+        ApiError::internal()
+    }
+}
+
+/// The authenticated caller.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub actor: String,
+    pub tenant: String,
+    pub operator: bool,
+}
+
+impl Caller {
+    fn event(&self, event: &'static str) -> Event {
+        Event {
+            event,
+            actor: Some(self.actor.clone()),
+            tenant: Some(self.tenant.clone()),
+            ..Default::default()
+        }
+    }
+}
+
+async fn auth(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let route = format!("{} {}", req.method(), req.uri().path());
+    let token = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    let found = token.and_then(|t| state.inner.config.actor_for_token(t));
+    match found {
+        Some((name, a)) => {
+            req.extensions_mut().insert(Caller {
+                actor: name.to_string(),
+                tenant: a.tenant.clone(),
+                operator: a.operator,
+            });
+            next.run(req).await
+        }
+        None => {
+            metrics::counter!("agentjail_auth_failures_total").increment(1);
+            let reason = if token.is_some() {
+                "unknown bearer token"
+            } else {
+                "missing bearer token"
+            };
+            // The route is logged without its query string; the token never is.
+            let route = route.chars().take(200).collect::<String>();
+            state
+                .inner
+                .audit
+                .append(Event {
+                    event: "auth_failure",
+                    decision: Some("deny"),
+                    reason: Some(reason.into()),
+                    route: Some(route),
+                    ..Default::default()
+                })
+                .await;
+            ApiError::unauthorized().into_response()
+        }
+    }
+}
+
+async fn deny(state: &AppState, caller: &Caller, mut ev: Event, e: ApiError) -> ApiError {
+    metrics::counter!("agentjail_denials_total", "reason" => e.slug).increment(1);
+    ev.decision = Some("deny");
+    ev.reason = Some(format!("{}: {}", e.slug, e.detail));
+    if ev.actor.is_none() {
+        ev.actor = Some(caller.actor.clone());
+        ev.tenant = Some(caller.tenant.clone());
+    }
+    state.inner.audit.append(ev).await;
+    e
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inputs
+
+/// Query parameters of an upload.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct InputParams {
+    /// File name for people (1-128 of `A-Z a-z 0-9 . _ -`, not starting with `.`); never a path.
+    pub name: String,
+    /// Media type, e.g. `text/csv`; matched against the task's accepted types.
+    pub media_type: String,
+}
+
+/// A stored input.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct InputCreated {
+    /// Opaque id, valid for the caller's tenant only.
+    pub input_id: String,
+    /// `sha256:<hex>` of the content.
+    pub sha256: String,
+    pub bytes: u64,
+    pub name: String,
+    pub media_type: String,
+    /// When the input is deleted (RFC 3339).
+    pub expires_at: String,
+}
+
+fn valid_file_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && !s.starts_with('.')
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+fn valid_media_type(s: &str) -> bool {
+    let ok = |p: &str| {
+        !p.is_empty()
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "!#$&-^_.+".contains(c))
+    };
+    s.len() <= 127
+        && s.split_once('/')
+            .map(|(a, b)| ok(a) && ok(b))
+            .unwrap_or(false)
+}
+
+fn ts(secs: i64) -> String {
+    jiff::Timestamp::from_second(secs)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+/// Upload an input object (raw body), stored content-addressed and owned by the caller's tenant.
+#[utoipa::path(
+    post,
+    path = "/v1/inputs",
+    tag = "inputs",
+    params(InputParams),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The raw content"),
+    responses(
+        (status = 201, description = "Stored", body = InputCreated),
+        (status = 400, description = "Bad parameters", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Unauthenticated", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Larger than server.max_input_bytes", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+async fn create_input(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    query: Result<Query<InputParams>, QueryRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let ev = caller.event("input_upload");
+    let Query(q) = match query {
+        Ok(q) => q,
+        Err(_) => {
+            let e = ApiError::bad_request(
+                "query parameters `name` and `media_type` are required (and nothing else)",
+            );
+            return Err(deny(&state, &caller, ev, e).await);
+        }
+    };
+    if !valid_file_name(&q.name) {
+        let e = ApiError::bad_request(
+            "`name` must be 1-128 of A-Z a-z 0-9 . _ - and not start with `.`; it is never a path",
+        );
+        return Err(deny(&state, &caller, ev, e).await);
+    }
+    if !valid_media_type(&q.media_type) {
+        let e = ApiError::bad_request("`media_type` must look like type/subtype");
+        return Err(deny(&state, &caller, ev, e).await);
+    }
+    let body = match body {
+        Ok(b) => b,
+        Err(r) => {
+            let e = if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too-large",
+                    "Payload too large",
+                    format!(
+                        "inputs are at most {} bytes",
+                        state.inner.config.server.max_input_bytes
+                    ),
+                )
+            } else {
+                ApiError::bad_request("the body could not be read")
+            };
+            return Err(deny(&state, &caller, ev, e).await);
+        }
+    };
+    let sha = crate::config::sha256_hex(&body);
+    let bytes = body.len() as u64;
+    let id = format!("in_{}", random_hex(16).map_err(|_| ApiError::internal())?);
+    let t = now();
+    let expires = t + state.inner.config.server.input_retention_seconds as i64;
+    let row = InputRow {
+        id: id.clone(),
+        sha256: sha.clone(),
+        name: q.name.clone(),
+        media_type: q.media_type.clone(),
+        bytes: body.len() as u64,
+        created_at: t,
+    };
+    let path = runner::object_path(&state, &sha);
+    let tenant = caller.tenant.clone();
+    let objects = state.inner.data_dir.join("objects");
+    state
+        .inner
+        .db
+        .call(move |c| {
+            // Under the database lock, so the retention sweep cannot delete the object between
+            // the write and the insert.
+            store_object(&objects, &path, &body).map_err(|e| {
+                tracing::error!(error = %e, "storing an input failed");
+                db::DbError::Join("store".into())
+            })?;
+            db::insert_input(c, &tenant, &row, expires)
+        })
+        .await?;
+    metrics::counter!("agentjail_inputs_stored_total").increment(1);
+    state
+        .inner
+        .audit
+        .append(Event {
+            input_id: Some(id.clone()),
+            decision: Some("allow"),
+            ..ev
+        })
+        .await;
+    let out = InputCreated {
+        input_id: id,
+        sha256: format!("sha256:{sha}"),
+        bytes,
+        name: q.name,
+        media_type: q.media_type,
+        expires_at: ts(expires),
+    };
+    Ok((StatusCode::CREATED, Json(out)).into_response())
+}
+
+/// Writes `body` at `path` (0644) unless an object with this hash exists: temp file, fsync, rename.
+fn store_object(dir: &std::path::Path, path: &std::path::Path, body: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    if path.exists() {
+        return Ok(());
+    }
+    let mut tmp = tempfile_in(dir)?;
+    tmp.1.write_all(body)?;
+    tmp.1.sync_all()?;
+    std::fs::set_permissions(&tmp.0, std::fs::Permissions::from_mode(0o644))?;
+    std::fs::rename(&tmp.0, path)?;
+    Ok(())
+}
+
+fn tempfile_in(dir: &std::path::Path) -> std::io::Result<(std::path::PathBuf, std::fs::File)> {
+    let name = format!(".tmp-{}", random_hex(8)?);
+    let p = dir.join(name);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&p)?;
+    Ok((p, f))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runs
+
+/// A run request. Unknown fields are refused: the request cannot name a host path, image,
+/// mount, limit or network destination; those come from the task type.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    /// The caller's idempotency key: 1-128 of `A-Z a-z 0-9 . _ : -`. A request_id executes at most
+    /// once per tenant.
+    pub request_id: String,
+    /// Task type name (see `GET /v1/tasks`).
+    pub task: String,
+    /// Input ids from `POST /v1/inputs`, in the task's input order.
+    pub inputs: Vec<String>,
+    /// Model-proposed code (tasks with `code: allowed` only; required there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    /// Extra command arguments (only as many as the task's `max_args`; no paths).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<Vec<String>>,
+}
+
+/// `?wait=false` makes `POST /v1/runs` return 202 at once.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct RunParams {
+    /// Wait for the run to finish (default true).
+    pub wait: Option<bool>,
+}
+
+/// One input of a run.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RunInput {
+    pub input_id: String,
+    pub sha256: String,
+}
+
+/// The verified artifact (status `ok` only).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ArtifactView {
+    pub media_type: String,
+    pub bytes: u64,
+    pub sha256: String,
+    /// The artifact itself when its media type is JSON.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub json: Option<Value>,
+    /// The artifact, base64, for other media types.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base64: Option<String>,
+}
+
+/// A run record.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunView {
+    pub request_id: String,
+    pub task: String,
+    /// The short-lived job id this run was issued.
+    pub job_id: String,
+    /// When the job id expires (RFC 3339); a job not started by then is `expired`.
+    pub job_expires_at: String,
+    /// `queued`, `running`, `ok`, `exit_nonzero`, `signaled`, `timeout`, `memory_limit`,
+    /// `output_rejected`, `setup_error`, `expired`, `unknown` or `abandoned`.
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub actor: String,
+    pub created_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    pub inputs: Vec<RunInput>,
+    /// Present for status `ok` only: only verified output leaves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub artifact: Option<ArtifactView>,
+    /// Signed receipt (DSSE envelope of an in-toto statement).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub receipt: Option<Value>,
+    /// The run report (`agentjail report --schema`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub report: Option<Value>,
+    /// True once retention deleted the artifact, receipt and report.
+    pub outputs_deleted: bool,
+}
+
+fn is_terminal(status: &str) -> bool {
+    !matches!(status, "queued" | "running")
+}
+
+fn view(state: &AppState, r: &RunRow) -> RunView {
+    let media_type = state
+        .inner
+        .config
+        .tasks
+        .get(&r.task)
+        .map(|t| t.output.media_type.clone())
+        .unwrap_or_else(|| "application/octet-stream".into());
+    let artifact = match (&r.artifact, r.status.as_str()) {
+        (Some(a), "ok") => {
+            let is_json = media_type == "application/json" || media_type.ends_with("+json");
+            let json = if is_json {
+                serde_json::from_slice(a).ok()
+            } else {
+                None
+            };
+            Some(ArtifactView {
+                media_type,
+                bytes: a.len() as u64,
+                sha256: r.artifact_sha256.clone().unwrap_or_default(),
+                base64: if json.is_none() {
+                    Some(base64::engine::general_purpose::STANDARD.encode(a))
+                } else {
+                    None
+                },
+                json,
+            })
+        }
+        _ => None,
+    };
+    let report = r
+        .report
+        .as_deref()
+        .and_then(|s| serde_json::from_str::<Value>(s).ok())
+        .map(|mut v| {
+            // A setup error's message can name host paths of the service: it stays in the log.
+            if let Some(e) = v.get_mut("error")
+                && !e.is_null()
+            {
+                *e = Value::from("the run could not be set up; the details are in the service log");
+            }
+            v
+        });
+    RunView {
+        request_id: r.request_id.clone(),
+        task: r.task.clone(),
+        job_id: r.job_id.clone(),
+        job_expires_at: ts(r.job_expires_at),
+        status: r.status.clone(),
+        reason: r.reason.clone(),
+        actor: r.actor.clone(),
+        created_at: ts(r.created_at),
+        started_at: r.started_at.map(ts),
+        finished_at: r.finished_at.map(ts),
+        inputs: serde_json::from_str(&r.inputs).unwrap_or_default(),
+        artifact,
+        receipt: r
+            .receipt
+            .as_deref()
+            .and_then(|s| serde_json::from_str(s).ok()),
+        report,
+        outputs_deleted: r.outputs_deleted,
+    }
+}
+
+fn run_response(state: &AppState, r: &RunRow) -> Response {
+    let code = if is_terminal(&r.status) {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    let mut resp = (code, Json(view(state, r))).into_response();
+    if let Ok(v) = HeaderValue::from_str(&format!("/v1/runs/{}", r.request_id)) {
+        resp.headers_mut().insert(header::LOCATION, v);
+    }
+    resp
+}
+
+fn valid_request_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-'))
+}
+
+fn valid_input_id(s: &str) -> bool {
+    s.len() == 35
+        && s.starts_with("in_")
+        && s[3..]
+            .chars()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+}
+
+fn valid_arg(s: &str) -> bool {
+    s.len() <= 256 && !s.starts_with('/') && !s.contains("..") && !s.chars().any(|c| c.is_control())
+}
+
+/// Run a task once per (tenant, request_id): synchronous by default, `?wait=false` for 202.
+#[utoipa::path(
+    post,
+    path = "/v1/runs",
+    tag = "runs",
+    params(RunParams),
+    request_body(content = RunRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The run finished (any final status; see `status`), or a replay of the recorded run", body = RunView),
+        (status = 202, description = "Accepted (`?wait=false`) or still running; poll `Location`", body = RunView),
+        (status = 400, description = "Malformed request, unknown field, bad id or argument", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Unauthenticated", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The actor may not use this task, or the task refuses code", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Unknown task, or an input id that is missing or not the tenant's", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The request_id was used with a different body", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body larger than server.max_request_bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Inputs do not match the task (count, media type, size)", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Run slots and queue are full; see Retry-After", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+async fn create_run(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    params: Result<Query<RunParams>, QueryRejection>,
+    body: Result<Json<RunRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let ev = caller.event("run_request");
+    let wait = match params {
+        Ok(Query(p)) => p.wait.unwrap_or(true),
+        Err(_) => {
+            let e = ApiError::bad_request("the only query parameter is `wait` (true or false)");
+            return Err(deny(&state, &caller, ev, e).await);
+        }
+    };
+    let req = match body {
+        Ok(Json(r)) => r,
+        Err(rej) => {
+            let e = match &rej {
+                JsonRejection::MissingJsonContentType(_) => ApiError::new(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "unsupported-media-type",
+                    "Unsupported media type",
+                    "send the request as application/json",
+                ),
+                JsonRejection::BytesRejection(b) if b.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                    ApiError::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "too-large",
+                        "Payload too large",
+                        format!(
+                            "requests are at most {} bytes",
+                            state.inner.config.server.max_request_bytes
+                        ),
+                    )
+                }
+                JsonRejection::JsonDataError(d) => ApiError::bad_request(one_line(&d.body_text())),
+                _ => ApiError::bad_request("the body is not a JSON run request"),
+            };
+            return Err(deny(&state, &caller, ev, e).await);
+        }
+    };
+    let mut ev = ev;
+    if !valid_request_id(&req.request_id) {
+        let e = ApiError::bad_request("`request_id` must be 1-128 of A-Z a-z 0-9 . _ : -");
+        return Err(deny(&state, &caller, ev, e).await);
+    }
+    ev.request_id = Some(req.request_id.clone());
+    if !is_name(&req.task) {
+        let e = ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown-task",
+            "Unknown task",
+            "no such task",
+        );
+        return Err(deny(&state, &caller, ev, e).await);
+    }
+    ev.task = Some(req.task.clone());
+    let Some(task) = state.inner.config.tasks.get(&req.task) else {
+        let e = ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown-task",
+            "Unknown task",
+            "no such task",
+        );
+        return Err(deny(&state, &caller, ev, e).await);
+    };
+    if !state
+        .inner
+        .config
+        .may_use(&caller.actor, &caller.tenant, task)
+    {
+        let e = ApiError::forbidden("the actor may not use this task");
+        return Err(deny(&state, &caller, ev, e).await);
+    }
+    match (task.code, &req.code) {
+        (CodePolicy::Forbidden, Some(_)) => {
+            let e = ApiError::forbidden("this task runs a fixed program and accepts no code");
+            return Err(deny(&state, &caller, ev, e).await);
+        }
+        (CodePolicy::Allowed, None) => {
+            let e = ApiError::bad_request("this task needs `code`");
+            return Err(deny(&state, &caller, ev, e).await);
+        }
+        (CodePolicy::Allowed, Some(c)) if c.len() > task.max_code_bytes || c.contains('\0') => {
+            let e = ApiError::bad_request(format!(
+                "`code` must be at most {} bytes without NUL",
+                task.max_code_bytes
+            ));
+            return Err(deny(&state, &caller, ev, e).await);
+        }
+        _ => {}
+    }
+    let args = req.args.clone().unwrap_or_default();
+    if args.len() > task.max_args {
+        let e = ApiError::bad_request(format!("this task takes at most {} args", task.max_args));
+        return Err(deny(&state, &caller, ev, e).await);
+    }
+    if let Some(i) = args.iter().position(|a| !valid_arg(a)) {
+        let e = ApiError::bad_request(format!(
+            "args[{i}]: at most 256 characters, no control characters, not a path (no leading `/`, no `..`)"
+        ));
+        return Err(deny(&state, &caller, ev, e).await);
+    }
+    if req.inputs.len() != task.inputs.len() {
+        let e = ApiError::unprocessable(format!(
+            "this task takes exactly {} input(s)",
+            task.inputs.len()
+        ));
+        return Err(deny(&state, &caller, ev, e).await);
+    }
+    if let Some(i) = req.inputs.iter().position(|id| !valid_input_id(id)) {
+        let e = ApiError::bad_request(format!(
+            "inputs[{i}]: not an input id (ids come from POST /v1/inputs)"
+        ));
+        return Err(deny(&state, &caller, ev, e).await);
+    }
+    let (tenant, ids) = (caller.tenant.clone(), req.inputs.clone());
+    let rows = state
+        .inner
+        .db
+        .call(move |c| {
+            ids.iter()
+                .map(|id| db::get_input(c, &tenant, id))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .await?;
+    let mut inputs = Vec::new();
+    for (i, (row, slot)) in rows.into_iter().zip(&task.inputs).enumerate() {
+        // Another tenant's id and a missing id get the same answer.
+        let Some(row) = row else {
+            let e = ApiError::not_found(format!("inputs[{i}]: no such input"));
+            return Err(deny(&state, &caller, ev, e).await);
+        };
+        if !slot.media_types.contains(&row.media_type) {
+            let e = ApiError::unprocessable(format!(
+                "inputs[{i}]: media type {} is not one of {:?}",
+                row.media_type, slot.media_types
+            ));
+            return Err(deny(&state, &caller, ev, e).await);
+        }
+        if row.bytes > slot.max_bytes {
+            let e = ApiError::unprocessable(format!(
+                "inputs[{i}]: larger than {} bytes",
+                slot.max_bytes
+            ));
+            return Err(deny(&state, &caller, ev, e).await);
+        }
+        inputs.push(row);
+    }
+
+    // Execute once: the body's canonical hash decides replay (same) or conflict (different).
+    let body_sha = crate::config::sha256_hex(&serde_jcs::to_vec(&req).unwrap_or_default());
+    let admission = Admission::try_take(&state);
+    let t = now();
+    let job_id = format!("job_{}", random_hex(16).map_err(|_| ApiError::internal())?);
+    let run_inputs: Vec<RunInput> = inputs
+        .iter()
+        .map(|r| RunInput {
+            input_id: r.id.clone(),
+            sha256: format!("sha256:{}", r.sha256),
+        })
+        .collect();
+    let row = RunRow {
+        tenant: caller.tenant.clone(),
+        request_id: req.request_id.clone(),
+        body_sha256: body_sha.clone(),
+        task: req.task.clone(),
+        actor: caller.actor.clone(),
+        job_id: job_id.clone(),
+        job_expires_at: t + state.inner.config.server.job_ttl_seconds as i64,
+        status: "queued".into(),
+        reason: None,
+        created_at: t,
+        started_at: None,
+        finished_at: None,
+        inputs: serde_json::to_string(&run_inputs).unwrap_or_default(),
+        report: None,
+        receipt: None,
+        artifact: None,
+        artifact_sha256: None,
+        outputs_expire_at: t + task.retention.outputs_seconds as i64,
+        logs_expire_at: t + task.retention.logs_seconds as i64,
+        outputs_deleted: false,
+    };
+    let admitted = admission.is_some();
+    let to_insert = row.clone();
+    let inserted = state
+        .inner
+        .db
+        .call(move |c| {
+            if admitted {
+                db::insert_run(c, &to_insert)
+            } else {
+                // Full: still answer replays; refuse only new work.
+                Ok(
+                    match db::get_run(c, &to_insert.tenant, &to_insert.request_id)? {
+                        Some(r) => Insert::Exists(Box::new(r)),
+                        None => Insert::Inserted,
+                    },
+                )
+            }
+        })
+        .await?;
+    match inserted {
+        Insert::Exists(existing) => {
+            drop(admission);
+            if existing.body_sha256 != body_sha {
+                let e = ApiError::new(
+                    StatusCode::CONFLICT,
+                    "request-id-conflict",
+                    "request_id already used",
+                    "this request_id was used with a different request; use a new request_id",
+                );
+                return Err(deny(&state, &caller, ev, e).await);
+            }
+            metrics::counter!("agentjail_replays_total").increment(1);
+            state
+                .inner
+                .audit
+                .append(Event {
+                    event: "run_replay",
+                    decision: Some("allow"),
+                    job_id: Some(existing.job_id.clone()),
+                    status: Some(existing.status.clone()),
+                    ..ev
+                })
+                .await;
+            let r = if wait {
+                wait_for(&state, &caller.tenant, &existing.request_id).await?
+            } else {
+                *existing
+            };
+            return Ok(run_response(&state, &r));
+        }
+        Insert::Inserted if !admitted => {
+            metrics::counter!("agentjail_overload_refusals_total").increment(1);
+            let mut e = ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "overloaded",
+                "Too many runs",
+                "all run slots and the queue are full; retry later",
+            );
+            e.retry_after = Some(5);
+            return Err(deny(&state, &caller, ev, e).await);
+        }
+        Insert::Inserted => {}
+    }
+    state
+        .inner
+        .audit
+        .append(Event {
+            event: "run_accepted",
+            decision: Some("allow"),
+            job_id: Some(job_id.clone()),
+            ..ev
+        })
+        .await;
+    let job = Job {
+        tenant: caller.tenant.clone(),
+        actor: caller.actor.clone(),
+        request_id: req.request_id.clone(),
+        task: req.task.clone(),
+        job_id,
+        job_expires_at: row.job_expires_at,
+        inputs,
+        code: req.code.clone(),
+        args,
+    };
+    let Some(admission) = admission else {
+        return Err(ApiError::internal());
+    };
+    let handle = tokio::spawn(runner::execute(state.clone(), job, admission));
+    if wait {
+        let _ = handle.await;
+    }
+    let (tenant, rid) = (caller.tenant.clone(), req.request_id.clone());
+    let r = state
+        .inner
+        .db
+        .call(move |c| db::get_run(c, &tenant, &rid))
+        .await?
+        .ok_or_else(ApiError::internal)?;
+    Ok(run_response(&state, &r))
+}
+
+/// Polls the record until it is final (a replay of a run still in flight).
+async fn wait_for(state: &AppState, tenant: &str, request_id: &str) -> Result<RunRow, ApiError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+    loop {
+        let (t, r) = (tenant.to_string(), request_id.to_string());
+        let row = state
+            .inner
+            .db
+            .call(move |c| db::get_run(c, &t, &r))
+            .await?
+            .ok_or_else(ApiError::internal)?;
+        if is_terminal(&row.status) || std::time::Instant::now() > deadline {
+            return Ok(row);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.replace(['\n', '\r'], " ").chars().take(300).collect()
+}
+
+async fn load_run(
+    state: &AppState,
+    caller: &Caller,
+    request_id: &str,
+    event: &'static str,
+) -> Result<RunRow, ApiError> {
+    let mut ev = caller.event(event);
+    if !valid_request_id(request_id) {
+        let e = ApiError::not_found("no such run");
+        return Err(deny(state, caller, ev, e).await);
+    }
+    ev.request_id = Some(request_id.to_string());
+    let (t, r) = (caller.tenant.clone(), request_id.to_string());
+    let row = state.inner.db.call(move |c| db::get_run(c, &t, &r)).await?;
+    match row {
+        Some(r) => {
+            state
+                .inner
+                .audit
+                .append(Event {
+                    decision: Some("allow"),
+                    task: Some(r.task.clone()),
+                    ..ev
+                })
+                .await;
+            Ok(r)
+        }
+        None => Err(deny(state, caller, ev, ApiError::not_found("no such run")).await),
+    }
+}
+
+/// The run record of the caller's tenant.
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{request_id}",
+    tag = "runs",
+    params(("request_id" = String, Path, description = "The request_id of the run")),
+    responses(
+        (status = 200, description = "Final", body = RunView),
+        (status = 202, description = "Still queued or running", body = RunView),
+        (status = 401, description = "Unauthenticated", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such run in the caller's tenant", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+async fn get_run(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(request_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let r = load_run(&state, &caller, &request_id, "run_read").await?;
+    Ok(run_response(&state, &r))
+}
+
+/// The verified artifact, with the task's media type (status `ok` only).
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{request_id}/artifact",
+    tag = "runs",
+    params(("request_id" = String, Path, description = "The request_id of the run")),
+    responses(
+        (status = 200, description = "The verified artifact", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 401, description = "Unauthenticated", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such run", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The run has no verified artifact (status is not `ok`)", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "Deleted by retention", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+async fn get_artifact(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(request_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let r = load_run(&state, &caller, &request_id, "artifact_read").await?;
+    if r.outputs_deleted {
+        return Err(gone());
+    }
+    match (&r.artifact, r.status.as_str()) {
+        (Some(a), "ok") => {
+            let mt = state
+                .inner
+                .config
+                .tasks
+                .get(&r.task)
+                .map(|t| t.output.media_type.clone())
+                .unwrap_or_else(|| "application/octet-stream".into());
+            let mut resp = a.clone().into_response();
+            let h = resp.headers_mut();
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_str(&mt)
+                    .unwrap_or(HeaderValue::from_static("application/octet-stream")),
+            );
+            h.insert(
+                "x-content-type-options",
+                HeaderValue::from_static("nosniff"),
+            );
+            h.insert(
+                header::CONTENT_DISPOSITION,
+                HeaderValue::from_static("attachment"),
+            );
+            if let Some(Ok(v)) = r.artifact_sha256.as_deref().map(HeaderValue::from_str) {
+                h.insert("x-agentjail-sha256", v);
+            }
+            Ok(resp)
+        }
+        _ => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "no-verified-artifact",
+            "No verified artifact",
+            format!(
+                "the run's status is `{}`; only a run with status `ok` has a verified artifact",
+                r.status
+            ),
+        )),
+    }
+}
+
+fn gone() -> ApiError {
+    ApiError::new(
+        StatusCode::GONE,
+        "outputs-expired",
+        "Deleted by retention",
+        "the run's outputs were deleted by the task's retention",
+    )
+}
+
+/// The signed receipt of the run (a DSSE envelope).
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{request_id}/receipt",
+    tag = "runs",
+    params(("request_id" = String, Path, description = "The request_id of the run")),
+    responses(
+        (status = 200, description = "The DSSE envelope", body = Object),
+        (status = 401, description = "Unauthenticated", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such run", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The run has no receipt (not finished, or it never ran)", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "Deleted by retention", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+async fn get_receipt(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(request_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let r = load_run(&state, &caller, &request_id, "receipt_read").await?;
+    if r.outputs_deleted {
+        return Err(gone());
+    }
+    match r
+        .receipt
+        .as_deref()
+        .and_then(|s| serde_json::from_str::<Value>(s).ok())
+    {
+        Some(v) => Ok(Json(v).into_response()),
+        None => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "no-receipt",
+            "No receipt",
+            format!("the run's status is `{}` and it has no receipt", r.status),
+        )),
+    }
+}
+
+/// An operator's decision about a run whose outcome is unknown.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcileRequest {
+    /// `retry` (tasks without network access only: nothing outside can have happened) or
+    /// `abandon` (the record stays, with status `abandoned`).
+    pub action: ReconcileAction,
+}
+
+/// Reconcile decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ReconcileAction {
+    Retry,
+    Abandon,
+}
+
+/// Operator action on an `unknown` run: retry it (no-network tasks only) or abandon it.
+#[utoipa::path(
+    post,
+    path = "/v1/runs/{request_id}/reconcile",
+    tag = "runs",
+    params(("request_id" = String, Path, description = "The request_id of the run")),
+    request_body(content = ReconcileRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Abandoned, or retried to its end", body = RunView),
+        (status = 400, description = "Malformed", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Unauthenticated", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not an operator, or retry of a task with network access", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such run", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The run's status is not `unknown`", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Run slots and queue are full", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+async fn reconcile_run(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(request_id): Path<String>,
+    body: Result<Json<ReconcileRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let mut ev = caller.event("reconcile");
+    let Ok(Json(body)) = body else {
+        let e = ApiError::bad_request("expected {\"action\": \"retry\" | \"abandon\"}");
+        return Err(deny(&state, &caller, ev, e).await);
+    };
+    let r = load_run(&state, &caller, &request_id, "run_read").await?;
+    ev.request_id = Some(r.request_id.clone());
+    ev.task = Some(r.task.clone());
+    if !caller.operator {
+        let e = ApiError::forbidden("only an operator may reconcile runs");
+        return Err(deny(&state, &caller, ev, e).await);
+    }
+    if r.status != "unknown" {
+        let e = ApiError::new(
+            StatusCode::CONFLICT,
+            "not-reconcilable",
+            "Not reconcilable",
+            format!(
+                "only runs with status `unknown` are reconciled; this one is `{}`",
+                r.status
+            ),
+        );
+        return Err(deny(&state, &caller, ev, e).await);
+    }
+    let task = state.inner.config.tasks.get(&r.task).cloned();
+    let (tenant, rid) = (caller.tenant.clone(), r.request_id.clone());
+    if body.action == ReconcileAction::Abandon {
+        let t = now();
+        state
+            .inner
+            .db
+            .call(move |c| db::reconcile(c, &tenant, &rid, None, t))
+            .await?;
+        state
+            .inner
+            .audit
+            .append(Event {
+                decision: Some("allow"),
+                reason: Some("abandon".into()),
+                status: Some("abandoned".into()),
+                ..ev
+            })
+            .await;
+    } else {
+        let Some(task) = task else {
+            let e = ApiError::forbidden("the task no longer exists");
+            return Err(deny(&state, &caller, ev, e).await);
+        };
+        if !matches!(task.network, agentjail_manifest::Network::Deny) {
+            let e = ApiError::forbidden(
+                "the task has network access: an external effect may have happened, so it cannot be retried; abandon it",
+            );
+            return Err(deny(&state, &caller, ev, e).await);
+        }
+        let inputs: Vec<RunInput> = serde_json::from_str(&r.inputs).unwrap_or_default();
+        let (t2, ids) = (
+            caller.tenant.clone(),
+            inputs
+                .iter()
+                .map(|i| i.input_id.clone())
+                .collect::<Vec<_>>(),
+        );
+        let rows = state
+            .inner
+            .db
+            .call(move |c| {
+                ids.iter()
+                    .map(|id| db::get_input(c, &t2, id))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .await?;
+        let Some(rows) = rows.into_iter().collect::<Option<Vec<_>>>() else {
+            let e = ApiError::new(
+                StatusCode::CONFLICT,
+                "not-reconcilable",
+                "Not reconcilable",
+                "an input of the run was deleted by retention; abandon it",
+            );
+            return Err(deny(&state, &caller, ev, e).await);
+        };
+        if task.code == CodePolicy::Allowed {
+            // The code is not kept after a run; a retry needs the original job folder's copy.
+            let e = ApiError::new(
+                StatusCode::CONFLICT,
+                "not-reconcilable",
+                "Not reconcilable",
+                "the run's code is not kept; abandon it and submit a new request_id",
+            );
+            return Err(deny(&state, &caller, ev, e).await);
+        }
+        let Some(admission) = Admission::try_take(&state) else {
+            let mut e = ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "overloaded",
+                "Too many runs",
+                "all run slots and the queue are full; retry later",
+            );
+            e.retry_after = Some(5);
+            return Err(deny(&state, &caller, ev, e).await);
+        };
+        let job_id = format!("job_{}", random_hex(16).map_err(|_| ApiError::internal())?);
+        let expires = now() + state.inner.config.server.job_ttl_seconds as i64;
+        let (j2, t) = (job_id.clone(), now());
+        let ok = state
+            .inner
+            .db
+            .call(move |c| db::reconcile(c, &tenant, &rid, Some((&j2, expires)), t))
+            .await?;
+        if ok {
+            state
+                .inner
+                .audit
+                .append(Event {
+                    decision: Some("allow"),
+                    reason: Some("retry".into()),
+                    job_id: Some(job_id.clone()),
+                    ..ev
+                })
+                .await;
+            let job = Job {
+                tenant: caller.tenant.clone(),
+                actor: r.actor.clone(),
+                request_id: r.request_id.clone(),
+                task: r.task.clone(),
+                job_id,
+                job_expires_at: expires,
+                inputs: rows,
+                code: None,
+                args: Vec::new(),
+            };
+            let _ = tokio::spawn(runner::execute(state.clone(), job, admission)).await;
+        }
+    }
+    let (t, rid) = (caller.tenant.clone(), r.request_id.clone());
+    let row = state
+        .inner
+        .db
+        .call(move |c| db::get_run(c, &t, &rid))
+        .await?
+        .ok_or_else(ApiError::internal)?;
+    Ok(run_response(&state, &row))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Catalogue, health, metrics
+
+/// One input of a task, as the catalogue shows it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskInputView {
+    pub mount: String,
+    pub media_types: Vec<String>,
+    pub max_bytes: u64,
+}
+
+/// A task type, as an agent needs it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskView {
+    pub name: String,
+    pub description: String,
+    /// Whether `code` is required (`allowed`) or refused (`forbidden`).
+    pub code: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code_mount: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_code_bytes: Option<usize>,
+    pub max_args: usize,
+    pub inputs: Vec<TaskInputView>,
+    pub output_path: String,
+    pub output_media_type: String,
+    pub output_max_bytes: u64,
+    /// JSON Schema the artifact satisfies.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub output_schema: Option<Value>,
+    /// `deny`, or the allowlist.
+    #[schema(value_type = Object)]
+    pub network: Value,
+    #[schema(value_type = Object)]
+    pub limits: Value,
+    /// JSON Schema of a `POST /v1/runs` body for this task.
+    #[schema(value_type = Object)]
+    pub request_schema: Value,
+}
+
+/// The task catalogue (tasks the caller may use).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskList {
+    pub tasks: Vec<TaskView>,
+}
+
+/// The tasks the caller may use, with input and output schemas.
+#[utoipa::path(
+    get,
+    path = "/v1/tasks",
+    tag = "tasks",
+    responses(
+        (status = 200, description = "The catalogue", body = TaskList),
+        (status = 401, description = "Unauthenticated", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+async fn list_tasks(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Json<TaskList> {
+    let cfg = &state.inner.config;
+    let tasks = cfg
+        .tasks
+        .iter()
+        .filter(|(_, t)| cfg.may_use(&caller.actor, &caller.tenant, t))
+        .map(|(name, t)| {
+            let allowed = t.code == CodePolicy::Allowed;
+            let mut props = serde_json::json!({
+                "request_id": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
+                "task": {"const": name},
+                "inputs": {"type": "array", "items": {"type": "string", "pattern": "^in_[0-9a-f]{32}$"},
+                           "minItems": t.inputs.len(), "maxItems": t.inputs.len()},
+            });
+            let mut required = vec!["request_id", "task", "inputs"];
+            if allowed {
+                props["code"] = serde_json::json!({"type": "string", "maxLength": t.max_code_bytes});
+                required.push("code");
+            }
+            if t.max_args > 0 {
+                props["args"] = serde_json::json!({"type": "array", "maxItems": t.max_args, "items": {"type": "string", "maxLength": 256}});
+            }
+            TaskView {
+                name: name.clone(),
+                description: t.description.clone(),
+                code: if allowed { "allowed" } else { "forbidden" }.into(),
+                code_mount: allowed.then(|| t.code_mount.clone()),
+                max_code_bytes: allowed.then_some(t.max_code_bytes),
+                max_args: t.max_args,
+                inputs: t
+                    .inputs
+                    .iter()
+                    .map(|s| TaskInputView {
+                        mount: s.mount.clone(),
+                        media_types: s.media_types.clone(),
+                        max_bytes: s.max_bytes,
+                    })
+                    .collect(),
+                output_path: t.output.path.clone(),
+                output_media_type: t.output.media_type.clone(),
+                output_max_bytes: t.output.max_bytes,
+                output_schema: t.output.schema.as_ref().and_then(|s| s.value().ok()),
+                network: serde_json::to_value(&t.network).unwrap_or_default(),
+                limits: serde_json::to_value(t.limits).unwrap_or_default(),
+                request_schema: serde_json::json!({
+                    "type": "object", "additionalProperties": false,
+                    "required": required, "properties": props,
+                }),
+            }
+        })
+        .collect();
+    Json(TaskList { tasks })
+}
+
+/// Liveness and database health.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok`.
+    pub status: String,
+    pub runs_in_flight_or_queued: usize,
+}
+
+/// Health check (no authentication).
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "service",
+    responses(
+        (status = 200, description = "Healthy", body = Health),
+        (status = 500, description = "The database is not usable", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn healthz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
+    state.inner.db.call(|c| db::count_runs(c)).await?;
+    Ok(Json(Health {
+        status: "ok".into(),
+        runs_in_flight_or_queued: state
+            .inner
+            .admitted
+            .load(std::sync::atomic::Ordering::Acquire),
+    }))
+}
+
+/// Prometheus metrics in the text exposition format (no authentication; bind to loopback or
+/// filter at the proxy).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "service",
+    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain; version=0.0.4"))
+)]
+async fn metrics_handler(State(state): State<AppState>) -> Response {
+    let body = state.inner.metrics.render();
+    let mut r = body.into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
+}
+
+struct BearerScheme;
+
+impl Modify for BearerScheme {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "agentjail orchestrator API",
+        description = "Run typed tasks (optionally with model-proposed code) in the agentjail sandbox, once per request_id, and get back only verified output with a signed receipt. Errors are RFC 9457 problem details.",
+    ),
+    modifiers(&BearerScheme),
+    components(schemas(Problem)),
+    tags(
+        (name = "inputs", description = "Input objects, owned by a tenant"),
+        (name = "runs", description = "Runs, once per (tenant, request_id)"),
+        (name = "tasks", description = "The task catalogue"),
+        (name = "service", description = "Health and metrics"),
+    )
+)]
+struct ApiDoc;
+
+/// The OpenAPI document (3.1).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    build(None).1
+}
+
+fn build(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    let (max_input, max_req) = state
+        .map(|s| {
+            (
+                s.inner.config.server.max_input_bytes as usize,
+                s.inner.config.server.max_request_bytes as usize,
+            )
+        })
+        .unwrap_or((1 << 20, 1 << 20));
+    let inputs = OpenApiRouter::new()
+        .routes(routes!(create_input))
+        .layer(DefaultBodyLimit::max(max_input));
+    let runs = OpenApiRouter::new()
+        .routes(routes!(create_run))
+        .routes(routes!(get_run))
+        .routes(routes!(get_artifact))
+        .routes(routes!(get_receipt))
+        .routes(routes!(reconcile_run))
+        .routes(routes!(list_tasks))
+        .layer(DefaultBodyLimit::max(max_req));
+    let mut authed = inputs.merge(runs);
+    if let Some(s) = state {
+        authed = authed.layer(from_fn_with_state(s.clone(), auth));
+    }
+    let public = OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(metrics_handler));
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(authed)
+        .merge(public)
+        .split_for_parts()
+}
+
+/// The HTTP application over `state`.
+pub async fn router(state: AppState) -> Router {
+    let (r, doc) = build(Some(&state));
+    let doc = Arc::new(doc.to_pretty_json().unwrap_or_default());
+    r.route(
+        "/openapi.json",
+        axum::routing::get(move || {
+            let doc = doc.clone();
+            async move {
+                let mut headers = HeaderMap::new();
+                headers.insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                (headers, (*doc).clone())
+            }
+        }),
+    )
+    .fallback(|| async { ApiError::not_found("no such endpoint") })
+    .with_state(state)
+}

@@ -1,0 +1,230 @@
+//! The append-only audit log: one JSON object per line, each chained to the previous by sha256
+//! and fsync'd before the decision it records takes effect.
+//!
+//! Record: `{"seq", "ts", "event", "actor", "tenant", "task", "request_id", "job_id",
+//! "decision", "reason", "status", "denials", "prev", "hash"}` (absent fields omitted).
+//! `hash` = `sha256:` + hex sha256 of the RFC 8785 (JCS) canonical JSON of the record without
+//! `hash`; `prev` is the previous record's `hash` (the first record's `prev` is
+//! `sha256:` + 64 zeros). JSON escaping makes line injection impossible: every value is a JSON
+//! string or number, and no field ever holds a token, input content, code, environment value or
+//! output content.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// `prev` of the first record.
+pub const GENESIS: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+
+/// One audit event (the caller fills what applies).
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Event {
+    pub event: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actor: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_id: Option<String>,
+    /// `allow` or `deny` for policy decisions; omitted otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decision: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub denials: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// Method and route template (never the query string).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub route: Option<String>,
+}
+
+struct Inner {
+    file: File,
+    seq: u64,
+    prev: String,
+}
+
+/// Handle to the audit log.
+#[derive(Clone)]
+pub struct AuditLog {
+    inner: Arc<Mutex<Inner>>,
+    path: PathBuf,
+}
+
+/// Audit failure.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("audit log {0}: {1}")]
+    Io(String, std::io::Error),
+    #[error("audit log line {0}: {1}")]
+    Chain(u64, String),
+}
+
+fn hash_record(rec: &Map<String, Value>) -> String {
+    use sha2::{Digest, Sha256};
+    let bytes = serde_jcs::to_vec(rec).unwrap_or_default();
+    let d = Sha256::digest(&bytes);
+    let hex: String = d.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+impl AuditLog {
+    /// Opens the log for appending after verifying its chain (a broken chain refuses start-up:
+    /// an operator must look at it).
+    pub fn open(path: &Path) -> Result<AuditLog, AuditError> {
+        let (seq, prev) = if path.exists() {
+            verify_chain(path)?
+        } else {
+            (0, GENESIS.to_string())
+        };
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| AuditError::Io(path.display().to_string(), e))?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+        }
+        Ok(AuditLog {
+            inner: Arc::new(Mutex::new(Inner { file, seq, prev })),
+            path: path.to_owned(),
+        })
+    }
+
+    /// The log's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends one record and fsyncs it (blocking).
+    pub fn append_blocking(&self, ev: &Event) -> Result<(), AuditError> {
+        let mut g = self
+            .inner
+            .lock()
+            .map_err(|_| AuditError::Chain(0, "lock poisoned".into()))?;
+        let mut rec = match serde_json::to_value(ev) {
+            Ok(Value::Object(m)) => m,
+            _ => Map::new(),
+        };
+        rec.insert("seq".into(), Value::from(g.seq + 1));
+        rec.insert("ts".into(), Value::from(jiff::Timestamp::now().to_string()));
+        rec.insert("prev".into(), Value::from(g.prev.clone()));
+        let h = hash_record(&rec);
+        rec.insert("hash".into(), Value::from(h.clone()));
+        let mut line = serde_json::to_vec(&rec).unwrap_or_default();
+        line.push(b'\n');
+        let p = self.path.display().to_string();
+        g.file
+            .write_all(&line)
+            .map_err(|e| AuditError::Io(p.clone(), e))?;
+        g.file.sync_data().map_err(|e| AuditError::Io(p, e))?;
+        g.seq += 1;
+        g.prev = h;
+        Ok(())
+    }
+
+    /// Appends from async code on a blocking thread; failures are logged (and counted).
+    pub async fn append(&self, ev: Event) {
+        let me = self.clone();
+        let r = tokio::task::spawn_blocking(move || me.append_blocking(&ev)).await;
+        match r {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                metrics::counter!("agentjail_audit_failures_total").increment(1);
+                tracing::error!(error = %e, "audit append failed");
+            }
+            Err(e) => {
+                metrics::counter!("agentjail_audit_failures_total").increment(1);
+                tracing::error!(error = %e, "audit append task failed");
+            }
+        }
+    }
+}
+
+/// Verifies the whole chain of the log at `path`; returns (last seq, last hash).
+pub fn verify_chain(path: &Path) -> Result<(u64, String), AuditError> {
+    let f = File::open(path).map_err(|e| AuditError::Io(path.display().to_string(), e))?;
+    let mut prev = GENESIS.to_string();
+    let mut seq = 0u64;
+    for (i, line) in BufReader::new(f).lines().enumerate() {
+        let n = i as u64 + 1;
+        let line = line.map_err(|e| AuditError::Io(path.display().to_string(), e))?;
+        let mut rec: Map<String, Value> = serde_json::from_str(&line)
+            .map_err(|e| AuditError::Chain(n, format!("not a JSON object: {e}")))?;
+        let Some(Value::String(h)) = rec.remove("hash") else {
+            return Err(AuditError::Chain(n, "no hash".into()));
+        };
+        if rec.get("prev").and_then(Value::as_str) != Some(prev.as_str()) {
+            return Err(AuditError::Chain(
+                n,
+                "prev does not match the previous record's hash".into(),
+            ));
+        }
+        if rec.get("seq").and_then(Value::as_u64) != Some(seq + 1) {
+            return Err(AuditError::Chain(n, "seq is not consecutive".into()));
+        }
+        if hash_record(&rec) != h {
+            return Err(AuditError::Chain(
+                n,
+                "hash does not match the record".into(),
+            ));
+        }
+        prev = h;
+        seq += 1;
+    }
+    Ok((seq, prev))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_verifies_and_detects_tampering() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("audit.jsonl");
+        let log = AuditLog::open(&p).unwrap();
+        for i in 0..3 {
+            log.append_blocking(&Event {
+                event: "test",
+                reason: Some(format!("line\nbreak {i}")),
+                ..Default::default()
+            })
+            .unwrap();
+        }
+        drop(log);
+        assert_eq!(verify_chain(&p).unwrap().0, 3);
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert_eq!(text.lines().count(), 3, "newlines in values are escaped");
+        // Reopen continues the chain.
+        let log = AuditLog::open(&p).unwrap();
+        log.append_blocking(&Event {
+            event: "again",
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(verify_chain(&p).unwrap().0, 4);
+        // Tamper with one record.
+        let tampered = std::fs::read_to_string(&p)
+            .unwrap()
+            .replace("break 1", "break 9");
+        std::fs::write(&p, tampered).unwrap();
+        assert!(matches!(verify_chain(&p), Err(AuditError::Chain(2, _))));
+    }
+}

@@ -1,0 +1,374 @@
+//! The embedded database (SQLite, WAL, one connection behind a mutex, used from
+//! `spawn_blocking`). Migrations are numbered by `PRAGMA user_version`. Every multi-statement
+//! change runs in a transaction, so a kill -9 at any point leaves either the old or the new state.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+/// Schema migrations, applied in order; `user_version` is the number applied.
+const MIGRATIONS: &[&str] = &[
+    // 1: inputs and runs.
+    "CREATE TABLE inputs (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        sha256 TEXT NOT NULL,
+        name TEXT NOT NULL,
+        media_type TEXT NOT NULL,
+        bytes INTEGER NOT NULL,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL
+    );
+    CREATE INDEX inputs_sha ON inputs(sha256);
+    CREATE TABLE runs (
+        tenant TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        body_sha256 TEXT NOT NULL,
+        task TEXT NOT NULL,
+        actor TEXT NOT NULL,
+        job_id TEXT NOT NULL UNIQUE,
+        job_expires_at INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        reason TEXT,
+        created_at INTEGER NOT NULL,
+        started_at INTEGER,
+        finished_at INTEGER,
+        inputs TEXT NOT NULL,
+        report TEXT,
+        receipt TEXT,
+        artifact BLOB,
+        artifact_sha256 TEXT,
+        outputs_expire_at INTEGER NOT NULL,
+        logs_expire_at INTEGER NOT NULL,
+        outputs_deleted INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (tenant, request_id)
+    );
+    CREATE INDEX runs_status ON runs(status);",
+];
+
+/// Shared handle to the database.
+#[derive(Clone)]
+pub struct Db(Arc<Mutex<Connection>>);
+
+/// Database failure (logged, never shown to clients).
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("database lock poisoned")]
+    Poisoned,
+    #[error("database task failed: {0}")]
+    Join(String),
+}
+
+/// One stored input.
+#[derive(Debug, Clone)]
+pub struct InputRow {
+    pub id: String,
+    pub sha256: String,
+    pub name: String,
+    pub media_type: String,
+    pub bytes: u64,
+    pub created_at: i64,
+}
+
+/// One run record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRow {
+    pub tenant: String,
+    pub request_id: String,
+    pub body_sha256: String,
+    pub task: String,
+    pub actor: String,
+    pub job_id: String,
+    pub job_expires_at: i64,
+    pub status: String,
+    pub reason: Option<String>,
+    pub created_at: i64,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    /// JSON array of `{input_id, sha256}`.
+    pub inputs: String,
+    pub report: Option<String>,
+    pub receipt: Option<String>,
+    pub artifact: Option<Vec<u8>>,
+    pub artifact_sha256: Option<String>,
+    pub outputs_expire_at: i64,
+    pub logs_expire_at: i64,
+    pub outputs_deleted: bool,
+}
+
+/// Outcome of trying to record a new run.
+pub enum Insert {
+    Inserted,
+    /// A run with this (tenant, request_id) exists.
+    Exists(Box<RunRow>),
+}
+
+const RUN_COLS: &str = "tenant, request_id, body_sha256, task, actor, job_id, job_expires_at, status, reason, created_at, started_at, finished_at, inputs, report, receipt, artifact, artifact_sha256, outputs_expire_at, logs_expire_at, outputs_deleted";
+
+fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
+    Ok(RunRow {
+        tenant: r.get(0)?,
+        request_id: r.get(1)?,
+        body_sha256: r.get(2)?,
+        task: r.get(3)?,
+        actor: r.get(4)?,
+        job_id: r.get(5)?,
+        job_expires_at: r.get(6)?,
+        status: r.get(7)?,
+        reason: r.get(8)?,
+        created_at: r.get(9)?,
+        started_at: r.get(10)?,
+        finished_at: r.get(11)?,
+        inputs: r.get(12)?,
+        report: r.get(13)?,
+        receipt: r.get(14)?,
+        artifact: r.get(15)?,
+        artifact_sha256: r.get(16)?,
+        outputs_expire_at: r.get(17)?,
+        logs_expire_at: r.get(18)?,
+        outputs_deleted: r.get::<_, i64>(19)? != 0,
+    })
+}
+
+impl Db {
+    /// Opens (creating) the database and applies migrations.
+    pub fn open(path: &Path) -> Result<Db, DbError> {
+        let mut c = Connection::open(path)?;
+        c.busy_timeout(std::time::Duration::from_secs(10))?;
+        c.pragma_update(None, "journal_mode", "WAL")?;
+        c.pragma_update(None, "synchronous", "FULL")?;
+        c.pragma_update(None, "foreign_keys", "ON")?;
+        let version: i64 = c.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        for (i, m) in MIGRATIONS.iter().enumerate().skip(version.max(0) as usize) {
+            let tx = c.transaction()?;
+            tx.execute_batch(m)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+            tx.commit()?;
+        }
+        Ok(Db(Arc::new(Mutex::new(c))))
+    }
+
+    /// Runs `f` with the connection on a blocking thread.
+    pub async fn call<T, F>(&self, f: F) -> Result<T, DbError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, DbError> + Send + 'static,
+    {
+        let db = self.0.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut c = db.lock().map_err(|_| DbError::Poisoned)?;
+            f(&mut c)
+        })
+        .await
+        .map_err(|e| DbError::Join(e.to_string()))?
+    }
+
+    /// Runs `f` with the connection on the current thread (start-up, tests).
+    pub fn call_sync<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, DbError>,
+    ) -> Result<T, DbError> {
+        let mut c = self.0.lock().map_err(|_| DbError::Poisoned)?;
+        f(&mut c)
+    }
+}
+
+/// Records an uploaded input.
+pub fn insert_input(
+    c: &Connection,
+    tenant: &str,
+    row: &InputRow,
+    expires_at: i64,
+) -> Result<(), DbError> {
+    c.execute(
+        "INSERT INTO inputs (id, tenant, sha256, name, media_type, bytes, created_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        params![row.id, tenant, row.sha256, row.name, row.media_type, row.bytes as i64, row.created_at, expires_at],
+    )?;
+    Ok(())
+}
+
+/// The input `id` if it belongs to `tenant`.
+pub fn get_input(c: &Connection, tenant: &str, id: &str) -> Result<Option<InputRow>, DbError> {
+    Ok(c.query_row(
+        "SELECT id, sha256, name, media_type, bytes, created_at FROM inputs WHERE id = ?1 AND tenant = ?2",
+        params![id, tenant],
+        |r| {
+            Ok(InputRow {
+                id: r.get(0)?,
+                sha256: r.get(1)?,
+                name: r.get(2)?,
+                media_type: r.get(3)?,
+                bytes: r.get::<_, i64>(4)? as u64,
+                created_at: r.get(5)?,
+            })
+        },
+    )
+    .optional()?)
+}
+
+/// Inserts a new run unless one with its (tenant, request_id) exists, atomically.
+pub fn insert_run(c: &mut Connection, row: &RunRow) -> Result<Insert, DbError> {
+    let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    if let Some(existing) = get_run_tx(&tx, &row.tenant, &row.request_id)? {
+        return Ok(Insert::Exists(Box::new(existing)));
+    }
+    tx.execute(
+        &format!("INSERT INTO runs ({RUN_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)"),
+        params![
+            row.tenant, row.request_id, row.body_sha256, row.task, row.actor, row.job_id,
+            row.job_expires_at, row.status, row.reason, row.created_at, row.started_at,
+            row.finished_at, row.inputs, row.report, row.receipt, row.artifact,
+            row.artifact_sha256, row.outputs_expire_at, row.logs_expire_at, row.outputs_deleted as i64
+        ],
+    )?;
+    tx.commit()?;
+    Ok(Insert::Inserted)
+}
+
+fn get_run_tx(c: &Connection, tenant: &str, request_id: &str) -> Result<Option<RunRow>, DbError> {
+    Ok(c.query_row(
+        &format!("SELECT {RUN_COLS} FROM runs WHERE tenant = ?1 AND request_id = ?2"),
+        params![tenant, request_id],
+        run_from_row,
+    )
+    .optional()?)
+}
+
+/// The run `request_id` of `tenant`.
+pub fn get_run(c: &Connection, tenant: &str, request_id: &str) -> Result<Option<RunRow>, DbError> {
+    get_run_tx(c, tenant, request_id)
+}
+
+/// Marks a queued run as running; false if it was not queued any more.
+pub fn mark_running(c: &Connection, job_id: &str, now: i64) -> Result<bool, DbError> {
+    let n = c.execute(
+        "UPDATE runs SET status = 'running', started_at = ?2 WHERE job_id = ?1 AND status = 'queued'",
+        params![job_id, now],
+    )?;
+    Ok(n == 1)
+}
+
+/// What a finished run left.
+pub struct Finish<'a> {
+    pub job_id: &'a str,
+    pub status: &'a str,
+    pub reason: Option<&'a str>,
+    pub now: i64,
+    pub report: Option<&'a str>,
+    pub receipt: Option<&'a str>,
+    pub artifact: Option<&'a [u8]>,
+    pub artifact_sha256: Option<&'a str>,
+}
+
+/// Records the end of a run (only from `queued`/`running`: a finished record never changes).
+pub fn finish_run(c: &Connection, f: &Finish<'_>) -> Result<(), DbError> {
+    c.execute(
+        "UPDATE runs SET status = ?2, reason = ?3, finished_at = ?4, report = ?5, receipt = ?6, artifact = ?7, artifact_sha256 = ?8
+         WHERE job_id = ?1 AND status IN ('queued', 'running')",
+        params![f.job_id, f.status, f.reason, f.now, f.report, f.receipt, f.artifact, f.artifact_sha256],
+    )?;
+    Ok(())
+}
+
+/// Start-up reconciliation: every run left `queued` or `running` becomes `unknown`. Returns
+/// their (tenant, request_id, task, job_id).
+pub fn mark_in_flight_unknown(
+    c: &mut Connection,
+    now: i64,
+) -> Result<Vec<(String, String, String, String)>, DbError> {
+    let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let rows = {
+        let mut st = tx.prepare("SELECT tenant, request_id, task, job_id FROM runs WHERE status IN ('queued', 'running')")?;
+        let it = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+        it.collect::<Result<Vec<_>, _>>()?
+    };
+    tx.execute(
+        "UPDATE runs SET status = 'unknown', reason = 'the service stopped while the run was in flight; its outcome is unknown', finished_at = ?1 WHERE status IN ('queued', 'running')",
+        params![now],
+    )?;
+    tx.commit()?;
+    Ok(rows)
+}
+
+/// Operator reconcile: `unknown` → `queued` again (retry) with a new job, or → `abandoned`.
+pub fn reconcile(
+    c: &mut Connection,
+    tenant: &str,
+    request_id: &str,
+    retry: Option<(&str, i64)>,
+    now: i64,
+) -> Result<bool, DbError> {
+    let n = match retry {
+        Some((job_id, expires)) => c.execute(
+            "UPDATE runs SET status = 'queued', reason = NULL, job_id = ?3, job_expires_at = ?4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL
+             WHERE tenant = ?1 AND request_id = ?2 AND status = 'unknown'",
+            params![tenant, request_id, job_id, expires],
+        )?,
+        None => c.execute(
+            "UPDATE runs SET status = 'abandoned', reason = 'abandoned by an operator after an unknown outcome', finished_at = ?3
+             WHERE tenant = ?1 AND request_id = ?2 AND status = 'unknown'",
+            params![tenant, request_id, now],
+        )?,
+    };
+    Ok(n == 1)
+}
+
+/// Retention: clears outputs of runs past `outputs_expire_at`; returns how many.
+pub fn expire_outputs(c: &Connection, now: i64) -> Result<usize, DbError> {
+    Ok(c.execute(
+        "UPDATE runs SET artifact = NULL, receipt = NULL, report = NULL, outputs_deleted = 1
+         WHERE outputs_deleted = 0 AND finished_at IS NOT NULL AND outputs_expire_at <= ?1",
+        params![now],
+    )?)
+}
+
+/// Job ids whose logs expired (the sweep deletes their folders).
+pub fn expired_log_jobs(c: &Connection, now: i64) -> Result<Vec<String>, DbError> {
+    let mut st = c.prepare(
+        "SELECT job_id FROM runs WHERE finished_at IS NOT NULL AND logs_expire_at <= ?1",
+    )?;
+    let it = st.query_map(params![now], |r| r.get(0))?;
+    Ok(it.collect::<Result<Vec<_>, _>>()?)
+}
+
+/// Deletes expired inputs; returns the sha256 of objects no input references any more.
+pub fn expire_inputs(c: &mut Connection, now: i64) -> Result<Vec<String>, DbError> {
+    let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let shas: Vec<String> = {
+        let mut st = tx.prepare("SELECT DISTINCT sha256 FROM inputs WHERE expires_at <= ?1")?;
+        let it = st.query_map(params![now], |r| r.get(0))?;
+        it.collect::<Result<Vec<_>, _>>()?
+    };
+    tx.execute("DELETE FROM inputs WHERE expires_at <= ?1", params![now])?;
+    let mut orphans = Vec::new();
+    for s in shas {
+        let n: i64 = tx.query_row(
+            "SELECT COUNT(*) FROM inputs WHERE sha256 = ?1",
+            params![s],
+            |r| r.get(0),
+        )?;
+        if n == 0 {
+            orphans.push(s);
+        }
+    }
+    tx.commit()?;
+    Ok(orphans)
+}
+
+/// Whether any input references the object `sha256` (a new upload may have revived it).
+pub fn object_referenced(c: &Connection, sha256: &str) -> Result<bool, DbError> {
+    let n: i64 = c.query_row(
+        "SELECT COUNT(*) FROM inputs WHERE sha256 = ?1",
+        params![sha256],
+        |r| r.get(0),
+    )?;
+    Ok(n > 0)
+}
+
+/// Runs by status (for tests and health).
+pub fn count_runs(c: &Connection) -> Result<i64, DbError> {
+    Ok(c.query_row("SELECT COUNT(*) FROM runs", [], |r| r.get(0))?)
+}

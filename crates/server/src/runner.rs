@@ -1,0 +1,522 @@
+//! Jobs: build the manifest from the task type, run it in a separate `agentjail run` process
+//! (never a shell; the sandbox needs a single-threaded process), read its report, keep only
+//! verified output, record the outcome; plus start-up reconciliation and the retention sweep.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use agentjail_manifest::report::{RunReport, Status};
+use agentjail_manifest::{Input, Manifest, Mode, Network};
+
+use crate::audit::Event;
+use crate::config::{CodePolicy, Task};
+use crate::db::{self, Finish, InputRow};
+use crate::{AppState, ServerError, now};
+
+/// Everything a job needs, fixed at admission.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub tenant: String,
+    pub actor: String,
+    pub request_id: String,
+    pub task: String,
+    pub job_id: String,
+    pub job_expires_at: i64,
+    pub inputs: Vec<InputRow>,
+    pub code: Option<String>,
+    pub args: Vec<String>,
+}
+
+/// Holds one admission slot (queued or running); released on drop.
+pub struct Admission(AppState);
+
+impl Admission {
+    /// Takes a slot unless concurrency + queue are full.
+    pub fn try_take(state: &AppState) -> Option<Admission> {
+        let i = &state.inner;
+        let mut cur = i.admitted.load(Ordering::Acquire);
+        loop {
+            if cur >= i.max_admitted {
+                return None;
+            }
+            match i
+                .admitted
+                .compare_exchange(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(Admission(state.clone())),
+                Err(v) => cur = v,
+            }
+        }
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.0.inner.admitted.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The folder of a job.
+pub fn job_dir(state: &AppState, job_id: &str) -> PathBuf {
+    state.inner.data_dir.join("jobs").join(job_id)
+}
+
+/// Path of a stored object.
+pub fn object_path(state: &AppState, sha256: &str) -> PathBuf {
+    state.inner.data_dir.join("objects").join(sha256)
+}
+
+/// Builds the manifest of a job. Everything comes from the task type and server-resolved ids.
+pub fn build_manifest(state: &AppState, task: &Task, job: &Job, has_schema: bool) -> Manifest {
+    let mut m = Manifest::for_command(
+        task.command
+            .iter()
+            .cloned()
+            .chain(job.args.iter().cloned())
+            .collect(),
+    );
+    m.request_id = Some(job.request_id.clone());
+    for (slot, input) in task.inputs.iter().zip(&job.inputs) {
+        m.inputs.push(Input {
+            source: object_path(state, &input.sha256)
+                .to_string_lossy()
+                .into_owned(),
+            mount: slot.mount.clone(),
+            mode: Mode::ReadOnly,
+        });
+    }
+    if task.code == CodePolicy::Allowed {
+        m.inputs.push(Input {
+            source: "code".into(),
+            mount: task.code_mount.clone(),
+            mode: Mode::ReadOnly,
+        });
+    }
+    m.output = Some(task.output.path.clone());
+    if has_schema {
+        m.output_schema = Some("output.schema.json".into());
+    }
+    m.network = task.network.clone();
+    m.limits = task.limits;
+    m.limits.output_mb = m
+        .limits
+        .output_mb
+        .max(task.output.max_bytes.div_ceil(1024 * 1024));
+    m.expires_at = jiff::Timestamp::from_second(job.job_expires_at)
+        .ok()
+        .map(|t| t.to_string());
+    m.env = task.env.clone();
+    m
+}
+
+fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Prepares the job folder; returns the manifest path.
+fn prepare(state: &AppState, task: &Task, job: &Job) -> Result<PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = job_dir(state, &job.job_id);
+    std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    if task.code == CodePolicy::Allowed {
+        let code = job.code.as_deref().unwrap_or_default();
+        write_file(&dir.join("code"), code.as_bytes(), 0o644)?;
+    }
+    let schema = state.inner.schemas.get(&job.task);
+    if let Some(s) = schema {
+        write_file(&dir.join("output.schema.json"), s.as_bytes(), 0o644)?;
+    }
+    let m = build_manifest(state, task, job, schema.is_some());
+    let text = serde_json::to_vec_pretty(&m).map_err(|e| e.to_string())?;
+    let mp = dir.join("manifest.json");
+    write_file(&mp, &text, 0o644)?;
+    Ok(mp)
+}
+
+/// What the runner process left.
+struct Outcome {
+    status: String,
+    reason: Option<String>,
+    report: Option<String>,
+    receipt: Option<String>,
+    artifact: Option<Vec<u8>>,
+    denials: usize,
+}
+
+fn read_bounded(p: &Path, max: u64) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let f = std::fs::File::open(p).ok()?;
+    let mut buf = Vec::new();
+    f.take(max + 1).read_to_end(&mut buf).ok()?;
+    (buf.len() as u64 <= max).then_some(buf)
+}
+
+fn status_word(s: Status) -> String {
+    serde_json::to_value(s)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: &Path) -> Outcome {
+    let dir = job_dir(state, &job.job_id);
+    let stdout = std::fs::File::create(dir.join("stdout.log"));
+    let stderr = std::fs::File::create(dir.join("stderr.log"));
+    let (Ok(stdout), Ok(stderr)) = (stdout, stderr) else {
+        return setup_failed("cannot create the job's log files");
+    };
+    let mut cmd = tokio::process::Command::new(&state.inner.runner);
+    cmd.arg("run")
+        .arg("--manifest")
+        .arg(manifest)
+        .arg("--source-root")
+        .arg(state.inner.data_dir.join("objects"))
+        .arg("--output-dir")
+        .arg(dir.join("out"))
+        .arg("--report")
+        .arg(dir.join("report.json"))
+        .arg("--receipt")
+        .arg(dir.join("receipt.json"))
+        .arg("--key")
+        .arg(state.inner.data_dir.join("private").join("receipt-key.pem"));
+    if state.inner.allow_degraded {
+        cmd.arg("--allow-degraded");
+    }
+    cmd.env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("LANG", "C.UTF-8")
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(stdout))
+        .stderr(Stdio::from(stderr))
+        .kill_on_drop(true);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(job_id = %job.job_id, error = %e, runner = %state.inner.runner.display(), "cannot start the runner");
+            return setup_failed("cannot start the runner");
+        }
+    };
+    // The sandbox enforces the task's limit; this bounds a runner that hangs for any other reason.
+    let guard = Duration::from_secs(task.limits.seconds + 60);
+    let exit = match tokio::time::timeout(guard, child.wait()).await {
+        Ok(Ok(s)) => Some(s),
+        Ok(Err(e)) => {
+            tracing::error!(job_id = %job.job_id, error = %e, "waiting for the runner failed");
+            None
+        }
+        Err(_) => {
+            let _ = child.kill().await;
+            None
+        }
+    };
+    let Some(exit) = exit else {
+        return Outcome {
+            status: "unknown".into(),
+            reason: Some(
+                "the runner did not finish in time and was killed; outcome unknown".into(),
+            ),
+            report: None,
+            receipt: None,
+            artifact: None,
+            denials: 0,
+        };
+    };
+    let report_bytes = read_bounded(&dir.join("report.json"), 4 * 1024 * 1024);
+    let report: Option<RunReport> = report_bytes
+        .as_deref()
+        .and_then(|b| serde_json::from_slice(b).ok());
+    let Some(report) = report else {
+        tracing::error!(job_id = %job.job_id, ?exit, "the runner left no readable report");
+        return setup_failed("the runner left no report");
+    };
+    if report.status == Status::SetupError {
+        tracing::error!(job_id = %job.job_id, error = report.error.as_deref().unwrap_or(""), "run setup failed");
+    }
+    let receipt = read_bounded(&dir.join("receipt.json"), 4 * 1024 * 1024)
+        .and_then(|b| String::from_utf8(b).ok());
+    let mut status = status_word(report.status);
+    let mut reason = None;
+    let mut artifact = None;
+    if report.status == Status::Ok {
+        let rel = task.output.path.trim_start_matches("/output/");
+        match read_bounded(&dir.join("out").join(rel), task.output.max_bytes) {
+            Some(a) => artifact = Some(a),
+            None => {
+                status = "output_rejected".into();
+                reason = Some(format!(
+                    "the artifact is missing or larger than the task's {} bytes",
+                    task.output.max_bytes
+                ));
+            }
+        }
+    } else if report.status == Status::Timeout && !matches!(task.network, Network::Deny) {
+        status = "unknown".into();
+        reason = Some(
+            "timed out with network access: an external effect may have happened; reconcile before retrying".into(),
+        );
+    }
+    Outcome {
+        status,
+        reason,
+        denials: report.denials.len(),
+        report: serde_json::to_string(&report).ok(),
+        receipt,
+        artifact,
+    }
+}
+
+fn setup_failed(reason: &str) -> Outcome {
+    Outcome {
+        status: "setup_error".into(),
+        reason: Some(reason.into()),
+        report: None,
+        receipt: None,
+        artifact: None,
+        denials: 0,
+    }
+}
+
+/// Runs one admitted job to its recorded end. Spawned on its own task, so a client that
+/// disconnects never cancels a run.
+pub async fn execute(state: AppState, job: Job, _admission: Admission) {
+    let Some(task) = state.inner.config.tasks.get(&job.task).cloned() else {
+        return;
+    };
+    let _permit = match state.inner.run_slots.acquire().await {
+        Ok(p) => p,
+        Err(_) => return,
+    };
+    let base = Event {
+        actor: Some(job.actor.clone()),
+        tenant: Some(job.tenant.clone()),
+        task: Some(job.task.clone()),
+        request_id: Some(job.request_id.clone()),
+        job_id: Some(job.job_id.clone()),
+        ..Default::default()
+    };
+    let db = state.inner.db.clone();
+    if now() >= job.job_expires_at {
+        let id = job.job_id.clone();
+        let t = now();
+        let r = db
+            .call(move |c| {
+                db::finish_run(
+                    c,
+                    &Finish {
+                        job_id: &id,
+                        status: "expired",
+                        reason: Some("the job id expired before a run slot was free"),
+                        now: t,
+                        report: None,
+                        receipt: None,
+                        artifact: None,
+                        artifact_sha256: None,
+                    },
+                )
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::error!(error = %e, "recording an expired job failed");
+        }
+        metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => "expired").increment(1);
+        state
+            .inner
+            .audit
+            .append(Event {
+                event: "run_refused",
+                decision: Some("deny"),
+                reason: Some("job id expired before it started".into()),
+                status: Some("expired".into()),
+                ..base
+            })
+            .await;
+        return;
+    }
+    let id = job.job_id.clone();
+    let t = now();
+    match db.call(move |c| db::mark_running(c, &id, t)).await {
+        Ok(true) => {}
+        Ok(false) => return,
+        Err(e) => {
+            tracing::error!(error = %e, "marking a run as running failed");
+            return;
+        }
+    }
+    state
+        .inner
+        .audit
+        .append(Event {
+            event: "run_start",
+            ..base.clone()
+        })
+        .await;
+    metrics::gauge!("agentjail_runs_in_flight").increment(1.0);
+    let started = Instant::now();
+    let outcome = match prepare(&state, &task, &job) {
+        Ok(manifest) => spawn_and_wait(&state, &task, &job, &manifest).await,
+        Err(e) => {
+            tracing::error!(job_id = %job.job_id, error = %e, "preparing the job folder failed");
+            setup_failed("the job folder could not be prepared")
+        }
+    };
+    let elapsed = started.elapsed();
+    // The code was needed only for the run; the folder (logs) stays until the task's retention.
+    let _ = std::fs::remove_file(job_dir(&state, &job.job_id).join("code"));
+    metrics::gauge!("agentjail_runs_in_flight").decrement(1.0);
+    metrics::histogram!("agentjail_run_duration_seconds", "task" => job.task.clone())
+        .record(elapsed.as_secs_f64());
+    metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => outcome.status.clone())
+        .increment(1);
+    if outcome.status == "unknown" {
+        metrics::counter!("agentjail_unknown_outcomes_total").increment(1);
+    }
+    if let Some(r) = outcome
+        .report
+        .as_deref()
+        .and_then(|r| serde_json::from_str::<RunReport>(r).ok())
+    {
+        for d in &r.denials {
+            let kind = serde_json::to_value(d.kind)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            metrics::counter!("agentjail_sandbox_denials_total", "kind" => kind).increment(1);
+        }
+    }
+    let sha = outcome
+        .artifact
+        .as_deref()
+        .map(|a| format!("sha256:{}", crate::config::sha256_hex(a)));
+    let (id, t) = (job.job_id.clone(), now());
+    let (status, reason, report, receipt, artifact) = (
+        outcome.status.clone(),
+        outcome.reason.clone(),
+        outcome.report,
+        outcome.receipt,
+        outcome.artifact,
+    );
+    let r = db
+        .call(move |c| {
+            db::finish_run(
+                c,
+                &Finish {
+                    job_id: &id,
+                    status: &status,
+                    reason: reason.as_deref(),
+                    now: t,
+                    report: report.as_deref(),
+                    receipt: receipt.as_deref(),
+                    artifact: artifact.as_deref(),
+                    artifact_sha256: sha.as_deref(),
+                },
+            )
+        })
+        .await;
+    if let Err(e) = r {
+        tracing::error!(error = %e, "recording a finished run failed");
+    }
+    state
+        .inner
+        .audit
+        .append(Event {
+            event: "run_end",
+            status: Some(outcome.status),
+            reason: outcome.reason,
+            denials: Some(outcome.denials),
+            duration_ms: Some(elapsed.as_millis() as u64),
+            ..base
+        })
+        .await;
+}
+
+/// Start-up: runs left `queued`/`running` become `unknown` (never re-run) and their job folders
+/// are removed; each is audited.
+pub fn reconcile_at_startup(state: &AppState) -> Result<(), ServerError> {
+    let t = now();
+    let rows = state
+        .inner
+        .db
+        .call_sync(|c| db::mark_in_flight_unknown(c, t))?;
+    for (tenant, request_id, task, job_id) in rows {
+        let _ = std::fs::remove_dir_all(job_dir(state, &job_id));
+        metrics::counter!("agentjail_unknown_outcomes_total").increment(1);
+        state.inner.audit.append_blocking(&Event {
+            event: "run_unknown",
+            tenant: Some(tenant),
+            task: Some(task),
+            request_id: Some(request_id),
+            job_id: Some(job_id),
+            status: Some("unknown".into()),
+            reason: Some("found in flight at start-up; marked unknown, not re-run".into()),
+            ..Default::default()
+        })?;
+    }
+    Ok(())
+}
+
+/// One retention pass: outputs, job folders (logs) and inputs past their retention.
+pub async fn sweep(state: &AppState) {
+    let t = now();
+    let s = state.clone();
+    let r = state
+        .inner
+        .db
+        .call(move |c| {
+            let outputs = db::expire_outputs(c, t)?;
+            let jobs = db::expired_log_jobs(c, t)?;
+            let mut logs = 0;
+            for j in jobs {
+                let d = job_dir(&s, &j);
+                if d.exists() && std::fs::remove_dir_all(&d).is_ok() {
+                    logs += 1;
+                }
+            }
+            let orphans = db::expire_inputs(c, t)?;
+            let mut objects = 0;
+            for sha in orphans {
+                // Under the database lock: an upload cannot revive the object meanwhile.
+                if !db::object_referenced(c, &sha)?
+                    && std::fs::remove_file(object_path(&s, &sha)).is_ok()
+                {
+                    objects += 1;
+                }
+            }
+            Ok((outputs, logs, objects))
+        })
+        .await;
+    match r {
+        Ok((outputs, logs, objects)) if outputs + logs + objects > 0 => {
+            state
+                .inner
+                .audit
+                .append(Event {
+                    event: "retention_sweep",
+                    reason: Some(format!(
+                        "deleted outputs of {outputs} run(s), {logs} job folder(s), {objects} input object(s)"
+                    )),
+                    ..Default::default()
+                })
+                .await;
+        }
+        Ok(_) => {}
+        Err(e) => tracing::error!(error = %e, "retention sweep failed"),
+    }
+}
+
+/// Runs [`sweep`] at start-up and every `sweep_interval_seconds`.
+pub fn spawn_sweeper(state: AppState) {
+    tokio::spawn(async move {
+        let every = Duration::from_secs(state.inner.config.server.sweep_interval_seconds);
+        loop {
+            sweep(&state).await;
+            tokio::time::sleep(every).await;
+        }
+    });
+}
