@@ -1,0 +1,624 @@
+//! `agentjail serve` end to end over real HTTP on 127.0.0.1: the test starts the binary with a
+//! test configuration and a temporary data directory, and drives it with a blocking HTTP client.
+//! Covers the seed's `summarize_csv` with model-proposed code, execute-once (replay and
+//! conflict), authentication, tenant isolation, policy denials, refusal of smuggled fields,
+//! timeout, output rejection, async runs, metrics, OpenAPI, the audit chain, overload (429) and
+//! the crash/restart reconciliation (`unknown`, then an operator's `abandon`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use reqwest::blocking::{Client, Response};
+use serde_json::{Value, json};
+
+const ALICE: &str = "tok-alice-7c1f0e";
+const BOB: &str = "tok-bob-91aa2d";
+const GINA: &str = "tok-gina-55e0b3";
+const CSV: &str = "region,units\nnorth,12\nsouth,7\nzz-secret-marker-row,3\n";
+const CODE: &str = include_str!("../../../examples/csv-summary/summarize.py");
+
+fn sha(s: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn config(extra_server: &str) -> String {
+    let example = agentjail_server::example_config();
+    let schema = example
+        .split("schema = '''")
+        .nth(1)
+        .and_then(|s| s.split("'''").next())
+        .unwrap();
+    format!(
+        r#"
+[server]
+{extra_server}
+
+[tenants.acme]
+[tenants.globex]
+
+[actors.alice]
+tenant = "acme"
+token_sha256 = "{a}"
+operator = true
+
+[actors.bob]
+tenant = "acme"
+token_sha256 = "{b}"
+
+[actors.gina]
+tenant = "globex"
+token_sha256 = "{g}"
+
+[tasks.summarize_csv]
+description = "Summarize one CSV with model-proposed Python"
+code = "allowed"
+command = ["/usr/bin/python3", "/input/code.py", "/input/data.csv", "/output/summary.json"]
+allowed_actors = ["alice", "gina"]
+[[tasks.summarize_csv.inputs]]
+mount = "/input/data.csv"
+media_types = ["text/csv"]
+max_bytes = 100000
+[tasks.summarize_csv.output]
+path = "/output/summary.json"
+media_type = "application/json"
+max_bytes = 100000
+schema = '''{schema}'''
+[tasks.summarize_csv.limits]
+seconds = 2
+memory_mb = 256
+processes = 16
+output_mb = 1
+
+[tasks.slow]
+description = "Sleeps"
+code = "allowed"
+command = ["/usr/bin/python3", "/input/code.py"]
+allowed_tenants = ["acme"]
+[tasks.slow.output]
+path = "/output/o.json"
+media_type = "application/json"
+max_bytes = 1000
+[tasks.slow.limits]
+seconds = 3
+
+[tasks.line_count]
+description = "Fixed program: count lines"
+code = "forbidden"
+command = ["/usr/bin/python3", "-c", "import json; json.dump({{'lines': sum(1 for _ in open('/input/data.csv'))}}, open('/output/count.json', 'w'))"]
+allowed_tenants = ["acme"]
+[[tasks.line_count.inputs]]
+mount = "/input/data.csv"
+media_types = ["text/csv"]
+max_bytes = 100000
+[tasks.line_count.output]
+path = "/output/count.json"
+media_type = "application/json"
+max_bytes = 1000
+schema = {{ type = "object", required = ["lines"] }}
+"#,
+        a = sha(ALICE),
+        b = sha(BOB),
+        g = sha(GINA),
+    )
+}
+
+struct Server {
+    child: Child,
+    base: String,
+    stderr: Arc<Mutex<String>>,
+    http: Client,
+}
+
+impl Server {
+    fn start(dir: &Path, extra_server: &str) -> Server {
+        let cfg = dir.join("config.toml");
+        std::fs::write(&cfg, config(extra_server)).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_agentjail"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&cfg)
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .env("AGENTJAIL_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut base = None;
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            stderr.lock().unwrap().push_str(&(line.clone() + "\n"));
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                base = Some(rest.split_whitespace().next().unwrap().to_string());
+                break;
+            }
+        }
+        let s2 = stderr.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                s2.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        Server {
+            child,
+            base: base
+                .unwrap_or_else(|| panic!("server did not start:\n{}", stderr.lock().unwrap())),
+            stderr,
+            http: Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .unwrap(),
+        }
+    }
+
+    fn url(&self, p: &str) -> String {
+        format!("{}{p}", self.base)
+    }
+
+    fn upload(&self, token: &str, body: &str, media_type: &str) -> Value {
+        let r = self
+            .http
+            .post(self.url(&format!("/v1/inputs?name=data.csv&media_type={media_type}")))
+            .bearer_auth(token)
+            .body(body.to_string())
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 201);
+        r.json().unwrap()
+    }
+
+    fn run(&self, token: &str, body: &Value, query: &str) -> Response {
+        self.http
+            .post(self.url(&format!("/v1/runs{query}")))
+            .bearer_auth(token)
+            .json(body)
+            .send()
+            .unwrap()
+    }
+
+    fn get(&self, token: &str, p: &str) -> Response {
+        self.http
+            .get(self.url(p))
+            .bearer_auth(token)
+            .send()
+            .unwrap()
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn tempdir() -> tempfile::TempDir {
+    let d = tempfile::Builder::new()
+        .prefix("agentjail-server-test-")
+        .tempdir()
+        .unwrap();
+    // The sandbox user (an unprivileged host uid in root mode) must traverse the data dir.
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+fn problem(r: Response, status: u16, slug: &str) -> Value {
+    assert_eq!(r.status().as_u16(), status);
+    assert_eq!(
+        r.headers()["content-type"].to_str().unwrap(),
+        "application/problem+json"
+    );
+    let v: Value = r.json().unwrap();
+    assert_eq!(
+        v["type"],
+        format!("https://agentjail.dev/problems/{slug}"),
+        "{v}"
+    );
+    assert_eq!(v["status"], status);
+    v
+}
+
+fn audit(dir: &Path) -> (PathBuf, String) {
+    let p = dir.join("data/private/audit.jsonl");
+    let t = std::fs::read_to_string(&p).unwrap();
+    (p, t)
+}
+
+#[test]
+fn serve_end_to_end() {
+    let dir = tempdir();
+    let s = Server::start(dir.path(), "");
+
+    // Health, OpenAPI, catalogue.
+    assert_eq!(s.http.get(s.url("/healthz")).send().unwrap().status(), 200);
+    let doc: Value = s
+        .http
+        .get(s.url("/openapi.json"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    for p in [
+        "/v1/inputs",
+        "/v1/runs",
+        "/v1/runs/{request_id}",
+        "/v1/runs/{request_id}/artifact",
+        "/v1/runs/{request_id}/receipt",
+        "/v1/runs/{request_id}/reconcile",
+        "/v1/tasks",
+        "/healthz",
+        "/metrics",
+    ] {
+        assert!(doc["paths"][p].is_object(), "openapi lacks {p}");
+    }
+    let tasks: Value = s.get(BOB, "/v1/tasks").json().unwrap();
+    let names: Vec<&str> = tasks["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["line_count", "slow"],
+        "bob may not use summarize_csv"
+    );
+
+    // Authentication.
+    problem(
+        s.http.get(s.url("/v1/tasks")).send().unwrap(),
+        401,
+        "unauthorized",
+    );
+    let wrong = problem(s.get("tok-wrong", "/v1/tasks"), 401, "unauthorized");
+    let missing = problem(
+        s.http.get(s.url("/v1/runs/x")).send().unwrap(),
+        401,
+        "unauthorized",
+    );
+    assert_eq!(wrong, missing);
+    // The hash is not a token.
+    problem(s.get(&sha(ALICE), "/v1/tasks"), 401, "unauthorized");
+
+    // The seed's task: upload, run model-proposed code, get the verified artifact.
+    let input = s.upload(ALICE, CSV, "text/csv");
+    let id = input["input_id"].as_str().unwrap().to_string();
+    assert_eq!(input["bytes"], CSV.len());
+    assert_eq!(input["sha256"], format!("sha256:{}", sha(CSV)));
+    let req = json!({"request_id": "req-1", "task": "summarize_csv", "inputs": [id], "code": CODE});
+    let r = s.run(ALICE, &req, "");
+    assert_eq!(r.status(), 200);
+    let first: Value = r.json().unwrap();
+    assert_eq!(first["status"], "ok", "{first}");
+    assert_eq!(first["artifact"]["json"]["rows"], 3);
+    assert_eq!(first["artifact"]["media_type"], "application/json");
+    assert_eq!(first["report"]["status"], "ok");
+    assert!(first["receipt"]["signatures"].is_array());
+    assert!(first["job_id"].as_str().unwrap().starts_with("job_"));
+    let art = s.get(ALICE, "/v1/runs/req-1/artifact");
+    assert_eq!(art.status(), 200);
+    assert_eq!(art.headers()["content-type"], "application/json");
+    let art: Value = art.json().unwrap();
+    assert_eq!(art, first["artifact"]["json"]);
+    let receipt: Value = s.get(ALICE, "/v1/runs/req-1/receipt").json().unwrap();
+    assert_eq!(receipt, first["receipt"]);
+
+    // Execute once: the same request again is the recorded run, not a second execution.
+    let again: Value = s.run(ALICE, &req, "").json().unwrap();
+    assert_eq!(again, first);
+    let (_, log) = audit(dir.path());
+    let starts = log
+        .lines()
+        .filter(|l| l.contains("\"run_start\"") && l.contains("\"req-1\""))
+        .count();
+    assert_eq!(starts, 1, "req-1 ran more than once");
+    // Same request_id, different body: refused.
+    let mut other = req.clone();
+    other["code"] = json!("print('different')");
+    problem(s.run(ALICE, &other, ""), 409, "request-id-conflict");
+
+    // Policy: bob (same tenant) may not use summarize_csv.
+    let mut bobs = req.clone();
+    bobs["request_id"] = json!("bob-1");
+    problem(s.run(BOB, &bobs, ""), 403, "forbidden");
+    // A fixed-program task refuses code, and runs without it.
+    let fixed = json!({"request_id": "fixed-1", "task": "line_count", "inputs": [id]});
+    let mut with_code = fixed.clone();
+    with_code["code"] = json!("import os");
+    problem(s.run(BOB, &with_code, ""), 403, "forbidden");
+    let v: Value = s.run(BOB, &fixed, "").json().unwrap();
+    assert_eq!(v["status"], "ok", "{v}");
+    assert_eq!(v["artifact"]["json"]["lines"], 4);
+    assert_eq!(v["actor"], "bob");
+
+    // Tenant isolation: gina (globex) using acme's input id = a missing id, same body.
+    let mut ginas = req.clone();
+    ginas["request_id"] = json!("g-1");
+    let cross = problem(s.run(GINA, &ginas, ""), 404, "not-found");
+    ginas["inputs"] = json!(["in_00000000000000000000000000000000"]);
+    let absent = problem(s.run(GINA, &ginas, ""), 404, "not-found");
+    assert_eq!(cross, absent);
+    // And acme's run is invisible to globex.
+    let a = problem(s.get(GINA, "/v1/runs/req-1"), 404, "not-found");
+    let b = problem(s.get(GINA, "/v1/runs/never-was"), 404, "not-found");
+    assert_eq!(a, b);
+    problem(s.get(GINA, "/v1/runs/req-1/artifact"), 404, "not-found");
+
+    // The request can name no host path, mount, image, limit or destination.
+    for (field, value) in [
+        ("mounts", json!([{"source": "/etc", "mount": "/input/etc"}])),
+        ("source", json!("/etc/passwd")),
+        ("limits", json!({"seconds": 86400})),
+        (
+            "network",
+            json!({"allow": [{"host": "evil.example", "ports": [443]}]}),
+        ),
+        ("image_digest", json!("sha256:00")),
+    ] {
+        let mut bad = req.clone();
+        bad["request_id"] = json!("smuggle");
+        bad[field] = value;
+        let p = problem(s.run(ALICE, &bad, ""), 400, "invalid-request");
+        assert!(p["detail"].as_str().unwrap().contains(field), "{p}");
+    }
+    let mut bad = req.clone();
+    bad["request_id"] = json!("smuggle");
+    bad["inputs"] = json!(["/etc/passwd"]);
+    problem(s.run(ALICE, &bad, ""), 400, "invalid-request");
+    bad["inputs"] = json!([id]);
+    bad["request_id"] = json!("../../etc");
+    problem(s.run(ALICE, &bad, ""), 400, "invalid-request");
+    let p = problem(
+        s.http
+            .post(s.url("/v1/inputs?name=../../etc/passwd&media_type=text/csv"))
+            .bearer_auth(ALICE)
+            .body("x")
+            .send()
+            .unwrap(),
+        400,
+        "invalid-request",
+    );
+    assert!(p["detail"].as_str().unwrap().contains("name"));
+    // Wrong media type for the task.
+    let txt = s.upload(ALICE, "hello", "text/plain");
+    let mut mism = req.clone();
+    mism["request_id"] = json!("mt-1");
+    mism["inputs"] = json!([txt["input_id"]]);
+    problem(s.run(ALICE, &mism, ""), 422, "input-mismatch");
+    // Oversized JSON body.
+    let mut huge = req.clone();
+    huge["request_id"] = json!("huge");
+    huge["code"] = json!("#".repeat(2 * 1024 * 1024));
+    problem(s.run(ALICE, &huge, ""), 413, "too-large");
+
+    // Code that runs past the limit: status `timeout`, HTTP 200 (the run is recorded and final).
+    let mut slow = req.clone();
+    slow["request_id"] = json!("timeout-1");
+    slow["code"] = json!("while True:\n    pass\n");
+    let r = s.run(ALICE, &slow, "");
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().unwrap();
+    assert_eq!(v["status"], "timeout", "{v}");
+    assert!(v.get("artifact").is_none());
+
+    // Output that fails the schema: `output_rejected`, and no artifact leaves.
+    let mut badout = req.clone();
+    badout["request_id"] = json!("reject-1");
+    badout["code"] =
+        json!("import json\njson.dump({'rows': 'many'}, open('/output/summary.json', 'w'))\n");
+    let v: Value = s.run(ALICE, &badout, "").json().unwrap();
+    assert_eq!(v["status"], "output_rejected", "{v}");
+    assert!(v.get("artifact").is_none());
+    assert!(
+        !v["report"]["output"]["errors"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    problem(
+        s.get(ALICE, "/v1/runs/reject-1/artifact"),
+        409,
+        "no-verified-artifact",
+    );
+
+    // Asynchronous: 202 at once, then poll.
+    let mut later = req.clone();
+    later["request_id"] = json!("async-1");
+    let r = s.run(ALICE, &later, "?wait=false");
+    assert_eq!(r.status(), 202);
+    assert_eq!(r.headers()["location"], "/v1/runs/async-1");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let done = loop {
+        let r = s.get(ALICE, "/v1/runs/async-1");
+        let code = r.status().as_u16();
+        let v: Value = r.json().unwrap();
+        if code == 200 {
+            break v;
+        }
+        assert_eq!(code, 202);
+        assert!(["queued", "running"].contains(&v["status"].as_str().unwrap()));
+        assert!(Instant::now() < deadline, "async run did not finish");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(done["status"], "ok");
+    assert_eq!(done["artifact"], first["artifact"]);
+
+    // Concurrent duplicates of one request_id race: exactly one execution, identical answers.
+    let mut race = req.clone();
+    race["request_id"] = json!("race-1");
+    let answers: Vec<Value> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..4)
+            .map(|_| sc.spawn(|| s.run(ALICE, &race, "").json::<Value>().unwrap()))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        answers
+            .iter()
+            .all(|a| a == &answers[0] && a["status"] == "ok"),
+        "{answers:?}"
+    );
+    let (_, log) = audit(dir.path());
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("\"run_start\"") && l.contains("\"race-1\""))
+            .count(),
+        1
+    );
+
+    // Metrics reflect what happened.
+    let m = s
+        .http
+        .get(s.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    for needle in [
+        "agentjail_runs_total{task=\"summarize_csv\",status=\"ok\"} 3",
+        "agentjail_runs_total{task=\"summarize_csv\",status=\"timeout\"} 1",
+        "agentjail_runs_total{task=\"summarize_csv\",status=\"output_rejected\"} 1",
+        "agentjail_runs_total{task=\"line_count\",status=\"ok\"} 1",
+        "agentjail_auth_failures_total 4",
+        "agentjail_denials_total{reason=\"forbidden\"} 2",
+        "agentjail_denials_total{reason=\"request-id-conflict\"} 1",
+        "agentjail_replays_total 4",
+        "agentjail_inputs_stored_total 2",
+        "agentjail_runs_in_flight 0",
+        "agentjail_run_duration_seconds_count{task=\"summarize_csv\"} 5",
+    ] {
+        assert!(m.contains(needle), "metrics lack {needle}:\n{m}");
+    }
+
+    // The audit log: chain verifies; decisions recorded; no token, code or input content.
+    let (path, log) = audit(dir.path());
+    let (n, _) = agentjail_server::audit::verify_chain(&path).unwrap();
+    assert_eq!(n as usize, log.lines().count());
+    for needle in [
+        "\"auth_failure\"",
+        "\"run_end\"",
+        "\"run_replay\"",
+        "actor may not use this task",
+        "\"status\":\"timeout\"",
+    ] {
+        assert!(log.contains(needle), "audit lacks {needle}");
+    }
+    for secret in [
+        ALICE,
+        BOB,
+        GINA,
+        "tok-wrong",
+        "zz-secret-marker-row",
+        "def summarize",
+        "while True",
+        "many",
+    ] {
+        assert!(!log.contains(secret), "audit log contains {secret:?}");
+        assert!(
+            !s.stderr.lock().unwrap().contains(secret),
+            "server log contains {secret:?}"
+        );
+    }
+}
+
+fn wait_status(s: &Server, id: &str, want: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let v: Value = s.get(ALICE, &format!("/v1/runs/{id}")).json().unwrap();
+        if v["status"] == want {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{id} never reached {want}: {v}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn overload_expiry_crash_and_reconcile() {
+    let dir = tempdir();
+    let settings = "max_concurrent_runs = 1\nmax_queued_runs = 1\njob_ttl_seconds = 1";
+    let mut s = Server::start(dir.path(), settings);
+    let sleeper = |id: &str| json!({"request_id": id, "task": "slow", "inputs": [], "code": "import time\ntime.sleep(60)\n"});
+    assert_eq!(
+        s.run(ALICE, &sleeper("sleeper-1"), "?wait=false").status(),
+        202
+    );
+    wait_status(&s, "sleeper-1", "running");
+    // One queued behind it; its job id expires (1 s) before the slot frees (the 3 s limit).
+    let r = s.run(
+        ALICE,
+        &json!({"request_id": "queued", "task": "slow", "inputs": [], "code": "pass"}),
+        "?wait=false",
+    );
+    assert_eq!(r.status(), 202);
+    // Slot and queue full: 429 with Retry-After; a replay is still answered.
+    let r = s.run(
+        ALICE,
+        &json!({"request_id": "third", "task": "slow", "inputs": [], "code": "pass"}),
+        "",
+    );
+    assert!(r.headers().contains_key("retry-after"));
+    problem(r, 429, "overloaded");
+    assert_eq!(
+        s.run(ALICE, &sleeper("sleeper-1"), "?wait=false").status(),
+        202
+    );
+    wait_status(&s, "sleeper-1", "timeout");
+    let v = wait_status(&s, "queued", "expired");
+    assert!(
+        v.get("started_at").is_none(),
+        "an expired job never starts: {v}"
+    );
+
+    // kill -9 mid-run, restart: the run reads `unknown`, never re-run.
+    assert_eq!(
+        s.run(ALICE, &sleeper("sleeper-2"), "?wait=false").status(),
+        202
+    );
+    wait_status(&s, "sleeper-2", "running");
+    s.kill();
+    let s = Server::start(dir.path(), settings);
+    let v: Value = s.get(ALICE, "/v1/runs/sleeper-2").json().unwrap();
+    assert_eq!(v["status"], "unknown", "{v}");
+    assert!(v["reason"].as_str().unwrap().contains("in flight"));
+    // Replaying the request returns the recorded `unknown` run; it does not execute again.
+    let v2: Value = s.run(ALICE, &sleeper("sleeper-2"), "").json().unwrap();
+    assert_eq!(v2["status"], "unknown");
+    // Only an operator reconciles (alice is one, bob is not).
+    let reconcile = |tok: &str, action: &str| {
+        s.http
+            .post(s.url("/v1/runs/sleeper-2/reconcile"))
+            .bearer_auth(tok)
+            .json(&json!({ "action": action }))
+            .send()
+            .unwrap()
+    };
+    problem(reconcile(BOB, "abandon"), 403, "forbidden");
+    // A code task cannot be retried: its code is not kept after the run.
+    problem(reconcile(ALICE, "retry"), 409, "not-reconcilable");
+    let r = reconcile(ALICE, "abandon");
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().unwrap()["status"], "abandoned");
+    problem(reconcile(ALICE, "abandon"), 409, "not-reconcilable");
+    let (path, log) = audit(dir.path());
+    agentjail_server::audit::verify_chain(&path).unwrap();
+    assert!(log.contains("\"run_unknown\""));
+    assert_eq!(log.matches("\"run_start\"").count(), 2);
+}
