@@ -1534,3 +1534,80 @@ pub async fn router(state: AppState) -> Router {
     .fallback(|| async { ApiError::not_found("no such endpoint") })
     .with_state(state)
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_fields_cannot_carry_paths() {
+        assert!(valid_request_id("example-095"));
+        assert!(valid_request_id("a.b_c:d-1"));
+        for bad in ["", "../x", "a/b", "a b", "x\n", &"x".repeat(129)] {
+            assert!(!valid_request_id(bad), "{bad:?}");
+        }
+        assert!(valid_input_id("in_0123456789abcdef0123456789abcdef"));
+        for bad in [
+            "/etc/passwd",
+            "in_../../etc/passwd",
+            "in_0123456789ABCDEF0123456789ABCDEF",
+            "in_0",
+        ] {
+            assert!(!valid_input_id(bad), "{bad:?}");
+        }
+        assert!(valid_arg("--verbose") && valid_arg("x=1"));
+        for bad in ["/etc/passwd", "../secret", "a\nb", "x/../../y"] {
+            assert!(!valid_arg(bad), "{bad:?}");
+        }
+        assert!(valid_file_name("report.csv"));
+        for bad in ["", ".hidden", "../x", "a/b", "a b"] {
+            assert!(!valid_file_name(bad), "{bad:?}");
+        }
+        assert!(
+            valid_media_type("text/csv") && !valid_media_type("text") && !valid_media_type("a/b/c")
+        );
+    }
+
+    #[test]
+    fn run_request_refuses_unknown_fields() {
+        let ok = r#"{"request_id":"r","task":"t","inputs":[],"code":"x"}"#;
+        assert!(serde_json::from_str::<RunRequest>(ok).is_ok());
+        for extra in [
+            r#""mounts":[]"#,
+            r#""limits":{"seconds":1}"#,
+            r#""network":"allow""#,
+            r#""image_digest":"x""#,
+            r#""source":"/etc""#,
+        ] {
+            let s = format!(r#"{{"request_id":"r","task":"t","inputs":[],{extra}}}"#);
+            assert!(serde_json::from_str::<RunRequest>(&s).is_err(), "{extra}");
+        }
+    }
+
+    #[test]
+    fn problems_have_stable_types() {
+        let p = ApiError::unauthorized().problem();
+        assert_eq!(p.type_, "https://agentjail.dev/problems/unauthorized");
+        assert_eq!(p.status, 401);
+        let p = ApiError::internal().problem();
+        assert!(!p.detail.contains('/'), "no internal detail: {}", p.detail);
+    }
+
+    #[test]
+    fn openapi_is_3_1_with_every_path() {
+        let doc = serde_json::to_value(openapi()).unwrap();
+        assert_eq!(doc["openapi"], "3.1.0");
+        for p in [
+            "/v1/inputs",
+            "/v1/runs",
+            "/v1/runs/{request_id}",
+            "/v1/tasks",
+            "/healthz",
+            "/metrics",
+        ] {
+            assert!(doc["paths"][p].is_object(), "{p}");
+        }
+        assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
+    }
+}

@@ -520,3 +520,66 @@ pub fn spawn_sweeper(state: AppState) {
         }
     });
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifest_comes_from_the_task_type_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = crate::Config::example().unwrap();
+        let state = AppState::open(cfg, &dir.path().join("d"), "/bin/false".into(), false).unwrap();
+        let task = state.inner.config.tasks["summarize_csv"].clone();
+        let job = Job {
+            tenant: "dev".into(),
+            actor: "dev".into(),
+            request_id: "r-1".into(),
+            task: "summarize_csv".into(),
+            job_id: "job_x".into(),
+            job_expires_at: now() + 60,
+            inputs: vec![InputRow {
+                id: "in_x".into(),
+                sha256: "ab".repeat(32),
+                name: "../../etc/passwd".into(),
+                media_type: "text/csv".into(),
+                bytes: 1,
+                created_at: 0,
+            }],
+            code: Some("print(1)".into()),
+            args: vec![],
+        };
+        let m = build_manifest(&state, &task, &job, true);
+        assert_eq!(m.command, task.command);
+        assert_eq!(m.limits, task.limits);
+        assert_eq!(m.network, Network::Deny);
+        assert_eq!(m.output.as_deref(), Some("/output/summary.json"));
+        assert_eq!(m.inputs.len(), 2);
+        assert_eq!(m.inputs[0].mount, "/input/data.csv");
+        // The upload's name never reaches the manifest; the source is the content-addressed object.
+        assert_eq!(
+            Path::new(&m.inputs[0].source),
+            object_path(&state, &"ab".repeat(32))
+        );
+        assert_eq!(m.inputs[1].mount, "/input/code.py");
+        assert_eq!(m.inputs[1].source, "code");
+        assert!(m.expires_at.is_some());
+        assert_eq!(m.request_id.as_deref(), Some("r-1"));
+    }
+
+    #[test]
+    fn admission_is_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = crate::Config::example().unwrap();
+        cfg.server.max_concurrent_runs = Some(1);
+        cfg.server.max_queued_runs = 1;
+        let state = AppState::open(cfg, dir.path(), "/bin/false".into(), false).unwrap();
+        let a = Admission::try_take(&state).unwrap();
+        let b = Admission::try_take(&state).unwrap();
+        assert!(Admission::try_take(&state).is_none());
+        drop(a);
+        assert!(Admission::try_take(&state).is_some());
+        drop(b);
+    }
+}
