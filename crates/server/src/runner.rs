@@ -582,4 +582,81 @@ mod tests {
         assert!(Admission::try_take(&state).is_some());
         drop(b);
     }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn sweep_applies_retention() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = AppState::open(
+            crate::Config::example().unwrap(),
+            dir.path(),
+            "/bin/false".into(),
+            false,
+        )
+        .unwrap();
+        let t = now();
+        let sha = "cd".repeat(32);
+        std::fs::write(object_path(&state, &sha), "x").unwrap();
+        std::fs::create_dir(job_dir(&state, "job_old")).unwrap();
+        let row = db::RunRow {
+            tenant: "dev".into(),
+            request_id: "old".into(),
+            body_sha256: "h".into(),
+            task: "summarize_csv".into(),
+            actor: "dev".into(),
+            job_id: "job_old".into(),
+            job_expires_at: t - 100,
+            status: "ok".into(),
+            reason: None,
+            created_at: t - 100,
+            started_at: Some(t - 100),
+            finished_at: Some(t - 99),
+            inputs: "[]".into(),
+            report: Some("{}".into()),
+            receipt: Some("{}".into()),
+            artifact: Some(b"{}".to_vec()),
+            artifact_sha256: Some("sha256:x".into()),
+            outputs_expire_at: t - 1,
+            logs_expire_at: t - 1,
+            outputs_deleted: false,
+        };
+        let input = InputRow {
+            id: "in_old".into(),
+            sha256: sha.clone(),
+            name: "a.csv".into(),
+            media_type: "text/csv".into(),
+            bytes: 1,
+            created_at: t - 100,
+        };
+        state
+            .inner
+            .db
+            .call_sync(|c| {
+                db::insert_run(c, &row)?;
+                db::insert_input(c, "dev", &input, t - 1)
+            })
+            .unwrap();
+        sweep(&state).await;
+        let r = state
+            .inner
+            .db
+            .call_sync(|c| db::get_run(c, "dev", "old"))
+            .unwrap()
+            .unwrap();
+        assert!(
+            r.outputs_deleted && r.artifact.is_none() && r.receipt.is_none() && r.report.is_none()
+        );
+        assert_eq!(r.status, "ok", "the record itself stays");
+        assert!(!job_dir(&state, "job_old").exists());
+        assert!(!object_path(&state, &sha).exists());
+        assert!(
+            state
+                .inner
+                .db
+                .call_sync(|c| db::get_input(c, "dev", "in_old"))
+                .unwrap()
+                .is_none()
+        );
+        let log = std::fs::read_to_string(state.audit_path()).unwrap();
+        assert!(log.contains("retention_sweep"));
+    }
 }
