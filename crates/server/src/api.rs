@@ -673,6 +673,18 @@ async fn create_run(
         return Err(deny(&state, &caller, ev, e).await);
     }
     ev.request_id = Some(req.request_id.clone());
+    // A recorded request_id is answered from the record (or refused if the body differs) before
+    // any other check: execute-once holds even after its inputs expired or the config changed.
+    let body_sha = crate::config::sha256_hex(&serde_jcs::to_vec(&req).unwrap_or_default());
+    let (t0, r0) = (caller.tenant.clone(), req.request_id.clone());
+    if let Some(existing) = state
+        .inner
+        .db
+        .call(move |c| db::get_run(c, &t0, &r0))
+        .await?
+    {
+        return replay(&state, &caller, ev, existing, &body_sha, wait).await;
+    }
     if !is_name(&req.task) {
         let e = ApiError::new(
             StatusCode::NOT_FOUND,
@@ -776,8 +788,7 @@ async fn create_run(
         inputs.push(row);
     }
 
-    // Execute once: the body's canonical hash decides replay (same) or conflict (different).
-    let body_sha = crate::config::sha256_hex(&serde_jcs::to_vec(&req).unwrap_or_default());
+    // Execute once: the insert is atomic; a racing duplicate finds the other's record.
     let admission = Admission::try_take(&state);
     let t = now();
     let job_id = format!("job_{}", random_hex(16).map_err(|_| ApiError::internal())?);
@@ -832,33 +843,7 @@ async fn create_run(
     match inserted {
         Insert::Exists(existing) => {
             drop(admission);
-            if existing.body_sha256 != body_sha {
-                let e = ApiError::new(
-                    StatusCode::CONFLICT,
-                    "request-id-conflict",
-                    "request_id already used",
-                    "this request_id was used with a different request; use a new request_id",
-                );
-                return Err(deny(&state, &caller, ev, e).await);
-            }
-            metrics::counter!("agentjail_replays_total").increment(1);
-            state
-                .inner
-                .audit
-                .append(Event {
-                    event: "run_replay",
-                    decision: Some("allow"),
-                    job_id: Some(existing.job_id.clone()),
-                    status: Some(existing.status.clone()),
-                    ..ev
-                })
-                .await;
-            let r = if wait {
-                wait_for(&state, &caller.tenant, &existing.request_id).await?
-            } else {
-                *existing
-            };
-            return Ok(run_response(&state, &r));
+            return replay(&state, &caller, ev, *existing, &body_sha, wait).await;
         }
         Insert::Inserted if !admitted => {
             metrics::counter!("agentjail_overload_refusals_total").increment(1);
@@ -909,6 +894,45 @@ async fn create_run(
         .await?
         .ok_or_else(ApiError::internal)?;
     Ok(run_response(&state, &r))
+}
+
+/// Answers a repeated request_id: the recorded run for the same body, 409 for a different one.
+async fn replay(
+    state: &AppState,
+    caller: &Caller,
+    ev: Event,
+    existing: RunRow,
+    body_sha: &str,
+    wait: bool,
+) -> Result<Response, ApiError> {
+    if existing.body_sha256 != body_sha {
+        let e = ApiError::new(
+            StatusCode::CONFLICT,
+            "request-id-conflict",
+            "request_id already used",
+            "this request_id was used with a different request; use a new request_id",
+        );
+        return Err(deny(state, caller, ev, e).await);
+    }
+    metrics::counter!("agentjail_replays_total").increment(1);
+    state
+        .inner
+        .audit
+        .append(Event {
+            event: "run_replay",
+            decision: Some("allow"),
+            job_id: Some(existing.job_id.clone()),
+            status: Some(existing.status.clone()),
+            task: Some(existing.task.clone()),
+            ..ev
+        })
+        .await;
+    let r = if wait && !is_terminal(&existing.status) {
+        wait_for(state, &caller.tenant, &existing.request_id).await?
+    } else {
+        existing
+    };
+    Ok(run_response(state, &r))
 }
 
 /// Polls the record until it is final (a replay of a run still in flight).
