@@ -8,7 +8,7 @@ runs=${1:-300}
 command -v hyperfine >/dev/null && command -v bwrap >/dev/null || {
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hyperfine bubblewrap
 }
-cargo build --release -q
+cargo build --release -q -p agentjail
 aj="$PWD/target/release/agentjail"
 py=/usr/bin/python3
 work=$(mktemp -d /tmp/agentjail-bench-XXXXXX)
