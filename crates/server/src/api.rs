@@ -14,6 +14,7 @@ use axum::{Json, Router};
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -108,6 +109,18 @@ impl ApiError {
             "the service could not complete the request; the details are in its log",
         )
     }
+    /// The problem's slug (suffix of its `type` URI), e.g. `forbidden`.
+    pub fn slug(&self) -> &'static str {
+        self.slug
+    }
+    /// What went wrong, for a person (never internal detail).
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
     /// The problem body.
     pub fn problem(&self) -> Problem {
         Problem {
@@ -156,7 +169,7 @@ pub struct Caller {
 }
 
 impl Caller {
-    fn event(&self, event: &'static str) -> Event {
+    pub(crate) fn event(&self, event: &'static str) -> Event {
         Event {
             event,
             actor: Some(self.actor.clone()),
@@ -166,28 +179,22 @@ impl Caller {
     }
 }
 
-async fn auth(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    let route = format!("{} {}", req.method(), req.uri().path());
-    let token = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim)
-        .filter(|t| !t.is_empty());
+/// Checks a bearer token against the configured token hashes (constant time, every actor). A
+/// failure is counted and audited with `route` (never the token). Shared by the HTTP API, the
+/// MCP endpoint and `agentjail mcp` over stdio.
+pub(crate) async fn authenticate(
+    state: &AppState,
+    token: Option<&str>,
+    route: String,
+) -> Option<Caller> {
+    let token = token.map(str::trim).filter(|t| !t.is_empty());
     let found = token.and_then(|t| state.inner.config.actor_for_token(t));
     match found {
-        Some((name, a)) => {
-            req.extensions_mut().insert(Caller {
-                actor: name.to_string(),
-                tenant: a.tenant.clone(),
-                operator: a.operator,
-            });
-            next.run(req).await
-        }
+        Some((name, a)) => Some(Caller {
+            actor: name.to_string(),
+            tenant: a.tenant.clone(),
+            operator: a.operator,
+        }),
         None => {
             metrics::counter!("agentjail_auth_failures_total").increment(1);
             let reason = if token.is_some() {
@@ -208,12 +215,38 @@ async fn auth(State(state): State<AppState>, mut req: Request, next: Next) -> Re
                     ..Default::default()
                 })
                 .await;
-            ApiError::unauthorized().into_response()
+            None
         }
     }
 }
 
-async fn deny(state: &AppState, caller: &Caller, mut ev: Event, e: ApiError) -> ApiError {
+/// Bearer authentication layer: a request without a valid token gets `401` before any handler
+/// (or MCP processing) runs; the caller is put into the request's extensions.
+pub(crate) async fn auth(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let route = format!("{} {}", req.method(), req.uri().path());
+    let token = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        });
+    match authenticate(&state, token, route).await {
+        Some(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        None => ApiError::unauthorized().into_response(),
+    }
+}
+
+pub(crate) async fn deny(
+    state: &AppState,
+    caller: &Caller,
+    mut ev: Event,
+    e: ApiError,
+) -> ApiError {
     metrics::counter!("agentjail_denials_total", "reason" => e.slug).increment(1);
     ev.decision = Some("deny");
     ev.reason = Some(format!("{}: {}", e.slug, e.detail));
@@ -310,14 +343,7 @@ async fn create_input(
             return Err(deny(&state, &caller, ev, e).await);
         }
     };
-    if !valid_file_name(&q.name) {
-        let e = ApiError::bad_request(
-            "`name` must be 1-128 of A-Z a-z 0-9 . _ - and not start with `.`; it is never a path",
-        );
-        return Err(deny(&state, &caller, ev, e).await);
-    }
-    if !valid_media_type(&q.media_type) {
-        let e = ApiError::bad_request("`media_type` must look like type/subtype");
+    if let Err(e) = check_upload_params(&q.name, &q.media_type) {
         return Err(deny(&state, &caller, ev, e).await);
     }
     let body = match body {
@@ -339,6 +365,48 @@ async fn create_input(
             return Err(deny(&state, &caller, ev, e).await);
         }
     };
+    let out = store_input(&state, &caller, q.name, q.media_type, body.to_vec()).await?;
+    Ok((StatusCode::CREATED, Json(out)).into_response())
+}
+
+fn check_upload_params(name: &str, media_type: &str) -> Result<(), ApiError> {
+    if !valid_file_name(name) {
+        return Err(ApiError::bad_request(
+            "`name` must be 1-128 of A-Z a-z 0-9 . _ - and not start with `.`; it is never a path",
+        ));
+    }
+    if !valid_media_type(media_type) {
+        return Err(ApiError::bad_request(
+            "`media_type` must look like type/subtype",
+        ));
+    }
+    Ok(())
+}
+
+/// Stores an upload for the caller's tenant (content-addressed), counts and audits it
+/// (`input_upload`). Shared by `POST /v1/inputs` and the MCP tool `upload_input`; checks the
+/// name, media type and `max_input_bytes` itself, so every front door gets the same policy.
+pub(crate) async fn store_input(
+    state: &AppState,
+    caller: &Caller,
+    name: String,
+    media_type: String,
+    body: Vec<u8>,
+) -> Result<InputCreated, ApiError> {
+    let ev = caller.event("input_upload");
+    if let Err(e) = check_upload_params(&name, &media_type) {
+        return Err(deny(state, caller, ev, e).await);
+    }
+    let max = state.inner.config.server.max_input_bytes;
+    if body.len() as u64 > max {
+        let e = ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too-large",
+            "Payload too large",
+            format!("inputs are at most {max} bytes"),
+        );
+        return Err(deny(state, caller, ev, e).await);
+    }
     let sha = crate::config::sha256_hex(&body);
     let bytes = body.len() as u64;
     let id = format!("in_{}", random_hex(16).map_err(|_| ApiError::internal())?);
@@ -347,12 +415,12 @@ async fn create_input(
     let row = InputRow {
         id: id.clone(),
         sha256: sha.clone(),
-        name: q.name.clone(),
-        media_type: q.media_type.clone(),
+        name: name.clone(),
+        media_type: media_type.clone(),
         bytes: body.len() as u64,
         created_at: t,
     };
-    let path = runner::object_path(&state, &sha);
+    let path = runner::object_path(state, &sha);
     let tenant = caller.tenant.clone();
     let objects = state.inner.data_dir.join("objects");
     state
@@ -378,15 +446,14 @@ async fn create_input(
             ..ev
         })
         .await;
-    let out = InputCreated {
+    Ok(InputCreated {
         input_id: id,
         sha256: format!("sha256:{sha}"),
         bytes,
-        name: q.name,
-        media_type: q.media_type,
+        name,
+        media_type,
         expires_at: ts(expires),
-    };
-    Ok((StatusCode::CREATED, Json(out)).into_response())
+    })
 }
 
 /// Writes `body` at `path` (0644) unless an object with this hash exists: temp file, fsync, rename.
@@ -504,11 +571,11 @@ pub struct RunView {
     pub outputs_deleted: bool,
 }
 
-fn is_terminal(status: &str) -> bool {
+pub(crate) fn is_terminal(status: &str) -> bool {
     !matches!(status, "queued" | "running")
 }
 
-fn view(state: &AppState, r: &RunRow) -> RunView {
+pub(crate) fn view(state: &AppState, r: &RunRow) -> RunView {
     let media_type = state
         .inner
         .config
@@ -667,10 +734,25 @@ async fn create_run(
             return Err(deny(&state, &caller, ev, e).await);
         }
     };
-    let mut ev = ev;
+    let r = submit_run(&state, &caller, req, wait, None).await?;
+    Ok(run_response(&state, &r))
+}
+
+/// Policy, execute-once, admission and the run itself: everything `POST /v1/runs` does after
+/// parsing. Shared with the MCP task tools, so both front doors take the same path. Denials are
+/// counted and audited (`run_request`); returns the run record (final when `wait` and the run
+/// was not cancelled). `cancel` (MCP cancellation) kills the run's `agentjail run` process.
+pub(crate) async fn submit_run(
+    state: &AppState,
+    caller: &Caller,
+    req: RunRequest,
+    wait: bool,
+    cancel: Option<CancellationToken>,
+) -> Result<RunRow, ApiError> {
+    let mut ev = caller.event("run_request");
     if !valid_request_id(&req.request_id) {
         let e = ApiError::bad_request("`request_id` must be 1-128 of A-Z a-z 0-9 . _ : -");
-        return Err(deny(&state, &caller, ev, e).await);
+        return Err(deny(state, caller, ev, e).await);
     }
     ev.request_id = Some(req.request_id.clone());
     // A recorded request_id is answered from the record (or refused if the body differs) before
@@ -683,7 +765,16 @@ async fn create_run(
         .call(move |c| db::get_run(c, &t0, &r0))
         .await?
     {
-        return replay(&state, &caller, ev, existing, &body_sha, wait).await;
+        return replay(
+            state,
+            caller,
+            ev,
+            existing,
+            &body_sha,
+            wait,
+            cancel.as_ref(),
+        )
+        .await;
     }
     if !is_name(&req.task) {
         let e = ApiError::new(
@@ -692,7 +783,7 @@ async fn create_run(
             "Unknown task",
             "no such task",
         );
-        return Err(deny(&state, &caller, ev, e).await);
+        return Err(deny(state, caller, ev, e).await);
     }
     ev.task = Some(req.task.clone());
     let Some(task) = state.inner.config.tasks.get(&req.task) else {
@@ -702,7 +793,7 @@ async fn create_run(
             "Unknown task",
             "no such task",
         );
-        return Err(deny(&state, &caller, ev, e).await);
+        return Err(deny(state, caller, ev, e).await);
     };
     if !state
         .inner
@@ -710,49 +801,49 @@ async fn create_run(
         .may_use(&caller.actor, &caller.tenant, task)
     {
         let e = ApiError::forbidden("the actor may not use this task");
-        return Err(deny(&state, &caller, ev, e).await);
+        return Err(deny(state, caller, ev, e).await);
     }
     match (task.code, &req.code) {
         (CodePolicy::Forbidden, Some(_)) => {
             let e = ApiError::forbidden("this task runs a fixed program and accepts no code");
-            return Err(deny(&state, &caller, ev, e).await);
+            return Err(deny(state, caller, ev, e).await);
         }
         (CodePolicy::Allowed, None) => {
             let e = ApiError::bad_request("this task needs `code`");
-            return Err(deny(&state, &caller, ev, e).await);
+            return Err(deny(state, caller, ev, e).await);
         }
         (CodePolicy::Allowed, Some(c)) if c.len() > task.max_code_bytes || c.contains('\0') => {
             let e = ApiError::bad_request(format!(
                 "`code` must be at most {} bytes without NUL",
                 task.max_code_bytes
             ));
-            return Err(deny(&state, &caller, ev, e).await);
+            return Err(deny(state, caller, ev, e).await);
         }
         _ => {}
     }
     let args = req.args.clone().unwrap_or_default();
     if args.len() > task.max_args {
         let e = ApiError::bad_request(format!("this task takes at most {} args", task.max_args));
-        return Err(deny(&state, &caller, ev, e).await);
+        return Err(deny(state, caller, ev, e).await);
     }
     if let Some(i) = args.iter().position(|a| !valid_arg(a)) {
         let e = ApiError::bad_request(format!(
             "args[{i}]: at most 256 characters, no control characters, not a path (no leading `/`, no `..`)"
         ));
-        return Err(deny(&state, &caller, ev, e).await);
+        return Err(deny(state, caller, ev, e).await);
     }
     if req.inputs.len() != task.inputs.len() {
         let e = ApiError::unprocessable(format!(
             "this task takes exactly {} input(s)",
             task.inputs.len()
         ));
-        return Err(deny(&state, &caller, ev, e).await);
+        return Err(deny(state, caller, ev, e).await);
     }
     if let Some(i) = req.inputs.iter().position(|id| !valid_input_id(id)) {
         let e = ApiError::bad_request(format!(
             "inputs[{i}]: not an input id (ids come from POST /v1/inputs)"
         ));
-        return Err(deny(&state, &caller, ev, e).await);
+        return Err(deny(state, caller, ev, e).await);
     }
     let (tenant, ids) = (caller.tenant.clone(), req.inputs.clone());
     let rows = state
@@ -769,27 +860,27 @@ async fn create_run(
         // Another tenant's id and a missing id get the same answer.
         let Some(row) = row else {
             let e = ApiError::not_found(format!("inputs[{i}]: no such input"));
-            return Err(deny(&state, &caller, ev, e).await);
+            return Err(deny(state, caller, ev, e).await);
         };
         if !slot.media_types.contains(&row.media_type) {
             let e = ApiError::unprocessable(format!(
                 "inputs[{i}]: media type {} is not one of {:?}",
                 row.media_type, slot.media_types
             ));
-            return Err(deny(&state, &caller, ev, e).await);
+            return Err(deny(state, caller, ev, e).await);
         }
         if row.bytes > slot.max_bytes {
             let e = ApiError::unprocessable(format!(
                 "inputs[{i}]: larger than {} bytes",
                 slot.max_bytes
             ));
-            return Err(deny(&state, &caller, ev, e).await);
+            return Err(deny(state, caller, ev, e).await);
         }
         inputs.push(row);
     }
 
     // Execute once: the insert is atomic; a racing duplicate finds the other's record.
-    let admission = Admission::try_take(&state);
+    let admission = Admission::try_take(state);
     let t = now();
     let job_id = format!("job_{}", random_hex(16).map_err(|_| ApiError::internal())?);
     let run_inputs: Vec<RunInput> = inputs
@@ -843,7 +934,16 @@ async fn create_run(
     match inserted {
         Insert::Exists(existing) => {
             drop(admission);
-            return replay(&state, &caller, ev, *existing, &body_sha, wait).await;
+            return replay(
+                state,
+                caller,
+                ev,
+                *existing,
+                &body_sha,
+                wait,
+                cancel.as_ref(),
+            )
+            .await;
         }
         Insert::Inserted if !admitted => {
             metrics::counter!("agentjail_overload_refusals_total").increment(1);
@@ -854,7 +954,7 @@ async fn create_run(
                 "all run slots and the queue are full; retry later",
             );
             e.retry_after = Some(5);
-            return Err(deny(&state, &caller, ev, e).await);
+            return Err(deny(state, caller, ev, e).await);
         }
         Insert::Inserted => {}
     }
@@ -878,6 +978,7 @@ async fn create_run(
         inputs,
         code: req.code.clone(),
         args,
+        cancel,
     };
     let Some(admission) = admission else {
         return Err(ApiError::internal());
@@ -887,13 +988,12 @@ async fn create_run(
         let _ = handle.await;
     }
     let (tenant, rid) = (caller.tenant.clone(), req.request_id.clone());
-    let r = state
+    state
         .inner
         .db
         .call(move |c| db::get_run(c, &tenant, &rid))
         .await?
-        .ok_or_else(ApiError::internal)?;
-    Ok(run_response(&state, &r))
+        .ok_or_else(ApiError::internal)
 }
 
 /// Answers a repeated request_id: the recorded run for the same body, 409 for a different one.
@@ -904,7 +1004,8 @@ async fn replay(
     existing: RunRow,
     body_sha: &str,
     wait: bool,
-) -> Result<Response, ApiError> {
+    cancel: Option<&CancellationToken>,
+) -> Result<RunRow, ApiError> {
     if existing.body_sha256 != body_sha {
         let e = ApiError::new(
             StatusCode::CONFLICT,
@@ -927,16 +1028,21 @@ async fn replay(
             ..ev
         })
         .await;
-    let r = if wait && !is_terminal(&existing.status) {
-        wait_for(state, &caller.tenant, &existing.request_id).await?
+    if wait && !is_terminal(&existing.status) {
+        wait_for(state, &caller.tenant, &existing.request_id, cancel).await
     } else {
-        existing
-    };
-    Ok(run_response(state, &r))
+        Ok(existing)
+    }
 }
 
 /// Polls the record until it is final (a replay of a run still in flight).
-async fn wait_for(state: &AppState, tenant: &str, request_id: &str) -> Result<RunRow, ApiError> {
+/// A cancelled waiter (MCP cancellation of a replayed call) stops waiting; the run goes on.
+async fn wait_for(
+    state: &AppState,
+    tenant: &str,
+    request_id: &str,
+    cancel: Option<&CancellationToken>,
+) -> Result<RunRow, ApiError> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3600);
     loop {
         let (t, r) = (tenant.to_string(), request_id.to_string());
@@ -946,7 +1052,10 @@ async fn wait_for(state: &AppState, tenant: &str, request_id: &str) -> Result<Ru
             .call(move |c| db::get_run(c, &t, &r))
             .await?
             .ok_or_else(ApiError::internal)?;
-        if is_terminal(&row.status) || std::time::Instant::now() > deadline {
+        if is_terminal(&row.status)
+            || std::time::Instant::now() > deadline
+            || cancel.is_some_and(|c| c.is_cancelled())
+        {
             return Ok(row);
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -957,7 +1066,7 @@ fn one_line(s: &str) -> String {
     s.replace(['\n', '\r'], " ").chars().take(300).collect()
 }
 
-async fn load_run(
+pub(crate) async fn load_run(
     state: &AppState,
     caller: &Caller,
     request_id: &str,
@@ -1294,6 +1403,7 @@ async fn reconcile_run(
                 inputs: rows,
                 code: None,
                 args: Vec::new(),
+                cancel: None,
             };
             let _ = tokio::spawn(runner::execute(state.clone(), job, admission)).await;
         }
@@ -1370,8 +1480,16 @@ async fn list_tasks(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
 ) -> Json<TaskList> {
+    Json(TaskList {
+        tasks: task_views(&state, &caller),
+    })
+}
+
+/// The catalogue as the caller sees it: the tasks it may use, with their schemas. Shared by
+/// `GET /v1/tasks` and the MCP tool list.
+pub(crate) fn task_views(state: &AppState, caller: &Caller) -> Vec<TaskView> {
     let cfg = &state.inner.config;
-    let tasks = cfg
+    cfg
         .tasks
         .iter()
         .filter(|(_, t)| cfg.may_use(&caller.actor, &caller.tenant, t))
@@ -1419,8 +1537,7 @@ async fn list_tasks(
                 }),
             }
         })
-        .collect();
-    Json(TaskList { tasks })
+        .collect()
 }
 
 /// Liveness and database health.
@@ -1555,6 +1672,7 @@ pub async fn router(state: AppState) -> Router {
             }
         }),
     )
+    .merge(crate::mcp::http_router(&state))
     .fallback(|| async { ApiError::not_found("no such endpoint") })
     .with_state(state)
 }

@@ -47,9 +47,12 @@ pub struct Event {
     pub denials: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
-    /// Method and route template (never the query string).
+    /// Method and route template (never the query string); `mcp stdio` / `mcp http` for MCP.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub route: Option<String>,
+    /// The MCP tool called (`mcp_tool_call` records only); never its arguments.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
 }
 
 struct Inner {

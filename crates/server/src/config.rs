@@ -76,6 +76,16 @@ pub struct ServerSettings {
     /// Run even where a sandbox protection cannot be applied (listed in each report).
     #[serde(default)]
     pub allow_degraded: bool,
+    /// `Host` values the `/mcp` endpoint accepts (DNS-rebinding protection), e.g.
+    /// `["mcp.example.com"]` or `["localhost:8787"]`. Default: loopback only (`localhost`,
+    /// `127.0.0.1`, `::1`, any port).
+    #[serde(default)]
+    pub mcp_allowed_hosts: Option<Vec<String>>,
+    /// Browser origins the `/mcp` endpoint accepts, with scheme (e.g. `https://app.example.com:443`).
+    /// Default: none; a request carrying any `Origin` header is refused. Agents that are not
+    /// browsers send no `Origin`.
+    #[serde(default)]
+    pub mcp_allowed_origins: Vec<String>,
 }
 
 fn d_max_queued() -> usize {
@@ -114,6 +124,8 @@ impl Default for ServerSettings {
             input_retention_seconds: d_week(),
             sweep_interval_seconds: d_sweep(),
             allow_degraded: false,
+            mcp_allowed_hosts: None,
+            mcp_allowed_origins: Vec::new(),
         }
     }
 }
@@ -193,6 +205,11 @@ pub struct Task {
     /// How long outputs and logs of its runs are kept.
     #[serde(default)]
     pub retention: Retention,
+    /// How many bytes (the tail) of the command's stderr an MCP caller sees when a run fails,
+    /// marked as untrusted data (default 0: never; at most 65536). Useful for code tasks, where
+    /// the model needs the traceback to fix its code.
+    #[serde(default)]
+    pub expose_stderr_bytes: u64,
 }
 
 fn d_code_mount() -> String {
@@ -492,6 +509,9 @@ impl Config {
             jsonschema::options()
                 .build(&v)
                 .map_err(|e| at("output.schema", format!("not a valid JSON Schema: {e}")))?;
+        }
+        if t.expose_stderr_bytes > 65536 {
+            return Err(at("expose_stderr_bytes", "at most 65536".into()));
         }
         let l = &t.limits;
         let checks = [

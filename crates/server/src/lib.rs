@@ -9,13 +9,15 @@
 //! back, with the signed receipt and the report. Every decision goes to a hash-chained audit log.
 //!
 //! Modules: [`config`] (configuration and its schema), [`db`] (SQLite store), [`audit`]
-//! (append-only log), [`api`] (HTTP handlers, problem details, OpenAPI), [`runner`] (jobs).
+//! (append-only log), [`api`] (HTTP handlers, problem details, OpenAPI), [`runner`] (jobs),
+//! [`mcp`] (the MCP server over stdio and at `/mcp`, on the same code paths).
 //! Tested by unit tests here and by `crates/cli/tests/server.rs` over real HTTP.
 
 pub mod api;
 pub mod audit;
 pub mod config;
 pub mod db;
+pub mod mcp;
 pub mod runner;
 
 use std::net::SocketAddr;
@@ -85,6 +87,8 @@ pub(crate) struct Inner {
     pub metrics: PrometheusHandle,
     /// Compiled output schemas by task (validated at start-up).
     pub schemas: std::collections::BTreeMap<String, String>,
+    /// Exclusive lock on the data directory, held for the life of the process.
+    _lock: std::fs::File,
 }
 
 impl AppState {
@@ -118,6 +122,22 @@ impl AppState {
         std::fs::create_dir_all(&private).map_err(|e| io("cannot create", &private, e))?;
         std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| io("cannot set permissions of", &private, e))?;
+        // One process per data directory: start-up reconciliation marks every in-flight run
+        // `unknown`, and the audit chain is kept in memory, so a second `serve` or `mcp` on the
+        // same directory would corrupt both.
+        let lock_path = private.join("lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| io("cannot open", &lock_path, e))?;
+        if lock.try_lock().is_err() {
+            return Err(ServerError::Io(format!(
+                "the data directory {} is in use by another agentjail serve or mcp process; use another --data-dir, or connect to that server's /mcp endpoint",
+                data_dir.display()
+            )));
+        }
         // Create the receipt key now, so concurrent runs never race to create it.
         agentjail_verify::receipt::ReceiptKey::load_or_create(&private.join("receipt-key.pem"))
             .map_err(|e| ServerError::Io(format!("receipt key: {e}")))?;
@@ -151,6 +171,7 @@ impl AppState {
                 admitted: AtomicUsize::new(0),
                 metrics: metrics_handle(),
                 schemas,
+                _lock: lock,
             }),
         };
         runner::reconcile_at_startup(&state)?;
@@ -230,6 +251,10 @@ fn describe_metrics() {
         "Requests answered from the recorded run"
     );
     describe_counter!("agentjail_overload_refusals_total", "Runs refused with 429");
+    describe_counter!(
+        "agentjail_mcp_tool_calls_total",
+        "MCP tool calls by tool and outcome (ok, error, denied, invalid, cancelled)"
+    );
     describe_gauge!("agentjail_runs_in_flight", "Runs executing now");
     describe_histogram!(
         "agentjail_run_duration_seconds",

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use agentjail_manifest::report::{RunReport, Status};
 use agentjail_manifest::{Input, Manifest, Mode, Network};
+use tokio_util::sync::CancellationToken;
 
 use crate::audit::Event;
 use crate::config::{CodePolicy, Task};
@@ -27,6 +28,40 @@ pub struct Job {
     pub inputs: Vec<InputRow>,
     pub code: Option<String>,
     pub args: Vec<String>,
+    /// Cancels the run (an MCP client's `notifications/cancelled`): a queued job never starts,
+    /// a running one has its `agentjail run` process killed, which kills the whole sandbox (its
+    /// init dies with its parent, and the pid namespace with its init). None for HTTP runs: a
+    /// client that disconnects never cancels them.
+    pub cancel: Option<CancellationToken>,
+}
+
+/// Resolves when `c` is cancelled; never when there is no token.
+async fn cancelled(c: Option<&CancellationToken>) {
+    match c {
+        Some(c) => c.cancelled().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// How a cancelled run is recorded: `cancelled` when the task has no network access (the
+/// sandbox was killed and nothing outside can have happened), else `unknown` (an external
+/// effect may have happened before the kill; an operator reconciles it).
+fn cancelled_outcome(task: &Task, started: bool) -> (String, String) {
+    let what = if started {
+        "cancelled by the client while running; the sandbox was killed"
+    } else {
+        "cancelled by the client before the run started"
+    };
+    if !started || matches!(task.network, Network::Deny) {
+        ("cancelled".into(), what.into())
+    } else {
+        (
+            "unknown".into(),
+            format!(
+                "{what}; the task has network access, so an external effect may have happened; reconcile before retrying"
+            ),
+        )
+    }
 }
 
 /// Holds one admission slot (queued or running); released on drop.
@@ -205,7 +240,25 @@ async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: &Pat
     };
     // The sandbox enforces the task's limit; this bounds a runner that hangs for any other reason.
     let guard = Duration::from_secs(task.limits.seconds + 60);
-    let exit = match tokio::time::timeout(guard, child.wait()).await {
+    let waited = tokio::select! {
+        w = tokio::time::timeout(guard, child.wait()) => w,
+        _ = cancelled(job.cancel.as_ref()) => {
+            // SIGKILL to the runner: the sandbox's init has PDEATHSIG=KILL, and its pid
+            // namespace (every process of the run) dies with it.
+            let _ = child.kill().await;
+            let (status, reason) = cancelled_outcome(task, true);
+            tracing::info!(job_id = %job.job_id, "run cancelled; runner killed");
+            return Outcome {
+                status,
+                reason: Some(reason),
+                report: None,
+                receipt: None,
+                artifact: None,
+                denials: 0,
+            };
+        }
+    };
+    let exit = match waited {
         Ok(Ok(s)) => Some(s),
         Ok(Err(e)) => {
             tracing::error!(job_id = %job.job_id, error = %e, "waiting for the runner failed");
@@ -289,9 +342,9 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
     let Some(task) = state.inner.config.tasks.get(&job.task).cloned() else {
         return;
     };
-    let _permit = match state.inner.run_slots.acquire().await {
-        Ok(p) => p,
-        Err(_) => return,
+    let permit = tokio::select! {
+        p = state.inner.run_slots.acquire() => Some(p),
+        _ = cancelled(job.cancel.as_ref()) => None,
     };
     let base = Event {
         actor: Some(job.actor.clone()),
@@ -302,6 +355,46 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
         ..Default::default()
     };
     let db = state.inner.db.clone();
+    let _permit = match permit {
+        Some(Ok(p)) => p,
+        Some(Err(_)) => return,
+        None => {
+            let (status, reason) = cancelled_outcome(&task, false);
+            let (id, t, st, re) = (job.job_id.clone(), now(), status.clone(), reason.clone());
+            let r = db
+                .call(move |c| {
+                    db::finish_run(
+                        c,
+                        &Finish {
+                            job_id: &id,
+                            status: &st,
+                            reason: Some(&re),
+                            now: t,
+                            report: None,
+                            receipt: None,
+                            artifact: None,
+                            artifact_sha256: None,
+                        },
+                    )
+                })
+                .await;
+            if let Err(e) = r {
+                tracing::error!(error = %e, "recording a cancelled job failed");
+            }
+            metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => status.clone()).increment(1);
+            state
+                .inner
+                .audit
+                .append(Event {
+                    event: "run_end",
+                    status: Some(status),
+                    reason: Some(reason),
+                    ..base
+                })
+                .await;
+            return;
+        }
+    };
     if now() >= job.job_expires_at {
         let id = job.job_id.clone();
         let t = now();
@@ -549,6 +642,7 @@ mod tests {
             }],
             code: Some("print(1)".into()),
             args: vec![],
+            cancel: None,
         };
         let m = build_manifest(&state, &task, &job, true);
         assert_eq!(m.command, task.command);

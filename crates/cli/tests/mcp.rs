@@ -1,0 +1,366 @@
+//! The MCP server driven by a client this project did not write: the official Python MCP SDK
+//! (`mcp` from PyPI), over stdio (`agentjail mcp`, launched by the SDK) and over Streamable
+//! HTTP (`agentjail serve`'s `/mcp`). The scenarios live in `tests/mcp/session.py`: tools with
+//! schemas and annotations, upload, `summarize_csv` with model-proposed code returning the
+//! verified summary as `structuredContent`, replay, policy denials, invalid arguments
+//! (-32602), a timeout, and a cancelled call whose sandbox is gone afterwards. Here: a wrong
+//! token over HTTP (401 before any MCP processing), the Host/Origin checks, the audit records
+//! and the metrics. Without `import mcp` the test prints SKIP and passes (CI installs it).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+const ALICE: &str = "tok-alice-mcp-4b1d9e";
+const OPS: &str = "tok-ops-mcp-77c0aa";
+
+fn sha(s: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn python_has_mcp() -> bool {
+    Command::new("python3")
+        .args(["-c", "import mcp"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn config() -> String {
+    let example = agentjail_server::example_config();
+    let schema = example
+        .split("schema = '''")
+        .nth(1)
+        .and_then(|s| s.split("'''").next())
+        .unwrap();
+    format!(
+        r#"
+[tenants.acme]
+
+[actors.alice]
+tenant = "acme"
+token_sha256 = "{a}"
+
+[actors.ops]
+tenant = "acme"
+token_sha256 = "{o}"
+operator = true
+
+[tasks.summarize_csv]
+description = "Summarize one CSV with model-proposed Python"
+code = "allowed"
+command = ["/usr/bin/python3", "/input/code.py", "/input/data.csv", "/output/summary.json"]
+allowed_actors = ["alice"]
+expose_stderr_bytes = 2048
+[[tasks.summarize_csv.inputs]]
+mount = "/input/data.csv"
+media_types = ["text/csv"]
+max_bytes = 100000
+[tasks.summarize_csv.output]
+path = "/output/summary.json"
+media_type = "application/json"
+max_bytes = 100000
+schema = '''{schema}'''
+[tasks.summarize_csv.limits]
+seconds = 2
+
+[tasks.sleepy]
+description = "Runs code for up to two minutes"
+code = "allowed"
+command = ["/usr/bin/python3", "/input/code.py"]
+allowed_actors = ["alice"]
+[tasks.sleepy.output]
+path = "/output/o.json"
+media_type = "application/json"
+max_bytes = 1000
+[tasks.sleepy.limits]
+seconds = 120
+
+[tasks.admin_only]
+description = "Fixed program for operators"
+code = "forbidden"
+command = ["/usr/bin/python3", "-c", "print(1)"]
+allowed_actors = ["ops"]
+[[tasks.admin_only.inputs]]
+mount = "/input/data.csv"
+media_types = ["text/csv"]
+max_bytes = 100000
+[tasks.admin_only.output]
+path = "/output/o.json"
+media_type = "application/json"
+max_bytes = 1000
+"#,
+        a = sha(ALICE),
+        o = sha(OPS),
+    )
+}
+
+fn tempdir() -> tempfile::TempDir {
+    let d = tempfile::Builder::new()
+        .prefix("agentjail-mcp-test-")
+        .tempdir()
+        .unwrap();
+    // The sandbox user (an unprivileged host uid in root mode) must traverse the data dir.
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+fn setup(dir: &Path) -> (PathBuf, PathBuf) {
+    let cfg = dir.join("config.toml");
+    std::fs::write(&cfg, config()).unwrap();
+    let tok = dir.join("alice.token");
+    std::fs::write(&tok, ALICE).unwrap();
+    std::fs::set_permissions(&tok, std::fs::Permissions::from_mode(0o600)).unwrap();
+    (cfg, tok)
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/session.py")
+}
+
+/// Runs the Python session; returns its RESULT object.
+fn run_session(args: &[&str], transcript: &Path) -> serde_json::Value {
+    let out = Command::new("python3")
+        .arg(script())
+        .args(args)
+        .arg("--transcript")
+        .arg(transcript)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "python session failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    let line = stdout
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .unwrap_or_else(|| panic!("no RESULT line\n{stdout}\n{stderr}"));
+    serde_json::from_str(line).unwrap()
+}
+
+fn check_result(r: &serde_json::Value) {
+    assert_eq!(
+        r["tools"],
+        serde_json::json!(["get_run", "sleepy", "summarize_csv", "upload_input"])
+    );
+    assert_eq!(r["summary"]["rows"], 3);
+    assert_eq!(r["invalid_params"], true);
+    assert_eq!(r["cancelled"]["status"], "cancelled");
+}
+
+fn check_audit(data: &Path, route: &str) {
+    let p = data.join("private/audit.jsonl");
+    agentjail_server::audit::verify_chain(&p).unwrap();
+    let log = std::fs::read_to_string(&p).unwrap();
+    let calls: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["event"] == "mcp_tool_call")
+        .collect();
+    assert!(calls.len() >= 10, "{} mcp_tool_call records", calls.len());
+    for c in &calls {
+        assert_eq!(c["route"], route);
+        assert_eq!(c["actor"], "alice");
+        assert_eq!(c["tenant"], "acme");
+        assert!(c["tool"].is_string() && c["decision"].is_string(), "{c}");
+    }
+    assert!(calls.iter().any(|c| c["tool"] == "admin_only"
+        && c["decision"] == "deny"
+        && c["reason"].as_str().unwrap().starts_with("forbidden")));
+    assert!(
+        calls
+            .iter()
+            .any(|c| c["tool"] == "sleepy" && c["status"] == "cancelled")
+    );
+    // Never a token, code or content: the marker of the code and the CSV rows stay out.
+    for needle in [ALICE, "time.sleep", "north,12", "agentjail-mcp-cancel-"] {
+        assert!(!log.contains(needle), "audit log contains {needle:?}");
+    }
+}
+
+#[test]
+fn mcp_over_stdio_with_the_python_sdk() {
+    if !python_has_mcp() {
+        println!(
+            "SKIP: python3 cannot `import mcp` (python3 -m pip install mcp); MCP client tests not run"
+        );
+        return;
+    }
+    let dir = tempdir();
+    let (cfg, tok) = setup(dir.path());
+    let data = dir.path().join("data");
+    for mode in ["auto", "legacy"] {
+        let r = run_session(
+            &[
+                "--transport",
+                "stdio",
+                "--mode",
+                mode,
+                "--bin",
+                env!("CARGO_BIN_EXE_agentjail"),
+                "--config",
+                cfg.to_str().unwrap(),
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--token-file",
+                tok.to_str().unwrap(),
+            ],
+            &dir.path().join(format!("stdio-{mode}.txt")),
+        );
+        check_result(&r);
+    }
+    check_audit(&data, "mcp stdio");
+
+    // A token that is not the named actor's is refused before serving.
+    let wrong = dir.path().join("wrong.token");
+    std::fs::write(&wrong, "not-a-token").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_agentjail"))
+        .args(["mcp", "--tenant", "acme", "--actor", "alice", "--config"])
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(&data)
+        .arg("--token-file")
+        .arg(&wrong)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty(), "stdout belongs to the protocol");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("matches no configured actor"));
+    let out = Command::new(env!("CARGO_BIN_EXE_agentjail"))
+        .args(["mcp", "--tenant", "acme", "--actor", "ops", "--config"])
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(&data)
+        .env("AGENTJAIL_TOKEN", ALICE)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not belong to actor `ops`"));
+}
+
+struct Serve(Child, String);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve(cfg: &Path, data: &Path) -> Serve {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agentjail"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(cfg)
+        .arg("--data-dir")
+        .arg(data)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut base = None;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            base = Some(rest.split_whitespace().next().unwrap().to_string());
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
+    Serve(child, base.expect("serve did not start"))
+}
+
+fn post_initialize(url: &str, headers: &[(&str, &str)]) -> reqwest::blocking::Response {
+    let mut rq = reqwest::blocking::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#);
+    for (k, v) in headers {
+        rq = rq.header(*k, *v);
+    }
+    rq.send().unwrap()
+}
+
+#[test]
+fn mcp_over_streamable_http_with_the_python_sdk() {
+    let dir = tempdir();
+    let (cfg, tok) = setup(dir.path());
+    let data = dir.path().join("data");
+    let s = serve(&cfg, &data);
+    let url = format!("{}/mcp", s.1);
+
+    // Authentication comes first: no MCP processing without a valid bearer token.
+    let r = post_initialize(&url, &[("authorization", "Bearer wrong-token")]);
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.headers()["www-authenticate"], "Bearer");
+    assert_eq!(post_initialize(&url, &[]).status(), 401);
+    // DNS-rebinding protection: a foreign Host or any Origin is refused.
+    let bearer = format!("Bearer {ALICE}");
+    let r = post_initialize(
+        &url,
+        &[
+            ("authorization", &bearer),
+            ("origin", "https://evil.example"),
+        ],
+    );
+    assert_eq!(r.status(), 403);
+    let r = post_initialize(
+        &url,
+        &[("authorization", &bearer), ("host", "evil.example")],
+    );
+    assert_eq!(r.status(), 403);
+    let r = post_initialize(&url, &[("authorization", &bearer)]);
+    assert_eq!(r.status(), 200);
+
+    if !python_has_mcp() {
+        println!(
+            "SKIP: python3 cannot `import mcp` (python3 -m pip install mcp); MCP client tests not run"
+        );
+        return;
+    }
+    for mode in ["auto", "legacy"] {
+        let r = run_session(
+            &[
+                "--transport",
+                "http",
+                "--mode",
+                mode,
+                "--url",
+                &url,
+                "--token-file",
+                tok.to_str().unwrap(),
+            ],
+            &dir.path().join(format!("http-{mode}.txt")),
+        );
+        check_result(&r);
+    }
+    let metrics = reqwest::blocking::get(format!("{}/metrics", s.1))
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        metrics.contains(r#"agentjail_mcp_tool_calls_total{tool="summarize_csv",outcome="ok"}"#),
+        "{metrics}"
+    );
+    assert!(metrics.contains(r#"agentjail_runs_total{task="sleepy",status="cancelled"}"#));
+    drop(s);
+    check_audit(&data, "mcp http");
+    let log = std::fs::read_to_string(data.join("private/audit.jsonl")).unwrap();
+    assert!(log.contains(r#""route":"POST /mcp""#) && log.contains("auth_failure"));
+}
