@@ -108,6 +108,15 @@ pub fn check() -> Report {
     });
     let strict = crate::probe_strict_run();
     items.push(Item {
+        name: "mounts in userns".into(),
+        ok: strict.is_ok(),
+        detail: if strict.is_ok() {
+            "tmpfs, proc and read-only bind mounts work in a new user namespace (no overlayfs is used)".into()
+        } else {
+            "not proved: the strict run below failed".into()
+        },
+    });
+    items.push(Item {
         name: "strict run".into(),
         ok: strict.is_ok(),
         detail: match &strict {
