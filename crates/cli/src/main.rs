@@ -17,6 +17,8 @@ use agentjail_manifest::{
 };
 use clap::{Args, Parser, Subcommand};
 
+mod image_cmd;
+
 /// Exit status for setup and usage errors.
 const EXIT_SETUP: u8 = 125;
 
@@ -36,6 +38,9 @@ struct Cli {
 enum Command {
     /// Run a command (or a manifest) in a sandbox.
     Run(RunArgs),
+    /// Import, list, remove and verify digest-pinned root images (docs/images.md).
+    #[command(subcommand)]
+    Image(image_cmd::ImageCmd),
     /// Print the manifest that `run` flags describe, or the manifest format's JSON Schema.
     Manifest(ManifestArgs),
     /// Which protections this host offers to this user; non-zero if a strict run is refused.
@@ -330,6 +335,9 @@ struct RunArgs {
     /// host's /etc/hosts and /etc/resolv.conf (repeatable).
     #[arg(long = "egress-dns", value_name = "IP:PORT")]
     egress_dns: Vec<std::net::SocketAddr>,
+    /// Image store that a manifest's `image: sha256:…` is taken from (docs/images.md).
+    #[arg(long, value_name = "DIR", env = "AGENTJAIL_IMAGE_STORE")]
+    image_store: Option<PathBuf>,
     #[command(flatten)]
     flags: ManifestFlags,
 }
@@ -372,6 +380,7 @@ fn main() -> ExitCode {
 fn dispatch(cli: Cli) -> Result<u8, String> {
     match cli.command {
         Command::Run(a) => run(a),
+        Command::Image(c) => image_cmd::dispatch(c),
         Command::Manifest(a) => {
             if a.schema {
                 print_json(&Manifest::json_schema());
@@ -541,10 +550,16 @@ fn run(a: RunArgs) -> Result<u8, String> {
         }
     };
     if a.dry_run {
-        let plan = agentjail_engine::plan::Plan::new(&vm);
+        // The plan on the image the run would use; a refusal is shown, not hidden.
+        let (image, root) = match pipeline::select_root(&vm, a.image_store.as_deref()) {
+            Ok((d, r)) => (serde_json::json!(d), r),
+            Err(e) => (serde_json::json!({ "refused": e }), agentjail_engine::RootImage::Host),
+        };
+        let plan = agentjail_engine::plan::Plan::for_root(&vm, &root);
         let env_names: Vec<&str> = plan.env.iter().map(|(k, _)| k.as_str()).collect();
         print_json(&serde_json::json!({
             "manifest_digest": vm.digest,
+            "image": image,
             "ops": plan.ops,
             "landlock": plan.rules,
             "argv": plan.argv,
@@ -566,7 +581,7 @@ fn run(a: RunArgs) -> Result<u8, String> {
         receipt: a.receipt.clone(),
         key: a.key.clone(),
     };
-    let finished = match pipeline::execute(&vm, &opts, &delivery) {
+    let finished = match pipeline::execute_in(&vm, &opts, &delivery, a.image_store.as_deref()) {
         Ok(f) => f,
         Err(SetupFailure(msg)) => {
             if a.report.as_ref().map(|p| !p.exists()).unwrap_or(false) {

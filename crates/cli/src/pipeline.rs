@@ -64,11 +64,77 @@ pub fn check_output_dir(dir: &Path) -> Result<(), SetupFailure> {
     }
 }
 
-/// Runs, verifies, delivers and records one validated manifest.
+/// Note for reports of runs on the host image.
+pub const HOST_IMAGE_NOTE: &str = "root is the unpinned host image: the host's /usr, /bin and /lib* bound read-only; its digest identifies this machine's state, its content is not pinned or verified (pin an image with `image: sha256:…`, docs/images.md)";
+
+/// Decides the run's root image: the host image when the manifest pins none or pins the host
+/// image's identity; otherwise a stored image, which must be in `store` (default store when
+/// `None`) and pass the per-run check. Never falls back to the host. `Err` is the refusal.
+pub fn select_root(
+    vm: &ValidatedManifest,
+    store: Option<&Path>,
+) -> Result<(String, agentjail_engine::RootImage), String> {
+    let host = agentjail_engine::image::host_image_identity();
+    let field = if vm.manifest.image.is_some() {
+        "image"
+    } else {
+        "image_digest"
+    };
+    match vm.manifest.pinned_image() {
+        None => Ok((host, agentjail_engine::RootImage::Host)),
+        Some(want) if want == host => Ok((host, agentjail_engine::RootImage::Host)),
+        Some(want) => {
+            let s = agentjail_image::Store::at(store);
+            match s.resolve(want) {
+                Ok(rootfs) => Ok((
+                    want.to_string(),
+                    agentjail_engine::RootImage::Stored {
+                        digest: want.to_string(),
+                        rootfs,
+                    },
+                )),
+                Err(agentjail_image::ImageError::NotFound { .. }) => Err(format!(
+                    "manifest field `{field}`: {want} does not match the image actually used: it is neither the host image ({host}) nor in the image store {}; refusing to run (import it with `agentjail image import`)",
+                    s.root().display()
+                )),
+                Err(agentjail_image::ImageError::BadDigest(_)) => Err(format!(
+                    "manifest field `{field}`: {want} does not match the image actually used (host image {host}) and is not a sha256 digest of a stored image; refusing to run"
+                )),
+                Err(e) => Err(format!("manifest field `{field}`: {e}")),
+            }
+        }
+    }
+}
+
+/// Records in the report whether the root was pinned.
+fn annotate_image(report: &mut RunReport, root: &agentjail_engine::RootImage) {
+    match root {
+        agentjail_engine::RootImage::Host => {
+            report.image_pinned = false;
+            report.image_note = Some(HOST_IMAGE_NOTE.into());
+        }
+        agentjail_engine::RootImage::Stored { .. } => {
+            report.image_pinned = true;
+            report.image_note = None;
+        }
+    }
+}
+
+/// Runs, verifies, delivers and records one validated manifest (images from the default store).
 pub fn execute(
     vm: &ValidatedManifest,
     opts: &RunOptions,
     delivery: &Delivery,
+) -> Result<Finished, SetupFailure> {
+    execute_in(vm, opts, delivery, None)
+}
+
+/// [`execute`] with pinned images taken from the store at `store`.
+pub fn execute_in(
+    vm: &ValidatedManifest,
+    opts: &RunOptions,
+    delivery: &Delivery,
+    store: Option<&Path>,
 ) -> Result<Finished, SetupFailure> {
     if let Some(d) = &delivery.output_dir {
         check_output_dir(d)?;
@@ -80,31 +146,40 @@ pub fn execute(
     // Load (or create) the signing key before the run, so a key problem costs no run.
     let key = match &delivery.receipt {
         Some(_) => {
-            let path = delivery.key.clone().unwrap_or_else(receipt::default_key_path);
+            let path = delivery
+                .key
+                .clone()
+                .unwrap_or_else(receipt::default_key_path);
             Some(ReceiptKey::load_or_create(&path).map_err(|e| SetupFailure(e.to_string()))?)
         }
         None => None,
     };
-    let image = agentjail_engine::image::host_image_identity();
-    let refusal = match &vm.manifest.image_digest {
-        Some(want) if *want != image => Some(format!(
-            "manifest field `image_digest`: {want} does not match the image actually used (host image {image}); refusing to run"
-        )),
-        _ => match &vm.manifest.network {
+    let selected = select_root(vm, store);
+    let (image, root) = match &selected {
+        Ok((d, r)) => (Some(d.clone()), Some(r.clone())),
+        Err(_) => (None, None),
+    };
+    let refusal = match selected {
+        Err(msg) => Some(msg),
+        Ok(_) => match &vm.manifest.network {
             agentjail_manifest::Network::Allow(p) => agentjail_egress::compile_policy(p)
                 .err()
                 .map(|e| format!("manifest field `network`: {e}")),
             agentjail_manifest::Network::Deny => None,
         },
     };
-    if let Some(msg) = refusal {
+    let (Some(image), Some(root), None) = (image.clone(), root.clone(), refusal.clone()) else {
+        let msg = refusal.unwrap_or_default();
         let mut r = RunReport::setup_error(vm.manifest.limits, msg.clone());
         r.request_id = vm.manifest.request_id.clone();
         r.manifest_digest = Some(vm.digest.clone());
-        r.image = Some(image);
+        // Nothing ran: `image` is the image this run would have had (the pinned one when it
+        // was selected, else the host image's identity, as a reference for the caller).
+        r.image = image.or_else(|| Some(agentjail_engine::image::host_image_identity()));
+        r.image_pinned = matches!(root, Some(agentjail_engine::RootImage::Stored { .. }));
         write_report(delivery, &r)?;
         return Err(SetupFailure(msg));
-    }
+    };
 
     let staging = match &delivery.output_dir {
         Some(d) => Some(make_staging(d)?),
@@ -122,7 +197,8 @@ pub fn execute(
         output_dir,
         output_full,
         ..
-    } = agentjail_engine::run(vm, opts, Some(image));
+    } = agentjail_engine::run_on(vm, opts, Some(image), &root);
+    annotate_image(&mut report, &root);
 
     let mut artifact = None;
     let mut delivered = Vec::new();

@@ -80,6 +80,55 @@ pub struct Plan {
     pub cgroup_join: Vec<std::path::PathBuf>,
 }
 
+/// Where the sandbox's system directories (and the curated parts of /etc) come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootImage {
+    /// The host's /usr, /bin, /lib*…, bound read-only (identified, not content-pinned).
+    Host,
+    /// An image from the content-addressed store, checked against its record before the run.
+    Stored { digest: String, rootfs: PathBuf },
+}
+
+/// Top-level names of an image that the sandbox provides itself and never takes from it.
+const RESERVED: &[&str] = &["etc", "dev", "proc", "sys", "tmp", "work", "output", "input", "run"];
+
+/// A stored image's top-level directories (bound read-only) and symlinks (recreated), except
+/// the ones the sandbox provides itself. Files at the top level are ignored.
+pub fn image_system_ops(rootfs: &Path) -> Vec<Op> {
+    let mut names: Vec<String> = std::fs::read_dir(rootfs)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    let mut ops = Vec::new();
+    for name in names {
+        if RESERVED.contains(&name.as_str()) {
+            continue;
+        }
+        let p = rootfs.join(&name);
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                if let Ok(t) = std::fs::read_link(&p) {
+                    ops.push(Op::Symlink {
+                        target: t.to_string_lossy().into_owned(),
+                        dest: format!("/{name}"),
+                    });
+                }
+            }
+            Ok(m) if m.is_dir() => ops.push(Op::BindRo {
+                src: p,
+                dest: format!("/{name}"),
+                dir: true,
+            }),
+            _ => {}
+        }
+    }
+    ops
+}
+
 /// The host directories that form the default (host) image, with how each is reproduced.
 pub fn host_system_ops() -> Vec<Op> {
     let mut ops = Vec::new();
@@ -105,7 +154,10 @@ pub fn host_system_ops() -> Vec<Op> {
     ops
 }
 
-fn etc_ops() -> Vec<Op> {
+/// The sandbox's /etc: generated files, plus read-only pieces of the image's /etc (the host's
+/// for the host image) that programs need and that hold no secrets. From a stored image,
+/// pieces that are symlinks are skipped (a bind source is opened without following links).
+fn etc_ops(root: &RootImage) -> Vec<Op> {
     let file = |name: &str, content: String| Op::File {
         dest: format!("/etc/{name}"),
         content,
@@ -138,14 +190,21 @@ fn etc_ops() -> Vec<Op> {
         ("/etc/services", false),
         ("/etc/mime.types", false),
     ] {
-        let p = Path::new(src);
-        let ok = match std::fs::metadata(p) {
+        let p = match root {
+            RootImage::Host => Path::new(src).to_owned(),
+            RootImage::Stored { rootfs, .. } => rootfs.join(src.trim_start_matches('/')),
+        };
+        let meta = match root {
+            RootImage::Host => std::fs::metadata(&p),
+            RootImage::Stored { .. } => std::fs::symlink_metadata(&p),
+        };
+        let ok = match meta {
             Ok(m) => m.is_dir() == dir && (dir || m.is_file()),
             Err(_) => false,
         };
         if ok {
             ops.push(Op::BindRo {
-                src: p.to_owned(),
+                src: p,
                 dest: src.to_string(),
                 dir,
             });
@@ -185,16 +244,26 @@ fn dev_ops() -> Vec<Op> {
 impl Plan {
     /// Builds the plan for a validated manifest on the host image.
     pub fn new(vm: &ValidatedManifest) -> Plan {
+        Plan::for_root(vm, &RootImage::Host)
+    }
+
+    /// Builds the plan for a validated manifest on the given root image. Only the system
+    /// directories and the curated /etc pieces depend on the image; /dev, /proc, the tmpfs
+    /// mounts and the inputs are the same ops on every image.
+    pub fn for_root(vm: &ValidatedManifest, root: &RootImage) -> Plan {
         let m = &vm.manifest;
         let limits = m.limits;
-        let mut ops = host_system_ops();
+        let mut ops = match root {
+            RootImage::Host => host_system_ops(),
+            RootImage::Stored { rootfs, .. } => image_system_ops(rootfs),
+        };
         let mut rules: Vec<(String, Access)> = vec![("/".into(), Access::ListOnly)];
         for op in &ops {
             if let Op::BindRo { dest, .. } = op {
                 rules.push((dest.clone(), Access::ReadExec));
             }
         }
-        ops.extend(etc_ops());
+        ops.extend(etc_ops(root));
         rules.push(("/etc".into(), Access::Read));
         ops.extend(dev_ops());
         for d in ["null", "zero", "full", "random", "urandom", "tty"] {
@@ -272,7 +341,7 @@ impl Plan {
     /// The host image's parts (system directories and curated /etc), for its identity.
     pub fn image_description() -> Vec<String> {
         let mut ops = host_system_ops();
-        ops.extend(etc_ops());
+        ops.extend(etc_ops(&RootImage::Host));
         ops.extend(dev_ops());
         ops.iter()
             .filter_map(|op| match op {

@@ -18,7 +18,7 @@ use rustix::event::{PollFd, PollFlags, poll};
 
 use crate::cgroup::{Cgroup, Stats};
 use crate::inside::{self, Applied, InitArgs, Msg};
-use crate::plan::{Plan, SANDBOX_ID};
+use crate::plan::{Plan, RootImage, SANDBOX_ID};
 use crate::sys::{self, Cloned};
 
 /// Bound on what passes through of the command's stdout and of its stderr.
@@ -155,6 +155,17 @@ fn fail(mut r: RunReport, msg: String) -> Outcome {
 /// Runs a validated manifest on the host image. Never panics; failures to start are reported
 /// as `setup_error` with a one-line reason.
 pub fn run(vm: &ValidatedManifest, opts: &RunOptions, image: Option<String>) -> Outcome {
+    run_on(vm, opts, image, &RootImage::Host)
+}
+
+/// Runs a validated manifest on the given root image (`image` is the digest the report
+/// records). The caller has checked a stored image against its record.
+pub fn run_on(
+    vm: &ValidatedManifest,
+    opts: &RunOptions,
+    image: Option<String>,
+    root: &RootImage,
+) -> Outcome {
     let mut report = base_report(vm);
     report.image = image;
     if sys::thread_count().unwrap_or(1) > 1 {
@@ -199,7 +210,7 @@ pub fn run(vm: &ValidatedManifest, opts: &RunOptions, image: Option<String>) -> 
     }
 
     inside::timing::mark("supervisor: before `let mut plan = Plan::new(vm);`");
-    let mut plan = Plan::new(vm);
+    let mut plan = Plan::for_root(vm, root);
     plan.cgroup_applied = cgroup.is_some();
     plan.cgroup_join = cgroup.as_ref().map(Cgroup::self_join_files).unwrap_or_default();
 

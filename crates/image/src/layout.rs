@@ -68,3 +68,11 @@ pub fn write_oci_layout(dir: &Path, layers_gz: &[Vec<u8>]) -> std::io::Result<St
     std::fs::write(dir.join("index.json"), index.to_string())?;
     Ok(md)
 }
+
+/// A tar stream of a directory's content (symlinks kept as symlinks), e.g. a layer.
+pub fn tar_dir(src: &Path) -> std::io::Result<Vec<u8>> {
+    let mut b = tar::Builder::new(Vec::new());
+    b.follow_symlinks(false);
+    b.append_dir_all(".", src)?;
+    b.into_inner()
+}

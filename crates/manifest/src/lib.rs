@@ -65,8 +65,13 @@ pub struct Manifest {
     /// Caller's identifier for this run; recorded in the report and the receipt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
-    /// Digest of the root filesystem image the run must use. For the host image, omit it or
-    /// give the host image's digest (printed by `agentjail check`); a mismatch refuses the run.
+    /// Digest of the root filesystem image the run must use: a digest-pinned image in the local
+    /// store (`agentjail image import`, docs/images.md), or the host image's identity (printed by
+    /// `agentjail check`). Omitted: the unpinned host image. A digest that is neither, or a stored
+    /// image whose content changed, refuses the run. Same as `image_digest`; give one of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The older spelling of `image`. If both are given they must be equal.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_digest: Option<String>,
     /// The identity the command runs as. Only `nonroot` (uid/gid 65534 inside) exists.
@@ -338,6 +343,7 @@ impl Manifest {
     pub fn for_command(command: Vec<String>) -> Manifest {
         Manifest {
             request_id: None,
+            image: None,
             image_digest: None,
             user: User::Nonroot,
             inputs: Vec::new(),
@@ -386,6 +392,11 @@ impl Manifest {
         serde_json::to_value(schemars::schema_for!(Manifest)).unwrap_or_default()
     }
 
+    /// The image the manifest pins (`image`, else `image_digest`), if any.
+    pub fn pinned_image(&self) -> Option<&str> {
+        self.image.as_deref().or(self.image_digest.as_deref())
+    }
+
     /// sha256 over the RFC 8785 canonical JSON form, as `sha256:<hex>`.
     pub fn canonical_digest(&self) -> String {
         let bytes = serde_jcs::to_vec(self).unwrap_or_default();
@@ -408,10 +419,20 @@ impl Manifest {
                 ));
             }
         }
-        if let Some(d) = &m.image_digest {
-            if !d.starts_with("sha256:") || d.len() > 128 || d.chars().any(|c| c.is_control()) {
-                return Err(field("image_digest", "must have the form sha256:<hex>"));
+        for (name, v) in [("image", &m.image), ("image_digest", &m.image_digest)] {
+            if let Some(d) = v
+                && (!d.starts_with("sha256:") || d.len() > 128 || d.chars().any(|c| c.is_control()))
+            {
+                return Err(field(name, "must have the form sha256:<hex>"));
             }
+        }
+        if let (Some(a), Some(b)) = (&m.image, &m.image_digest)
+            && a != b
+        {
+            return Err(field(
+                "image",
+                "`image` and `image_digest` name different digests; give one of them",
+            ));
         }
         check_limits(&m.limits)?;
         if let Some(exp) = &m.expires_at {

@@ -176,8 +176,16 @@ pub struct RunReport {
     pub request_id: Option<String>,
     /// sha256 of the canonical manifest, or null when the run failed before one existed.
     pub manifest_digest: Option<String>,
-    /// Identity of the root filesystem image used (`sha256:…` of the host image description).
+    /// Digest of the root filesystem image actually used: a digest-pinned image from the store,
+    /// or the identity of the host image (`sha256:…` of the host image description).
     pub image: Option<String>,
+    /// True when the root came from the content-addressed image store and passed its check;
+    /// false for the host image, which is identified but not content-pinned.
+    #[serde(default)]
+    pub image_pinned: bool,
+    /// A plain-words note about the root image, e.g. that the host image is not pinned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_note: Option<String>,
     /// Why the run failed to start (status `setup_error` only). One line, no secrets.
     pub error: Option<String>,
     pub exit_code: Option<i32>,
@@ -213,6 +221,8 @@ impl RunReport {
             request_id: None,
             manifest_digest: None,
             image: None,
+            image_pinned: false,
+            image_note: None,
             error: Some(error),
             exit_code: None,
             signal: None,

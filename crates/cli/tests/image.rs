@@ -1,0 +1,545 @@
+//! Digest-pinned images, end to end with the real binary: an image assembled offline from the
+//! host's python3 (its shared libraries and the stdlib modules the CSV example needs) and
+//! packed as an OCI layout by the test; import, run the CSV example in it, tamper, verify,
+//! and hostile archives.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+const PY: &str = "/usr/bin/python3";
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    fn dump(&self) -> String {
+        format!(
+            "exit {}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+fn agentjail<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Out {
+    let o = Command::new(env!("CARGO_BIN_EXE_agentjail"))
+        .args(args)
+        .env_remove("AGENTJAIL_IMAGE_STORE")
+        .output()
+        .unwrap();
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/csv-summary")
+}
+
+/// Copies a host file to the same absolute path below `root`, resolving symlinks in the
+/// file's own name into a copy (and keeping a symlink named like the original when its target
+/// is in the same folder).
+fn copy_in(root: &Path, host: &Path) {
+    let dest = root.join(host.strip_prefix("/").unwrap());
+    if dest.exists() {
+        return;
+    }
+    std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+    let real = std::fs::canonicalize(host).unwrap();
+    std::fs::copy(&real, &dest).unwrap();
+}
+
+fn ldd(bin: &Path) -> Vec<PathBuf> {
+    let o = Command::new("ldd").arg(bin).output().unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find(|w| w.starts_with('/'))
+                .map(PathBuf::from)
+        })
+        .collect()
+}
+
+/// A root file system with python3, the libraries it links and the stdlib modules that the
+/// CSV example loads, plus dash as /bin/sh. Built once per test process.
+fn python_rootfs() -> &'static Path {
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        let d = tempfile::Builder::new().prefix("agentjail-pyroot-").tempdir().unwrap().keep();
+        let root = d.join("rootfs");
+        std::fs::create_dir_all(&root).unwrap();
+        // The modules the example loads, as the host's python3 sees them.
+        let ex = examples();
+        let script = format!(
+            "import runpy, sys\nsys.argv = ['summarize.py', {csv:?}, {out:?}]\ntry:\n    runpy.run_path({py:?}, run_name='__main__')\nexcept SystemExit:\n    pass\nfor m in list(sys.modules.values()):\n    f = getattr(m, '__file__', None)\n    if f: print(f)\n",
+            csv = ex.join("report.csv").display().to_string(),
+            out = d.join("probe.json").display().to_string(),
+            py = ex.join("summarize.py").display().to_string(),
+        );
+        let o = Command::new(PY).args(["-c", &script]).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let mut files: Vec<PathBuf> = vec![PathBuf::from(PY)];
+        for l in String::from_utf8_lossy(&o.stdout).lines() {
+            let p = PathBuf::from(l);
+            if p.is_absolute() && p.exists() {
+                files.push(p);
+            }
+        }
+        let mut bins = vec![PathBuf::from(PY)];
+        if let Ok(sh) = std::fs::canonicalize("/bin/sh") {
+            bins.push(sh);
+        }
+        for f in files.iter().filter(|f| f.extension().map(|e| e == "so").unwrap_or(false)) {
+            bins.push(f.clone());
+        }
+        for b in &bins {
+            copy_in(&root, b);
+            for lib in ldd(b) {
+                copy_in(&root, &lib);
+            }
+        }
+        for f in &files {
+            copy_in(&root, f);
+        }
+        // python3 is a symlink on the host; the copy is the real binary under the same name.
+        if let Ok(sh) = std::fs::canonicalize("/bin/sh") {
+            let dest = root.join("bin");
+            std::fs::create_dir_all(&dest).unwrap();
+            std::fs::copy(sh, dest.join("sh")).unwrap();
+        }
+        // The landmark python uses to find its prefix.
+        assert!(root.join("usr/lib/python3.11/os.py").exists() || std::fs::read_dir(root.join("usr/lib")).is_ok());
+        root
+    })
+}
+
+/// Packs the python rootfs as a one-layer OCI layout in `dir`; returns the image digest.
+fn python_layout(dir: &Path) -> String {
+    let layer = agentjail_image::layout::tar_dir(python_rootfs()).unwrap();
+    let gz = agentjail_image::layout::gzip(&layer).unwrap();
+    agentjail_image::layout::write_oci_layout(dir, &[gz]).unwrap()
+}
+
+fn import(store: &Path, src: &Path, extra: &[&str]) -> Out {
+    let mut args = vec![
+        "image",
+        "import",
+        src.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    agentjail(&args)
+}
+
+/// The example manifest, pinned to `image`, in `dir` (with the example's files next to it).
+fn pinned_example(dir: &Path, image: &str) -> PathBuf {
+    for f in ["report.csv", "summarize.py", "summary.schema.json"] {
+        std::fs::copy(examples().join(f), dir.join(f)).unwrap();
+    }
+    let text = std::fs::read_to_string(examples().join("manifest.yaml")).unwrap();
+    let text = format!("image: {image}\n{text}");
+    let m = dir.join("manifest.yaml");
+    std::fs::write(&m, text).unwrap();
+    m
+}
+
+fn run_manifest(dir: &Path, m: &Path, store: &Path, extra: &[&str]) -> (Out, Value) {
+    let report = dir.join("report.json");
+    let _ = std::fs::remove_file(&report);
+    let mut args = vec![
+        "run",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--image-store",
+        store.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let out = agentjail(&args);
+    let r = std::fs::read(&report)
+        .map(|b| serde_json::from_slice(&b).unwrap())
+        .unwrap_or(Value::Null);
+    (out, r)
+}
+
+fn stored_images(store: &Path) -> usize {
+    std::fs::read_dir(store.join("images"))
+        .map(|r| r.count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn the_csv_example_runs_in_a_pinned_image_and_report_and_receipt_name_it() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("store");
+    let layout = d.path().join("layout");
+    let digest = python_layout(&layout);
+    let out = import(&store, &layout, &[]);
+    assert_eq!(out.code, 0, "{}", out.dump());
+    assert_eq!(out.stdout.trim(), digest);
+
+    let ls = agentjail(&["image", "ls", "--store", store.to_str().unwrap(), "--json"]);
+    let v: Value = serde_json::from_str(&ls.stdout).unwrap();
+    assert_eq!(v[0]["digest"], digest.as_str());
+    assert_eq!(v[0]["kind"], "oci");
+
+    let m = pinned_example(d.path(), &digest);
+    let outdir = d.path().join("out");
+    let receipt = d.path().join("receipt.json");
+    let key = d.path().join("key.pem");
+    let (out, report) = run_manifest(
+        d.path(),
+        &m,
+        &store,
+        &[
+            "--output-dir",
+            outdir.to_str().unwrap(),
+            "--receipt",
+            receipt.to_str().unwrap(),
+            "--key",
+            key.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.code, 0, "{}\n{report:#}", out.dump());
+    assert_eq!(report["status"], "ok");
+    assert_eq!(report["image"], digest.as_str());
+    assert_eq!(report["image_pinned"], true);
+    assert!(report.get("image_note").is_none() || report["image_note"].is_null());
+    let summary: Value =
+        serde_json::from_slice(&std::fs::read(outdir.join("summary.json")).unwrap()).unwrap();
+    assert!(summary["rows"].as_u64().unwrap() > 0);
+    // The receipt's statement names the same digest.
+    let env: Value = serde_json::from_slice(&std::fs::read(&receipt).unwrap()).unwrap();
+    use base64::Engine;
+    let payload = base64::engine::general_purpose::STANDARD
+        .decode(env["payload"].as_str().unwrap())
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&payload).contains(&digest),
+        "receipt lacks the image digest"
+    );
+
+    // The root really is the image: host programs absent from it are not there.
+    let probe = d.path().join("probe.yaml");
+    std::fs::write(
+        &probe,
+        format!(
+            "image: {digest}\ncommand: [\"/usr/bin/python3\", \"-c\", \"import os, sys; sys.exit(0 if not os.path.exists('/usr/bin/ls') and os.path.exists('/usr/bin/python3') else 3)\"]\n"
+        ),
+    )
+    .unwrap();
+    let (out, report) = run_manifest(d.path(), &probe, &store, &[]);
+    assert_eq!(out.code, 0, "{}\n{report:#}", out.dump());
+    // The plan binds the image's directories, nothing of the host's /usr.
+    let dry = agentjail(&[
+        "run",
+        "--manifest",
+        probe.to_str().unwrap(),
+        "--image-store",
+        store.to_str().unwrap(),
+        "--dry-run",
+    ]);
+    assert_eq!(dry.code, 0, "{}", dry.dump());
+    let plan: Value = serde_json::from_str(&dry.stdout).unwrap();
+    let binds: Vec<String> = plan["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["op"] == "bind_ro" && o["dest"].as_str().unwrap().starts_with("/usr"))
+        .map(|o| o["src"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        !binds.is_empty() && binds.iter().all(|s| s.starts_with(store.to_str().unwrap())),
+        "{binds:?}"
+    );
+
+    // `image: …` and `image_digest: …` must agree.
+    let both = d.path().join("both.yaml");
+    std::fs::write(
+        &both,
+        format!(
+            "image: {digest}\nimage_digest: sha256:{}\ncommand: [\"true\"]\n",
+            "1".repeat(64)
+        ),
+    )
+    .unwrap();
+    let (out, _) = run_manifest(d.path(), &both, &store, &[]);
+    assert_eq!(out.code, 125, "{}", out.dump());
+    assert!(out.stderr.contains("image"), "{}", out.dump());
+}
+
+#[test]
+fn a_tampered_store_refuses_the_run_and_verify_reports_the_change() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("store");
+    let layout = d.path().join("layout");
+    let digest = python_layout(&layout);
+    assert_eq!(import(&store, &layout, &[]).code, 0);
+    let verify = agentjail(&[
+        "image",
+        "verify",
+        &digest,
+        "--store",
+        store.to_str().unwrap(),
+    ]);
+    assert_eq!(verify.code, 0, "{}", verify.dump());
+
+    // Someone edits the stored json module.
+    let rootfs = store.join("images").join(&digest[7..]).join("rootfs");
+    let victim = rootfs.join("usr/lib/python3.11/json/__init__.py");
+    let mut text = std::fs::read_to_string(&victim).unwrap();
+    text.push_str("\nimport os; os.system('echo pwned')\n");
+    std::fs::write(&victim, text).unwrap();
+
+    let m = pinned_example(d.path(), &digest);
+    let outdir = d.path().join("out");
+    let (out, report) = run_manifest(
+        d.path(),
+        &m,
+        &store,
+        &["--output-dir", outdir.to_str().unwrap()],
+    );
+    assert_eq!(out.code, 125, "{}", out.dump());
+    assert!(out.stderr.contains("no longer matches"), "{}", out.dump());
+    assert_eq!(report["status"], "setup_error");
+    assert!(!outdir.join("summary.json").exists());
+
+    let verify = agentjail(&[
+        "image",
+        "verify",
+        &digest,
+        "--store",
+        store.to_str().unwrap(),
+    ]);
+    assert_eq!(verify.code, 1, "{}", verify.dump());
+    assert!(
+        verify
+            .stdout
+            .contains("changed: \"usr/lib/python3.11/json/__init__.py\""),
+        "{}",
+        verify.dump()
+    );
+
+    // Removing the image: the run is refused as unknown, never run on the host instead.
+    let rm = agentjail(&["image", "rm", &digest, "--store", store.to_str().unwrap()]);
+    assert_eq!(rm.code, 0, "{}", rm.dump());
+    assert_eq!(stored_images(&store), 0);
+    let (out, report) = run_manifest(d.path(), &m, &store, &[]);
+    assert_eq!(out.code, 125, "{}", out.dump());
+    assert!(out.stderr.contains("image store"), "{}", out.dump());
+    assert_eq!(report["status"], "setup_error");
+}
+
+#[test]
+fn unknown_digest_is_refused_and_the_host_image_is_reported_unpinned() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("store");
+    let m = d.path().join("m.yaml");
+    std::fs::write(
+        &m,
+        format!("image: sha256:{}\ncommand: [\"true\"]\n", "ab".repeat(32)),
+    )
+    .unwrap();
+    let (out, report) = run_manifest(d.path(), &m, &store, &[]);
+    assert_eq!(out.code, 125, "{}", out.dump());
+    assert!(
+        out.stderr.contains("neither the host image"),
+        "{}",
+        out.dump()
+    );
+    assert_eq!(report["status"], "setup_error");
+
+    let m = d.path().join("host.yaml");
+    std::fs::write(&m, "command: [\"true\"]\n").unwrap();
+    let (out, report) = run_manifest(d.path(), &m, &store, &[]);
+    assert_eq!(out.code, 0, "{}", out.dump());
+    assert_eq!(report["image_pinned"], false);
+    assert!(
+        report["image_note"]
+            .as_str()
+            .unwrap()
+            .contains("unpinned host image")
+    );
+    assert!(report["image"].as_str().unwrap().starts_with("sha256:"));
+}
+
+// --- hostile archives through the binary ---------------------------------------------------
+
+/// One raw ustar header block (names are written verbatim, `..` and `/` included).
+fn header(name: &str, typeflag: u8, size: u64, link: &str) -> Vec<u8> {
+    let mut h = vec![0u8; 512];
+    h[..name.len()].copy_from_slice(name.as_bytes());
+    h[100..107].copy_from_slice(b"0000644");
+    h[108..115].copy_from_slice(b"0000000");
+    h[116..123].copy_from_slice(b"0000000");
+    let sz = format!("{size:011o}");
+    if sz.len() == 11 {
+        h[124..135].copy_from_slice(sz.as_bytes());
+    } else {
+        // base-256 for sizes over 8 GiB
+        h[124] = 0x80;
+        h[128..136].copy_from_slice(&size.to_be_bytes());
+    }
+    h[136..147].copy_from_slice(b"14540000000");
+    h[156] = typeflag;
+    h[157..157 + link.len()].copy_from_slice(link.as_bytes());
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[263..265].copy_from_slice(b"00");
+    h[148..156].copy_from_slice(b"        ");
+    let sum: u32 = h.iter().map(|&b| b as u32).sum();
+    h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+    h
+}
+
+fn file(name: &str, data: &[u8]) -> Vec<u8> {
+    let mut v = header(name, b'0', data.len() as u64, "");
+    v.extend_from_slice(data);
+    v.resize(v.len().div_ceil(512) * 512, 0);
+    v
+}
+
+fn end(mut v: Vec<u8>) -> Vec<u8> {
+    v.extend_from_slice(&[0u8; 1024]);
+    v
+}
+
+fn hostile(name: &str, tar: Vec<u8>, want: &str, extra: &[&str]) {
+    let d = tempfile::tempdir().unwrap();
+    let outside = d.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    let store = d.path().join("store");
+    let p = d.path().join("in.tar");
+    std::fs::write(&p, &tar).unwrap();
+    let out = import(&store, &p, extra);
+    assert_eq!(out.code, 125, "{name}: {}", out.dump());
+    assert!(
+        out.stderr.contains("refused") && out.stderr.contains(want),
+        "{name}: {}",
+        out.dump()
+    );
+    // The same archive as the layer of an OCI layout.
+    let layout = d.path().join("layout");
+    agentjail_image::layout::write_oci_layout(
+        &layout,
+        &[agentjail_image::layout::gzip(&tar).unwrap()],
+    )
+    .unwrap();
+    let out = import(&store, &layout, extra);
+    assert_eq!(out.code, 125, "{name} (layer): {}", out.dump());
+    assert!(out.stderr.contains(want), "{name} (layer): {}", out.dump());
+    assert_eq!(
+        std::fs::read_dir(&outside).unwrap().count(),
+        0,
+        "{name}: wrote outside"
+    );
+    assert_eq!(stored_images(&store), 0);
+    assert_eq!(
+        std::fs::read_dir(store.join("tmp")).unwrap().count(),
+        0,
+        "{name}: staging left"
+    );
+}
+
+#[test]
+fn hostile_archives_are_refused_with_their_reason() {
+    let d = tempfile::tempdir().unwrap();
+    let o = d.path().join("x").display().to_string();
+    hostile(
+        "dotdot",
+        end(file("../../outside/evil", b"x")),
+        "`..` component",
+        &[],
+    );
+    hostile(
+        "absolute",
+        end(file(&format!("{o}/evil"), b"x")),
+        "absolute path",
+        &[],
+    );
+    let mut t = header("link", b'2', 0, "../outside");
+    t.extend(file("link/evil", b"x"));
+    hostile(
+        "symlink write-through",
+        end(t),
+        "symlink or not a directory",
+        &[],
+    );
+    hostile(
+        "hard link to /etc/shadow",
+        end(header("shadow", b'1', 0, "/etc/shadow")),
+        "absolute path",
+        &[],
+    );
+    hostile(
+        "hard link ahead",
+        end(header("shadow", b'1', 0, "etc/shadow")),
+        "not a regular file this import already extracted",
+        &[],
+    );
+    // 10 GB declared, nothing behind it: refused on the header, at once.
+    let start = std::time::Instant::now();
+    hostile(
+        "10 GB file",
+        end(header("big", b'0', 10 << 30, "")),
+        "larger than the bound",
+        &[],
+    );
+    assert!(start.elapsed().as_secs() < 20);
+    // A million tiny files, with the entry bound lowered for the test.
+    let mut many = Vec::with_capacity(1_000_000 / 100 * 512);
+    for i in 0..5_000 {
+        many.extend(header(&format!("f{i}"), b'0', 0, ""));
+    }
+    hostile(
+        "many files",
+        end(many),
+        "more than 1000 entries",
+        &["--max-entries", "1000"],
+    );
+}
+
+#[test]
+fn wrong_digests_and_truncated_blobs_are_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("store");
+    let layout = d.path().join("layout");
+    let tar = end(file("hello", b"hello"));
+    agentjail_image::layout::write_oci_layout(
+        &layout,
+        &[agentjail_image::layout::gzip(&tar).unwrap()],
+    )
+    .unwrap();
+    let blobs = layout.join("blobs/sha256");
+    // The layer is the largest blob that is gzip.
+    let layer = std::fs::read_dir(&blobs)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| std::fs::read(p).unwrap().starts_with(&[0x1f, 0x8b]))
+        .unwrap();
+    let good = std::fs::read(&layer).unwrap();
+    let mut bad = good.clone();
+    let n = bad.len();
+    bad[n - 1] ^= 1;
+    std::fs::write(&layer, &bad).unwrap();
+    let out = import(&store, &layout, &[]);
+    assert_eq!(out.code, 125, "{}", out.dump());
+    assert!(out.stderr.contains("wrong digest"), "{}", out.dump());
+    std::fs::write(&layer, &good[..n / 2]).unwrap();
+    let out = import(&store, &layout, &[]);
+    assert_eq!(out.code, 125, "{}", out.dump());
+    assert!(out.stderr.contains("truncated"), "{}", out.dump());
+    assert_eq!(stored_images(&store), 0);
+    std::fs::write(&layer, &good).unwrap();
+    assert_eq!(import(&store, &layout, &[]).code, 0);
+}
