@@ -224,7 +224,9 @@ impl ManifestFlags {
 
     fn to_manifest(&self) -> Result<Manifest, String> {
         if self.command.is_empty() {
-            return Err("no command given; usage: agentjail run [OPTIONS] -- PROGRAM [ARGS...]".into());
+            return Err(
+                "no command given; usage: agentjail run [OPTIONS] -- PROGRAM [ARGS...]".into(),
+            );
         }
         let mut m = Manifest::for_command(self.command.clone());
         let d = Limits::default();
@@ -270,7 +272,9 @@ impl ManifestFlags {
                     let name = Path::new(ro)
                         .file_name()
                         .map(|n| n.to_string_lossy().into_owned())
-                        .ok_or_else(|| format!("--ro {ro}: no file name to mount it under /input"))?;
+                        .ok_or_else(|| {
+                            format!("--ro {ro}: no file name to mount it under /input")
+                        })?;
                     (ro.clone(), format!("/input/{name}"))
                 }
             };
@@ -507,7 +511,13 @@ fn run(a: RunArgs) -> Result<u8, String> {
             };
             let base = path
                 .parent()
-                .map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p })
+                .map(|p| {
+                    if p.as_os_str().is_empty() {
+                        Path::new(".")
+                    } else {
+                        p
+                    }
+                })
                 .unwrap_or(Path::new("."))
                 .canonicalize()
                 .map_err(|e| format!("{}: {e}", path.display()))?;
@@ -553,7 +563,10 @@ fn run(a: RunArgs) -> Result<u8, String> {
         // The plan on the image the run would use; a refusal is shown, not hidden.
         let (image, root) = match pipeline::select_root(&vm, a.image_store.as_deref()) {
             Ok((d, r)) => (serde_json::json!(d), r),
-            Err(e) => (serde_json::json!({ "refused": e }), agentjail_engine::RootImage::Host),
+            Err(e) => (
+                serde_json::json!({ "refused": e }),
+                agentjail_engine::RootImage::Host,
+            ),
         };
         let plan = agentjail_engine::plan::Plan::for_root(&vm, &root);
         let env_names: Vec<&str> = plan.env.iter().map(|(k, _)| k.as_str()).collect();
@@ -603,15 +616,30 @@ fn summarize(r: &RunReport) {
             "agentjail: error: {}",
             r.error.as_deref().unwrap_or("the run could not be set up")
         ),
-        s => format!("agentjail: run ended: {}", serde_json::to_value(s).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()),
+        s => format!(
+            "agentjail: run ended: {}",
+            serde_json::to_value(s)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        ),
     };
-    if r.status != Status::SetupError {
-        if let Some(d) = r.denials.first() {
-            line.push_str(&format!(" ({} denial(s); first: {})", r.denials.len(), d.detail));
-        }
+    if r.status != Status::SetupError
+        && let Some(d) = r.denials.first()
+    {
+        line.push_str(&format!(
+            " ({} denial(s); first: {})",
+            r.denials.len(),
+            d.detail
+        ));
     }
     eprintln!("{line}");
-    if r.status == Status::SetupError && r.error.as_deref().map(|e| e.contains("refusing to run without")).unwrap_or(false) {
+    if r.status == Status::SetupError
+        && r.error
+            .as_deref()
+            .map(|e| e.contains("refusing to run without"))
+            .unwrap_or(false)
+    {
         // The message already carries its hint.
     }
 }
@@ -622,21 +650,40 @@ fn check(json: bool) -> Result<u8, String> {
         print_json(&r);
     } else {
         for i in &r.items {
-            println!("{:<16} {:<4} {}", i.name, if i.ok { "ok" } else { "NO" }, i.detail);
+            println!(
+                "{:<16} {:<4} {}",
+                i.name,
+                if i.ok { "ok" } else { "NO" },
+                i.detail
+            );
         }
         println!("{:<16} {:<4} {}", "host image", "", r.host_image);
         if !r.strict_run_ok {
-            println!("a strict run is refused here; `agentjail run --allow-degraded` runs with what is available and lists the rest in the report");
+            println!(
+                "a strict run is refused here; `agentjail run --allow-degraded` runs with what is available and lists the rest in the report"
+            );
         }
     }
     Ok(if r.strict_run_ok { 0 } else { 1 })
 }
 
 const DEMO_FILES: &[(&str, &str)] = &[
-    ("manifest.yaml", include_str!("../../../examples/csv-summary/manifest.yaml")),
-    ("report.csv", include_str!("../../../examples/csv-summary/report.csv")),
-    ("summarize.py", include_str!("../../../examples/csv-summary/summarize.py")),
-    ("summary.schema.json", include_str!("../../../examples/csv-summary/summary.schema.json")),
+    (
+        "manifest.yaml",
+        include_str!("../../../examples/csv-summary/manifest.yaml"),
+    ),
+    (
+        "report.csv",
+        include_str!("../../../examples/csv-summary/report.csv"),
+    ),
+    (
+        "summarize.py",
+        include_str!("../../../examples/csv-summary/summarize.py"),
+    ),
+    (
+        "summary.schema.json",
+        include_str!("../../../examples/csv-summary/summary.schema.json"),
+    ),
 ];
 
 fn demo(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> {
@@ -664,7 +711,9 @@ fn demo(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> {
             jiff::Timestamp::now(),
         )
         .map_err(|e| e.to_string())?;
-    eprintln!("agentjail demo: summarizing report.csv with python3 in a sandbox (network denied, /input read-only)");
+    eprintln!(
+        "agentjail demo: summarizing report.csv with python3 in a sandbox (network denied, /input read-only)"
+    );
     let f = pipeline::execute(
         &vm,
         &RunOptions {
@@ -705,7 +754,11 @@ fn demo(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> {
     Ok(f.exit_code.clamp(0, 255) as u8)
 }
 
-fn receipt_verify(receipt: &Path, artifacts: &[PathBuf], pubkey: Option<&Path>) -> Result<u8, String> {
+fn receipt_verify(
+    receipt: &Path,
+    artifacts: &[PathBuf],
+    pubkey: Option<&Path>,
+) -> Result<u8, String> {
     let env = std::fs::read(receipt).map_err(|e| format!("{}: {e}", receipt.display()))?;
     let pem = match pubkey {
         Some(p) => Some(std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?),
@@ -720,7 +773,10 @@ fn receipt_verify(receipt: &Path, artifacts: &[PathBuf], pubkey: Option<&Path>) 
             println!(
                 "receipt OK: signed by key {}; status {}; {} subject(s); {} artifact(s) match",
                 v.keyid,
-                serde_json::to_value(v.statement.predicate.status).ok().and_then(|s| s.as_str().map(str::to_owned)).unwrap_or_default(),
+                serde_json::to_value(v.statement.predicate.status)
+                    .ok()
+                    .and_then(|s| s.as_str().map(str::to_owned))
+                    .unwrap_or_default(),
                 v.statement.subject.len(),
                 arts.len()
             );

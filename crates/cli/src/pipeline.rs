@@ -224,17 +224,17 @@ pub fn execute_in(
         }
     }
 
-    if let (Some(path), Some(key)) = (&delivery.receipt, &key) {
-        if report.status != Status::SetupError {
-            let inputs: Vec<(String, String)> = vm
-                .inputs
-                .iter()
-                .map(|i| (i.mount.clone(), digest_input(&i.host_path)))
-                .collect();
-            let env = receipt::sign(key, &report, &inputs, &report.output.files)
-                .map_err(|e| SetupFailure(e.to_string()))?;
-            write_atomic(path, env.to_json().as_bytes())?;
-        }
+    if let (Some(path), Some(key)) = (&delivery.receipt, &key)
+        && report.status != Status::SetupError
+    {
+        let inputs: Vec<(String, String)> = vm
+            .inputs
+            .iter()
+            .map(|i| (i.mount.clone(), digest_input(&i.host_path)))
+            .collect();
+        let env = receipt::sign(key, &report, &inputs, &report.output.files)
+            .map_err(|e| SetupFailure(e.to_string()))?;
+        write_atomic(path, env.to_json().as_bytes())?;
     }
     write_report(delivery, &report)?;
     let exit_code = report.status.exit_code(report.exit_code, report.signal);
@@ -249,9 +249,8 @@ pub fn execute_in(
 fn load_schema(p: &Path) -> Result<agentjail_verify::schema::SchemaChecker, SetupFailure> {
     let bytes = std::fs::read(p)
         .map_err(|e| SetupFailure(format!("output_schema {}: {e}", p.display())))?;
-    let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
-        SetupFailure(format!("output_schema {}: not JSON: {e}", p.display()))
-    })?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| SetupFailure(format!("output_schema {}: not JSON: {e}", p.display())))?;
     agentjail_verify::schema::SchemaChecker::compile(&v)
         .map_err(|e| SetupFailure(format!("output_schema {}: {e}", p.display())))
 }
@@ -261,13 +260,21 @@ fn load_schema(p: &Path) -> Result<agentjail_verify::schema::SchemaChecker, Setu
 fn digest_input(p: &Path) -> String {
     use sha2::{Digest, Sha256};
     fn walk(base: &Path, dir: &Path, h: &mut Sha256, depth: usize) {
-        let Ok(rd) = std::fs::read_dir(dir) else { return };
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return;
+        };
         let mut entries: Vec<_> = rd.filter_map(Result::ok).collect();
         entries.sort_by_key(|e| e.file_name());
         for e in entries {
             let path = e.path();
-            let rel = path.strip_prefix(base).unwrap_or(&path).to_string_lossy().into_owned();
-            let Ok(m) = std::fs::symlink_metadata(&path) else { continue };
+            let rel = path
+                .strip_prefix(base)
+                .unwrap_or(&path)
+                .to_string_lossy()
+                .into_owned();
+            let Ok(m) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
             if m.file_type().is_symlink() {
                 let t = std::fs::read_link(&path).unwrap_or_default();
                 h.update(format!("L {rel} {}\n", t.display()).as_bytes());
@@ -339,12 +346,18 @@ fn verify_output(
                 vm.manifest.limits.output_mb
             ),
         );
-        report.output.rejected.extend(collected.files.iter().map(|f| {
-            agentjail_manifest::report::RejectedFile {
-                path: f.path.clone(),
-                reason: "output limit reached".into(),
-            }
-        }));
+        report
+            .output
+            .rejected
+            .extend(
+                collected
+                    .files
+                    .iter()
+                    .map(|f| agentjail_manifest::report::RejectedFile {
+                        path: f.path.clone(),
+                        reason: "output limit reached".into(),
+                    }),
+            );
         report.output.files.clear();
         if command_ok {
             report.status = Status::OutputRejected;
@@ -366,10 +379,13 @@ fn verify_output(
                         DenialKind::Output,
                         format!("{}: not the manifest's output ({name}): dropped", f.path),
                     );
-                    report.output.rejected.push(agentjail_manifest::report::RejectedFile {
-                        path: f.path,
-                        reason: format!("not the manifest's output ({name}): dropped"),
-                    });
+                    report
+                        .output
+                        .rejected
+                        .push(agentjail_manifest::report::RejectedFile {
+                            path: f.path,
+                            reason: format!("not the manifest's output ({name}): dropped"),
+                        });
                 }
             }
             match kept.pop() {
@@ -380,7 +396,9 @@ fn verify_output(
                     }
                     report.output.errors.push(OutputError {
                         instance_path: String::new(),
-                        message: format!("the expected output {name} was not produced or was refused"),
+                        message: format!(
+                            "the expected output {name} was not produced or was refused"
+                        ),
                     });
                 }
                 Some(f) => {
@@ -390,10 +408,13 @@ fn verify_output(
                     } else {
                         failed = true;
                         report.deny(DenialKind::Output, format!("{name}: failed verification"));
-                        report.output.rejected.push(agentjail_manifest::report::RejectedFile {
-                            path: f.path,
-                            reason: "failed verification (see output.errors)".into(),
-                        });
+                        report
+                            .output
+                            .rejected
+                            .push(agentjail_manifest::report::RejectedFile {
+                                path: f.path,
+                                reason: "failed verification (see output.errors)".into(),
+                            });
                         report.output.errors = errors;
                         *artifact = None;
                     }
@@ -435,13 +456,13 @@ fn check_artifact(
                 }
             }
         }
-    } else if name.ends_with(".txt") || name.ends_with(".csv") || name.ends_with(".md") {
-        if let Err(e) = std::str::from_utf8(&bytes) {
-            return vec![OutputError {
-                instance_path: String::new(),
-                message: format!("not valid UTF-8 text (byte {})", e.valid_up_to()),
-            }];
-        }
+    } else if (name.ends_with(".txt") || name.ends_with(".csv") || name.ends_with(".md"))
+        && let Err(e) = std::str::from_utf8(&bytes)
+    {
+        return vec![OutputError {
+            instance_path: String::new(),
+            message: format!("not valid UTF-8 text (byte {})", e.valid_up_to()),
+        }];
     }
     *artifact = Some(bytes);
     Vec::new()
@@ -463,12 +484,18 @@ fn make_staging(dest: &Path) -> Result<tempfile::TempDir, SetupFailure> {
         .prefix(".agentjail-staging-")
         .permissions(private_dir())
         .tempdir_in(&parent)
-        .map_err(|e| SetupFailure(format!("cannot create a staging folder in {}: {e}", parent.display())))
+        .map_err(|e| {
+            SetupFailure(format!(
+                "cannot create a staging folder in {}: {e}",
+                parent.display()
+            ))
+        })
 }
 
 /// Moves verified files from the staging folder into the destination (same file system).
 fn deliver(stage: &Path, dest: &Path, files: &[OutputFile]) -> Result<Vec<PathBuf>, SetupFailure> {
-    let fail = |e: std::io::Error| SetupFailure(format!("delivering output to {}: {e}", dest.display()));
+    let fail =
+        |e: std::io::Error| SetupFailure(format!("delivering output to {}: {e}", dest.display()));
     std::fs::create_dir_all(dest).map_err(fail)?;
     let mut out = Vec::new();
     for f in files {

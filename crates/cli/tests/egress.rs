@@ -7,6 +7,8 @@
 //! packet can leave this machine even if the gateway had a bug. Needs root; without it each
 //! test prints a skip line.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, UdpSocket};
@@ -27,17 +29,26 @@ fn in_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option
     std::thread::spawn(move || {
         // SAFETY: unshare with a flag only changes this thread's network namespace.
         if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            eprintln!("SKIP: cannot create a network namespace (needs root): {}", std::io::Error::last_os_error());
+            eprintln!(
+                "SKIP: cannot create a network namespace (needs root): {}",
+                std::io::Error::last_os_error()
+            );
             return None;
         }
-        let up = Command::new("ip").args(["link", "set", "lo", "up"]).status();
+        let up = Command::new("ip")
+            .args(["link", "set", "lo", "up"])
+            .status();
         if !up.map(|s| s.success()).unwrap_or(false) {
             eprintln!("SKIP: `ip link set lo up` failed");
             return None;
         }
         let links = Command::new("ip").args(["-o", "link"]).output().ok()?;
         let links = String::from_utf8_lossy(&links.stdout).into_owned();
-        assert_eq!(links.lines().count(), 1, "only loopback may exist here: {links}");
+        assert_eq!(
+            links.lines().count(),
+            1,
+            "only loopback may exist here: {links}"
+        );
         Some(f())
     })
     .join()
@@ -103,7 +114,9 @@ fn dns(answers: HashMap<&'static str, Vec<Ipv4Addr>>) -> (u16, Arc<Mutex<Vec<Str
         let mut asked: HashMap<String, usize> = HashMap::new();
         let mut buf = [0u8; 512];
         loop {
-            let Ok((n, peer)) = sock.recv_from(&mut buf) else { return };
+            let Ok((n, peer)) = sock.recv_from(&mut buf) else {
+                return;
+            };
             let q = &buf[..n];
             if n < 17 {
                 continue;
@@ -113,7 +126,8 @@ fn dns(answers: HashMap<&'static str, Vec<Ipv4Addr>>) -> (u16, Arc<Mutex<Vec<Str
             let mut labels = Vec::new();
             while i < n && q[i] != 0 {
                 let len = q[i] as usize;
-                labels.push(String::from_utf8_lossy(&q[i + 1..(i + 1 + len).min(n)]).to_lowercase());
+                labels
+                    .push(String::from_utf8_lossy(&q[i + 1..(i + 1 + len).min(n)]).to_lowercase());
                 i += 1 + len;
             }
             let qend = i + 5;
@@ -135,7 +149,11 @@ fn dns(answers: HashMap<&'static str, Vec<Ipv4Addr>>) -> (u16, Arc<Mutex<Vec<Str
                     let ip = list[(*k).min(list.len() - 1)];
                     *k += 1;
                     // "mixed.test" answers every address at once.
-                    if name.starts_with("mixed") { list.clone() } else { vec![ip] }
+                    if name.starts_with("mixed") {
+                        list.clone()
+                    } else {
+                        vec![ip]
+                    }
                 }
                 _ => Vec::new(),
             };
@@ -169,11 +187,16 @@ impl Out {
     }
     fn denied(&self, needle: &str) -> bool {
         self.report["denials"].as_array().map(|a| {
-            a.iter().any(|d| d["kind"] == "network" && d["detail"].as_str().unwrap_or("").contains(needle))
+            a.iter().any(|d| {
+                d["kind"] == "network" && d["detail"].as_str().unwrap_or("").contains(needle)
+            })
         }) == Some(true)
     }
     fn connections(&self) -> Vec<Value> {
-        self.report["network"]["connections"].as_array().cloned().unwrap_or_default()
+        self.report["network"]["connections"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
     }
 }
 
@@ -261,10 +284,18 @@ fn allowed_host_is_reached_and_others_are_refused_with_a_reason() {
         assert_eq!(o.line("OTHER_HOST"), "403");
         assert_eq!(o.line("OTHER_PORT"), "403");
         assert!(o.denied("other.test"), "{}", o.report);
-        assert!(o.denied(&format!("port {} is not allowed", p + 1)), "{}", o.report);
+        assert!(
+            o.denied(&format!("port {} is not allowed", p + 1)),
+            "{}",
+            o.report
+        );
         let conns = o.connections();
         assert_eq!(conns.len(), 2, "{}", o.report);
-        assert!(conns.iter().all(|c| c["host"] == "allowed.test" && c["address"] == "127.0.0.1"));
+        assert!(
+            conns
+                .iter()
+                .all(|c| c["host"] == "allowed.test" && c["address"] == "127.0.0.1")
+        );
         assert_eq!(up.connections.load(Ordering::SeqCst), 2);
         assert_eq!(o.code, 0);
     });
@@ -277,10 +308,15 @@ fn names_resolving_to_private_addresses_are_refused_before_any_connect() {
         let (dns_port, _) = dns(names());
         let work = tmp();
         let p = up.port;
-        let allow: Vec<String> = ["allowed.test", "private.test", "metadata.test", "mixed.test"]
-            .iter()
-            .map(|h| format!("{h}:{p}"))
-            .collect();
+        let allow: Vec<String> = [
+            "allowed.test",
+            "private.test",
+            "metadata.test",
+            "mixed.test",
+        ]
+        .iter()
+        .map(|h| format!("{h}:{p}"))
+        .collect();
         // No --allow-private: loopback is as forbidden as 10/8 and 169.254/16.
         let script = format!(
             "{}{}{}{}",
@@ -296,7 +332,11 @@ fn names_resolving_to_private_addresses_are_refused_before_any_connect() {
         assert!(o.denied("127.0.0.1"));
         assert!(o.denied("10.0.0.1"));
         assert!(o.denied("169.254.169.254"));
-        assert_eq!(up.connections.load(Ordering::SeqCst), 0, "the upstream was contacted");
+        assert_eq!(
+            up.connections.load(Ordering::SeqCst),
+            0,
+            "the upstream was contacted"
+        );
         assert!(o.connections().is_empty());
     });
 }
@@ -308,10 +348,13 @@ fn redirects_are_checked_like_requests() {
         let (dns_port, _) = dns(names());
         let work = tmp();
         let p = up.port;
+        let to_evil = curl(
+            "TO_EVIL",
+            &format!("http://allowed.test:{p}/redirect?to=http://evil.test:{p}/ok"),
+        );
+        // -L: curl follows the redirect itself, through the gateway again.
         let script = format!(
-            "{}{}",
-            curl("TO_EVIL", &format!("http://allowed.test:{p}/redirect?to=http://evil.test:{p}/ok")),
-            format!("echo TO_OK $(curl -s -m 5 -L -o /dev/null -w '%{{http_code}}' 'http://allowed.test:{p}/redirect?to=http://allowed.test:{p}/ok')\n"),
+            "{to_evil}echo TO_OK $(curl -s -m 5 -L -o /dev/null -w '%{{http_code}}' 'http://allowed.test:{p}/redirect?to=http://allowed.test:{p}/ok')\n"
         );
         let o = run(
             work.path(),
@@ -380,17 +423,39 @@ for name, t in [("DECIMAL", "2130706433:{p}"), ("OCTAL", "0177.0.0.1:{p}"), ("HE
 "#
         );
         std::fs::write(work.path().join("tricks.py"), py).unwrap();
-        std::fs::set_permissions(work.path().join("tricks.py"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::set_permissions(
+            work.path().join("tricks.py"),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
         let mut f = flags(dns_port, &[format!("allowed.test:{p}")], &["127.0.0.1/32"]);
         f.push("--ro".into());
-        f.push(format!("{}:/input/tricks.py", work.path().join("tricks.py").display()));
-        let o = run(work.path(), &f, "/usr/bin/python3 /input/tricks.py; echo done");
-        for k in ["DECIMAL", "OCTAL", "HEX", "SHORT", "MAPPED", "DOTTED", "USERINFO"] {
-            assert!(o.line(k).contains("403") || o.line(k).contains("400"), "{k}: {} / {}", o.line(k), o.report);
+        f.push(format!(
+            "{}:/input/tricks.py",
+            work.path().join("tricks.py").display()
+        ));
+        let o = run(
+            work.path(),
+            &f,
+            "/usr/bin/python3 /input/tricks.py; echo done",
+        );
+        for k in [
+            "DECIMAL", "OCTAL", "HEX", "SHORT", "MAPPED", "DOTTED", "USERINFO",
+        ] {
+            assert!(
+                o.line(k).contains("403") || o.line(k).contains("400"),
+                "{k}: {} / {}",
+                o.line(k),
+                o.report
+            );
         }
         // A trailing dot is the same allowed name, not a bypass and not a refusal.
         assert!(o.line("TRAILING_DOT").contains("200"), "{}", o.report);
-        assert_eq!(up.connections.load(Ordering::SeqCst), 1, "only the trailing-dot CONNECT may connect");
+        assert_eq!(
+            up.connections.load(Ordering::SeqCst),
+            1,
+            "only the trailing-dot CONNECT may connect"
+        );
     });
 }
 
@@ -410,7 +475,11 @@ fn direct_tcp_without_the_proxy_fails() {
             &flags(dns_port, &[format!("allowed.test:{p}")], &["127.0.0.1/32"]),
             &script,
         );
-        assert!(o.stdout.contains(&format!("DIRECT {p} errno 13")), "{}", o.stdout);
+        assert!(
+            o.stdout.contains(&format!("DIRECT {p} errno 13")),
+            "{}",
+            o.stdout
+        );
         assert!(o.stdout.contains("DIRECT 53 errno 13"), "{}", o.stdout);
         assert_eq!(o.line("NOPROXY"), "000");
         assert_eq!(up.connections.load(Ordering::SeqCst), 0);
@@ -435,7 +504,12 @@ fn byte_and_connection_bounds_hold() {
         std::fs::write(&mpath, manifest.to_string()).unwrap();
         let report = work.path().join("r.json");
         let out = Command::new(bin())
-            .args(["run", "--egress-dns", &format!("127.0.0.1:{dns_port}"), "--report"])
+            .args([
+                "run",
+                "--egress-dns",
+                &format!("127.0.0.1:{dns_port}"),
+                "--report",
+            ])
             .arg(&report)
             .arg("--manifest")
             .arg(&mpath)
@@ -443,13 +517,27 @@ fn byte_and_connection_bounds_hold() {
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
-        let big: u64 = stdout.lines().find_map(|l| l.strip_prefix("BIG ")).unwrap().trim().parse().unwrap();
+        let big: u64 = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("BIG "))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
         assert!(big <= 1 << 20, "received {big} bytes past a 1 MiB bound");
         let codes: Vec<&str> = (1..=4)
-            .map(|i| stdout.lines().find_map(|l| l.strip_prefix(&format!("CONN{i} "))).unwrap())
+            .map(|i| {
+                stdout
+                    .lines()
+                    .find_map(|l| l.strip_prefix(&format!("CONN{i} ")))
+                    .unwrap()
+            })
             .collect();
         // Three connections in all (the big download was the first).
-        assert!(codes.iter().filter(|c| **c == "200").count() <= 2, "{codes:?}");
+        assert!(
+            codes.iter().filter(|c| **c == "200").count() <= 2,
+            "{codes:?}"
+        );
         let denials = r["denials"].to_string();
         assert!(denials.contains("network"), "{r}");
     });

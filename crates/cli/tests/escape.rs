@@ -8,6 +8,8 @@
 //! Runs as root (CI) and repeats the core probes as an unprivileged user (uid 65534 through
 //! setpriv) where the machine allows it.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -87,10 +89,7 @@ fn aj(work: &Path) -> (Command, PathBuf) {
 }
 
 fn run_raw(mut cmd: Command, report: &Path) -> Out {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .expect("agentjail runs");
+    let out = cmd.stdin(Stdio::null()).output().expect("agentjail runs");
     let report = std::fs::read(report)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
@@ -106,15 +105,24 @@ fn run_raw(mut cmd: Command, report: &Path) -> Out {
 fn rand_suffix() -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
-    format!("{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// `agentjail run [extra] --ro probe.py:/input/probe.py -- python3 /input/probe.py`.
 fn run_probe(work: &Path, probe: &str, extra: &[&str]) -> Out {
-    let p = write(work, &format!("probe-{}.py", rand_suffix()), &probe_source(probe));
+    let p = write(
+        work,
+        &format!("probe-{}.py", rand_suffix()),
+        &probe_source(probe),
+    );
     let (mut cmd, report) = aj(work);
     cmd.args(extra);
-    cmd.arg("--ro").arg(format!("{}:/input/probe.py", p.display()));
+    cmd.arg("--ro")
+        .arg(format!("{}:/input/probe.py", p.display()));
     cmd.args(["--", PY, "/input/probe.py"]);
     run_raw(cmd, &report)
 }
@@ -148,7 +156,12 @@ print("PROBE-COMPLETE", flush=True)
 fn csv_summary_produces_the_verified_artifact() {
     let work = tmp();
     let ex = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/csv-summary");
-    for f in ["manifest.yaml", "report.csv", "summarize.py", "summary.schema.json"] {
+    for f in [
+        "manifest.yaml",
+        "report.csv",
+        "summarize.py",
+        "summary.schema.json",
+    ] {
         let p = work.path().join(f);
         std::fs::copy(ex.join(f), &p).unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -169,10 +182,18 @@ fn csv_summary_produces_the_verified_artifact() {
     assert_eq!(summary["numeric"]["units"]["sum"], 50.0);
     assert_eq!(o.report["output"]["files"][0]["path"], "summary.json");
     assert_eq!(o.report["isolation"]["seccomp"], true);
-    assert!(o.report["manifest_digest"].as_str().unwrap().starts_with("sha256:"));
+    assert!(
+        o.report["manifest_digest"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:")
+    );
     // Only the artifact was delivered, and the input is untouched.
     assert_eq!(std::fs::read_dir(&out_dir).unwrap().count(), 1);
-    assert_eq!(std::fs::read(work.path().join("report.csv")).unwrap(), csv_before);
+    assert_eq!(
+        std::fs::read(work.path().join("report.csv")).unwrap(),
+        csv_before
+    );
 }
 
 #[test]
@@ -196,13 +217,30 @@ print("ETC", sorted(os.listdir("/etc")))
         c = canary.display()
     );
     let o = run_probe(work.path(), &body, &[]);
-    for name in ["canary", "shadow", "root_home", "home", "host_proc_1_root", "sys", "var", "ssh_keys", "ssl_private"] {
-        assert!(o.probe(name).starts_with("errno="), "{name} was readable: {}", o.stdout);
+    for name in [
+        "canary",
+        "shadow",
+        "root_home",
+        "home",
+        "host_proc_1_root",
+        "sys",
+        "var",
+        "ssh_keys",
+        "ssl_private",
+    ] {
+        assert!(
+            o.probe(name).starts_with("errno="),
+            "{name} was readable: {}",
+            o.stdout
+        );
     }
     assert!(!o.stdout.contains("CANARY-SECRET-7731"));
     // The curated /etc holds only what the sandbox needs.
     let etc = o.stdout.lines().find(|l| l.starts_with("ETC")).unwrap();
-    assert!(!etc.contains("shadow") && !etc.contains("ssh") && !etc.contains("sudoers"), "{etc}");
+    assert!(
+        !etc.contains("shadow") && !etc.contains("ssh") && !etc.contains("sudoers"),
+        "{etc}"
+    );
 }
 
 #[test]
@@ -226,7 +264,13 @@ attempt("own_input", lambda: open("/input/data/a.csv").read())
         body,
         &["--ro", &format!("{}:/input/data", data.display())],
     );
-    for name in ["input_up", "input_up_deep", "output_up", "input_sibling", "proc_root_up"] {
+    for name in [
+        "input_up",
+        "input_up_deep",
+        "output_up",
+        "input_sibling",
+        "proc_root_up",
+    ] {
         assert_eq!(o.probe(name), "errno=2", "{name}: {}", o.stdout);
     }
     assert_eq!(o.probe("own_input"), "ok");
@@ -257,17 +301,24 @@ open("/output/fine.txt", "w").write("fine")
     assert!(o.probe("write_through_link").starts_with("errno="));
     assert_eq!(o.code, 65, "{}", o.report);
     assert_eq!(o.status(), "output_rejected");
-    assert!(o.denied("output", "summary.json: symlink refused"), "{}", o.report);
+    assert!(
+        o.denied("output", "summary.json: symlink refused"),
+        "{}",
+        o.report
+    );
     assert!(o.denied("output", "passwd: symlink refused"));
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "ORIGINAL");
-    assert_eq!(std::fs::metadata(&target).unwrap().modified().unwrap(), before);
+    assert_eq!(
+        std::fs::metadata(&target).unwrap().modified().unwrap(),
+        before
+    );
     // Only what passed was delivered.
     let delivered: Vec<String> = std::fs::read_dir(&out_dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(delivered, vec!["fine.txt".to_string()]);
-    assert!(!std::fs::symlink_metadata(out_dir.join("summary.json")).is_ok());
+    assert!(std::fs::symlink_metadata(out_dir.join("summary.json")).is_err());
 }
 
 #[test]
@@ -309,7 +360,10 @@ print("IFACES", sorted(os.listdir("/proc/sys/net/ipv4/conf")) if os.path.exists(
     // The host listener saw nothing.
     assert!(listener.accept().is_err());
     let ifaces = o.stdout.lines().find(|l| l.starts_with("IFACES")).unwrap();
-    assert!(!ifaces.contains("eth") && !ifaces.contains("ens"), "{ifaces}");
+    assert!(
+        !ifaces.contains("eth") && !ifaces.contains("ens"),
+        "{ifaces}"
+    );
 }
 
 #[test]
@@ -351,7 +405,10 @@ fn sigterm_ignoring_and_double_forked_children_do_not_outlive_the_run() {
     let o = run_raw(cmd, &report);
     assert_eq!(o.code, 124);
     std::thread::sleep(Duration::from_millis(200));
-    assert!(!any_process_named(&marker2), "a process survived the timeout");
+    assert!(
+        !any_process_named(&marker2),
+        "a process survived the timeout"
+    );
 }
 
 fn any_process_named(marker: &str) -> bool {
@@ -402,7 +459,10 @@ print("KIDS", kids, flush=True)
         .unwrap();
     assert!(kids < 8, "{kids} children under a limit of 8");
     assert!(o.denied("limit", "pids"), "{}", o.report);
-    assert!(t.elapsed() < Duration::from_secs(8), "the children outlived the command");
+    assert!(
+        t.elapsed() < Duration::from_secs(8),
+        "the children outlived the command"
+    );
 }
 
 #[test]
@@ -424,7 +484,7 @@ fn memory_hog_ends_with_memory_limit() {
     assert_eq!(o.code, 137);
     assert!(o.denied("limit", "memory"));
     let peak = o.report["peak_memory_bytes"].as_u64().unwrap();
-    assert!(peak >= 48 << 20 && peak <= 64 << 20, "peak {peak}");
+    assert!((48 << 20..=64 << 20).contains(&peak), "peak {peak}");
 }
 
 #[test]
@@ -434,7 +494,12 @@ fn oversized_output_is_refused() {
     let (mut cmd, report) = aj(work.path());
     cmd.args(["--output-max-mb", "1", "--output-dir"])
         .arg(&out_dir)
-        .args(["--", "/bin/sh", "-c", "head -c 3000000 /dev/zero > /output/big.bin; exit 0"]);
+        .args([
+            "--",
+            "/bin/sh",
+            "-c",
+            "head -c 3000000 /dev/zero > /output/big.bin; exit 0",
+        ]);
     let o = run_raw(cmd, &report);
     assert_eq!(o.code, 65, "{}", o.report);
     assert_eq!(o.status(), "output_rejected");
@@ -463,7 +528,16 @@ attempt("write_tmp", lambda: open("/tmp/fine.txt", "w").write("ok"))
         body,
         &["--ro", &format!("{}:/input/data.csv", data.display())],
     );
-    for name in ["append", "truncate", "unlink", "chmod", "create_in_input", "create_in_root", "write_usr", "write_etc"] {
+    for name in [
+        "append",
+        "truncate",
+        "unlink",
+        "chmod",
+        "create_in_input",
+        "create_in_root",
+        "write_usr",
+        "write_etc",
+    ] {
         assert!(o.probe(name).starts_with("errno="), "{name}: {}", o.stdout);
     }
     assert_eq!(o.probe("write_work"), "ok");
@@ -488,8 +562,14 @@ attempt("init_environ", lambda: open("/proc/1/environ").read())
     assert!(!o.stdout.contains("hunter2-SECRET-9981"), "{}", o.stdout);
     assert!(o.probe("init_environ").starts_with("errno="));
     let env = o.stdout.lines().find(|l| l.starts_with("ENV")).unwrap();
-    assert!(env.contains("('GIVEN', 'yes')") && env.contains("('HOME', '/work')"), "{env}");
-    assert!(!env.contains("AGENTJAIL_TEST_SECRET") && !env.contains("CARGO"), "{env}");
+    assert!(
+        env.contains("('GIVEN', 'yes')") && env.contains("('HOME', '/work')"),
+        "{env}"
+    );
+    assert!(
+        !env.contains("AGENTJAIL_TEST_SECRET") && !env.contains("CARGO"),
+        "{env}"
+    );
     // Nor does it reach the report.
     assert!(!o.report.to_string().contains("hunter2"));
 }
@@ -538,7 +618,11 @@ sys_call("getpid", 39)
         ("tiocsti", "ioctl(TIOCSTI)"),
     ] {
         assert_eq!(o.probe(name), "errno=1", "{name}: {}", o.stdout);
-        assert!(o.denied("syscall", report), "{report} not in denials: {}", o.report);
+        assert!(
+            o.denied("syscall", report),
+            "{report} not in denials: {}",
+            o.report
+        );
     }
     // Control: an ordinary syscall works and is not reported.
     assert_eq!(o.probe("getpid"), "ok");
@@ -556,9 +640,7 @@ print("IDS", os.getuid(), os.getgid(), os.getgroups())
 "#;
     let p = write(work.path(), "probe.py", &probe_source(body));
     // Launch agentjail with an inheritable descriptor open (fd 7 on a host file).
-    let launcher = format!(
-        "import os, subprocess, sys\nfd = os.open('/etc/hostname', os.O_RDONLY)\nos.dup2(fd, 7)\nos.set_inheritable(7, True)\nsys.exit(subprocess.run(sys.argv[1:], pass_fds=[7]).returncode)\n"
-    );
+    let launcher = "import os, subprocess, sys\nfd = os.open('/etc/hostname', os.O_RDONLY)\nos.dup2(fd, 7)\nos.set_inheritable(7, True)\nsys.exit(subprocess.run(sys.argv[1:], pass_fds=[7]).returncode)\n".to_string();
     let l = write(work.path(), "launch.py", &launcher);
     let report = work.path().join("fd-report.json");
     let mut cmd = Command::new(PY);
@@ -570,12 +652,25 @@ print("IDS", os.getuid(), os.getgid(), os.getgroups())
         .arg(format!("{}:/input/probe.py", p.display()))
         .args(["--", PY, "/input/probe.py"]);
     let o = run_raw(cmd, &report);
-    assert!(o.stdout.contains("PROBE-COMPLETE"), "{} {}", o.stdout, o.stderr);
+    assert!(
+        o.stdout.contains("PROBE-COMPLETE"),
+        "{} {}",
+        o.stdout,
+        o.stderr
+    );
     let fds = o.stdout.lines().find(|l| l.starts_with("FDS")).unwrap();
     // 0, 1, 2 and the descriptor listdir itself holds.
     assert_eq!(fds, "FDS [0, 1, 2, 3]");
     let caps = o.stdout.lines().find(|l| l.starts_with("CAPS")).unwrap();
-    for c in ["CapInh:\\t0000000000000000", "CapPrm:\\t0000000000000000", "CapEff:\\t0000000000000000", "CapBnd:\\t0000000000000000", "CapAmb:\\t0000000000000000", "NoNewPrivs:\\t1", "Seccomp:\\t2"] {
+    for c in [
+        "CapInh:\\t0000000000000000",
+        "CapPrm:\\t0000000000000000",
+        "CapEff:\\t0000000000000000",
+        "CapBnd:\\t0000000000000000",
+        "CapAmb:\\t0000000000000000",
+        "NoNewPrivs:\\t1",
+        "Seccomp:\\t2",
+    ] {
         assert!(caps.contains(c), "{c} missing in {caps}");
     }
     assert!(o.stdout.contains("IDS 65534 65534"), "{}", o.stdout);
@@ -598,7 +693,12 @@ fn exit_codes_follow_the_command_and_the_contract() {
     // A program that does not exist: setup_error, 125, a report, one line on stderr.
     let o = run(&["--", "/no/such/program"]);
     assert_eq!((o.code, o.status()), (125, "setup_error"), "{}", o.stderr);
-    assert!(o.report["error"].as_str().unwrap().contains("/no/such/program"));
+    assert!(
+        o.report["error"]
+            .as_str()
+            .unwrap()
+            .contains("/no/such/program")
+    );
     assert_eq!(o.stderr.trim().lines().count(), 1, "{}", o.stderr);
     // Bad arguments: 125 with a one-line error, no panic.
     let o = run(&["--timeout", "0", "--", "true"]);
@@ -616,7 +716,12 @@ fn exit_codes_follow_the_command_and_the_contract() {
 fn stdout_is_bounded_and_the_report_says_so() {
     let work = tmp();
     let (mut cmd, report) = aj(work.path());
-    cmd.args(["--", "/bin/sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' a; echo done >&2"]);
+    cmd.args([
+        "--",
+        "/bin/sh",
+        "-c",
+        "head -c 3000000 /dev/zero | tr '\\0' a; echo done >&2",
+    ]);
     let o = run_raw(cmd, &report);
     assert_eq!(o.code, 0, "{}", o.report);
     assert_eq!(o.stdout.len(), 1 << 20);
@@ -638,21 +743,31 @@ fn each_run_has_its_own_host_uid_and_the_cgroup_is_cleaned_up() {
         assert!(uid >= 1_000_000_000, "{uid}");
     }
     // No agentjail cgroup of a finished run is left behind.
-    let leftovers: Vec<_> = ["/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup"]
-        .iter()
-        .flat_map(|d| walk_dirs(Path::new(d), 3))
-        .filter(|p| {
-            p.file_name()
-                .map(|n| n.to_string_lossy().contains(&format!("agentjail-{}-", std::process::id())))
-                .unwrap_or(false)
-        })
-        .collect();
+    let leftovers: Vec<_> = [
+        "/sys/fs/cgroup/memory",
+        "/sys/fs/cgroup/pids",
+        "/sys/fs/cgroup",
+    ]
+    .iter()
+    .flat_map(|d| walk_dirs(Path::new(d), 3))
+    .filter(|p| {
+        p.file_name()
+            .map(|n| {
+                n.to_string_lossy()
+                    .contains(&format!("agentjail-{}-", std::process::id()))
+            })
+            .unwrap_or(false)
+    })
+    .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
 fn rustix_is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
-        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0")))
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+        })
         .unwrap_or(false)
 }
 
@@ -692,7 +807,12 @@ fn as_nobody(work: &Path) -> Option<(Command, PathBuf)> {
         return None;
     }
     let mut c = Command::new("/usr/bin/setpriv");
-    c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--reset-env"]);
+    c.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--reset-env",
+    ]);
     c.env("HOME", &writable);
     c.arg(b);
     Some((c, writable))
@@ -701,9 +821,13 @@ fn as_nobody(work: &Path) -> Option<(Command, PathBuf)> {
 #[test]
 fn unprivileged_user_strict_run_is_refused_without_cgroups_and_runs_degraded() {
     let work = tmp();
-    let Some((mut cmd, wdir)) = as_nobody(work.path()) else { return };
+    let Some((mut cmd, wdir)) = as_nobody(work.path()) else {
+        return;
+    };
     let report = wdir.join("u1.json");
-    cmd.args(["run", "--report"]).arg(&report).args(["--", "/bin/true"]);
+    cmd.args(["run", "--report"])
+        .arg(&report)
+        .args(["--", "/bin/true"]);
     let o = run_raw(cmd, &report);
     if o.code == 0 {
         // This host delegates cgroups to the user: a strict run works; nothing to refuse.
@@ -715,7 +839,9 @@ fn unprivileged_user_strict_run_is_refused_without_cgroups_and_runs_degraded() {
     assert!(o.stderr.contains("cgroup"), "{}", o.stderr);
 
     // With --allow-degraded it runs, and says exactly what was not applied.
-    let Some((mut cmd, wdir)) = as_nobody(work.path()) else { return };
+    let Some((mut cmd, wdir)) = as_nobody(work.path()) else {
+        return;
+    };
     let report = wdir.join("u2.json");
     let secret = write(work.path(), "root-only.txt", "ROOT-ONLY-SECRET");
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -752,12 +878,26 @@ print("CAPS", [l.strip() for l in open("/proc/self/status") if l.startswith(("Ca
     assert_eq!(o.probe("tcp"), "errno=13");
     assert!(o.probe("write_input").starts_with("errno="));
     assert!(o.stdout.contains("IDS 65534 65534"));
-    assert!(o.stdout.contains("CapEff:\\t0000000000000000") && o.stdout.contains("NoNewPrivs:\\t1"));
+    assert!(
+        o.stdout.contains("CapEff:\\t0000000000000000") && o.stdout.contains("NoNewPrivs:\\t1")
+    );
     let iso = &o.report["isolation"];
     assert_eq!(iso["user_ns"], true);
     assert_eq!(iso["cgroup"], Value::Null);
-    assert!(iso["degraded"].as_array().unwrap().iter().any(|d| d.as_str().unwrap().contains("cgroup")));
-    assert!(iso["rlimits"].as_array().unwrap().iter().any(|r| r == "nproc"));
+    assert!(
+        iso["degraded"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d.as_str().unwrap().contains("cgroup"))
+    );
+    assert!(
+        iso["rlimits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == "nproc")
+    );
     assert_eq!(o.report["accounting"], "rusage");
     assert!(o.denied("syscall", "ptrace") && o.denied("syscall", "unshare"));
 }
@@ -765,7 +905,9 @@ print("CAPS", [l.strip() for l in open("/proc/self/status") if l.startswith(("Ca
 #[test]
 fn unprivileged_fork_bomb_and_memory_hog_are_held_by_rlimits() {
     let work = tmp();
-    let Some((mut cmd, wdir)) = as_nobody(work.path()) else { return };
+    let Some((mut cmd, wdir)) = as_nobody(work.path()) else {
+        return;
+    };
     let report = wdir.join("u3.json");
     let probe = write(
         work.path(),
@@ -793,14 +935,30 @@ except MemoryError:
 "#,
         ),
     );
-    cmd.args(["run", "--allow-degraded", "--pids", "6", "--memory-mb", "128", "--timeout", "10", "--report"])
-        .arg(&report)
-        .arg("--ro")
-        .arg(format!("{}:/input/probe.py", probe.display()))
-        .args(["--", PY, "/input/probe.py"]);
+    cmd.args([
+        "run",
+        "--allow-degraded",
+        "--pids",
+        "6",
+        "--memory-mb",
+        "128",
+        "--timeout",
+        "10",
+        "--report",
+    ])
+    .arg(&report)
+    .arg("--ro")
+    .arg(format!("{}:/input/probe.py", probe.display()))
+    .args(["--", PY, "/input/probe.py"]);
     let o = run_raw(cmd, &report);
     assert_eq!(o.probe("fork"), "errno=11", "{} {}", o.stdout, o.stderr);
-    let kids: u32 = o.stdout.lines().find_map(|l| l.strip_prefix("KIDS ")).unwrap().parse().unwrap();
+    let kids: u32 = o
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("KIDS "))
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(kids < 6, "{kids}");
     assert_eq!(o.probe("hog"), "memoryerror");
 }

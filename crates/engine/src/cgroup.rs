@@ -83,7 +83,10 @@ fn unescape(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
             let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
             out.push(v);
             i += 4;
@@ -103,7 +106,12 @@ fn own_cgroups() -> io::Result<Vec<(String, Vec<String>, String)>> {
         .filter_map(|l| {
             let mut it = l.splitn(3, ':');
             let id = it.next()?.to_string();
-            let ctl = it.next()?.split(',').filter(|s| !s.is_empty()).map(str::to_owned).collect();
+            let ctl = it
+                .next()?
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect();
             let path = it.next()?.to_string();
             Some((id, ctl, path))
         })
@@ -155,7 +163,11 @@ fn read_u64(path: &Path) -> Option<u64> {
 fn read_key(path: &Path, key: &str) -> Option<u64> {
     fs::read_to_string(path).ok()?.lines().find_map(|l| {
         let (k, v) = l.split_once(' ')?;
-        if k == key { v.trim().parse().ok() } else { None }
+        if k == key {
+            v.trim().parse().ok()
+        } else {
+            None
+        }
     })
 }
 
@@ -164,7 +176,8 @@ impl Cgroup {
     /// (for the report's `degraded` list) when no usable cgroup exists.
     pub fn create(memory_bytes: u64, pids_max: u64) -> Result<Cgroup, String> {
         let ms = mounts().map_err(|e| format!("cgroup: cannot read /proc/self/mountinfo: {e}"))?;
-        let own = own_cgroups().map_err(|e| format!("cgroup: cannot read /proc/self/cgroup: {e}"))?;
+        let own =
+            own_cgroups().map_err(|e| format!("cgroup: cannot read /proc/self/cgroup: {e}"))?;
         let name = format!(
             "agentjail-{}-{}",
             std::process::id(),
@@ -221,7 +234,10 @@ impl Cgroup {
             cg.pids = PathBuf::new();
             return Err(e);
         }
-        write(&memory.join("memory.limit_in_bytes"), &memory_bytes.to_string())?;
+        write(
+            &memory.join("memory.limit_in_bytes"),
+            &memory_bytes.to_string(),
+        )?;
         // With swap accounting, also forbid swapping past the limit.
         let memsw = memory.join("memory.memsw.limit_in_bytes");
         if memsw.exists() {
@@ -238,7 +254,12 @@ impl Cgroup {
         Ok(cg)
     }
 
-    fn create_v2(parent: &Path, name: &str, memory_bytes: u64, pids_max: u64) -> Result<Cgroup, String> {
+    fn create_v2(
+        parent: &Path,
+        name: &str,
+        memory_bytes: u64,
+        pids_max: u64,
+    ) -> Result<Cgroup, String> {
         if !has_controllers(parent, "cgroup.subtree_control", &["memory", "pids"]) {
             // A cgroup with processes cannot enable controllers for its children ("no internal
             // processes"): move ourselves into a leaf first, then enable them.
@@ -298,7 +319,11 @@ impl Cgroup {
             text.lines().any(|l| {
                 let mut it = l.splitn(3, ':');
                 let (_, c, path) = (it.next(), it.next().unwrap_or(""), it.next().unwrap_or(""));
-                let ctl_ok = if ctl.is_empty() { c.is_empty() } else { c.split(',').any(|x| x == *ctl) };
+                let ctl_ok = if ctl.is_empty() {
+                    c.is_empty()
+                } else {
+                    c.split(',').any(|x| x == *ctl)
+                };
                 ctl_ok && path.ends_with(&format!("/{name}"))
             })
         })
@@ -321,10 +346,15 @@ impl Cgroup {
     pub fn stats(&self) -> Stats {
         match self.version {
             Version::V1 => Stats {
-                peak_memory_bytes: read_u64(&self.memory.join("memory.max_usage_in_bytes")).unwrap_or(0),
-                oom_kills: read_key(&self.memory.join("memory.oom_control"), "oom_kill").unwrap_or(0),
+                peak_memory_bytes: read_u64(&self.memory.join("memory.max_usage_in_bytes"))
+                    .unwrap_or(0),
+                oom_kills: read_key(&self.memory.join("memory.oom_control"), "oom_kill")
+                    .unwrap_or(0),
                 pids_refused: read_key(&self.pids.join("pids.events"), "max").unwrap_or(0),
-                cpu_ns: self.cpu.as_ref().and_then(|c| read_u64(&c.join("cpuacct.usage"))),
+                cpu_ns: self
+                    .cpu
+                    .as_ref()
+                    .and_then(|c| read_u64(&c.join("cpuacct.usage"))),
             },
             Version::V2 => Stats {
                 peak_memory_bytes: read_u64(&self.memory.join("memory.peak")).unwrap_or(0),
@@ -387,7 +417,9 @@ mod tests {
         let d = own_dir(&m, "/sub/a/b").unwrap();
         assert_eq!(d, PathBuf::from("/sys/fs/cgroup/memory/a/b"));
         assert!(own_dir(&m, "/other").is_none());
-        let m = parse_mountinfo_line("30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate").unwrap();
+        let m =
+            parse_mountinfo_line("30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate")
+                .unwrap();
         assert_eq!(m.fstype, "cgroup2");
         assert_eq!(unescape("a\\040b"), "a b");
     }

@@ -24,7 +24,9 @@ pub struct Report {
 }
 
 fn read(p: &str) -> Option<String> {
-    std::fs::read_to_string(p).ok().map(|s| s.trim().to_string())
+    std::fs::read_to_string(p)
+        .ok()
+        .map(|s| s.trim().to_string())
 }
 
 fn userns() -> Item {
@@ -60,7 +62,11 @@ fn userns() -> Item {
             ok: false,
             detail: format!(
                 "clone(CLONE_NEWUSER) failed: {e}{}",
-                if hints.is_empty() { String::new() } else { format!(" ({})", hints.join("; ")) }
+                if hints.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", hints.join("; "))
+                }
             ),
         },
     }

@@ -43,7 +43,13 @@ pub fn host_image_identity() -> String {
         use std::os::unix::fs::MetadataExt;
         match std::fs::metadata(f) {
             Ok(m) => h.update(
-                format!("{f} size={} mtime={}.{:09}\n", m.len(), m.mtime(), m.mtime_nsec()).as_bytes(),
+                format!(
+                    "{f} size={} mtime={}.{:09}\n",
+                    m.len(),
+                    m.mtime(),
+                    m.mtime_nsec()
+                )
+                .as_bytes(),
             ),
             Err(_) => h.update(format!("{f} absent\n").as_bytes()),
         }

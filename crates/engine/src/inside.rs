@@ -47,9 +47,17 @@ pub enum Msg {
     Applied(Applied),
     /// The command was executed.
     Started,
-    ExecFailed { program: String, error: String },
-    SetupFailed { step: String, error: String },
-    Denial { syscall: String },
+    ExecFailed {
+        program: String,
+        error: String,
+    },
+    SetupFailed {
+        step: String,
+        error: String,
+    },
+    Denial {
+        syscall: String,
+    },
     /// Init → supervisor: the payload ended with this raw wait status.
     Exit {
         status: i32,
@@ -96,17 +104,22 @@ pub mod timing {
     /// Reads the switch; called in the supervisor before the clone.
     pub fn init_from_env() {
         START.get_or_init(|| {
-            std::env::var_os("AGENTJAIL_DEBUG_TIMING").map(|_| std::sync::Mutex::new(Instant::now()))
+            std::env::var_os("AGENTJAIL_DEBUG_TIMING")
+                .map(|_| std::sync::Mutex::new(Instant::now()))
         });
     }
 
     pub fn mark(label: &str) {
-        if let Some(Some(m)) = START.get() {
-            if let Ok(mut last) = m.lock() {
-                let now = Instant::now();
-                eprintln!("agentjail-timing: pid {} {:>7} us  {label}", std::process::id(), (now - *last).as_micros());
-                *last = now;
-            }
+        if let Some(Some(m)) = START.get()
+            && let Ok(mut last) = m.lock()
+        {
+            let now = Instant::now();
+            eprintln!(
+                "agentjail-timing: pid {} {:>7} us  {label}",
+                std::process::id(),
+                (now - *last).as_micros()
+            );
+            *last = now;
         }
     }
 }
@@ -121,7 +134,12 @@ pub fn send(sock: BorrowedFd<'_>, msg: &Msg, fd: Option<BorrowedFd<'_>>) -> std:
         fds = [fd];
         cmsg.push(SendAncillaryMessage::ScmRights(&fds));
     }
-    sendmsg(sock, &[IoSlice::new(&bytes)], &mut cmsg, SendFlags::NOSIGNAL)?;
+    sendmsg(
+        sock,
+        &[IoSlice::new(&bytes)],
+        &mut cmsg,
+        SendFlags::NOSIGNAL,
+    )?;
     Ok(())
 }
 
@@ -174,19 +192,30 @@ fn init(a: &mut InitArgs<'_>) -> StepResult<()> {
     // Join the run's cgroups first (v1; see Cgroup::self_join_files), so that everything
     // the sandbox ever starts is inside them.
     for f in &a.plan.cgroup_join {
-        step(&format!("join cgroup {}", f.display()), std::fs::write(f, "0"))?;
+        step(
+            &format!("join cgroup {}", f.display()),
+            std::fs::write(f, "0"),
+        )?;
     }
     step("report joined", send(a.ctl.as_fd(), &Msg::Joined, None))?;
     match step("wait for the supervisor", recv(a.ctl.as_fd()))? {
         Some((Msg::Go, _)) => {}
-        _ => return Err(("wait for the supervisor".into(), "supervisor went away".into())),
+        _ => {
+            return Err((
+                "wait for the supervisor".into(),
+                "supervisor went away".into(),
+            ));
+        }
     }
     step(
         "make the init non-dumpable",
         rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable),
     )?;
     build_root(a.plan)?;
-    step("set host name", rustix::system::sethostname(crate::plan::HOSTNAME.as_bytes()))?;
+    step(
+        "set host name",
+        rustix::system::sethostname(crate::plan::HOSTNAME.as_bytes()),
+    )?;
     step("bring loopback up", sys::loopback_up())?;
     if let Some(port) = a.plan.proxy_port {
         // Created here, so it belongs to the sandbox's network namespace; served outside.
@@ -194,7 +223,10 @@ fn init(a: &mut InitArgs<'_>) -> StepResult<()> {
             "listen on the proxy port",
             std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)),
         )?;
-        step("hand the proxy socket over", send(a.ctl.as_fd(), &Msg::Listener, Some(l.as_fd())))?;
+        step(
+            "hand the proxy socket over",
+            send(a.ctl.as_fd(), &Msg::Listener, Some(l.as_fd())),
+        )?;
     }
     let sigchld = step("block SIGCHLD", sys::sigchld_fd())?;
 
@@ -206,7 +238,10 @@ fn init(a: &mut InitArgs<'_>) -> StepResult<()> {
             Mode::empty(),
         ),
     )?;
-    step("report ready", send(a.ctl.as_fd(), &Msg::Ready, Some(out.as_fd())))?;
+    step(
+        "report ready",
+        send(a.ctl.as_fd(), &Msg::Ready, Some(out.as_fd())),
+    )?;
     drop(out);
 
     let (to_payload, from_payload) = step(
@@ -258,10 +293,8 @@ fn init(a: &mut InitArgs<'_>) -> StepResult<()> {
         }
         let listener_ready = fds.get(1).map(|f| !f.revents().is_empty()).unwrap_or(false);
         let child_ready = !fds[0].revents().is_empty();
-        if listener_ready {
-            if let Some(l) = &listener {
-                serve_notification(l, a.ctl.as_fd());
-            }
+        if listener_ready && let Some(l) = &listener {
+            serve_notification(l, a.ctl.as_fd());
         }
         if child_ready {
             let mut buf = [0u8; 128];
@@ -308,7 +341,10 @@ fn build_root(plan: &Plan) -> StepResult<()> {
     use rustix::mount::*;
     step(
         "make / private",
-        mount_change("/", MountPropagationFlags::PRIVATE | MountPropagationFlags::REC),
+        mount_change(
+            "/",
+            MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
+        ),
     )?;
     step(
         "mount staging tmpfs on /tmp",
@@ -354,10 +390,7 @@ fn build_root(plan: &Plan) -> StepResult<()> {
     )?;
     step("chdir /newroot", std::env::set_current_dir("/newroot"))?;
     step("pivot_root(., .)", rustix::process::pivot_root(".", "."))?;
-    step(
-        "detach the old root",
-        unmount(".", UnmountFlags::DETACH),
-    )?;
+    step("detach the old root", unmount(".", UnmountFlags::DETACH))?;
     step("chdir /", std::env::set_current_dir("/"))?;
     Ok(())
 }
@@ -369,7 +402,10 @@ fn new(dest: &str) -> String {
 fn mkdirs(path: &Path) -> StepResult<()> {
     step(
         &format!("mkdir {}", path.display()),
-        std::fs::DirBuilder::new().recursive(true).mode(0o755).create(path),
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(path),
     )
 }
 
@@ -384,7 +420,12 @@ fn mountpoint(dest: &str, dir: bool) -> StepResult<String> {
         }
         step(
             &format!("create mount point {dest}"),
-            std::fs::OpenOptions::new().write(true).create(true).mode(0o444).open(p),
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o444)
+                .open(p),
         )?;
     }
     Ok(d)
@@ -407,7 +448,10 @@ fn open_source(src: &Path, dir: bool) -> StepResult<OwnedFd> {
     let st = step(&format!("stat {}", src.display()), rustix::fs::fstat(&fd))?;
     let is_dir = rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory;
     if dir && !is_dir {
-        return Err((format!("open {}", src.display()), "is no longer a directory".into()));
+        return Err((
+            format!("open {}", src.display()),
+            "is no longer a directory".into(),
+        ));
     }
     Ok(fd)
 }
@@ -429,7 +473,10 @@ fn apply(op: &Op) -> StepResult<()> {
             let fd = open_source(src, false)?;
             let d = mountpoint(dest, false)?;
             let via = format!("/oldroot/proc/self/fd/{}", fd.as_raw_fd());
-            step(&format!("bind device {dest}"), mount_bind(via.as_str(), d.as_str()))?;
+            step(
+                &format!("bind device {dest}"),
+                mount_bind(via.as_str(), d.as_str()),
+            )?;
             let c = cstr(&d)?;
             step(
                 &format!("restrict device {dest}"),
@@ -524,10 +571,7 @@ fn make_readonly(d: &str, dest: &str) -> StepResult<()> {
 fn payload_main(a: &InitArgs<'_>, sock: OwnedFd) -> ! {
     let program = a.plan.argv.first().cloned().unwrap_or_default();
     let msg = match payload(a, &sock) {
-        Ok(e) => Msg::ExecFailed {
-            program,
-            error: e,
-        },
+        Ok(e) => Msg::ExecFailed { program, error: e },
         Err((step, error)) => Msg::SetupFailed { step, error },
     };
     let _ = send(sock.as_fd(), &msg, None);
@@ -549,18 +593,28 @@ fn payload(a: &InitArgs<'_>, sock: &OwnedFd) -> StepResult<String> {
     )?;
     step("stdin", sys::dup2(null.as_raw_fd(), 0))?;
     drop(null);
-    step(&format!("chdir {}", a.plan.cwd), std::env::set_current_dir(&a.plan.cwd))?;
+    step(
+        &format!("chdir {}", a.plan.cwd),
+        std::env::set_current_dir(&a.plan.cwd),
+    )?;
 
     // Capabilities: lock the securebits and empty the bounding set while we still hold
     // CAP_SETPCAP, then change ids, then clear the remaining sets.
     step("lock securebits", sys::lock_securebits())?;
     step("drop bounding set", sys::drop_bounding_set())?;
-    step("clear ambient capabilities", caps::clear(None, caps::CapSet::Ambient))?;
+    step(
+        "clear ambient capabilities",
+        caps::clear(None, caps::CapSet::Ambient),
+    )?;
     step(
         "become the sandbox user",
         sys::become_user(SANDBOX_ID, SANDBOX_ID, a.root_mode),
     )?;
-    for set in [caps::CapSet::Effective, caps::CapSet::Inheritable, caps::CapSet::Permitted] {
+    for set in [
+        caps::CapSet::Effective,
+        caps::CapSet::Inheritable,
+        caps::CapSet::Permitted,
+    ] {
         step("clear capabilities", caps::clear(None, set))?;
     }
 
@@ -591,7 +645,11 @@ fn payload(a: &InitArgs<'_>, sock: &OwnedFd) -> StepResult<String> {
     };
     step(
         "report applied protections",
-        send(sock.as_fd(), &Msg::Applied(applied), listener.as_ref().map(|l| l.as_fd())),
+        send(
+            sock.as_fd(),
+            &Msg::Applied(applied),
+            listener.as_ref().map(|l| l.as_fd()),
+        ),
     )?;
     drop(listener);
     step("close inherited fds", sys::cloexec_from(3))?;
@@ -631,10 +689,13 @@ fn payload(a: &InitArgs<'_>, sock: &OwnedFd) -> StepResult<String> {
         let Ok(path) = CString::new(c) else { continue };
         let e = sys::execve(&path, &argv, &envp);
         let skip = matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR));
-        if first_err.is_none() || !skip {
-            if first_err.as_ref().map(|f| f.raw_os_error() == Some(libc::ENOENT)).unwrap_or(true) {
-                first_err = Some(e);
-            }
+        if (first_err.is_none() || !skip)
+            && first_err
+                .as_ref()
+                .map(|f| f.raw_os_error() == Some(libc::ENOENT))
+                .unwrap_or(true)
+        {
+            first_err = Some(e);
         }
     }
     Ok(match first_err {
@@ -656,19 +717,29 @@ fn apply_rlimits(a: &InitArgs<'_>) -> StepResult<Vec<String>> {
     // A backstop one above the cgroup's limit, so that the cgroup (which counts and reports
     // refusals) is what stops a fork bomb when it exists. In unprivileged mode the init shares
     // the sandbox user's uid and counts toward NPROC too.
-    let nproc = if a.plan.cgroup_applied { l.processes + 1 } else { l.processes }
-        + if a.root_mode { 0 } else { 1 };
+    let nproc = if a.plan.cgroup_applied {
+        l.processes + 1
+    } else {
+        l.processes
+    } + if a.root_mode { 0 } else { 1 };
     let address_space = if a.plan.cgroup_applied {
         (l.memory_bytes() * 4).max(1 << 30)
     } else {
         l.memory_bytes()
     };
-    let nofile_max = getrlimit(Resource::Nofile).maximum.unwrap_or(1024).min(1024);
+    let nofile_max = getrlimit(Resource::Nofile)
+        .maximum
+        .unwrap_or(1024)
+        .min(1024);
     let list: [(Resource, &str, Rlimit); 6] = [
         (Resource::Core, "core=0", lim(0, 0)),
         (Resource::Nproc, "nproc", lim(nproc, nproc)),
         (Resource::Cpu, "cpu", lim(l.seconds + 1, l.seconds + 2)),
-        (Resource::Fsize, "fsize", lim(l.memory_bytes(), l.memory_bytes())),
+        (
+            Resource::Fsize,
+            "fsize",
+            lim(l.memory_bytes(), l.memory_bytes()),
+        ),
         (Resource::Nofile, "nofile", lim(nofile_max, nofile_max)),
         (Resource::As, "as", lim(address_space, address_space)),
     ];
@@ -719,7 +790,11 @@ fn apply_landlock(a: &InitArgs<'_>, degraded: &mut Vec<String>) -> StepResult<Op
         let fd = step(&format!("landlock: open {path}"), PathFd::new(path))?;
         // Rules on a file may only carry file rights.
         let is_dir = std::fs::metadata(path).map(|m| m.is_dir()).unwrap_or(false);
-        let rights = if is_dir { rights } else { rights & AccessFs::from_file(abi) };
+        let rights = if is_dir {
+            rights
+        } else {
+            rights & AccessFs::from_file(abi)
+        };
         ruleset = ruleset
             .add_rule(PathBeneath::new(fd, rights))
             .map_err(err)?;
@@ -741,7 +816,10 @@ fn apply_landlock(a: &InitArgs<'_>, degraded: &mut Vec<String>) -> StepResult<Op
                 "landlock: not available in this kernel".to_string()
             };
             if !a.allow_degraded {
-                return Err(("landlock".into(), format!("{why}; refusing (use --allow-degraded to run anyway)")));
+                return Err((
+                    "landlock".into(),
+                    format!("{why}; refusing (use --allow-degraded to run anyway)"),
+                ));
             }
             degraded.push(why);
             Ok(if available { Some(kernel_abi) } else { None })

@@ -41,7 +41,11 @@ pub enum Access {
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Op {
     /// Recursive read-only, nosuid, nodev bind of a host path.
-    BindRo { src: PathBuf, dest: String, dir: bool },
+    BindRo {
+        src: PathBuf,
+        dest: String,
+        dir: bool,
+    },
     /// Bind of a host device node (read-write, nosuid).
     Device { src: PathBuf, dest: String },
     /// A fresh tmpfs.
@@ -90,7 +94,9 @@ pub enum RootImage {
 }
 
 /// Top-level names of an image that the sandbox provides itself and never takes from it.
-const RESERVED: &[&str] = &["etc", "dev", "proc", "sys", "tmp", "work", "output", "input", "run"];
+const RESERVED: &[&str] = &[
+    "etc", "dev", "proc", "sys", "tmp", "work", "output", "input", "run",
+];
 
 /// A stored image's top-level directories (bound read-only) and symlinks (recreated), except
 /// the ones the sandbox provides itself. Files at the top level are ignored.
@@ -132,7 +138,9 @@ pub fn image_system_ops(rootfs: &Path) -> Vec<Op> {
 /// The host directories that form the default (host) image, with how each is reproduced.
 pub fn host_system_ops() -> Vec<Op> {
     let mut ops = Vec::new();
-    for dir in ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"] {
+    for dir in [
+        "/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32",
+    ] {
         let p = Path::new(dir);
         match std::fs::symlink_metadata(p) {
             Ok(m) if m.file_type().is_symlink() => {
@@ -315,7 +323,14 @@ impl Plan {
         if let Some(port) = proxy_port {
             // Both spellings: curl reads only the lowercase http_proxy, others the uppercase.
             let url = format!("http://127.0.0.1:{port}");
-            for k in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
+            for k in [
+                "HTTP_PROXY",
+                "HTTPS_PROXY",
+                "ALL_PROXY",
+                "http_proxy",
+                "https_proxy",
+                "all_proxy",
+            ] {
                 env.push((k.into(), url.clone()));
             }
             env.push(("NO_PROXY".into(), String::new()));
@@ -375,14 +390,20 @@ mod tests {
             if let Op::BindRo { src, .. } = op {
                 let s = src.to_string_lossy();
                 assert!(s != "/etc" && !s.starts_with("/etc/ssl/private"), "{s}");
-                assert!(!s.starts_with("/home") && !s.starts_with("/root") && !s.starts_with("/var"));
+                assert!(
+                    !s.starts_with("/home") && !s.starts_with("/root") && !s.starts_with("/var")
+                );
                 assert!(!s.starts_with("/sys") && !s.starts_with("/proc"));
             }
         }
         // Every mount point the payload may write to is a tmpfs.
         for (path, acc) in &p.rules {
             if let Access::Write { .. } = acc {
-                assert!(p.ops.iter().any(|o| matches!(o, Op::Tmpfs { dest, .. } if dest == path)));
+                assert!(
+                    p.ops
+                        .iter()
+                        .any(|o| matches!(o, Op::Tmpfs { dest, .. } if dest == path))
+                );
             }
         }
         assert!(p.env.iter().any(|(k, v)| k == "HOME" && v == "/work"));

@@ -17,7 +17,8 @@
 //! denied syscall in a real sandbox and check both the errno and the report.
 
 // BPF opcodes (linux/bpf_common.h).
-const BPF_LD_W_ABS: u16 = 0x00 | 0x00 | 0x20;
+// BPF_LD | BPF_W | BPF_ABS (0x00 | 0x00 | 0x20).
+const BPF_LD_W_ABS: u16 = 0x20;
 const BPF_JMP_JEQ_K: u16 = 0x05 | 0x10;
 const BPF_JMP_JGE_K: u16 = 0x05 | 0x30;
 const BPF_JMP_JSET_K: u16 = 0x05 | 0x40;
@@ -293,9 +294,18 @@ mod tests {
         let p = build_filter(true).unwrap();
         let a = [0u64; 6];
         assert_eq!(run(&p, libc::SYS_read as u32, AUDIT_ARCH, a), RET_ALLOW);
-        assert_eq!(run(&p, libc::SYS_ptrace as u32, AUDIT_ARCH, a), RET_USER_NOTIF);
-        assert_eq!(run(&p, libc::SYS_mount as u32, AUDIT_ARCH, a), RET_USER_NOTIF);
-        assert_eq!(run(&p, libc::SYS_read as u32, 0x4000_0003, a), RET_KILL_PROCESS);
+        assert_eq!(
+            run(&p, libc::SYS_ptrace as u32, AUDIT_ARCH, a),
+            RET_USER_NOTIF
+        );
+        assert_eq!(
+            run(&p, libc::SYS_mount as u32, AUDIT_ARCH, a),
+            RET_USER_NOTIF
+        );
+        assert_eq!(
+            run(&p, libc::SYS_read as u32, 0x4000_0003, a),
+            RET_KILL_PROCESS
+        );
         assert_eq!(
             run(&p, libc::SYS_clone3 as u32, AUDIT_ARCH, a),
             RET_ERRNO | libc::ENOSYS as u32
@@ -304,12 +314,21 @@ mod tests {
         let fork = [libc::SIGCHLD as u64, 0, 0, 0, 0, 0];
         assert_eq!(run(&p, libc::SYS_clone as u32, AUDIT_ARCH, fork), RET_ALLOW);
         let ns = [(libc::CLONE_NEWUSER | libc::SIGCHLD) as u64, 0, 0, 0, 0, 0];
-        assert_eq!(run(&p, libc::SYS_clone as u32, AUDIT_ARCH, ns), RET_USER_NOTIF);
+        assert_eq!(
+            run(&p, libc::SYS_clone as u32, AUDIT_ARCH, ns),
+            RET_USER_NOTIF
+        );
         // TIOCSTI is refused even with garbage in the upper half of the argument.
-        let sti = [0, 0xdead_0000_0000_0000 | libc::TIOCSTI as u64, 0, 0, 0, 0];
-        assert_eq!(run(&p, libc::SYS_ioctl as u32, AUDIT_ARCH, sti), RET_USER_NOTIF);
-        let tcgets = [0, libc::TCGETS as u64, 0, 0, 0, 0];
-        assert_eq!(run(&p, libc::SYS_ioctl as u32, AUDIT_ARCH, tcgets), RET_ALLOW);
+        let sti = [0, 0xdead_0000_0000_0000 | libc::TIOCSTI, 0, 0, 0, 0];
+        assert_eq!(
+            run(&p, libc::SYS_ioctl as u32, AUDIT_ARCH, sti),
+            RET_USER_NOTIF
+        );
+        let tcgets = [0, libc::TCGETS, 0, 0, 0, 0];
+        assert_eq!(
+            run(&p, libc::SYS_ioctl as u32, AUDIT_ARCH, tcgets),
+            RET_ALLOW
+        );
         #[cfg(target_arch = "x86_64")]
         assert_eq!(
             run(&p, 0x4000_0000 | libc::SYS_ptrace as u32, AUDIT_ARCH, a),

@@ -212,7 +212,10 @@ pub fn run_on(
     inside::timing::mark("supervisor: before `let mut plan = Plan::new(vm);`");
     let mut plan = Plan::for_root(vm, root);
     plan.cgroup_applied = cgroup.is_some();
-    plan.cgroup_join = cgroup.as_ref().map(Cgroup::self_join_files).unwrap_or_default();
+    plan.cgroup_join = cgroup
+        .as_ref()
+        .map(Cgroup::self_join_files)
+        .unwrap_or_default();
 
     let pair = rustix::net::socketpair(
         rustix::net::AddressFamily::UNIX,
@@ -347,8 +350,12 @@ pub fn run_on(
             continue;
         }
         let ready = |ix: Option<usize>| ix.map(|i| !fds[i].revents().is_empty()).unwrap_or(false);
-        let (init_ready, ctl_ready, out_ready, err_ready) =
-            (!fds[0].revents().is_empty(), ready(ctl_ix), ready(out_ix), ready(err_ix));
+        let (init_ready, ctl_ready, out_ready, err_ready) = (
+            !fds[0].revents().is_empty(),
+            ready(ctl_ix),
+            ready(out_ix),
+            ready(err_ix),
+        );
         drop(fds);
         if ctl_ready {
             ctl_open = st.take(&ctl_s, &mut report);
@@ -358,7 +365,8 @@ pub fn run_on(
                 Ok(h) => gateway = Some(h),
                 Err(e) => {
                     st.setup_failed.get_or_insert(e);
-                    let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+                    let _ =
+                        rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
                 }
             }
         }
@@ -391,7 +399,14 @@ pub fn run_on(
     }
     let stats = cgroup.as_ref().map(Cgroup::stats).unwrap_or_default();
     drop(cgroup);
-    finish(&mut report, &st, &stats, timed_out, wall, &vm.manifest.limits);
+    finish(
+        &mut report,
+        &st,
+        &stats,
+        timed_out,
+        wall,
+        &vm.manifest.limits,
+    );
     report.stdout = out.report;
     report.stderr = err.report;
     let output_full = st
@@ -511,24 +526,32 @@ fn record_network(report: &mut RunReport, decisions: Vec<agentjail_egress::Decis
     };
     for d in decisions {
         if d.allowed {
-            net.connections.push(agentjail_manifest::report::Connection {
-                method: d.method,
-                host: d.host,
-                port: d.port,
-                address: d.address.map(|a| a.to_string()),
-                rule: d.reason,
-                bytes_up: d.bytes_up,
-                bytes_down: d.bytes_down,
-                duration_ms: d.duration_ms,
-            });
+            net.connections
+                .push(agentjail_manifest::report::Connection {
+                    method: d.method,
+                    host: d.host,
+                    port: d.port,
+                    address: d.address.map(|a| a.to_string()),
+                    rule: d.reason,
+                    bytes_up: d.bytes_up,
+                    bytes_down: d.bytes_down,
+                    duration_ms: d.duration_ms,
+                });
         } else {
             let dest = if d.host.is_empty() {
                 String::from("(unparsed request)")
             } else {
                 format!("{}:{}", d.host, d.port)
             };
-            let method = if d.method.is_empty() { "request" } else { d.method.as_str() };
-            report.deny(DenialKind::Network, format!("{method} {dest}: {}", d.reason));
+            let method = if d.method.is_empty() {
+                "request"
+            } else {
+                d.method.as_str()
+            };
+            report.deny(
+                DenialKind::Network,
+                format!("{method} {dest}: {}", d.reason),
+            );
         }
     }
     report.network = Some(net);
@@ -556,7 +579,8 @@ impl State {
                     Msg::Applied(a) => self.applied = Some(a),
                     Msg::Started => self.started = true,
                     Msg::ExecFailed { program, error } => {
-                        self.exec_failed = Some(format!("cannot execute `{}`: {error}", printable(&program)))
+                        self.exec_failed =
+                            Some(format!("cannot execute `{}`: {error}", printable(&program)))
                     }
                     Msg::SetupFailed { step, error } => {
                         self.setup_failed
@@ -626,7 +650,10 @@ fn finish(
     if stats.oom_kills > 0 {
         r.deny(
             DenialKind::Limit,
-            format!("memory: limit of {} MiB reached, process killed", limits.memory_mb),
+            format!(
+                "memory: limit of {} MiB reached, process killed",
+                limits.memory_mb
+            ),
         );
     }
     if timed_out {
@@ -634,7 +661,10 @@ fn finish(
         r.signal = Some(libc::SIGKILL);
         r.deny(
             DenialKind::Limit,
-            format!("time: wall-clock limit of {} s reached, every process killed", limits.seconds),
+            format!(
+                "time: wall-clock limit of {} s reached, every process killed",
+                limits.seconds
+            ),
         );
         return;
     }

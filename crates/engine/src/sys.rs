@@ -225,7 +225,13 @@ pub fn reset_signals() {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
-        for sig in [libc::SIGPIPE, libc::SIGCHLD, libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        for sig in [
+            libc::SIGPIPE,
+            libc::SIGCHLD,
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGHUP,
+        ] {
             libc::signal(sig, libc::SIG_DFL);
         }
     }

@@ -411,13 +411,13 @@ impl Manifest {
         now: jiff::Timestamp,
     ) -> Result<ValidatedManifest, ManifestError> {
         let m = self;
-        if let Some(id) = &m.request_id {
-            if id.is_empty() || id.len() > 128 || !id.chars().all(is_id_char) {
-                return Err(field(
-                    "request_id",
-                    "must be 1-128 characters of A-Z a-z 0-9 . _ : -",
-                ));
-            }
+        if let Some(id) = &m.request_id
+            && (id.is_empty() || id.len() > 128 || !id.chars().all(is_id_char))
+        {
+            return Err(field(
+                "request_id",
+                "must be 1-128 characters of A-Z a-z 0-9 . _ : -",
+            ));
         }
         for (name, v) in [("image", &m.image), ("image_digest", &m.image_digest)] {
             if let Some(d) = v
@@ -473,7 +473,9 @@ impl Manifest {
                 return Err(field(&name, hint));
             }
             for other in &inputs {
-                if mount == other.mount || under(&mount, &other.mount) || under(&other.mount, &mount)
+                if mount == other.mount
+                    || under(&mount, &other.mount)
+                    || under(&other.mount, &mount)
                 {
                     return Err(field(
                         &name,
@@ -484,7 +486,10 @@ impl Manifest {
             let host_path = resolve_source(&input.source, policy)
                 .map_err(|r| field(format!("inputs[{i}].source"), r))?;
             let meta = std::fs::metadata(&host_path).map_err(|e| {
-                field(format!("inputs[{i}].source"), format!("{}: {e}", input.source))
+                field(
+                    format!("inputs[{i}].source"),
+                    format!("{}: {e}", input.source),
+                )
             })?;
             if !(meta.is_file() || meta.is_dir()) {
                 return Err(field(
@@ -546,12 +551,27 @@ fn check_limits(l: &Limits) -> Result<(), ManifestError> {
     use bounds::*;
     let checks: [(&str, u64, u64, u64); 7] = [
         ("limits.seconds", l.seconds, 1, MAX_SECONDS),
-        ("limits.memory_mb", l.memory_mb, MIN_MEMORY_MB, MAX_MEMORY_MB),
+        (
+            "limits.memory_mb",
+            l.memory_mb,
+            MIN_MEMORY_MB,
+            MAX_MEMORY_MB,
+        ),
         ("limits.processes", l.processes, 1, MAX_PROCESSES),
         ("limits.output_mb", l.output_mb, 1, MAX_OUTPUT_MB),
         ("limits.network_up_mb", l.network_up_mb, 1, MAX_NETWORK_MB),
-        ("limits.network_down_mb", l.network_down_mb, 1, MAX_NETWORK_MB),
-        ("limits.network_connections", l.network_connections, 1, MAX_NETWORK_CONNECTIONS),
+        (
+            "limits.network_down_mb",
+            l.network_down_mb,
+            1,
+            MAX_NETWORK_MB,
+        ),
+        (
+            "limits.network_connections",
+            l.network_connections,
+            1,
+            MAX_NETWORK_CONNECTIONS,
+        ),
     ];
     for (name, v, lo, hi) in checks {
         if v < lo || v > hi {
@@ -566,7 +586,10 @@ fn check_command(cmd: &[String]) -> Result<(), ManifestError> {
         return Err(field("command", "must name a program"));
     }
     if cmd.len() > bounds::MAX_ARGS {
-        return Err(field("command", format!("at most {} words", bounds::MAX_ARGS)));
+        return Err(field(
+            "command",
+            format!("at most {} words", bounds::MAX_ARGS),
+        ));
     }
     for (i, a) in cmd.iter().enumerate() {
         if a.contains('\0') {
@@ -581,7 +604,10 @@ fn check_command(cmd: &[String]) -> Result<(), ManifestError> {
 
 fn check_env(env: &BTreeMap<String, String>) -> Result<(), ManifestError> {
     if env.len() > bounds::MAX_ENV {
-        return Err(field("env", format!("at most {} variables", bounds::MAX_ENV)));
+        return Err(field(
+            "env",
+            format!("at most {} variables", bounds::MAX_ENV),
+        ));
     }
     for (k, v) in env {
         let ok_key = !k.is_empty()
@@ -651,18 +677,21 @@ fn resolve_source(source: &str, policy: &SourcePolicy) -> Result<PathBuf, String
     let canon = joined
         .canonicalize()
         .map_err(|e| format!("{source}: {e}"))?;
-    if let Some(roots) = &policy.roots {
-        if !roots.iter().any(|r| canon.starts_with(r)) {
-            let allowed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
-            return Err(format!(
-                "{source} resolves to {}, outside the allowed source folder(s) {}; hint: pass --source-root DIR to allow another folder",
-                canon.display(),
-                allowed.join(", ")
-            ));
-        }
+    if let Some(roots) = &policy.roots
+        && !roots.iter().any(|r| canon.starts_with(r))
+    {
+        let allowed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+        return Err(format!(
+            "{source} resolves to {}, outside the allowed source folder(s) {}; hint: pass --source-root DIR to allow another folder",
+            canon.display(),
+            allowed.join(", ")
+        ));
     }
     // Reject paths whose components could confuse mount handling later.
-    if canon.components().any(|c| matches!(c, Component::ParentDir)) {
+    if canon
+        .components()
+        .any(|c| matches!(c, Component::ParentDir))
+    {
         return Err(format!("{source}: unexpected `..` after resolution"));
     }
     Ok(canon)

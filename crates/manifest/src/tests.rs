@@ -58,7 +58,9 @@ fn unknown_field_is_named_with_its_line() {
 
 #[test]
 fn refuses_root_user_and_writable_inputs() {
-    let e = Manifest::parse("command: [x]\nuser: root\n").unwrap_err().to_string();
+    let e = Manifest::parse("command: [x]\nuser: root\n")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("root"), "{e}");
     let e = Manifest::parse(
         "command: [x]\ninputs:\n - {source: a, mount: /input/a, mode: read-write}\n",
@@ -71,7 +73,12 @@ fn refuses_root_user_and_writable_inputs() {
 #[test]
 fn refuses_bad_limits() {
     let d = tempfile::tempdir().unwrap();
-    for (k, v) in [("seconds", 0u64), ("memory_mb", 1), ("processes", 100000), ("output_mb", 0)] {
+    for (k, v) in [
+        ("seconds", 0u64),
+        ("memory_mb", 1),
+        ("processes", 100000),
+        ("output_mb", 0),
+    ] {
         let text = format!("command: [x]\nlimits:\n  {k}: {v}\n");
         let e = Manifest::parse(&text)
             .unwrap()
@@ -86,7 +93,14 @@ fn refuses_bad_limits() {
 fn refuses_mounts_outside_input_and_work() {
     let d = tempfile::tempdir().unwrap();
     std::fs::write(d.path().join("a"), "x").unwrap();
-    for mount in ["/etc/passwd", "/input/../etc/x", "/output/a", "/input", "relative", "/input/./a"] {
+    for mount in [
+        "/etc/passwd",
+        "/input/../etc/x",
+        "/output/a",
+        "/input",
+        "relative",
+        "/input/./a",
+    ] {
         let text = format!("command: [x]\ninputs:\n - {{source: a, mount: \"{mount}\"}}\n");
         let e = Manifest::parse(&text)
             .unwrap()
@@ -111,7 +125,10 @@ fn refuses_sources_escaping_the_manifest_folder() {
             .validate(&policy(&inner), now())
             .unwrap_err()
             .to_string();
-        assert!(e.contains("inputs[0].source") && e.contains("outside"), "{src}: {e}");
+        assert!(
+            e.contains("inputs[0].source") && e.contains("outside"),
+            "{src}: {e}"
+        );
     }
 }
 
@@ -124,10 +141,12 @@ fn refuses_expired_manifest() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("expired"), "{e}");
-    assert!(Manifest::parse("command: [x]\nexpires_at: 2999-01-01T00:00:00Z\n")
-        .unwrap()
-        .validate(&policy(d.path()), now())
-        .is_ok());
+    assert!(
+        Manifest::parse("command: [x]\nexpires_at: 2999-01-01T00:00:00Z\n")
+            .unwrap()
+            .validate(&policy(d.path()), now())
+            .is_ok()
+    );
 }
 
 #[test]
@@ -175,7 +194,10 @@ fn network_is_deny_or_an_allowlist() {
     let back = serde_json::to_value(&m).unwrap();
     assert_eq!(back["network"]["allow"][0]["ports"][0], 443);
     assert!(Manifest::parse("command: [x]\nnetwork: allow-all\n").is_err());
-    assert_eq!(serde_json::to_value(Manifest::for_command(vec!["x".into()])).unwrap()["network"], "deny");
+    assert_eq!(
+        serde_json::to_value(Manifest::for_command(vec!["x".into()])).unwrap()["network"],
+        "deny"
+    );
 }
 
 #[test]
