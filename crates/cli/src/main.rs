@@ -161,6 +161,9 @@ struct ManifestFlags {
     /// IP) on PORT (default 443), e.g. api.example.com:443 (repeatable).
     #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
     allow_host: Vec<String>,
+    /// Isolation tier: `native` (default) or `gvisor` (runs on gVisor's runsc).
+    #[arg(long, value_name = "TIER")]
+    isolation: Option<String>,
     /// Let the gateway reach this private/loopback CIDR, e.g. 127.0.0.1/32 (repeatable).
     #[arg(long = "allow-private", value_name = "CIDR")]
     allow_private: Vec<String>,
@@ -214,6 +217,7 @@ impl ManifestFlags {
             && self.env.is_empty()
             && self.net.is_none()
             && self.allow_host.is_empty()
+            && self.isolation.is_none()
             && self.allow_private.is_empty()
             && self.output.is_none()
             && self.output_schema.is_none()
@@ -245,6 +249,15 @@ impl ManifestFlags {
                 ));
             }
         }
+        m.isolation = match self.isolation.as_deref() {
+            None | Some("native") => agentjail_manifest::Tier::Native,
+            Some("gvisor") => agentjail_manifest::Tier::Gvisor,
+            Some(other) => {
+                return Err(format!(
+                    "--isolation {other}: expected `native` or `gvisor`"
+                ));
+            }
+        };
         if !self.allow_host.is_empty() {
             let mut allow: Vec<AllowRule> = Vec::new();
             for h in &self.allow_host {

@@ -962,3 +962,177 @@ except MemoryError:
     assert!(kids < 6, "{kids}");
     assert_eq!(o.probe("hog"), "memoryerror");
 }
+
+// --- the gVisor tier ----------------------------------------------------------------------------
+// The same attacks against `--isolation gvisor`. Where a check cannot hold the same way under
+// gVisor, the assertion says what holds instead (e.g. a refused connect is ECONNREFUSED from
+// gVisor's empty network stack rather than Landlock's EACCES).
+
+/// `--isolation gvisor` plus `extra`, or None (with a note) when runsc is unavailable here.
+fn gvisor_flags<'a>(extra: &[&'a str]) -> Option<Vec<&'a str>> {
+    let out = Command::new(bin())
+        .args(["check", "--json"])
+        .output()
+        .ok()?;
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    let ok = v["items"]
+        .as_array()?
+        .iter()
+        .any(|i| i["name"] == "gvisor tier" && i["ok"] == true);
+    if !ok {
+        eprintln!("SKIP: the gvisor tier is not available here (apt-get install runsc; root)");
+        return None;
+    }
+    let mut f = vec!["--isolation", "gvisor"];
+    f.extend_from_slice(extra);
+    Some(f)
+}
+
+#[test]
+fn gvisor_tier_refuses_reads_writes_traversal_and_network() {
+    let work = tmp();
+    let Some(flags) = gvisor_flags(&[]) else {
+        return;
+    };
+    let canary = write(work.path(), "canary.txt", "GVISOR-CANARY-1234");
+    let data = write(work.path(), "data.csv", "a,b\n1,2\n");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let body = format!(
+        r#"
+attempt("canary", lambda: open("{c}").read())
+attempt("shadow", lambda: open("/etc/shadow").read())
+attempt("traversal", lambda: open("/input/data.csv/../../{name}").read())
+attempt("write_input", lambda: open("/input/data.csv", "a").write("x"))
+attempt("write_usr", lambda: open("/usr/bin/evil", "w"))
+attempt("own_input", lambda: open("/input/data.csv").read())
+attempt("tcp", lambda: socket.create_connection(("127.0.0.1", {port}), timeout=3))
+attempt("dns", lambda: socket.getaddrinfo("example.com", 80))
+print("IDS", os.getuid(), os.getgid())
+"#,
+        c = canary.display(),
+        name = canary.file_name().unwrap().to_string_lossy()
+    );
+    let ro = format!("{}:/input/data.csv", data.display());
+    let mut f = flags.clone();
+    f.extend_from_slice(&["--ro", &ro]);
+    let o = run_probe(work.path(), &body, &f);
+    assert_eq!(o.report["isolation"]["kind"], "gvisor", "{}", o.report);
+    for name in [
+        "canary",
+        "shadow",
+        "traversal",
+        "write_input",
+        "write_usr",
+        "tcp",
+        "dns",
+    ] {
+        assert!(o.probe(name).starts_with("errno="), "{name}: {}", o.stdout);
+    }
+    assert_eq!(o.probe("own_input"), "ok");
+    assert!(o.stdout.contains("IDS 65534 65534"));
+    assert!(!o.stdout.contains("GVISOR-CANARY"));
+    assert!(listener.accept().is_err(), "the host listener was reached");
+    assert_eq!(std::fs::read_to_string(&data).unwrap(), "a,b\n1,2\n");
+    // What does not carry over is said, not hidden.
+    assert!(
+        !o.report["isolation"]["degraded"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[test]
+fn gvisor_tier_refuses_output_symlinks_and_oversized_output() {
+    let work = tmp();
+    let Some(flags) = gvisor_flags(&[]) else {
+        return;
+    };
+    let target = write(work.path(), "host-target.txt", "ORIGINAL");
+    let out_dir = work.path().join("out");
+    let body = format!(
+        "os.symlink(\"{t}\", \"/output/summary.json\")\nopen(\"/output/fine.txt\", \"w\").write(\"fine\")\n",
+        t = target.display()
+    );
+    let od = out_dir.display().to_string();
+    let mut f = flags.clone();
+    f.extend_from_slice(&["--output-dir", &od]);
+    let o = run_probe(work.path(), &body, &f);
+    assert_eq!(o.code, 65, "{}", o.report);
+    assert!(
+        o.denied("output", "summary.json: symlink refused"),
+        "{}",
+        o.report
+    );
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "ORIGINAL");
+    assert!(out_dir.join("fine.txt").exists());
+    assert!(std::fs::symlink_metadata(out_dir.join("summary.json")).is_err());
+
+    let (mut cmd, report) = aj(work.path());
+    cmd.args(&flags).args([
+        "--output-max-mb",
+        "1",
+        "--",
+        "/bin/sh",
+        "-c",
+        "head -c 3000000 /dev/zero > /output/big.bin; exit 0",
+    ]);
+    let o = run_raw(cmd, &report);
+    assert_eq!(o.code, 65, "{}", o.report);
+    assert!(o.denied("output", "limit"), "{}", o.report);
+}
+
+#[test]
+fn gvisor_tier_bounds_time_processes_and_memory() {
+    let work = tmp();
+    let Some(flags) = gvisor_flags(&[]) else {
+        return;
+    };
+    let t = Instant::now();
+    let (mut cmd, report) = aj(work.path());
+    cmd.args(&flags)
+        .args(["--timeout", "2", "--", PY, "-c", "while True: pass"]);
+    let o = run_raw(cmd, &report);
+    assert_eq!((o.code, o.status()), (124, "timeout"), "{}", o.report);
+    assert!(t.elapsed() < Duration::from_secs(10));
+
+    let body = r#"
+import time
+kids = 0
+for i in range(100):
+    try:
+        if os.fork() == 0:
+            time.sleep(20); os._exit(0)
+        kids += 1
+    except OSError as e:
+        print("RESULT fork errno=%d" % e.errno, flush=True)
+        break
+print("KIDS", kids, flush=True)
+"#;
+    let mut f = flags.clone();
+    f.extend_from_slice(&["--pids", "8", "--timeout", "20"]);
+    let o = run_probe(work.path(), body, &f);
+    assert_eq!(o.probe("fork"), "errno=11", "{}", o.stdout);
+
+    let (mut cmd, report) = aj(work.path());
+    cmd.args(&flags).args([
+        "--memory-mb",
+        "128",
+        "--timeout",
+        "30",
+        "--",
+        PY,
+        "-c",
+        "b = []\nwhile True: b.append(bytearray(8 << 20))",
+    ]);
+    let o = run_raw(cmd, &report);
+    assert_ne!(o.status(), "ok", "{}", o.report);
+    assert_ne!(
+        o.status(),
+        "timeout",
+        "the memory limit did not hold: {}",
+        o.report
+    );
+}

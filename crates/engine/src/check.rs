@@ -112,6 +112,20 @@ pub fn check() -> Report {
             "unprivileged: the sandbox user maps to your own uid (single-uid user namespace)".into()
         },
     });
+    items.push(match crate::gvisor::available() {
+        Ok(v) => Item {
+            name: "gvisor tier".into(),
+            ok: true,
+            detail: format!(
+                "available ({v}); `--isolation gvisor` runs on gVisor's user-space kernel"
+            ),
+        },
+        Err(e) => Item {
+            name: "gvisor tier".into(),
+            ok: false,
+            detail: format!("unavailable: {e} (optional; the native tier does not need it)"),
+        },
+    });
     let strict = crate::probe_strict_run();
     items.push(Item {
         name: "mounts in userns".into(),

@@ -166,6 +166,9 @@ pub fn run_on(
     image: Option<String>,
     root: &RootImage,
 ) -> Outcome {
+    if vm.manifest.isolation == agentjail_manifest::Tier::Gvisor {
+        return crate::gvisor::run(vm, opts, image, root);
+    }
     let mut report = base_report(vm);
     report.image = image;
     if sys::thread_count().unwrap_or(1) > 1 {

@@ -48,6 +48,18 @@ pub fn clone_sandbox(ns_flags: u64) -> io::Result<Cloned> {
     }
 }
 
+/// Moves this process into a new mount namespace (the gVisor tier's private /output tmpfs).
+/// Called from the single-threaded supervisor.
+pub fn unshare_mount_namespace() -> io::Result<()> {
+    // SAFETY: unshare(CLONE_NEWNS) only changes this process's view of mounts; it touches no
+    // memory, and no other thread exists to be surprised by the change.
+    if unsafe { libc::unshare(libc::CLONE_NEWNS) } == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
 /// Plain `fork`. Same single-threaded requirement as [`clone_sandbox`].
 pub fn fork() -> io::Result<Option<i32>> {
     // SAFETY: called only from the sandbox init, a single-threaded process.

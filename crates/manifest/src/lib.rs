@@ -104,6 +104,28 @@ pub struct Manifest {
     /// to the sandbox defaults (`PATH`, `HOME`, `LANG`, `TMPDIR`), and may override them.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// Isolation tier: `native` (namespaces, Landlock, seccomp on the host kernel; the
+    /// default) or `gvisor` (the command runs on gVisor's user-space kernel, `runsc`).
+    #[serde(default, skip_serializing_if = "Tier::is_native")]
+    pub isolation: Tier,
+}
+
+/// Isolation tier of a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// The host kernel, behind namespaces, Landlock, seccomp and cgroups.
+    #[default]
+    Native,
+    /// gVisor's user-space kernel (`runsc`) between the command and the host kernel.
+    Gvisor,
+}
+
+impl Tier {
+    /// True for the default tier (kept out of serialized manifests, so their digests stay).
+    pub fn is_native(&self) -> bool {
+        *self == Tier::Native
+    }
 }
 
 /// The sandbox user. One value today; an enum so that a manifest asking for `root` is refused.
@@ -354,6 +376,7 @@ impl Manifest {
             expires_at: None,
             command,
             env: BTreeMap::new(),
+            isolation: Tier::Native,
         }
     }
 
