@@ -193,6 +193,9 @@ pub struct Task {
     /// `deny`, or an allowlist in the manifest's format (`{allow = [{host, ports}]}`).
     #[serde(default)]
     pub network: Network,
+    /// The isolation tier this task requires: `native` (default) or `gvisor`.
+    #[serde(default)]
+    pub isolation: agentjail_manifest::Tier,
     /// Resource limits (the manifest's `limits`).
     #[serde(default)]
     pub limits: Limits,

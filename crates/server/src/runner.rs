@@ -134,6 +134,7 @@ pub fn build_manifest(state: &AppState, task: &Task, job: &Job, has_schema: bool
         m.output_schema = Some("output.schema.json".into());
     }
     m.network = task.network.clone();
+    m.isolation = task.isolation;
     m.limits = task.limits;
     m.limits.output_mb = m
         .limits
@@ -660,6 +661,14 @@ mod tests {
         assert_eq!(m.inputs[1].source, "code");
         assert!(m.expires_at.is_some());
         assert_eq!(m.request_id.as_deref(), Some("r-1"));
+        assert_eq!(m.isolation, agentjail_manifest::Tier::Native);
+        // A task type can require the gVisor tier; the request cannot choose it.
+        let mut strict = task.clone();
+        strict.isolation = agentjail_manifest::Tier::Gvisor;
+        assert_eq!(
+            build_manifest(&state, &strict, &job, true).isolation,
+            agentjail_manifest::Tier::Gvisor
+        );
     }
 
     #[test]
