@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Side-by-side start-up and CSV benchmark: bare exec, agentjail (fully isolated) and bubblewrap
-# (the profile measured in shared/research/perf-baselines.md), in one hyperfine run each.
+# Side-by-side start-up and CSV benchmark: bare exec, agentjail's native tier (fully isolated),
+# bubblewrap (the profile measured in shared/research/perf-baselines.md) and agentjail's gVisor
+# tier (when runsc is installed), in one hyperfine run each.
 # Usage: bench/run.sh [RUNS]   (needs root for agentjail's cgroups; installs hyperfine and bwrap)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-300}
-command -v hyperfine >/dev/null && command -v bwrap >/dev/null || {
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hyperfine bubblewrap
+command -v hyperfine >/dev/null && command -v bwrap >/dev/null && command -v runsc >/dev/null || {
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hyperfine bubblewrap runsc
 }
 cargo build --release -q -p agentjail
 aj="$PWD/target/release/agentjail"
@@ -26,7 +27,8 @@ echo "== /bin/true: bare vs agentjail vs bwrap =="
 hyperfine -N -w 20 -r "$runs" --export-markdown "$work/true.md" \
   -n bare '/bin/true' \
   -n agentjail "$aj run -- /bin/true" \
-  -n bwrap "${bwrap_profile[*]} -- /bin/true"
+  -n bwrap "${bwrap_profile[*]} -- /bin/true" \
+  -n agentjail-gvisor "$aj run --isolation gvisor -- /bin/true"
 cat "$work/true.md"
 
 echo "== CSV summary (10 MB, 200k rows): bare vs agentjail vs bwrap =="
@@ -34,5 +36,6 @@ csv_runs=$(( runs / 10 > 10 ? runs / 10 : 10 ))
 hyperfine -w 3 -r "$csv_runs" --export-markdown "$work/csv.md" \
   -n bare "$py $work/summarize.py $work/bench.csv $work/bare.json" \
   -n agentjail "$aj run --ro $work/bench.csv:/input/report.csv --ro $work/summarize.py:/input/summarize.py -- $py /input/summarize.py /input/report.csv /output/summary.json" \
-  -n bwrap "${bwrap_profile[*]} --ro-bind $work/bench.csv /input/report.csv --ro-bind $work/summarize.py /input/summarize.py --tmpfs /output -- $py /input/summarize.py /input/report.csv /output/summary.json"
+  -n bwrap "${bwrap_profile[*]} --ro-bind $work/bench.csv /input/report.csv --ro-bind $work/summarize.py /input/summarize.py --tmpfs /output -- $py /input/summarize.py /input/report.csv /output/summary.json" \
+  -n agentjail-gvisor "$aj run --isolation gvisor --ro $work/bench.csv:/input/report.csv --ro $work/summarize.py:/input/summarize.py -- $py /input/summarize.py /input/report.csv /output/summary.json"
 cat "$work/csv.md"
