@@ -150,6 +150,21 @@ print("PROBE-COMPLETE", flush=True)
     )
 }
 
+/// Forks children that sleep until fork fails; prints `RESULT fork errno=N` and `KIDS n`.
+const FORK_PROBE: &str = r#"
+import time
+kids = 0
+for i in range(200):
+    try:
+        if os.fork() == 0:
+            time.sleep(30); os._exit(0)
+        kids += 1
+    except OSError as e:
+        print("RESULT fork errno=%d" % e.errno, flush=True)
+        break
+print("KIDS", kids, flush=True)
+"#;
+
 // ---------------------------------------------------------------------------------------------
 
 #[test]
@@ -425,19 +440,7 @@ fn any_process_named(marker: &str) -> bool {
 #[test]
 fn fork_bomb_is_held_by_the_pids_limit_and_the_host_stays_responsive() {
     let work = tmp();
-    let body = r#"
-import time
-kids = 0
-for i in range(200):
-    try:
-        if os.fork() == 0:
-            time.sleep(30); os._exit(0)
-        kids += 1
-    except OSError as e:
-        print("RESULT fork errno=%d" % e.errno, flush=True)
-        break
-print("KIDS", kids, flush=True)
-"#;
+    let body = FORK_PROBE;
     let t = Instant::now();
     let handle = {
         let work = work.path().to_owned();
@@ -912,19 +915,9 @@ fn unprivileged_fork_bomb_and_memory_hog_are_held_by_rlimits() {
     let probe = write(
         work.path(),
         "probe.py",
-        &probe_source(
+        &probe_source(&format!(
+            "{FORK_PROBE}{}",
             r#"
-import time
-kids = 0
-for i in range(100):
-    try:
-        if os.fork() == 0:
-            time.sleep(20); os._exit(0)
-        kids += 1
-    except OSError as e:
-        print("RESULT fork errno=%d" % e.errno, flush=True)
-        break
-print("KIDS", kids, flush=True)
 def hog():
     b = []
     while True: b.append(bytearray(16 << 20))
@@ -932,8 +925,8 @@ try:
     hog()
 except MemoryError:
     print("RESULT hog memoryerror", flush=True)
-"#,
-        ),
+"#
+        )),
     );
     cmd.args([
         "run",
@@ -1098,19 +1091,7 @@ fn gvisor_tier_bounds_time_processes_and_memory() {
     assert_eq!((o.code, o.status()), (124, "timeout"), "{}", o.report);
     assert!(t.elapsed() < Duration::from_secs(10));
 
-    let body = r#"
-import time
-kids = 0
-for i in range(100):
-    try:
-        if os.fork() == 0:
-            time.sleep(20); os._exit(0)
-        kids += 1
-    except OSError as e:
-        print("RESULT fork errno=%d" % e.errno, flush=True)
-        break
-print("KIDS", kids, flush=True)
-"#;
+    let body = FORK_PROBE;
     let mut f = flags.clone();
     f.extend_from_slice(&["--pids", "8", "--timeout", "20"]);
     let o = run_probe(work.path(), body, &f);

@@ -19,19 +19,18 @@
 //! not used (the gofer mediates file access); network allowlists are refused on this tier;
 //! OOM kills are seen only as a SIGKILL, without the cgroup's OOM counter.
 
-use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use agentjail_manifest::ValidatedManifest;
-use agentjail_manifest::report::{DenialKind, RunReport, Status, StreamReport};
+use agentjail_manifest::report::{DenialKind, RunReport, Status};
 use rustix::event::{PollFd, PollFlags, poll};
 use serde_json::json;
 
 use crate::plan::{Op, Plan, RootImage, SANDBOX_ID};
-use crate::supervisor::{Outcome, RunOptions, STREAM_LIMIT, Sink};
+use crate::supervisor::{Outcome, RunOptions, Stream};
 
 /// Finds `runsc`: `$AGENTJAIL_RUNSC`, else on PATH.
 pub fn runsc_path() -> Option<PathBuf> {
@@ -141,8 +140,8 @@ pub fn run(
     let deadline = start + Duration::from_secs(vm.manifest.limits.seconds);
     let pidfd = rustix::process::Pid::from_raw(child.id() as i32)
         .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
-    let mut out = Pipe::new(child.stdout.take().map(OwnedFd::from), opts.stdout);
-    let mut err = Pipe::new(child.stderr.take().map(OwnedFd::from), opts.stderr);
+    let mut out = Stream::new(child.stdout.take().map(OwnedFd::from), opts.stdout);
+    let mut err = Stream::new(child.stderr.take().map(OwnedFd::from), opts.stderr);
     let mut timed_out = false;
     loop {
         if let Ok(Some(_)) = child.try_wait() {
@@ -286,55 +285,6 @@ pub fn run(
         output_full,
         stdout: out.captured,
         stderr: err.captured,
-    }
-}
-
-struct Pipe {
-    fd: Option<OwnedFd>,
-    sink: Sink,
-    report: StreamReport,
-    captured: Vec<u8>,
-}
-
-impl Pipe {
-    fn new(fd: Option<OwnedFd>, sink: Sink) -> Pipe {
-        if let Some(f) = &fd {
-            let _ = rustix::io::ioctl_fionbio(f, true);
-        }
-        Pipe {
-            fd,
-            sink,
-            report: StreamReport::default(),
-            captured: Vec::new(),
-        }
-    }
-
-    fn pump(&mut self) -> bool {
-        let Some(fd) = &self.fd else { return false };
-        let mut buf = [0u8; 65536];
-        match rustix::io::read(fd, &mut buf) {
-            Ok(0) => {
-                self.fd = None;
-                false
-            }
-            Ok(n) => {
-                let room = STREAM_LIMIT.saturating_sub(self.report.bytes) as usize;
-                let keep = n.min(room);
-                self.report.truncated |= keep < n;
-                match self.sink {
-                    Sink::Stdout => {
-                        let _ = std::io::stdout().write_all(&buf[..keep]);
-                    }
-                    Sink::Stderr => {
-                        let _ = std::io::stderr().write_all(&buf[..keep]);
-                    }
-                    Sink::Capture => self.captured.extend_from_slice(&buf[..keep]),
-                }
-                self.report.bytes += n as u64;
-                true
-            }
-            Err(_) => false,
-        }
     }
 }
 

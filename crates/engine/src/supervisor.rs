@@ -74,16 +74,32 @@ pub struct Outcome {
     pub stderr: Vec<u8>,
 }
 
-struct Stream {
-    fd: Option<OwnedFd>,
+/// One output stream of the command (a pipe), passed through to its sink within
+/// [`STREAM_LIMIT`]. Shared by both tiers.
+pub(crate) struct Stream {
+    pub(crate) fd: Option<OwnedFd>,
     sink: Sink,
-    report: StreamReport,
-    captured: Vec<u8>,
+    pub(crate) report: StreamReport,
+    pub(crate) captured: Vec<u8>,
 }
 
 impl Stream {
-    /// Reads what is available; false at end of stream.
-    fn pump(&mut self) -> bool {
+    /// Wraps the read end of a pipe, made non-blocking so that draining it never hangs on a
+    /// writer that is still alive somewhere.
+    pub(crate) fn new(fd: Option<OwnedFd>, sink: Sink) -> Stream {
+        if let Some(f) = &fd {
+            let _ = rustix::io::ioctl_fionbio(f, true);
+        }
+        Stream {
+            fd,
+            sink,
+            report: StreamReport::default(),
+            captured: Vec::new(),
+        }
+    }
+
+    /// Reads what is available now; false when nothing more is (end of stream, or no data).
+    pub(crate) fn pump(&mut self) -> bool {
         let Some(fd) = &self.fd else { return false };
         let mut buf = [0u8; 65536];
         match rustix::io::read(fd, &mut buf) {
@@ -111,7 +127,8 @@ impl Stream {
                 self.report.bytes += n as u64;
                 true
             }
-            Err(rustix::io::Errno::INTR) | Err(rustix::io::Errno::AGAIN) => true,
+            Err(rustix::io::Errno::INTR) => true,
+            Err(rustix::io::Errno::AGAIN) => false,
             Err(_) => {
                 self.fd = None;
                 false
@@ -302,18 +319,8 @@ pub fn run_on(
         return fail(report, "the sandbox init died during setup".into());
     }
 
-    let mut out = Stream {
-        fd: Some(out_r),
-        sink: opts.stdout,
-        report: StreamReport::default(),
-        captured: Vec::new(),
-    };
-    let mut err = Stream {
-        fd: Some(err_r),
-        sink: opts.stderr,
-        report: StreamReport::default(),
-        captured: Vec::new(),
-    };
+    let mut out = Stream::new(Some(out_r), opts.stdout);
+    let mut err = Stream::new(Some(err_r), opts.stderr);
     let mut st = State::default();
     let mut gateway: Option<agentjail_egress::GatewayHandle> = None;
     let mut ctl_open = true;
