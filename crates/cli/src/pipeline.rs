@@ -196,6 +196,7 @@ pub fn execute_in(
         mut report,
         output_dir,
         output_full,
+        cleanup,
         ..
     } = agentjail_engine::run_on(vm, opts, Some(image), &root);
     annotate_image(&mut report, &root);
@@ -237,6 +238,8 @@ pub fn execute_in(
         write_atomic(path, env.to_json().as_bytes())?;
     }
     write_report(delivery, &report)?;
+    // Reap the sandbox's init and remove its cgroup (see `Outcome::cleanup`).
+    drop(cleanup);
     let exit_code = report.status.exit_code(report.exit_code, report.signal);
     Ok(Finished {
         report,

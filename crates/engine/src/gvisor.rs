@@ -70,6 +70,7 @@ fn fail(mut r: RunReport, msg: String) -> Outcome {
         output_full: false,
         stdout: Vec::new(),
         stderr: Vec::new(),
+        cleanup: Default::default(),
     }
 }
 
@@ -285,6 +286,7 @@ pub fn run(
         output_full,
         stdout: out.captured,
         stderr: err.captured,
+        cleanup: Default::default(),
     }
 }
 

@@ -72,6 +72,31 @@ pub struct Outcome {
     pub output_full: bool,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
+    /// Reaps the sandbox's init and removes the run's cgroup when dropped. Every process of
+    /// the command is already dead when `run` returns; only the init's own exit (the kernel
+    /// tearing the namespaces down) may still be in progress, and the caller can verify and
+    /// report meanwhile. Keep it until the report is written.
+    pub cleanup: Cleanup,
+}
+
+/// See [`Outcome::cleanup`].
+#[derive(Debug, Default)]
+pub struct Cleanup {
+    init: Option<OwnedFd>,
+    cgroup: Option<Cgroup>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Some(pidfd) = self.init.take() {
+            let _ = rustix::process::waitid(
+                rustix::process::WaitId::PidFd(pidfd.as_fd()),
+                rustix::process::WaitIdOptions::EXITED,
+            );
+        }
+        // The cgroup is removed only after the init left it.
+        drop(self.cgroup.take());
+    }
 }
 
 /// One output stream of the command (a pipe), passed through to its sink within
@@ -166,6 +191,7 @@ fn fail(mut r: RunReport, msg: String) -> Outcome {
         output_full: false,
         stdout: Vec::new(),
         stderr: Vec::new(),
+        cleanup: Cleanup::default(),
     }
 }
 
@@ -386,17 +412,15 @@ pub fn run_on(
         if err_ready {
             err.pump();
         }
-        if init_ready {
+        // The init reports only after it killed and reaped every other process of the
+        // sandbox; its own exit (namespace teardown) need not delay the report.
+        if init_ready || (st.exit.is_some() && !timed_out) {
             init_done = true;
         }
     }
     inside::timing::mark("supervisor: before `let wall = start.elapsed();`");
     let wall = start.elapsed();
-    let _ = rustix::process::waitid(
-        rustix::process::WaitId::PidFd(pidfd.as_fd()),
-        rustix::process::WaitIdOptions::EXITED,
-    );
-    // Everything in the sandbox is gone now: drain what is left.
+    // Every process but the init is gone now: drain what is left.
     while ctl_open && has_data(ctl_s.as_fd()) {
         ctl_open = st.take(&ctl_s, &mut report);
     }
@@ -408,7 +432,6 @@ pub fn run_on(
         record_network(&mut report, g.stop());
     }
     let stats = cgroup.as_ref().map(Cgroup::stats).unwrap_or_default();
-    drop(cgroup);
     finish(
         &mut report,
         &st,
@@ -431,6 +454,10 @@ pub fn run_on(
         output_full,
         stdout: out.captured,
         stderr: err.captured,
+        cleanup: Cleanup {
+            init: Some(pidfd),
+            cgroup,
+        },
     }
 }
 
