@@ -1117,3 +1117,36 @@ fn gvisor_tier_bounds_time_processes_and_memory() {
         o.report
     );
 }
+
+#[test]
+fn cgroups_of_killed_supervisors_are_reaped_by_the_next_run() {
+    if !rustix_is_root() {
+        eprintln!("SKIP: needs root to create cgroups");
+        return;
+    }
+    // A supervisor killed with SIGKILL cannot remove its cgroup; the next run does.
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let Some(pids_path) = own.lines().find_map(|l| {
+        let mut it = l.splitn(3, ':');
+        let (_, c, p) = (it.next()?, it.next()?, it.next()?);
+        (c.split(',').any(|x| x == "pids")).then(|| p.to_string())
+    }) else {
+        eprintln!("SKIP: no cgroup v1 pids hierarchy");
+        return;
+    };
+    let parent = Path::new("/sys/fs/cgroup/pids").join(pids_path.trim_start_matches('/'));
+    let mut dead = Command::new("/bin/true").spawn().unwrap();
+    let dead_pid = dead.id();
+    dead.wait().unwrap();
+    let stale = parent.join(format!("agentjail-{dead_pid}-0"));
+    if std::fs::create_dir(&stale).is_err() {
+        eprintln!("SKIP: cannot create {}", stale.display());
+        return;
+    }
+    let work = tmp();
+    let (mut cmd, report) = aj(work.path());
+    cmd.args(["--", "/bin/true"]);
+    let o = run_raw(cmd, &report);
+    assert_eq!(o.code, 0, "{}", o.report);
+    assert!(!stale.exists(), "{} was left behind", stale.display());
+}

@@ -220,6 +220,12 @@ impl Cgroup {
     ) -> Result<Cgroup, String> {
         let memory = mem_parent.join(name);
         let pids = pids_parent.join(name);
+        for parent in [Some(mem_parent), Some(pids_parent), cpu_parent]
+            .into_iter()
+            .flatten()
+        {
+            reap_stale(parent, name);
+        }
         let mkdir = |p: &Path| fs::create_dir(p).map_err(|e| format!("mkdir {}: {e}", p.display()));
         mkdir(&memory)?;
         let cg = Cgroup {
@@ -271,6 +277,7 @@ impl Cgroup {
             })?;
             let _ = fs::write(parent.join("cgroup.subtree_control"), "+cpu");
         }
+        reap_stale(parent, name);
         let dir = parent.join(name);
         fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
         let cg = Cgroup {
@@ -384,6 +391,31 @@ impl Drop for Cgroup {
                     _ => break,
                 }
             }
+        }
+    }
+}
+
+/// Removes run cgroups left behind by supervisors that were killed before they could clean up
+/// (SIGKILL runs no destructor), and a stale directory with the name we are about to use (its
+/// pid was reused). Only empty cgroups can be removed, so a live run is never disturbed; a
+/// cgroup whose supervisor still runs is skipped.
+fn reap_stale(parent: &Path, ours: &str) {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(pid) = name
+            .strip_prefix("agentjail-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let alive = pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists();
+        if name == ours || !alive {
+            let _ = fs::remove_dir(e.path());
         }
     }
 }
