@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use agentjail_engine::{Outcome, RunOptions};
+use agentjail_engine::{Outcome, RunOptions, timing};
 use agentjail_manifest::ValidatedManifest;
 use agentjail_manifest::report::{DenialKind, OutputError, OutputFile, RunReport, Status};
 use agentjail_verify::receipt::{self, ReceiptKey};
@@ -136,6 +136,8 @@ pub fn execute_in(
     delivery: &Delivery,
     store: Option<&Path>,
 ) -> Result<Finished, SetupFailure> {
+    timing::init_from_env();
+    timing::mark("pipeline: start");
     if let Some(d) = &delivery.output_dir {
         check_output_dir(d)?;
     }
@@ -181,6 +183,7 @@ pub fn execute_in(
         return Err(SetupFailure(msg));
     };
 
+    timing::mark("pipeline: checks done");
     let staging = match &delivery.output_dir {
         Some(d) => Some(make_staging(d)?),
         None => Some(
@@ -199,6 +202,7 @@ pub fn execute_in(
         cleanup,
         ..
     } = agentjail_engine::run_on(vm, opts, Some(image), &root);
+    timing::mark("pipeline: engine returned");
     annotate_image(&mut report, &root);
 
     let mut artifact = None;
@@ -237,9 +241,12 @@ pub fn execute_in(
             .map_err(|e| SetupFailure(e.to_string()))?;
         write_atomic(path, env.to_json().as_bytes())?;
     }
+    timing::mark("pipeline: output verified, receipt signed");
     write_report(delivery, &report)?;
+    timing::mark("pipeline: report written");
     // Reap the sandbox's init and remove its cgroup (see `Outcome::cleanup`).
     drop(cleanup);
+    timing::mark("pipeline: init reaped, cgroup removed");
     let exit_code = report.status.exit_code(report.exit_code, report.signal);
     Ok(Finished {
         report,

@@ -31,6 +31,7 @@ pub mod supervisor;
 mod sys;
 
 pub use agentjail_manifest::ValidatedManifest;
+pub use inside::timing;
 pub use plan::RootImage;
 pub use supervisor::{Outcome, RunOptions, STREAM_LIMIT, Sink, run, run_on};
 
