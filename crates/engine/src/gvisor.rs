@@ -30,7 +30,7 @@ use rustix::event::{PollFd, PollFlags, poll};
 use serde_json::json;
 
 use crate::plan::{Op, Plan, RootImage, SANDBOX_ID};
-use crate::supervisor::{Outcome, RunOptions, Stream};
+use crate::supervisor::{Outcome, RunOptions, Stream, fail};
 
 /// Finds `runsc`: `$AGENTJAIL_RUNSC`, else on PATH.
 pub fn runsc_path() -> Option<PathBuf> {
@@ -59,19 +59,6 @@ pub fn available() -> Result<String, String> {
         .map_err(|e| format!("{}: {e}", runsc.display()))?;
     let v = String::from_utf8_lossy(&out.stdout);
     Ok(v.lines().next().unwrap_or("runsc").trim().to_string())
-}
-
-fn fail(mut r: RunReport, msg: String) -> Outcome {
-    r.status = Status::SetupError;
-    r.error = Some(msg);
-    Outcome {
-        report: r,
-        output_dir: None,
-        output_full: false,
-        stdout: Vec::new(),
-        stderr: Vec::new(),
-        cleanup: Default::default(),
-    }
 }
 
 /// Runs a validated manifest under runsc.

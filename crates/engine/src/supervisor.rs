@@ -182,7 +182,8 @@ fn base_report(vm: &ValidatedManifest) -> RunReport {
     r
 }
 
-fn fail(mut r: RunReport, msg: String) -> Outcome {
+/// An outcome for a run that could not start: `setup_error` with a one-line reason.
+pub(crate) fn fail(mut r: RunReport, msg: String) -> Outcome {
     r.status = Status::SetupError;
     r.error = Some(msg);
     Outcome {
