@@ -12,33 +12,8 @@ use serde_json::Value;
 
 const PY: &str = "/usr/bin/python3";
 
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Out {
-    fn dump(&self) -> String {
-        format!(
-            "exit {}\n--- stdout\n{}\n--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
-
-fn agentjail<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Out {
-    let o = Command::new(env!("CARGO_BIN_EXE_agentjail"))
-        .args(args)
-        .env_remove("AGENTJAIL_IMAGE_STORE")
-        .output()
-        .unwrap();
-    Out {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
-}
+mod common;
+use common::{Out, agentjail};
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/csv-summary")

@@ -7,7 +7,6 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -21,34 +20,8 @@ use sha2::{Digest, Sha256};
 /// Printed by commands whose running must (or must not) be observed.
 const SENTINEL: &str = "SENTINEL-COMMAND-RAN";
 
-/// What one invocation of the binary produced.
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Out {
-    fn dump(&self) -> String {
-        format!(
-            "exit {}\n--- stdout\n{}\n--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
-
-fn agentjail<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Out {
-    let o = Command::new(env!("CARGO_BIN_EXE_agentjail"))
-        .args(args)
-        .env_remove("XDG_DATA_HOME")
-        .output()
-        .expect("run agentjail");
-    Out {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
-}
+mod common;
+use common::{Out, agentjail};
 
 /// A private temporary folder, made world-readable for the sandbox user.
 fn tmp() -> tempfile::TempDir {

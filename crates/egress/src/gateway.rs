@@ -532,6 +532,18 @@ impl Shared {
     }
 
     /// Connects to the vetted addresses in order, within the connect timeout.
+    /// Everything between a parsed destination and a connected upstream, for CONNECT and
+    /// forwarded requests alike: the allowlist and address checks, the run's budgets, and a
+    /// connection to one of the vetted addresses. Returns the stream, the address and the rule.
+    async fn open(&self, t: &Target) -> Result<(TcpStream, IpAddr, String), Refusal> {
+        let vetted = self.vet(t).await?;
+        if let Some(what) = self.budget.exhausted() {
+            return Err(Refusal::forbidden(format!("{what} budget already used up")));
+        }
+        let (upstream, addr) = self.connect(&vetted.addrs, t.port).await?;
+        Ok((upstream, addr, vetted.reason))
+    }
+
     async fn connect(&self, addrs: &[IpAddr], port: u16) -> Result<(TcpStream, IpAddr), Refusal> {
         let deadline = tokio::time::Instant::now() + self.limits.connect_timeout;
         let mut last = Refusal {
@@ -653,19 +665,7 @@ async fn handle_connect(
     };
     d.host = target.host.to_string();
     d.port = target.port;
-    let vetted = match shared.vet(&target).await {
-        Ok(v) => v,
-        Err(r) => {
-            shared.deny(d, start, &r.reason, r.address);
-            return refusal(r.status, &r.reason);
-        }
-    };
-    if let Some(what) = shared.budget.exhausted() {
-        let reason = format!("{what} budget already used up");
-        shared.deny(d, start, &reason, None);
-        return refusal(StatusCode::FORBIDDEN, &reason);
-    }
-    let (upstream, addr) = match shared.connect(&vetted.addrs, target.port).await {
+    let (upstream, addr, rule) = match shared.open(&target).await {
         Ok(x) => x,
         Err(r) => {
             shared.deny(d, start, &r.reason, r.address);
@@ -674,7 +674,7 @@ async fn handle_connect(
     };
     d.allowed = true;
     d.address = Some(addr);
-    d.reason = vetted.reason;
+    d.reason = rule;
     let flow = Arc::new(Flow::default());
     let pending = Arc::new(Pending {
         shared: shared.clone(),
@@ -784,19 +784,7 @@ async fn handle_forward(
         shared.deny(d, start, reason, None);
         return refusal(StatusCode::BAD_REQUEST, reason);
     }
-    let vetted = match shared.vet(&target).await {
-        Ok(v) => v,
-        Err(r) => {
-            shared.deny(d, start, &r.reason, r.address);
-            return refusal(r.status, &r.reason);
-        }
-    };
-    if let Some(what) = shared.budget.exhausted() {
-        let reason = format!("{what} budget already used up");
-        shared.deny(d, start, &reason, None);
-        return refusal(StatusCode::FORBIDDEN, &reason);
-    }
-    let (upstream, addr) = match shared.connect(&vetted.addrs, target.port).await {
+    let (upstream, addr, rule) = match shared.open(&target).await {
         Ok(x) => x,
         Err(r) => {
             shared.deny(d, start, &r.reason, r.address);
@@ -805,7 +793,7 @@ async fn handle_forward(
     };
     d.allowed = true;
     d.address = Some(addr);
-    d.reason = vetted.reason;
+    d.reason = rule;
     let flow = Arc::new(Flow::default());
     let meter = Meter {
         budget: shared.budget.clone(),

@@ -287,6 +287,41 @@ pub(crate) fn now() -> i64 {
     jiff::Timestamp::now().as_second()
 }
 
+/// What `serve` and `mcp` both derive from a configuration before they start: the data
+/// directory, the `agentjail` binary that runs each job, the degraded-mode switch, and the
+/// runtime.
+pub(crate) struct Launch {
+    pub(crate) data_dir: PathBuf,
+    pub(crate) runner: PathBuf,
+    pub(crate) allow_degraded: bool,
+    pub(crate) rt: tokio::runtime::Runtime,
+}
+
+impl Launch {
+    pub(crate) fn resolve(config: &Config, allow_degraded: bool) -> Result<Launch, ServerError> {
+        let data_dir = config
+            .server
+            .data_dir
+            .clone()
+            .unwrap_or_else(default_data_dir);
+        let runner = match &config.server.runner {
+            Some(r) => r.clone(),
+            None => std::env::current_exe()
+                .map_err(|e| ServerError::Io(format!("cannot find the agentjail binary: {e}")))?,
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| ServerError::Io(format!("tokio runtime: {e}")))?;
+        Ok(Launch {
+            data_dir,
+            runner,
+            allow_degraded: allow_degraded || config.server.allow_degraded,
+            rt,
+        })
+    }
+}
+
 /// Starts the service and blocks until SIGINT/SIGTERM. Builds its own tokio runtime.
 pub fn serve_blocking(opts: ServeOptions) -> Result<(), ServerError> {
     let _ = tracing_subscriber::fmt()
@@ -324,21 +359,12 @@ pub fn serve_blocking(opts: ServeOptions) -> Result<(), ServerError> {
         .server
         .listen
         .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8787)));
-    let data_dir = config
-        .server
-        .data_dir
-        .clone()
-        .unwrap_or_else(default_data_dir);
-    let runner = match &config.server.runner {
-        Some(r) => r.clone(),
-        None => std::env::current_exe()
-            .map_err(|e| ServerError::Io(format!("cannot find the agentjail binary: {e}")))?,
-    };
-    let allow_degraded = opts.allow_degraded || config.server.allow_degraded;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| ServerError::Io(format!("tokio runtime: {e}")))?;
+    let Launch {
+        data_dir,
+        runner,
+        allow_degraded,
+        rt,
+    } = Launch::resolve(&config, opts.allow_degraded)?;
     rt.block_on(async move {
         let state = AppState::open(config, &data_dir, runner, allow_degraded)?;
         runner::spawn_sweeper(state.clone());

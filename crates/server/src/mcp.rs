@@ -844,21 +844,12 @@ pub fn serve_stdio_blocking(opts: McpOptions) -> Result<(), crate::ServerError> 
     if let Some(d) = &opts.data_dir {
         config.server.data_dir = Some(d.clone());
     }
-    let data_dir = config
-        .server
-        .data_dir
-        .clone()
-        .unwrap_or_else(crate::default_data_dir);
-    let runner = match &config.server.runner {
-        Some(r) => r.clone(),
-        None => std::env::current_exe()
-            .map_err(|e| ServerError::Io(format!("cannot find the agentjail binary: {e}")))?,
-    };
-    let allow_degraded = opts.allow_degraded || config.server.allow_degraded;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| ServerError::Io(format!("tokio runtime: {e}")))?;
+    let crate::Launch {
+        data_dir,
+        runner,
+        allow_degraded,
+        rt,
+    } = crate::Launch::resolve(&config, opts.allow_degraded)?;
     rt.block_on(async move {
         use rmcp::ServiceExt;
         let state = AppState::open(config, &data_dir, runner, allow_degraded)?;
