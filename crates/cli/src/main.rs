@@ -372,6 +372,20 @@ struct ManifestArgs {
 }
 
 fn main() -> ExitCode {
+    agentjail_engine::timing::init_from_env();
+    agentjail_engine::timing::mark("main");
+    // A run's sandbox init is cloned before anything else, while this process is small and
+    // single-threaded; the kernel builds its network namespace while the arguments are parsed
+    // and checked. An init no run claims exits with this process.
+    if matches!(
+        std::env::args_os()
+            .nth(1)
+            .as_deref()
+            .and_then(|a| a.to_str()),
+        Some("run" | "demo")
+    ) {
+        agentjail_engine::prespawn();
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -386,7 +400,10 @@ fn main() -> ExitCode {
         }
     };
     match dispatch(cli) {
-        Ok(code) => ExitCode::from(code),
+        Ok(code) => {
+            agentjail_engine::timing::mark("main: returning");
+            ExitCode::from(code)
+        }
         Err(msg) => {
             eprintln!("agentjail: error: {msg}");
             ExitCode::from(EXIT_SETUP)
@@ -508,6 +525,7 @@ fn report_setup_error(path: Option<&Path>, limits: Limits, msg: &str) {
 }
 
 fn run(a: RunArgs) -> Result<u8, String> {
+    agentjail_engine::timing::mark("run: arguments parsed");
     let (manifest, policy) = match &a.manifest {
         Some(path) => {
             if !a.flags.is_empty() {
@@ -565,6 +583,7 @@ fn run(a: RunArgs) -> Result<u8, String> {
         }
     };
     let limits = manifest.limits;
+    agentjail_engine::timing::mark("run: manifest built");
     let vm = match manifest.validate(&policy, jiff::Timestamp::now()) {
         Ok(vm) => vm,
         Err(e) => {

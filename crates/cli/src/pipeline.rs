@@ -156,7 +156,9 @@ pub fn execute_in(
         }
         None => None,
     };
+    timing::mark("pipeline: key, schema");
     let selected = select_root(vm, store);
+    timing::mark("pipeline: root selected");
     let (image, root) = match &selected {
         Ok((d, r)) => (Some(d.clone()), Some(r.clone())),
         Err(_) => (None, None),
@@ -184,15 +186,11 @@ pub fn execute_in(
     };
 
     timing::mark("pipeline: checks done");
-    let staging = match &delivery.output_dir {
+    // With an --output-dir, its staging folder is made now, so that a problem there costs no
+    // run; without one, only after the run and only if the command left something in /output.
+    let mut staging = match &delivery.output_dir {
         Some(d) => Some(make_staging(d)?),
-        None => Some(
-            tempfile::Builder::new()
-                .prefix("agentjail-output-")
-                .permissions(private_dir())
-                .tempdir()
-                .map_err(|e| SetupFailure(format!("cannot create a staging folder: {e}")))?,
-        ),
+        None => None,
     };
 
     let Outcome {
@@ -207,12 +205,23 @@ pub fn execute_in(
 
     let mut artifact = None;
     let mut delivered = Vec::new();
-    if let (Some(fd), Some(stage)) = (output_dir.as_ref(), staging.as_ref()) {
+    if let Some(fd) = output_dir.as_ref() {
+        let fd = std::os::fd::AsFd::as_fd(fd);
+        if staging.is_none() && agentjail_verify::collect::has_entries(fd) {
+            staging = Some(
+                tempfile::Builder::new()
+                    .prefix("agentjail-output-")
+                    .permissions(private_dir())
+                    .tempdir()
+                    .map_err(|e| SetupFailure(format!("cannot create a staging folder: {e}")))?,
+            );
+        }
+        let stage = staging.as_ref().map(|s| s.path());
         verify_output(
             vm,
             &mut report,
-            std::os::fd::AsFd::as_fd(fd),
-            stage.path(),
+            fd,
+            stage,
             output_full,
             schema.as_ref(),
             &mut artifact,
@@ -221,8 +230,8 @@ pub fn execute_in(
         if report.status == Status::Ok
             || (report.status == Status::OutputRejected && vm.manifest.output.is_none())
         {
-            if let Some(d) = &delivery.output_dir {
-                delivered = deliver(stage.path(), d, &report.output.files)?;
+            if let (Some(d), Some(stage)) = (&delivery.output_dir, stage) {
+                delivered = deliver(stage, d, &report.output.files)?;
             }
         } else {
             artifact = None;
@@ -326,15 +335,17 @@ fn verify_output(
     vm: &ValidatedManifest,
     report: &mut RunReport,
     fd: std::os::fd::BorrowedFd<'_>,
-    stage: &Path,
+    stage: Option<&Path>,
     output_full: bool,
     schema: Option<&agentjail_verify::schema::SchemaChecker>,
     artifact: &mut Option<Vec<u8>>,
 ) {
     let limit = vm.manifest.limits.output_bytes();
-    let collected = match agentjail_verify::collect::collect(fd, stage, limit) {
-        Ok(c) => c,
-        Err(e) => {
+    let collected = match stage.map(|stage| agentjail_verify::collect::collect(fd, stage, limit)) {
+        // No staging folder: /output was empty.
+        None => agentjail_verify::collect::CollectReport::default(),
+        Some(Ok(c)) => c,
+        Some(Err(e)) => {
             report.deny(DenialKind::Output, format!("collection failed: {e}"));
             if report.status == Status::Ok {
                 report.status = Status::OutputRejected;
@@ -412,7 +423,8 @@ fn verify_output(
                     });
                 }
                 Some(f) => {
-                    let errors = check_artifact(&stage.join(&f.path), &name, schema, artifact);
+                    let path = stage.map(|s| s.join(&f.path)).unwrap_or_default();
+                    let errors = check_artifact(&path, &name, schema, artifact);
                     if errors.is_empty() {
                         report.output.files.push(f);
                     } else {

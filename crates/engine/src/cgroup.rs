@@ -310,6 +310,14 @@ impl Cgroup {
         v
     }
 
+    /// The run's cgroup directory name (the same in every hierarchy).
+    pub fn name(&self) -> &str {
+        self.memory
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+    }
+
     /// True when `pid` is in every cgroup of this run (read from /proc/PID/cgroup).
     pub fn contains(&self, pid: i32) -> bool {
         let Ok(text) = fs::read_to_string(format!("/proc/{pid}/cgroup")) else {

@@ -285,7 +285,7 @@ fn private_output_tmpfs(dir: &Path, bytes: u64) -> Result<(), String> {
     static UNSHARED: Once = Once::new();
     let mut err = None;
     UNSHARED.call_once(|| {
-        if let Err(e) = crate::sys::unshare_mount_namespace() {
+        if let Err(e) = crate::sys::unshare(libc::CLONE_NEWNS) {
             err = Some(format!("unshare(CLONE_NEWNS): {e}"));
             return;
         }

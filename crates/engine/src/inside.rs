@@ -14,7 +14,7 @@ use std::ffi::CString;
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
 
 use rustix::event::{PollFd, PollFlags, poll};
@@ -34,11 +34,20 @@ use crate::sys;
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "t", rename_all = "snake_case")]
 pub enum Msg {
-    /// Init → supervisor: the init joined the cgroups it was told to (if any).
-    Joined,
-    /// Supervisor → init: id maps and cgroups are in place.
-    Go,
-    /// Init → supervisor: the root is built; carries the /output fd.
+    /// Supervisor → init: the id maps are written; carries a memfd holding the [`Plan`] (JSON).
+    Go {
+        allow_degraded: bool,
+    },
+    /// Supervisor → init: the run's cgroups. `applied` false: none could be made (a degraded
+    /// run; the rlimits are the only bound). With v1, carries the `tasks` files of the
+    /// hierarchies, opened for writing, through which the init moves itself (see
+    /// `Cgroup::self_join_files`); with v2 the supervisor has already moved it.
+    Cgroups {
+        applied: bool,
+        name: Option<String>,
+    },
+    /// Init → supervisor: the root is built and the init is in its cgroups; carries the
+    /// /output fd. The payload is forked next.
     Ready,
     /// Init → supervisor: carries the egress proxy's listening socket (inside the sandbox's
     /// network namespace), which the supervisor serves from outside.
@@ -76,37 +85,50 @@ pub struct Applied {
 }
 
 /// How the init was started.
-pub struct InitArgs<'a> {
-    pub plan: &'a Plan,
+pub struct InitArgs {
+    /// Received from the supervisor with [`Msg::Go`].
+    pub plan: Plan,
     pub ctl: OwnedFd,
     pub stdout_w: Option<OwnedFd>,
     pub stderr_w: Option<OwnedFd>,
     /// Root mode: uid 0 inside maps to host root and the sandbox user to a separate uid.
     pub root_mode: bool,
     pub allow_degraded: bool,
+    /// Learnt from the supervisor before the payload starts: whether cgroup limits are in
+    /// place (decides the rlimit layer).
+    pub cgroup_applied: bool,
 }
 
 type StepResult<T> = Result<T, (String, String)>;
 
 fn step<T, E: std::fmt::Display>(name: &str, r: Result<T, E>) -> StepResult<T> {
-    timing::mark(name);
+    timing::step_mark(name);
     r.map_err(|e| (name.to_string(), e.to_string()))
 }
 
-/// `AGENTJAIL_DEBUG_TIMING=1`: the init and the payload print how long each setup step took
-/// (time since the previous step) to stderr. A diagnostic for performance work.
+/// `AGENTJAIL_DEBUG_TIMING=1`: the supervisor, the init and the payload print to stderr the
+/// time of each phase and setup step (CLOCK_MONOTONIC in µs, then the time since that process's
+/// previous mark); `=coarse` prints the phases only. A diagnostic for performance work.
 pub mod timing {
     use std::sync::OnceLock;
     use std::time::Instant;
 
     static START: OnceLock<Option<std::sync::Mutex<Instant>>> = OnceLock::new();
+    static EVERY_STEP: OnceLock<bool> = OnceLock::new();
 
-    /// Reads the switch; called in the supervisor before the clone.
+    /// Reads the switch; called in the supervisor before the clone. `=coarse` leaves out the
+    /// init's and the payload's individual setup steps (whose printing costs time itself).
     pub fn init_from_env() {
-        START.get_or_init(|| {
-            std::env::var_os("AGENTJAIL_DEBUG_TIMING")
-                .map(|_| std::sync::Mutex::new(Instant::now()))
-        });
+        let v = std::env::var("AGENTJAIL_DEBUG_TIMING").ok();
+        EVERY_STEP.get_or_init(|| v.as_deref().is_some_and(|v| v != "coarse"));
+        START.get_or_init(|| v.map(|_| std::sync::Mutex::new(Instant::now())));
+    }
+
+    /// A mark for one setup step of the init or the payload.
+    pub fn step_mark(label: &str) {
+        if EVERY_STEP.get().copied().unwrap_or(false) {
+            mark(label);
+        }
     }
 
     pub fn mark(label: &str) {
@@ -114,8 +136,12 @@ pub mod timing {
             && let Ok(mut last) = m.lock()
         {
             let now = Instant::now();
+            // CLOCK_MONOTONIC is shared by every pid namespace, so lines from the supervisor,
+            // the init and the payload can be merged by this column.
+            let mono = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+            let abs_us = (mono.tv_sec % 1000) * 1_000_000 + mono.tv_nsec / 1000;
             eprintln!(
-                "agentjail-timing: pid {} {:>7} us  {label}",
+                "agentjail-timing: {abs_us:>10} pid {} {:>7} us  {label}",
                 std::process::id(),
                 (now - *last).as_micros()
             );
@@ -126,13 +152,25 @@ pub mod timing {
 
 /// Sends a message, with at most one fd attached.
 pub fn send(sock: BorrowedFd<'_>, msg: &Msg, fd: Option<BorrowedFd<'_>>) -> std::io::Result<()> {
+    match fd {
+        Some(fd) => send_fds(sock, msg, &[fd]),
+        None => send_fds(sock, msg, &[]),
+    }
+}
+
+/// Most fds one message carries.
+const MAX_FDS: usize = 4;
+
+/// Sends a message with up to [`MAX_FDS`] fds attached.
+pub fn send_fds(sock: BorrowedFd<'_>, msg: &Msg, fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
+    if fds.len() > MAX_FDS {
+        return Err(std::io::Error::other("too many fds for one message"));
+    }
     let bytes = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut cmsg = SendAncillaryBuffer::new(&mut space);
-    let fds;
-    if let Some(fd) = fd {
-        fds = [fd];
-        cmsg.push(SendAncillaryMessage::ScmRights(&fds));
+    if !fds.is_empty() {
+        cmsg.push(SendAncillaryMessage::ScmRights(fds));
     }
     sendmsg(
         sock,
@@ -143,10 +181,16 @@ pub fn send(sock: BorrowedFd<'_>, msg: &Msg, fd: Option<BorrowedFd<'_>>) -> std:
     Ok(())
 }
 
-/// Receives a message and any fd attached. `Ok(None)` at end of stream.
+/// Receives a message and the first fd attached. `Ok(None)` at end of stream.
 pub fn recv(sock: BorrowedFd<'_>) -> std::io::Result<Option<(Msg, Option<OwnedFd>)>> {
+    Ok(recv_fds(sock)?.map(|(m, fds)| (m, fds.into_iter().next())))
+}
+
+/// Receives a message and every fd attached (at most [`MAX_FDS`]; the kernel closes any
+/// beyond what the buffer holds). `Ok(None)` at end of stream.
+pub fn recv_fds(sock: BorrowedFd<'_>) -> std::io::Result<Option<(Msg, Vec<OwnedFd>)>> {
     let mut buf = vec![0u8; 64 * 1024];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut cmsg = RecvAncillaryBuffer::new(&mut space);
     let r = recvmsg(
         sock,
@@ -154,25 +198,21 @@ pub fn recv(sock: BorrowedFd<'_>) -> std::io::Result<Option<(Msg, Option<OwnedFd
         &mut cmsg,
         RecvFlags::CMSG_CLOEXEC,
     )?;
-    let mut fd = None;
+    let mut fds = Vec::new();
     for m in cmsg.drain() {
-        if let RecvAncillaryMessage::ScmRights(fds) = m {
-            for f in fds {
-                if fd.is_none() {
-                    fd = Some(f);
-                }
-            }
+        if let RecvAncillaryMessage::ScmRights(got) = m {
+            fds.extend(got);
         }
     }
     if r.bytes == 0 {
         return Ok(None);
     }
     let msg = serde_json::from_slice(&buf[..r.bytes]).map_err(std::io::Error::other)?;
-    Ok(Some((msg, fd)))
+    Ok(Some((msg, fds)))
 }
 
 /// Entry point of the sandbox's init. Never returns.
-pub fn init_main(mut a: InitArgs<'_>) -> ! {
+pub fn init_main(mut a: InitArgs) -> ! {
     let code = match init(&mut a) {
         Ok(()) => 0,
         Err((step, error)) => {
@@ -183,40 +223,43 @@ pub fn init_main(mut a: InitArgs<'_>) -> ! {
     sys::exit_now(code)
 }
 
-fn init(a: &mut InitArgs<'_>) -> StepResult<()> {
+fn init(a: &mut InitArgs) -> StepResult<()> {
     // If the supervisor dies, so does the sandbox (the pid namespace dies with its init).
     step(
         "set parent-death signal",
         rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL)),
     )?;
-    // Join the run's cgroups first (v1; see Cgroup::self_join_files), so that everything
-    // the sandbox ever starts is inside them.
-    for f in &a.plan.cgroup_join {
-        step(
-            &format!("join cgroup {}", f.display()),
-            std::fs::write(f, "0"),
-        )?;
-    }
-    step("report joined", send(a.ctl.as_fd(), &Msg::Joined, None))?;
-    match step("wait for the supervisor", recv(a.ctl.as_fd()))? {
-        Some((Msg::Go, _)) => {}
-        _ => {
-            return Err((
-                "wait for the supervisor".into(),
-                "supervisor went away".into(),
-            ));
+    // The network namespace is made here rather than by the clone, so that its creation (the
+    // costliest namespace, ~0.5 ms) overlaps the supervisor's work on the id maps and cgroups.
+    // Created from inside the new user namespace, it belongs to it, as with the clone.
+    step(
+        "create the network namespace",
+        sys::unshare(libc::CLONE_NEWNET),
+    )?;
+    step("bring loopback up", sys::loopback_up())?;
+    step(
+        "set host name",
+        rustix::system::sethostname(crate::plan::HOSTNAME.as_bytes()),
+    )?;
+    timing::mark("init: network namespace made");
+    const WAIT: &str = "wait for the plan and the id maps";
+    match step(WAIT, recv(a.ctl.as_fd()))? {
+        Some((Msg::Go { allow_degraded }, Some(plan))) => {
+            a.allow_degraded = allow_degraded;
+            a.plan = step("read the plan", read_plan(plan))?;
         }
+        // Before the plan, a closed socket is the normal end of an init cloned for a run that
+        // did not happen (refused, a dry run, another tier): leave quietly.
+        None => sys::exit_now(0),
+        _ => return Err((WAIT.into(), "unexpected message".into())),
     }
     step(
         "make the init non-dumpable",
         rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable),
     )?;
-    build_root(a.plan)?;
-    step(
-        "set host name",
-        rustix::system::sethostname(crate::plan::HOSTNAME.as_bytes()),
-    )?;
-    step("bring loopback up", sys::loopback_up())?;
+    timing::mark("init: building the root");
+    build_root(&a.plan)?;
+    timing::mark("init: root built");
     if let Some(port) = a.plan.proxy_port {
         // Created here, so it belongs to the sandbox's network namespace; served outside.
         let l = step(
@@ -238,6 +281,7 @@ fn init(a: &mut InitArgs<'_>) -> StepResult<()> {
             Mode::empty(),
         ),
     )?;
+    join_cgroups(a)?;
     step(
         "report ready",
         send(a.ctl.as_fd(), &Msg::Ready, Some(out.as_fd())),
@@ -291,10 +335,20 @@ fn init(a: &mut InitArgs<'_>) -> StepResult<()> {
         if poll(&mut fds, None).is_err() {
             continue;
         }
-        let listener_ready = fds.get(1).map(|f| !f.revents().is_empty()).unwrap_or(false);
+        let listener_events = fds
+            .get(1)
+            .map(|f| f.revents())
+            .unwrap_or(PollFlags::empty());
         let child_ready = !fds[0].revents().is_empty();
-        if listener_ready && let Some(l) = &listener {
+        drop(fds);
+        if listener_events.contains(PollFlags::IN)
+            && let Some(l) = &listener
+        {
             serve_notification(l, a.ctl.as_fd());
+        } else if listener_events.intersects(PollFlags::HUP | PollFlags::ERR) {
+            // No process uses the filter any more (all of them exited). The hang-up stays
+            // raised, so keep the listener out of the poll set from now on.
+            listener = None;
         }
         if child_ready {
             let mut buf = [0u8; 128];
@@ -325,6 +379,59 @@ fn init(a: &mut InitArgs<'_>) -> StepResult<()> {
         None,
     );
     Ok(())
+}
+
+/// Reads the plan the supervisor wrote into a memfd.
+fn read_plan(fd: OwnedFd) -> std::io::Result<Plan> {
+    use std::io::{Read, Seek};
+    let mut f = std::fs::File::from(fd);
+    // The file description is the supervisor's, its offset past what it wrote.
+    f.seek(std::io::SeekFrom::Start(0))?;
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes)?;
+    serde_json::from_slice(&bytes).map_err(std::io::Error::other)
+}
+
+/// Joins the run's cgroups (before anything of the command exists, so everything it ever
+/// starts is inside them), checks that the kernel shows it there, then moves into a cgroup
+/// namespace rooted at them (the sandbox sees its cgroup as `/`).
+fn join_cgroups(a: &mut InitArgs) -> StepResult<()> {
+    const STEP: &str = "join the run's cgroups";
+    let (applied, name, files) = match step(STEP, recv_fds(a.ctl.as_fd()))? {
+        Some((Msg::Cgroups { applied, name }, files)) => (applied, name, files),
+        _ => return Err((STEP.into(), "supervisor went away".into())),
+    };
+    for f in &files {
+        // `0` means the writer itself (cgroup v1 `tasks`).
+        step(STEP, rustix::io::write(f, b"0"))?;
+    }
+    drop(files);
+    if let Some(name) = &name {
+        let text = step(STEP, std::fs::read_to_string("/proc/self/cgroup"))?;
+        let suffix = format!("/{name}");
+        // v1: the memory and pids hierarchies; v2: the unified one (`0::`).
+        let in_run = |l: &&str| l.ends_with(&suffix);
+        let lines: Vec<&str> = text.lines().collect();
+        let v2 = lines.iter().any(|l| l.starts_with("0::") && in_run(l));
+        let v1 = ["memory", "pids"].iter().all(|c| {
+            lines.iter().any(|l| {
+                let mut it = l.splitn(3, ':');
+                let (_, ctls) = (it.next(), it.next().unwrap_or(""));
+                ctls.split(',').any(|x| x == *c) && in_run(l)
+            })
+        });
+        if !(v1 || v2) {
+            return Err((
+                STEP.into(),
+                format!("not in cgroup {name} after joining; refusing to run"),
+            ));
+        }
+    }
+    a.cgroup_applied = applied;
+    step(
+        "create the cgroup namespace",
+        sys::unshare(libc::CLONE_NEWCGROUP),
+    )
 }
 
 /// Reads one notification, records it, and answers EPERM.
@@ -374,8 +481,11 @@ fn build_root(plan: &Plan) -> StepResult<()> {
             Some(c"size=1m,nr_inodes=4096,mode=0755"),
         ),
     )?;
+    // Files and directories get exactly the modes asked for, whatever the caller's umask.
+    rustix::process::umask(Mode::empty());
+    let mut made = Made::default();
     for op in &plan.ops {
-        apply(op)?;
+        apply(op, &mut made)?;
     }
     for d in ["/newroot/input", "/newroot/work", "/newroot/output"] {
         let _ = std::fs::DirBuilder::new().mode(0o755).create(d);
@@ -399,24 +509,33 @@ fn new(dest: &str) -> String {
     format!("/newroot{dest}")
 }
 
-fn mkdirs(path: &Path) -> StepResult<()> {
+/// Directories of the new root made so far (each parent is made once, not once per entry).
+#[derive(Default)]
+struct Made(std::collections::HashSet<std::path::PathBuf>);
+
+fn mkdirs(path: &Path, made: &mut Made) -> StepResult<()> {
+    if made.0.contains(path) {
+        return Ok(());
+    }
     step(
         &format!("mkdir {}", path.display()),
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o755)
             .create(path),
-    )
+    )?;
+    made.0.insert(path.to_path_buf());
+    Ok(())
 }
 
-fn mountpoint(dest: &str, dir: bool) -> StepResult<String> {
+fn mountpoint(dest: &str, dir: bool, made: &mut Made) -> StepResult<String> {
     let d = new(dest);
     let p = Path::new(&d);
     if dir {
-        mkdirs(p)?;
+        mkdirs(p, made)?;
     } else {
         if let Some(parent) = p.parent() {
-            mkdirs(parent)?;
+            mkdirs(parent, made)?;
         }
         step(
             &format!("create mount point {dest}"),
@@ -456,12 +575,12 @@ fn open_source(src: &Path, dir: bool) -> StepResult<OwnedFd> {
     Ok(fd)
 }
 
-fn apply(op: &Op) -> StepResult<()> {
+fn apply(op: &Op, made: &mut Made) -> StepResult<()> {
     use rustix::mount::*;
     match op {
         Op::BindRo { src, dest, dir } => {
             let fd = open_source(src, *dir)?;
-            let d = mountpoint(dest, *dir)?;
+            let d = mountpoint(dest, *dir, made)?;
             let via = format!("/oldroot/proc/self/fd/{}", fd.as_raw_fd());
             step(
                 &format!("bind {} -> {dest}", src.display()),
@@ -471,7 +590,7 @@ fn apply(op: &Op) -> StepResult<()> {
         }
         Op::Device { src, dest } => {
             let fd = open_source(src, false)?;
-            let d = mountpoint(dest, false)?;
+            let d = mountpoint(dest, false, made)?;
             let via = format!("/oldroot/proc/self/fd/{}", fd.as_raw_fd());
             step(
                 &format!("bind device {dest}"),
@@ -490,7 +609,7 @@ fn apply(op: &Op) -> StepResult<()> {
             mode,
             exec,
         } => {
-            let d = mountpoint(dest, true)?;
+            let d = mountpoint(dest, true, made)?;
             let mut flags = MountFlags::NOSUID | MountFlags::NODEV;
             if !exec {
                 flags |= MountFlags::NOEXEC;
@@ -508,7 +627,7 @@ fn apply(op: &Op) -> StepResult<()> {
             )?;
         }
         Op::Proc { dest } => {
-            let d = mountpoint(dest, true)?;
+            let d = mountpoint(dest, true, made)?;
             step(
                 &format!("mount proc on {dest}"),
                 mount(
@@ -523,7 +642,7 @@ fn apply(op: &Op) -> StepResult<()> {
         Op::Symlink { target, dest } => {
             let d = new(dest);
             if let Some(parent) = Path::new(&d).parent() {
-                mkdirs(parent)?;
+                mkdirs(parent, made)?;
             }
             step(
                 &format!("symlink {dest} -> {target}"),
@@ -533,12 +652,18 @@ fn apply(op: &Op) -> StepResult<()> {
         Op::File { dest, content } => {
             let d = new(dest);
             if let Some(parent) = Path::new(&d).parent() {
-                mkdirs(parent)?;
+                mkdirs(parent, made)?;
             }
-            step(&format!("write {dest}"), std::fs::write(&d, content))?;
+            // A fresh file (the umask is 0 here): mode 0644 from the start.
             step(
-                &format!("chmod {dest}"),
-                std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o644)),
+                &format!("write {dest}"),
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o644)
+                    .open(&d)
+                    .and_then(|mut f| std::io::Write::write_all(&mut f, content.as_bytes())),
             )?;
         }
     }
@@ -568,7 +693,7 @@ fn make_readonly(d: &str, dest: &str) -> StepResult<()> {
 }
 
 /// The payload: drops everything and execs the command. Never returns.
-fn payload_main(a: &InitArgs<'_>, sock: OwnedFd) -> ! {
+fn payload_main(a: &InitArgs, sock: OwnedFd) -> ! {
     let program = a.plan.argv.first().cloned().unwrap_or_default();
     let msg = match payload(a, &sock) {
         Ok(e) => Msg::ExecFailed { program, error: e },
@@ -579,7 +704,7 @@ fn payload_main(a: &InitArgs<'_>, sock: OwnedFd) -> ! {
 }
 
 /// Returns only on failure: `Ok(reason)` when exec failed, `Err` when a setup step did.
-fn payload(a: &InitArgs<'_>, sock: &OwnedFd) -> StepResult<String> {
+fn payload(a: &InitArgs, sock: &OwnedFd) -> StepResult<String> {
     sys::reset_signals();
     sys::setsid();
     for (fd, to, name) in [(&a.stdout_w, 1, "stdout"), (&a.stderr_w, 2, "stderr")] {
@@ -597,6 +722,8 @@ fn payload(a: &InitArgs<'_>, sock: &OwnedFd) -> StepResult<String> {
         &format!("chdir {}", a.plan.cwd),
         std::env::set_current_dir(&a.plan.cwd),
     )?;
+    // The init built the root with umask 0; the command gets the usual one.
+    rustix::process::umask(Mode::from_raw_mode(0o022));
 
     // Capabilities: lock the securebits and empty the bounding set while we still hold
     // CAP_SETPCAP, then change ids, then clear the remaining sets.
@@ -653,6 +780,7 @@ fn payload(a: &InitArgs<'_>, sock: &OwnedFd) -> StepResult<String> {
     )?;
     drop(listener);
     step("close inherited fds", sys::cloexec_from(3))?;
+    timing::mark("payload: protections applied");
 
     let argv: Vec<CString> = a
         .plan
@@ -707,7 +835,7 @@ fn payload(a: &InitArgs<'_>, sock: &OwnedFd) -> StepResult<String> {
     })
 }
 
-fn apply_rlimits(a: &InitArgs<'_>) -> StepResult<Vec<String>> {
+fn apply_rlimits(a: &InitArgs) -> StepResult<Vec<String>> {
     use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
     let l = &a.plan.limits;
     let lim = |cur: u64, max: u64| Rlimit {
@@ -717,12 +845,12 @@ fn apply_rlimits(a: &InitArgs<'_>) -> StepResult<Vec<String>> {
     // A backstop one above the cgroup's limit, so that the cgroup (which counts and reports
     // refusals) is what stops a fork bomb when it exists. In unprivileged mode the init shares
     // the sandbox user's uid and counts toward NPROC too.
-    let nproc = if a.plan.cgroup_applied {
+    let nproc = if a.cgroup_applied {
         l.processes + 1
     } else {
         l.processes
     } + if a.root_mode { 0 } else { 1 };
-    let address_space = if a.plan.cgroup_applied {
+    let address_space = if a.cgroup_applied {
         (l.memory_bytes() * 4).max(1 << 30)
     } else {
         l.memory_bytes()
@@ -753,7 +881,7 @@ fn apply_rlimits(a: &InitArgs<'_>) -> StepResult<Vec<String>> {
 
 /// Landlock: the payload may reach exactly the plan's mounts, with the plan's access, and no
 /// TCP bind or connect, and may not signal or reach abstract sockets outside its domain.
-fn apply_landlock(a: &InitArgs<'_>, degraded: &mut Vec<String>) -> StepResult<Option<u32>> {
+fn apply_landlock(a: &InitArgs, degraded: &mut Vec<String>) -> StepResult<Option<u32>> {
     use landlock::{
         ABI, Access as _, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus,
         PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use agentjail_manifest::ValidatedManifest;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// uid and gid of the sandbox user inside the sandbox.
 pub const SANDBOX_ID: u32 = 65534;
@@ -21,7 +21,7 @@ pub const PROXY_PORT: u16 = 3128;
 pub const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
 /// What the payload may do below a path (its Landlock rule).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Access {
     /// Read and execute files, list directories.
@@ -37,7 +37,7 @@ pub enum Access {
 }
 
 /// One setup step, applied below the new root. Paths are absolute sandbox paths.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Op {
     /// Recursive read-only, nosuid, nodev bind of a host path.
@@ -64,8 +64,9 @@ pub enum Op {
     File { dest: String, content: String },
 }
 
-/// Everything the init needs to build the sandbox and start the command.
-#[derive(Debug, Clone, Serialize)]
+/// Everything the init needs to build the sandbox and start the command. The supervisor hands
+/// it to the init (which exists before the plan does, see `supervisor::Prespawned`) as JSON.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Plan {
     pub ops: Vec<Op>,
     /// Landlock rules for the payload: (sandbox path, access).
@@ -76,12 +77,6 @@ pub struct Plan {
     pub limits: agentjail_manifest::Limits,
     /// The egress gateway's listening port inside the sandbox, when the network is allowed.
     pub proxy_port: Option<u16>,
-    /// Set by the supervisor: whether cgroup limits are in place (decides the rlimit layer).
-    pub cgroup_applied: bool,
-    /// Set by the supervisor: cgroup v1 `tasks` files the init writes `0` to, joining the
-    /// run's cgroups itself before anything else happens.
-    #[serde(skip)]
-    pub cgroup_join: Vec<std::path::PathBuf>,
 }
 
 /// Where the sandbox's system directories (and the curated parts of /etc) come from.
@@ -348,8 +343,6 @@ impl Plan {
             cwd: "/work".into(),
             limits,
             proxy_port,
-            cgroup_applied: false,
-            cgroup_join: Vec::new(),
         }
     }
 

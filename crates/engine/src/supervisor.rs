@@ -93,6 +93,7 @@ impl Drop for Cleanup {
                 rustix::process::WaitId::PidFd(pidfd.as_fd()),
                 rustix::process::WaitIdOptions::EXITED,
             );
+            inside::timing::mark("cleanup: init reaped");
         }
         // The cgroup is removed only after the init left it.
         drop(self.cgroup.take());
@@ -215,12 +216,6 @@ pub fn run_on(
     }
     let mut report = base_report(vm);
     report.image = image;
-    if sys::thread_count().unwrap_or(1) > 1 {
-        return fail(
-            report,
-            "internal: the engine must run in a single-threaded process".into(),
-        );
-    }
     inside::timing::init_from_env();
     inside::timing::mark("supervisor: start");
     let root_mode = rustix::process::geteuid().is_root();
@@ -235,95 +230,71 @@ pub fn run_on(
             format!("landlock: kernel ABI {abi} < 6 (no TCP rules or scoping before 4 and 6)")
         });
     }
-    // The init counts toward pids.max: the command's tree gets exactly `processes`.
-    let cgroup = match Cgroup::create(limits.memory_bytes(), limits.processes + 1) {
-        Ok(cg) => Some(cg),
-        Err(reason) => {
-            degraded.push(format!(
-                "{reason}; memory and process limits fall back to rlimits (RLIMIT_AS, RLIMIT_NPROC)"
-            ));
-            None
-        }
-    };
     if !degraded.is_empty() && !opts.allow_degraded {
-        report.isolation.degraded = degraded.clone();
-        return fail(
-            report,
-            format!(
-                "refusing to run without: {}; hint: `agentjail check` explains, --allow-degraded runs anyway",
-                degraded.join("; ")
-            ),
-        );
+        return refuse(report, degraded);
     }
 
-    inside::timing::mark("supervisor: before `let mut plan = Plan::new(vm);`");
-    let mut plan = Plan::for_root(vm, root);
-    plan.cgroup_applied = cgroup.is_some();
-    plan.cgroup_join = cgroup
-        .as_ref()
-        .map(Cgroup::self_join_files)
-        .unwrap_or_default();
+    inside::timing::mark("supervisor: plan");
+    let plan = Plan::for_root(vm, root);
 
-    let pair = rustix::net::socketpair(
-        rustix::net::AddressFamily::UNIX,
-        rustix::net::SocketType::SEQPACKET,
-        rustix::net::SocketFlags::CLOEXEC,
-        None,
-    );
-    let pipes = (
-        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC),
-        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC),
-    );
-    let ((ctl_s, ctl_c), (out_r, out_w), (err_r, err_w)) = match (pair, pipes) {
-        (Ok(p), (Ok(o), Ok(e))) => (p, o, e),
-        _ => return fail(report, "cannot create the control socket and pipes".into()),
+    let Prespawned {
+        pid,
+        pidfd,
+        ctl: ctl_s,
+        out_r,
+        err_r,
+    } = match take_prespawned(root_mode) {
+        Some(p) => p,
+        None => match prespawn_now(root_mode) {
+            Ok(p) => p,
+            Err(e) => return fail(report, e),
+        },
     };
-
-    let flags = (libc::CLONE_NEWUSER
-        | libc::CLONE_NEWNS
-        | libc::CLONE_NEWPID
-        | libc::CLONE_NEWNET
-        | libc::CLONE_NEWIPC
-        | libc::CLONE_NEWUTS
-        | libc::CLONE_NEWCGROUP) as u64;
-    inside::timing::mark("supervisor: before `let (pid, pidfd) = match sys::clone_sand`");
-    let (pid, pidfd) = match sys::clone_sandbox(flags) {
-        Err(e) => {
-            return fail(
-                report,
-                format!(
-                    "cannot create the sandbox namespaces: {e}; hint: `agentjail check` tells whether user namespaces are allowed here"
-                ),
-            );
-        }
-        Ok(Cloned::Child) => {
-            drop((ctl_s, out_r, err_r));
-            inside::init_main(InitArgs {
-                plan: &plan,
-                ctl: ctl_c,
-                stdout_w: Some(out_w),
-                stderr_w: Some(err_w),
-                root_mode,
-                allow_degraded: opts.allow_degraded,
-            })
-        }
-        Ok(Cloned::Parent { pid, pidfd }) => (pid, pidfd),
+    let abort = |report: RunReport, msg: String| {
+        kill_and_reap(&pidfd);
+        fail(report, msg)
     };
-    drop((ctl_c, out_w, err_w));
 
     let host_uid = if root_mode {
         HOST_UID_BASE + pid as u32
     } else {
         rustix::process::getuid().as_raw()
     };
-    if let Err(e) = setup_child(pid, root_mode, host_uid, cgroup.as_ref(), &ctl_s) {
-        let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
-        let _ = rustix::process::waitid(
-            rustix::process::WaitId::PidFd(pidfd.as_fd()),
-            rustix::process::WaitIdOptions::EXITED,
-        );
-        return fail(report, e);
+    if let Err(e) = write_id_maps(pid, root_mode, host_uid)
+        .and_then(|()| plan_memfd(&plan))
+        .and_then(|memfd| {
+            send_or_died(
+                &ctl_s,
+                &Msg::Go {
+                    allow_degraded: opts.allow_degraded,
+                },
+                &[memfd.as_fd()],
+            )
+        })
+    {
+        return abort(report, e);
     }
+    inside::timing::mark("supervisor: id maps written");
+
+    // While the init makes its network namespace and builds the root: the cgroups. The init
+    // counts toward pids.max, so the command's tree gets exactly `processes`.
+    let cgroup = match Cgroup::create(limits.memory_bytes(), limits.processes + 1) {
+        Ok(cg) => Some(cg),
+        Err(reason) => {
+            degraded.push(format!(
+                "{reason}; memory and process limits fall back to rlimits (RLIMIT_AS, RLIMIT_NPROC)"
+            ));
+            if !opts.allow_degraded {
+                kill_and_reap(&pidfd);
+                return refuse(report, degraded);
+            }
+            None
+        }
+    };
+    if let Err(e) = hand_over_cgroups(pid, cgroup.as_ref(), &ctl_s) {
+        return abort(report, e);
+    }
+    inside::timing::mark("supervisor: cgroups handed over");
     report.isolation = Isolation {
         kind: "native".into(),
         user_ns: true,
@@ -339,12 +310,8 @@ pub fn run_on(
         ..Isolation::default()
     };
 
-    inside::timing::mark("supervisor: before `let start = Instant::now();`");
     let start = Instant::now();
     let deadline = start + Duration::from_secs(limits.seconds);
-    if inside::send(ctl_s.as_fd(), &Msg::Go, None).is_err() {
-        return fail(report, "the sandbox init died during setup".into());
-    }
 
     let mut out = Stream::new(Some(out_r), opts.stdout);
     let mut err = Stream::new(Some(err_r), opts.stderr);
@@ -419,7 +386,7 @@ pub fn run_on(
             init_done = true;
         }
     }
-    inside::timing::mark("supervisor: before `let wall = start.elapsed();`");
+    inside::timing::mark("supervisor: init done");
     let wall = start.elapsed();
     // Every process but the init is gone now: drain what is left.
     while ctl_open && has_data(ctl_s.as_fd()) {
@@ -428,7 +395,7 @@ pub fn run_on(
     while out.pump() {}
     while err.pump() {}
 
-    inside::timing::mark("supervisor: before `let stats = cgroup.as_ref().map(Cgroup::`");
+    inside::timing::mark("supervisor: streams drained");
     if let Some(g) = gateway {
         record_network(&mut report, g.stop());
     }
@@ -472,14 +439,137 @@ fn has_data(fd: BorrowedFd<'_>) -> bool {
         && fds[0].revents().contains(PollFlags::IN)
 }
 
-/// Writes the child's id maps and makes sure it is in the cgroup, before it may continue.
-fn setup_child(
+/// A sandbox init cloned ahead of its run: at the start of `agentjail run`
+/// ([`prespawn`]), so that the kernel makes its network namespace (the costliest part of
+/// start-up) while the caller parses and checks the request. It owns nothing of the run yet
+/// and waits for its plan; if no run comes, it exits when this process does (its control
+/// socket closes, and the parent-death signal is set).
+pub struct Prespawned {
     pid: i32,
-    root_mode: bool,
-    host_uid: u32,
-    cg: Option<&Cgroup>,
-    ctl: &OwnedFd,
-) -> Result<(), String> {
+    pidfd: OwnedFd,
+    ctl: OwnedFd,
+    out_r: OwnedFd,
+    err_r: OwnedFd,
+}
+
+/// The init [`prespawn`] made, with the mode it was made for.
+static PRESPAWNED: std::sync::Mutex<Option<(bool, Prespawned)>> = std::sync::Mutex::new(None);
+
+/// Clones a sandbox init now, for the next [`run_on`] of this process to use. Call it early,
+/// from a single-threaded process; a failure here is not reported (the run clones its own
+/// init and reports then).
+pub fn prespawn() {
+    let root_mode = rustix::process::geteuid().is_root();
+    if let Ok(p) = prespawn_now(root_mode)
+        && let Ok(mut slot) = PRESPAWNED.lock()
+    {
+        *slot = Some((root_mode, p));
+    }
+}
+
+fn take_prespawned(root_mode: bool) -> Option<Prespawned> {
+    let (mode, p) = PRESPAWNED.lock().ok()?.take()?;
+    if mode == root_mode {
+        Some(p)
+    } else {
+        kill_and_reap(&p.pidfd);
+        None
+    }
+}
+
+fn prespawn_now(root_mode: bool) -> Result<Prespawned, String> {
+    if sys::thread_count().unwrap_or(1) > 1 {
+        return Err("internal: the engine must run in a single-threaded process".into());
+    }
+    let pair = rustix::net::socketpair(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::SEQPACKET,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    );
+    let pipes = (
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC),
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC),
+    );
+    let ((ctl_s, ctl_c), (out_r, out_w), (err_r, err_w)) = match (pair, pipes) {
+        (Ok(p), (Ok(o), Ok(e))) => (p, o, e),
+        _ => return Err("cannot create the control socket and pipes".into()),
+    };
+    // The network and cgroup namespaces are not made here: the init makes the network one
+    // first thing (so that its cost overlaps the supervisor's work) and the cgroup one once
+    // it is in its cgroups (so that it sees them as its root).
+    let flags = (libc::CLONE_NEWUSER
+        | libc::CLONE_NEWNS
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS) as u64;
+    match sys::clone_sandbox(flags) {
+        Err(e) => Err(format!(
+            "cannot create the sandbox namespaces: {e}; hint: `agentjail check` tells whether user namespaces are allowed here"
+        )),
+        Ok(Cloned::Child) => {
+            drop((ctl_s, out_r, err_r));
+            inside::init_main(InitArgs {
+                plan: Plan::default(),
+                ctl: ctl_c,
+                stdout_w: Some(out_w),
+                stderr_w: Some(err_w),
+                root_mode,
+                allow_degraded: false,
+                cgroup_applied: false,
+            })
+        }
+        Ok(Cloned::Parent { pid, pidfd }) => {
+            drop((ctl_c, out_w, err_w));
+            Ok(Prespawned {
+                pid,
+                pidfd,
+                ctl: ctl_s,
+                out_r,
+                err_r,
+            })
+        }
+    }
+}
+
+/// The plan as JSON in a memfd (any size; a socket message is bounded).
+fn plan_memfd(plan: &Plan) -> Result<OwnedFd, String> {
+    let json = serde_json::to_vec(plan).map_err(|e| format!("cannot encode the plan: {e}"))?;
+    let fd = rustix::fs::memfd_create(c"agentjail-plan", rustix::fs::MemfdFlags::CLOEXEC)
+        .map_err(|e| format!("cannot create the plan's memfd: {e}"))?;
+    let mut f = std::fs::File::from(fd);
+    std::io::Write::write_all(&mut f, &json).map_err(|e| format!("cannot write the plan: {e}"))?;
+    Ok(f.into())
+}
+
+/// The outcome of a run refused before it started, for want of the protections named.
+fn refuse(mut report: RunReport, degraded: Vec<String>) -> Outcome {
+    let msg = format!(
+        "refusing to run without: {}; hint: `agentjail check` explains, --allow-degraded runs anyway",
+        degraded.join("; ")
+    );
+    report.isolation.degraded = degraded;
+    fail(report, msg)
+}
+
+/// Ends a sandbox whose set-up went wrong (its init is pid 1: the whole namespace goes).
+fn kill_and_reap(pidfd: &OwnedFd) {
+    let _ = rustix::process::pidfd_send_signal(pidfd, rustix::process::Signal::KILL);
+    let _ = rustix::process::waitid(
+        rustix::process::WaitId::PidFd(pidfd.as_fd()),
+        rustix::process::WaitIdOptions::EXITED,
+    );
+}
+
+fn send_or_died(ctl: &OwnedFd, msg: &Msg, fds: &[BorrowedFd<'_>]) -> Result<(), String> {
+    inside::send_fds(ctl.as_fd(), msg, fds).map_err(|_| {
+        // The init reports its own failure first when it can; this is the fallback.
+        "the sandbox init died during setup".to_string()
+    })
+}
+
+/// Writes the init's uid and gid maps.
+fn write_id_maps(pid: i32, root_mode: bool, host_uid: u32) -> Result<(), String> {
     let proc = format!("/proc/{pid}");
     let write = |file: &str, content: String| {
         std::fs::write(format!("{proc}/{file}"), &content)
@@ -496,23 +586,51 @@ fn setup_child(
         write("uid_map", format!("{SANDBOX_ID} {host_uid} 1\n"))?;
         write("gid_map", format!("{SANDBOX_ID} {gid} 1\n"))?;
     }
-    match inside::recv(ctl.as_fd()) {
-        Ok(Some((Msg::Joined, _))) => {}
-        Ok(Some((Msg::SetupFailed { step, error }, _))) => {
-            return Err(format!("sandbox setup failed at `{step}`: {error}"));
-        }
-        _ => return Err("the sandbox init died during setup".into()),
-    }
-    if let Some(cg) = cg {
-        // v2 (and any v1 hierarchy the init could not join itself): move it from outside.
-        if !cg.contains(pid) {
-            cg.attach(pid)?;
-        }
+    Ok(())
+}
+
+/// Tells the init its cgroups: with v1, the `tasks` files it writes itself into (opened here,
+/// where they are visible; see `Cgroup::self_join_files`); with v2, after moving it from here
+/// (and checking). The init checks from its side, in /proc/self/cgroup, before it starts
+/// anything, and refuses to go on if it is not in them.
+fn hand_over_cgroups(pid: i32, cg: Option<&Cgroup>, ctl: &OwnedFd) -> Result<(), String> {
+    let Some(cg) = cg else {
+        return send_or_died(
+            ctl,
+            &Msg::Cgroups {
+                applied: false,
+                name: None,
+            },
+            &[],
+        );
+    };
+    let files = cg
+        .self_join_files()
+        .iter()
+        .map(|p| {
+            rustix::fs::open(
+                p,
+                rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| format!("cannot open {}: {e}", p.display()))
+        })
+        .collect::<Result<Vec<OwnedFd>, String>>()?;
+    if files.is_empty() {
+        cg.attach(pid)?;
         if !cg.contains(pid) {
             return Err("the sandbox init is not in its cgroup; refusing to run".into());
         }
     }
-    Ok(())
+    let fds: Vec<BorrowedFd<'_>> = files.iter().map(|f| f.as_fd()).collect();
+    send_or_died(
+        ctl,
+        &Msg::Cgroups {
+            applied: true,
+            name: Some(cg.name().to_string()),
+        },
+        &fds,
+    )
 }
 
 /// Serves the sandbox's proxy socket with the egress gateway, from this (host) namespace.
@@ -633,7 +751,7 @@ impl State {
                         inside::timing::mark("supervisor: exit message");
                         self.exit = Some((status, cpu_us, maxrss_kb))
                     }
-                    Msg::Go | Msg::Joined => {}
+                    Msg::Go { .. } | Msg::Cgroups { .. } => {}
                 }
                 true
             }

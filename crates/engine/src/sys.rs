@@ -48,12 +48,13 @@ pub fn clone_sandbox(ns_flags: u64) -> io::Result<Cloned> {
     }
 }
 
-/// Moves this process into a new mount namespace (the gVisor tier's private /output tmpfs).
-/// Called from the single-threaded supervisor.
-pub fn unshare_mount_namespace() -> io::Result<()> {
-    // SAFETY: unshare(CLONE_NEWNS) only changes this process's view of mounts; it touches no
-    // memory, and no other thread exists to be surprised by the change.
-    if unsafe { libc::unshare(libc::CLONE_NEWNS) } == -1 {
+/// Moves this process into new namespaces of the kinds in `flags` (`CLONE_NEW*`): the gVisor
+/// tier's private mount namespace, the init's network and cgroup namespaces.
+/// Called from single-threaded processes only.
+pub fn unshare(flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: unshare with namespace flags only changes which namespaces this process belongs
+    // to; it touches no memory, and no other thread exists to be surprised by the change.
+    if unsafe { libc::unshare(flags) } == -1 {
         Err(io::Error::last_os_error())
     } else {
         Ok(())

@@ -169,6 +169,15 @@ pub fn collect(
 }
 
 /// Names in a directory except `.` and `..`, sorted, at most `limit` of them.
+/// Whether the directory `dir` has any entry; true when that cannot be read (then
+/// [`collect`] looks and reports why). Cheap: lets a caller skip making a staging folder.
+pub fn has_entries(dir: BorrowedFd<'_>) -> bool {
+    match dir.try_clone_to_owned() {
+        Ok(d) => read_names(&d, 1).map(|n| !n.is_empty()).unwrap_or(true),
+        Err(_) => true,
+    }
+}
+
 fn read_names(dir: &OwnedFd, limit: usize) -> std::io::Result<Vec<Vec<u8>>> {
     let fd = rustix::fs::openat(
         dir,
