@@ -294,16 +294,17 @@ impl Cgroup {
         Ok(cg)
     }
 
-    /// v1 only: the `tasks` files through which the sandbox's init moves itself (writing `0`).
+    /// The files through which the command's first process moves itself in (writing `0`):
+    /// v1, the `tasks` file of each hierarchy; v2, `cgroup.procs`.
     ///
     /// Why not move it from outside through `cgroup.procs`: that takes the kernel's global
     /// cgroup_threadgroup_rwsem for writing, which waits for an RCU grace period (10–13 ms per
-    /// run measured on this project's CI host, more than the whole rest of a run). A thread
-    /// that moves itself through `tasks` skips that lock. The supervisor then checks that the
-    /// move happened (fail closed).
+    /// run measured on this project's CI host with v1, more than the whole rest of a run). A
+    /// thread that moves itself through v1's `tasks` skips that lock. v2 has no per-thread
+    /// file for this (`cgroup.threads` needs threaded mode), so its move takes the lock.
     pub fn self_join_files(&self) -> Vec<PathBuf> {
-        if self.version != Version::V1 {
-            return Vec::new();
+        if self.version == Version::V2 {
+            return vec![self.memory.join("cgroup.procs")];
         }
         let mut v = vec![self.memory.join("tasks"), self.pids.join("tasks")];
         v.extend(self.cpu.as_ref().map(|c| c.join("tasks")));
@@ -316,45 +317,6 @@ impl Cgroup {
             .file_name()
             .and_then(|n| n.to_str())
             .unwrap_or_default()
-    }
-
-    /// True when `pid` is in every cgroup of this run (read from /proc/PID/cgroup).
-    pub fn contains(&self, pid: i32) -> bool {
-        let Ok(text) = fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
-            return false;
-        };
-        let Some(name) = self.memory.file_name().and_then(|n| n.to_str()) else {
-            return false;
-        };
-        let wanted: &[&str] = match self.version {
-            Version::V1 => &["memory", "pids"],
-            Version::V2 => &[""],
-        };
-        wanted.iter().all(|ctl| {
-            text.lines().any(|l| {
-                let mut it = l.splitn(3, ':');
-                let (_, c, path) = (it.next(), it.next().unwrap_or(""), it.next().unwrap_or(""));
-                let ctl_ok = if ctl.is_empty() {
-                    c.is_empty()
-                } else {
-                    c.split(',').any(|x| x == *ctl)
-                };
-                ctl_ok && path.ends_with(&format!("/{name}"))
-            })
-        })
-    }
-
-    /// Moves `pid` (and so its future children) into the run's cgroup(s) from outside.
-    pub fn attach(&self, pid: i32) -> Result<(), String> {
-        let pid = pid.to_string();
-        write(&self.memory.join("cgroup.procs"), &pid)?;
-        if self.pids != self.memory {
-            write(&self.pids.join("cgroup.procs"), &pid)?;
-        }
-        if let Some(cpu) = &self.cpu {
-            write(&cpu.join("cgroup.procs"), &pid)?;
-        }
-        Ok(())
     }
 
     /// Reads the run's figures.
@@ -379,6 +341,29 @@ impl Cgroup {
             },
         }
     }
+}
+
+/// Whether a `/proc/PID/cgroup` text places the process in the run's cgroup `name`: in the
+/// memory and pids hierarchies (v1) or in the unified one (v2).
+pub fn lists(proc_cgroup: &str, name: &str) -> bool {
+    let suffix = format!("/{name}");
+    let entries: Vec<(&str, &str)> = proc_cgroup
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.splitn(3, ':');
+            let (_, ctls, path) = (it.next()?, it.next()?, it.next()?);
+            Some((ctls, path))
+        })
+        .collect();
+    let v2 = entries
+        .iter()
+        .any(|(ctls, path)| ctls.is_empty() && path.ends_with(&suffix));
+    let v1 = ["memory", "pids"].iter().all(|c| {
+        entries
+            .iter()
+            .any(|(ctls, path)| ctls.split(',').any(|x| x == *c) && path.ends_with(&suffix))
+    });
+    v1 || v2
 }
 
 impl Drop for Cgroup {
@@ -444,6 +429,20 @@ pub fn describe() -> (Option<Version>, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proc_cgroup_membership() {
+        let v1 = "12:pids:/agentjail-7-0\n4:memory:/x/agentjail-7-0\n1:name=systemd:/\n0::/\n";
+        assert!(lists(v1, "agentjail-7-0"));
+        assert!(!lists(v1, "agentjail-7-1"));
+        // Only one of the two v1 hierarchies is not enough; an exiting task shows `/`.
+        assert!(!lists(
+            "12:pids:/agentjail-7-0\n4:memory:/\n",
+            "agentjail-7-0"
+        ));
+        assert!(lists("0::/user.slice/agentjail-7-0\n", "agentjail-7-0"));
+        assert!(!lists("0::/agentjail-7-0-x\n", "agentjail-7-0"));
+    }
 
     #[test]
     fn parses_mountinfo() {

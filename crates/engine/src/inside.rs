@@ -97,6 +97,10 @@ pub struct InitArgs {
     /// Learnt from the supervisor before the payload starts: whether cgroup limits are in
     /// place (decides the rlimit layer).
     pub cgroup_applied: bool,
+    /// The run's cgroups as the supervisor handed them over: their name and the files the
+    /// payload writes itself into (see [`join_cgroups`]).
+    pub cgroup_name: Option<String>,
+    pub cgroup_files: Vec<OwnedFd>,
 }
 
 type StepResult<T> = Result<T, (String, String)>;
@@ -281,7 +285,7 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
             Mode::empty(),
         ),
     )?;
-    join_cgroups(a)?;
+    receive_cgroups(a)?;
     step(
         "report ready",
         send(a.ctl.as_fd(), &Msg::Ready, Some(out.as_fd())),
@@ -297,9 +301,13 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
             None,
         ),
     )?;
-    let pid = match step("fork the command", sys::fork())? {
-        None => payload_main(a, from_payload),
-        Some(pid) => pid,
+    let pid = {
+        let args: &InitArgs = a;
+        let sock = from_payload.as_fd();
+        step(
+            "start the command",
+            sys::spawn_sharing_memory(&mut || payload_main(args, sock)),
+        )?
     };
     drop(from_payload);
     // Our copies of the command's stdout/stderr must go, or the supervisor never sees EOF.
@@ -392,42 +400,40 @@ fn read_plan(fd: OwnedFd) -> std::io::Result<Plan> {
     serde_json::from_slice(&bytes).map_err(std::io::Error::other)
 }
 
-/// Joins the run's cgroups (before anything of the command exists, so everything it ever
-/// starts is inside them), checks that the kernel shows it there, then moves into a cgroup
-/// namespace rooted at them (the sandbox sees its cgroup as `/`).
-fn join_cgroups(a: &mut InitArgs) -> StepResult<()> {
+/// Receives the run's cgroups from the supervisor (the files stay open for the payload).
+fn receive_cgroups(a: &mut InitArgs) -> StepResult<()> {
+    const STEP: &str = "receive the run's cgroups";
+    match step(STEP, recv_fds(a.ctl.as_fd()))? {
+        Some((Msg::Cgroups { applied, name }, files)) => {
+            a.cgroup_applied = applied;
+            a.cgroup_name = name;
+            a.cgroup_files = files;
+            Ok(())
+        }
+        _ => Err((STEP.into(), "supervisor went away".into())),
+    }
+}
+
+/// The payload's first step: it moves itself into the run's cgroups (writing `0`, meaning the
+/// writer, into each file the supervisor opened: v1 `tasks`, v2 `cgroup.procs`), checks that
+/// the kernel shows it there, and refuses to go on otherwise; then it moves into a cgroup
+/// namespace rooted there (the command sees its cgroup as `/`). Everything the command ever
+/// starts is inside. The init stays outside, so that the cgroups are empty, and removable,
+/// as soon as the init has reaped the command's last process.
+fn join_cgroups(a: &InitArgs) -> StepResult<()> {
     const STEP: &str = "join the run's cgroups";
-    let (applied, name, files) = match step(STEP, recv_fds(a.ctl.as_fd()))? {
-        Some((Msg::Cgroups { applied, name }, files)) => (applied, name, files),
-        _ => return Err((STEP.into(), "supervisor went away".into())),
-    };
-    for f in &files {
-        // `0` means the writer itself (cgroup v1 `tasks`).
+    for f in &a.cgroup_files {
         step(STEP, rustix::io::write(f, b"0"))?;
     }
-    drop(files);
-    if let Some(name) = &name {
+    if let Some(name) = &a.cgroup_name {
         let text = step(STEP, std::fs::read_to_string("/proc/self/cgroup"))?;
-        let suffix = format!("/{name}");
-        // v1: the memory and pids hierarchies; v2: the unified one (`0::`).
-        let in_run = |l: &&str| l.ends_with(&suffix);
-        let lines: Vec<&str> = text.lines().collect();
-        let v2 = lines.iter().any(|l| l.starts_with("0::") && in_run(l));
-        let v1 = ["memory", "pids"].iter().all(|c| {
-            lines.iter().any(|l| {
-                let mut it = l.splitn(3, ':');
-                let (_, ctls) = (it.next(), it.next().unwrap_or(""));
-                ctls.split(',').any(|x| x == *c) && in_run(l)
-            })
-        });
-        if !(v1 || v2) {
+        if !crate::cgroup::lists(&text, name) {
             return Err((
                 STEP.into(),
                 format!("not in cgroup {name} after joining; refusing to run"),
             ));
         }
     }
-    a.cgroup_applied = applied;
     step(
         "create the cgroup namespace",
         sys::unshare(libc::CLONE_NEWCGROUP),
@@ -693,9 +699,11 @@ fn make_readonly(d: &str, dest: &str) -> StepResult<()> {
 }
 
 /// The payload: drops everything and execs the command. Never returns.
-fn payload_main(a: &InitArgs, sock: OwnedFd) -> ! {
+/// The command's process until it execs: runs in the init's memory (see
+/// `sys::spawn_sharing_memory`), so it only borrows the init's data and ends in exec or exit.
+fn payload_main(a: &InitArgs, sock: BorrowedFd<'_>) -> ! {
     let program = a.plan.argv.first().cloned().unwrap_or_default();
-    let msg = match payload(a, &sock) {
+    let msg = match payload(a, sock) {
         Ok(e) => Msg::ExecFailed { program, error: e },
         Err((step, error)) => Msg::SetupFailed { step, error },
     };
@@ -704,7 +712,8 @@ fn payload_main(a: &InitArgs, sock: OwnedFd) -> ! {
 }
 
 /// Returns only on failure: `Ok(reason)` when exec failed, `Err` when a setup step did.
-fn payload(a: &InitArgs, sock: &OwnedFd) -> StepResult<String> {
+fn payload(a: &InitArgs, sock: BorrowedFd<'_>) -> StepResult<String> {
+    join_cgroups(a)?;
     sys::reset_signals();
     sys::setsid();
     for (fd, to, name) in [(&a.stdout_w, 1, "stdout"), (&a.stderr_w, 2, "stderr")] {

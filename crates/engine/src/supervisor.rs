@@ -83,19 +83,33 @@ pub struct Outcome {
 #[derive(Debug, Default)]
 pub struct Cleanup {
     init: Option<OwnedFd>,
+    /// The init reported the command's end after reaping every process of it: the cgroups
+    /// are empty, and the init has nothing left to do but exit.
+    init_finished: bool,
     cgroup: Option<Cgroup>,
 }
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
         if let Some(pidfd) = self.init.take() {
-            let _ = rustix::process::waitid(
-                rustix::process::WaitId::PidFd(pidfd.as_fd()),
-                rustix::process::WaitIdOptions::EXITED,
-            );
+            if self.init_finished {
+                // Its exit (the kernel tearing the namespaces down, ~0.25 ms) need not delay
+                // us: reap it if it is done, else leave it to whoever reaps our children.
+                let _ = rustix::process::waitid(
+                    rustix::process::WaitId::PidFd(pidfd.as_fd()),
+                    rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOHANG,
+                );
+            } else {
+                // Killed or failed: its pid namespace may still hold processes of the command,
+                // which leave the cgroups only as the namespace dies.
+                let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+                let _ = rustix::process::waitid(
+                    rustix::process::WaitId::PidFd(pidfd.as_fd()),
+                    rustix::process::WaitIdOptions::EXITED,
+                );
+            }
             inside::timing::mark("cleanup: init reaped");
         }
-        // The cgroup is removed only after the init left it.
         drop(self.cgroup.take());
     }
 }
@@ -276,9 +290,9 @@ pub fn run_on(
     }
     inside::timing::mark("supervisor: id maps written");
 
-    // While the init makes its network namespace and builds the root: the cgroups. The init
-    // counts toward pids.max, so the command's tree gets exactly `processes`.
-    let cgroup = match Cgroup::create(limits.memory_bytes(), limits.processes + 1) {
+    // While the init builds the root: the cgroups. Only the command's processes join them
+    // (the init stays outside), so pids.max is exactly `processes`.
+    let cgroup = match Cgroup::create(limits.memory_bytes(), limits.processes) {
         Ok(cg) => Some(cg),
         Err(reason) => {
             degraded.push(format!(
@@ -291,7 +305,7 @@ pub fn run_on(
             None
         }
     };
-    if let Err(e) = hand_over_cgroups(pid, cgroup.as_ref(), &ctl_s) {
+    if let Err(e) = hand_over_cgroups(cgroup.as_ref(), &ctl_s) {
         return abort(report, e);
     }
     inside::timing::mark("supervisor: cgroups handed over");
@@ -424,6 +438,7 @@ pub fn run_on(
         stderr: err.captured,
         cleanup: Cleanup {
             init: Some(pidfd),
+            init_finished: st.exit.is_some() && !timed_out,
             cgroup,
         },
     }
@@ -517,6 +532,8 @@ fn prespawn_now(root_mode: bool) -> Result<Prespawned, String> {
                 root_mode,
                 allow_degraded: false,
                 cgroup_applied: false,
+                cgroup_name: None,
+                cgroup_files: Vec::new(),
             })
         }
         Ok(Cloned::Parent { pid, pidfd }) => {
@@ -589,11 +606,10 @@ fn write_id_maps(pid: i32, root_mode: bool, host_uid: u32) -> Result<(), String>
     Ok(())
 }
 
-/// Tells the init its cgroups: with v1, the `tasks` files it writes itself into (opened here,
-/// where they are visible; see `Cgroup::self_join_files`); with v2, after moving it from here
-/// (and checking). The init checks from its side, in /proc/self/cgroup, before it starts
-/// anything, and refuses to go on if it is not in them.
-fn hand_over_cgroups(pid: i32, cg: Option<&Cgroup>, ctl: &OwnedFd) -> Result<(), String> {
+/// Tells the init the run's cgroups, with the files (opened here, where they are visible, with
+/// our credentials) through which the payload moves itself in: see `Cgroup::self_join_files`
+/// and `inside::join_cgroups`, which checks the result before the command exists.
+fn hand_over_cgroups(cg: Option<&Cgroup>, ctl: &OwnedFd) -> Result<(), String> {
     let Some(cg) = cg else {
         return send_or_died(
             ctl,
@@ -616,12 +632,6 @@ fn hand_over_cgroups(pid: i32, cg: Option<&Cgroup>, ctl: &OwnedFd) -> Result<(),
             .map_err(|e| format!("cannot open {}: {e}", p.display()))
         })
         .collect::<Result<Vec<OwnedFd>, String>>()?;
-    if files.is_empty() {
-        cg.attach(pid)?;
-        if !cg.contains(pid) {
-            return Err("the sandbox init is not in its cgroup; refusing to run".into());
-        }
-    }
     let fds: Vec<BorrowedFd<'_>> = files.iter().map(|f| f.as_fd()).collect();
     send_or_died(
         ctl,

@@ -61,14 +61,68 @@ pub fn unshare(flags: libc::c_int) -> io::Result<()> {
     }
 }
 
-/// Plain `fork`. Same single-threaded requirement as [`clone_sandbox`].
-pub fn fork() -> io::Result<Option<i32>> {
-    // SAFETY: called only from the sandbox init, a single-threaded process.
-    match unsafe { libc::fork() } {
-        -1 => Err(io::Error::last_os_error()),
-        0 => Ok(None),
-        pid => Ok(Some(pid)),
+/// Starts `child` in a new process that shares this one's memory until it execs or exits, on a
+/// stack of its own, while this process waits (`CLONE_VM | CLONE_VFORK`, what `posix_spawn`
+/// does). It saves `fork`'s copy of the page tables and the copy-on-write faults that follow
+/// (~0.2 ms here). Returns the child's pid.
+///
+/// The caller guarantees, and `inside::payload_main` is written to keep it: the process is
+/// single-threaded (nothing else runs while the child uses the shared memory); `child` never
+/// returns normally (it ends in execve or `_exit`); and it frees nothing this process
+/// allocated (what it allocates itself stays allocated: a small leak in the waiting process).
+/// File descriptors, credentials, signal handlers, the working directory, umask, rlimits,
+/// Landlock and seccomp are the child's own (no CLONE_FILES, CLONE_FS, CLONE_SIGHAND,
+/// CLONE_THREAD).
+pub fn spawn_sharing_memory(child: &mut dyn FnMut()) -> io::Result<i32> {
+    const STACK: usize = 1 << 20;
+    const GUARD: usize = 64 << 10;
+    extern "C" fn trampoline(arg: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `arg` is the `&mut &mut dyn FnMut()` passed to clone below, alive until the
+        // child execs or exits because the parent is suspended until then (CLONE_VFORK).
+        let f = unsafe { &mut *(arg as *mut &mut dyn FnMut()) };
+        f();
+        // `child` is not meant to return; if it does, end this process, never the caller's.
+        // SAFETY: _exit ends only this process and touches no shared state.
+        unsafe { libc::_exit(127) }
     }
+    // SAFETY: a fresh private anonymous mapping; checked for failure below.
+    let stack = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            STACK,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+            -1,
+            0,
+        )
+    };
+    if stack == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    // A guard at the low end, so that an overflow faults instead of writing below the stack.
+    // SAFETY: the range is inside the mapping just made.
+    let guarded = unsafe { libc::mprotect(stack, GUARD, libc::PROT_NONE) };
+    let mut f: &mut dyn FnMut() = child;
+    let ret = if guarded == -1 {
+        -1
+    } else {
+        // SAFETY: the stack pointer is the top of a mapping of STACK bytes (16-byte aligned:
+        // mmap returns page-aligned memory), used only by the child; the argument outlives the
+        // child's use of it (see `trampoline`); the caller's guarantees above make sharing the
+        // memory sound for the child's lifetime before exec.
+        unsafe {
+            libc::clone(
+                trampoline,
+                (stack as *mut u8).add(STACK) as *mut libc::c_void,
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                &mut f as *mut &mut dyn FnMut() as *mut libc::c_void,
+            )
+        }
+    };
+    let err = io::Error::last_os_error();
+    // SAFETY: the child has exec'd or exited (CLONE_VFORK), so nothing uses the stack any more.
+    unsafe { libc::munmap(stack, STACK) };
+    if ret == -1 { Err(err) } else { Ok(ret) }
 }
 
 /// Number of threads of this process, from /proc/self/stat (field 20).
