@@ -233,6 +233,7 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
         "set parent-death signal",
         rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL)),
     )?;
+    timing::mark("init: started");
     // The network namespace is made here rather than by the clone, so that its creation (the
     // costliest namespace, ~0.5 ms) overlaps the supervisor's work on the id maps and cgroups.
     // Created from inside the new user namespace, it belongs to it, as with the clone.

@@ -537,6 +537,7 @@ fn prespawn_now(root_mode: bool) -> Result<Prespawned, String> {
             })
         }
         Ok(Cloned::Parent { pid, pidfd }) => {
+            inside::timing::mark("supervisor: init cloned");
             drop((ctl_c, out_w, err_w));
             Ok(Prespawned {
                 pid,
