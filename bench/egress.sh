@@ -12,7 +12,7 @@ if [ "${AGENTJAIL_BENCH_IN_NETNS:-}" != 1 ]; then
   exec env AGENTJAIL_BENCH_IN_NETNS=1 unshare -n -- "$0" "$@"
 fi
 ip link set lo up
-aj="$PWD/target/release/agentjail"
+aj="$PWD/target/x86_64-unknown-linux-gnu/release/agentjail"
 work=$(mktemp -d /tmp/agentjail-egress-bench-XXXXXX)
 chmod 755 "$work"
 trap 'kill $server 2>/dev/null || true; rm -rf "$work"' EXIT

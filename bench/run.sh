@@ -10,7 +10,7 @@ command -v hyperfine >/dev/null && command -v bwrap >/dev/null && command -v run
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hyperfine bubblewrap runsc
 }
 cargo build --release -q -p agentjail
-aj="$PWD/target/release/agentjail"
+aj="$PWD/target/x86_64-unknown-linux-gnu/release/agentjail"
 py=/usr/bin/python3
 work=$(mktemp -d /tmp/agentjail-bench-XXXXXX)
 chmod 755 "$work"

@@ -1409,7 +1409,7 @@ fn committed_schemas_are_generated_by_the_binary() {
         assert!(
             committed == out.stdout,
             "docs/{file} differs from `agentjail {}`; regenerate it: \
-             ./target/debug/agentjail {} > docs/{file}",
+             ./target/x86_64-unknown-linux-gnu/debug/agentjail {} > docs/{file}",
             args.join(" "),
             args.join(" ")
         );
