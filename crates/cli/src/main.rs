@@ -770,15 +770,20 @@ fn demo(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> {
             if !bytes.ends_with(b"\n") {
                 let _ = out.write_all(b"\n");
             }
+            let status = serde_json::to_value(r.status)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
             eprintln!(
-                "agentjail demo: status {:?}, verified against summary.schema.json; wall {} ms, cpu {} ms, peak memory {} KiB; isolation: landlock ABI {:?}, seccomp {}, cgroup {:?}",
-                r.status,
+                "agentjail demo: status {status}, verified against summary.schema.json; wall {} ms, cpu {} ms, peak memory {} KiB; isolation: landlock ABI {}, seccomp {}, cgroup {}",
                 r.wall_ms,
                 r.cpu_ms,
                 r.peak_memory_bytes / 1024,
-                r.isolation.landlock_abi,
-                r.isolation.seccomp,
-                r.isolation.cgroup
+                r.isolation
+                    .landlock_abi
+                    .map_or_else(|| "none".to_string(), |a| a.to_string()),
+                if r.isolation.seccomp { "on" } else { "off" },
+                r.isolation.cgroup.as_deref().unwrap_or("none")
             );
         }
         None => summarize(r),
