@@ -735,34 +735,65 @@ fn stdout_is_bounded_and_the_report_says_so() {
 }
 
 #[test]
-fn each_run_has_its_own_host_uid_and_the_cgroup_is_cleaned_up() {
+fn each_run_has_its_own_host_uid_sees_its_cgroup_as_root_and_the_cgroup_is_cleaned_up() {
     let work = tmp();
-    let (mut cmd, report) = aj(work.path());
-    cmd.args(["--", "/bin/true"]);
-    let o = run_raw(cmd, &report);
-    assert_eq!(o.code, 0);
-    let uid = o.report["isolation"]["host_uid"].as_u64().unwrap();
+    let report = work.path().join("report.json");
+    // The caller's umask is 077; the command still gets the usual 022, and the root's
+    // directories their exact modes.
+    let child = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(r#"umask 077; exec "$0" "$@""#)
+        .arg(bin())
+        .args(["run", "--report"])
+        .arg(&report)
+        .args([
+            "--",
+            "/bin/sh",
+            "-c",
+            "cat /proc/self/cgroup; echo UMASK $(umask); stat -c 'MODE %a' /etc /dev",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("agentjail runs");
+    // `exec`: the supervisor is this very process, and its cgroups are named after its pid.
+    let supervisor = child.id();
+    let out = child.wait_with_output().expect("agentjail ends");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let uid = r["isolation"]["host_uid"].as_u64().unwrap();
     if rustix_is_root() {
         assert!(uid >= 1_000_000_000, "{uid}");
     }
-    // No agentjail cgroup of a finished run is left behind.
-    let leftovers: Vec<_> = [
-        "/sys/fs/cgroup/memory",
-        "/sys/fs/cgroup/pids",
-        "/sys/fs/cgroup",
-    ]
-    .iter()
-    .flat_map(|d| walk_dirs(Path::new(d), 3))
-    .filter(|p| {
-        p.file_name()
-            .map(|n| {
-                n.to_string_lossy()
-                    .contains(&format!("agentjail-{}-", std::process::id()))
-            })
-            .unwrap_or(false)
-    })
-    .collect();
-    assert!(leftovers.is_empty(), "{leftovers:?}");
+    // The command sees its own cgroup as the root of every hierarchy: no host path shows.
+    let cgroup_lines: Vec<&str> = stdout.lines().filter(|l| l.contains(':')).collect();
+    assert!(!cgroup_lines.is_empty(), "{stdout}");
+    for l in &cgroup_lines {
+        assert!(l.ends_with(":/"), "{l} (in {stdout})");
+    }
+    assert!(stdout.contains("UMASK 0022"), "{stdout}");
+    assert_eq!(stdout.matches("MODE 755").count(), 2, "{stdout}");
+    // No cgroup of this finished run is left behind.
+    if r["isolation"]["cgroup"].is_string() {
+        let name = format!("agentjail-{supervisor}-");
+        let leftovers: Vec<_> = [
+            "/sys/fs/cgroup/memory",
+            "/sys/fs/cgroup/pids",
+            "/sys/fs/cgroup/cpuacct",
+            "/sys/fs/cgroup",
+        ]
+        .iter()
+        .flat_map(|d| walk_dirs(Path::new(d), 3))
+        .filter(|p| {
+            p.file_name()
+                .map(|n| n.to_string_lossy().starts_with(&name))
+                .unwrap_or(false)
+        })
+        .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
 }
 
 fn rustix_is_root() -> bool {
