@@ -372,6 +372,12 @@ struct ManifestArgs {
 }
 
 fn main() -> ExitCode {
+    let code = main_inner();
+    agentjail_engine::discard_prespawned();
+    code
+}
+
+fn main_inner() -> ExitCode {
     agentjail_engine::timing::init_from_env();
     agentjail_engine::timing::mark("main");
     // A run's sandbox init is cloned before anything else, while this process is small and

@@ -33,7 +33,9 @@ mod sys;
 pub use agentjail_manifest::ValidatedManifest;
 pub use inside::timing;
 pub use plan::RootImage;
-pub use supervisor::{Outcome, RunOptions, STREAM_LIMIT, Sink, prespawn, run, run_on};
+pub use supervisor::{
+    Outcome, RunOptions, STREAM_LIMIT, Sink, discard_prespawned, prespawn, run, run_on,
+};
 
 /// Runs `/bin/true` with every protection required; `Err` says why that is not possible here.
 pub fn probe_strict_run() -> Result<(), String> {

@@ -91,25 +91,27 @@ pub struct Cleanup {
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        if let Some(pidfd) = self.init.take() {
-            if self.init_finished {
-                // Its exit (the kernel tearing the namespaces down, ~0.25 ms) need not delay
-                // us: reap it if it is done, else leave it to whoever reaps our children.
-                let _ = rustix::process::waitid(
-                    rustix::process::WaitId::PidFd(pidfd.as_fd()),
-                    rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOHANG,
-                );
-            } else {
-                // Killed or failed: its pid namespace may still hold processes of the command,
-                // which leave the cgroups only as the namespace dies.
-                let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
-                let _ = rustix::process::waitid(
-                    rustix::process::WaitId::PidFd(pidfd.as_fd()),
-                    rustix::process::WaitIdOptions::EXITED,
-                );
-            }
-            inside::timing::mark("cleanup: init reaped");
+        let Some(pidfd) = self.init.take() else {
+            drop(self.cgroup.take());
+            return;
+        };
+        if self.init_finished {
+            // The cgroups are empty already (the init is outside them): remove them first.
+            drop(self.cgroup.take());
+        } else {
+            // Killed or failed: its pid namespace may still hold processes of the command,
+            // which leave the cgroups only as the namespace dies.
+            let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
         }
+        // Always reap it: an init left to whoever adopts it would stay a zombie under a parent
+        // that does not reap adopted children (a container's pid 1, a server). By now its exit
+        // (the kernel tearing the namespaces down, ~0.25 ms) has mostly overlapped the
+        // caller's verification and report.
+        let _ = rustix::process::waitid(
+            rustix::process::WaitId::PidFd(pidfd.as_fd()),
+            rustix::process::WaitIdOptions::EXITED,
+        );
+        inside::timing::mark("cleanup: init reaped");
         drop(self.cgroup.take());
     }
 }
@@ -479,6 +481,15 @@ pub fn prespawn() {
         && let Ok(mut slot) = PRESPAWNED.lock()
     {
         *slot = Some((root_mode, p));
+    }
+}
+
+/// Kills and reaps an init that [`prespawn`] made and no run claimed (a refused request, a
+/// dry run, the gVisor tier), so that it does not linger as a zombie under whoever adopts it.
+pub fn discard_prespawned() {
+    let p = PRESPAWNED.lock().ok().and_then(|mut slot| slot.take());
+    if let Some((_, p)) = p {
+        kill_and_reap(&p.pidfd);
     }
 }
 
