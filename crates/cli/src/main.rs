@@ -382,7 +382,7 @@ fn main_inner() -> ExitCode {
     agentjail_engine::timing::mark("main");
     // A run's sandbox init is cloned before anything else, while this process is small and
     // single-threaded; the kernel builds its network namespace while the arguments are parsed
-    // and checked. An init no run claims exits with this process.
+    // and checked. An init no run claims is killed and reaped before `main` returns.
     if matches!(
         std::env::args_os()
             .nth(1)
@@ -645,6 +645,14 @@ fn run(a: RunArgs) -> Result<u8, String> {
     Ok(finished.exit_code.clamp(0, 255) as u8)
 }
 
+/// A status as the report spells it (`ok`, `exit_nonzero`, …).
+fn status_word(s: agentjail_manifest::report::Status) -> String {
+    serde_json::to_value(s)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
 /// One line on stderr for a person: what happened, and why when it was not `ok`.
 fn summarize(r: &RunReport) {
     use agentjail_manifest::report::Status;
@@ -654,13 +662,7 @@ fn summarize(r: &RunReport) {
             "agentjail: error: {}",
             r.error.as_deref().unwrap_or("the run could not be set up")
         ),
-        s => format!(
-            "agentjail: run ended: {}",
-            serde_json::to_value(s)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default()
-        ),
+        s => format!("agentjail: run ended: {}", status_word(s)),
     };
     if r.status != Status::SetupError
         && let Some(d) = r.denials.first()
@@ -776,10 +778,7 @@ fn demo(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> {
             if !bytes.ends_with(b"\n") {
                 let _ = out.write_all(b"\n");
             }
-            let status = serde_json::to_value(r.status)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
+            let status = status_word(r.status);
             eprintln!(
                 "agentjail demo: status {status}, verified against summary.schema.json; wall {} ms, cpu {} ms, peak memory {} KiB; isolation: landlock ABI {}, seccomp {}, cgroup {}",
                 r.wall_ms,

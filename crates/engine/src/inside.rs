@@ -311,6 +311,8 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
         )?
     };
     drop(from_payload);
+    // The command has joined its cgroups (or failed and said so): the files are done with.
+    a.cgroup_files.clear();
     // Our copies of the command's stdout/stderr must go, or the supervisor never sees EOF.
     drop(a.stdout_w.take());
     drop(a.stderr_w.take());
