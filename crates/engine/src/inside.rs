@@ -144,8 +144,12 @@ pub mod timing {
             // the init and the payload can be merged by this column.
             let mono = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
             let abs_us = (mono.tv_sec % 1000) * 1_000_000 + mono.tv_nsec / 1000;
+            // This process's own CPU time so far: on a busy or small machine the wall-clock
+            // deltas include waiting for a CPU, this does not.
+            let cpu = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+            let cpu_us = cpu.tv_sec * 1_000_000 + cpu.tv_nsec / 1000;
             eprintln!(
-                "agentjail-timing: {abs_us:>10} pid {} {:>7} us  {label}",
+                "agentjail-timing: {abs_us:>10} pid {} {:>7} us  cpu {cpu_us:>7} us  {label}",
                 std::process::id(),
                 (now - *last).as_micros()
             );
@@ -164,6 +168,8 @@ pub fn send(sock: BorrowedFd<'_>, msg: &Msg, fd: Option<BorrowedFd<'_>>) -> std:
 
 /// Most fds one message carries.
 const MAX_FDS: usize = 4;
+/// Largest control message (JSON) either side sends; the receive buffer lives on the stack.
+const MAX_MSG: usize = 16 * 1024;
 
 /// Sends a message with up to [`MAX_FDS`] fds attached.
 pub fn send_fds(sock: BorrowedFd<'_>, msg: &Msg, fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
@@ -171,6 +177,9 @@ pub fn send_fds(sock: BorrowedFd<'_>, msg: &Msg, fds: &[BorrowedFd<'_>]) -> std:
         return Err(std::io::Error::other("too many fds for one message"));
     }
     let bytes = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
+    if bytes.len() > MAX_MSG {
+        return Err(std::io::Error::other("control message too large"));
+    }
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut cmsg = SendAncillaryBuffer::new(&mut space);
     if !fds.is_empty() {
@@ -193,7 +202,7 @@ pub fn recv(sock: BorrowedFd<'_>) -> std::io::Result<Option<(Msg, Option<OwnedFd
 /// Receives a message and every fd attached (at most [`MAX_FDS`]; the kernel closes any
 /// beyond what the buffer holds). `Ok(None)` at end of stream.
 pub fn recv_fds(sock: BorrowedFd<'_>) -> std::io::Result<Option<(Msg, Vec<OwnedFd>)>> {
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf = [0u8; MAX_MSG];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut cmsg = RecvAncillaryBuffer::new(&mut space);
     let r = recvmsg(
@@ -210,6 +219,9 @@ pub fn recv_fds(sock: BorrowedFd<'_>) -> std::io::Result<Option<(Msg, Vec<OwnedF
     }
     if r.bytes == 0 {
         return Ok(None);
+    }
+    if r.flags.contains(rustix::net::ReturnFlags::TRUNC) {
+        return Err(std::io::Error::other("control message truncated"));
     }
     let msg = serde_json::from_slice(&buf[..r.bytes]).map_err(std::io::Error::other)?;
     Ok(Some((msg, fds)))
@@ -928,8 +940,11 @@ fn apply_landlock(a: &InitArgs, degraded: &mut Vec<String>) -> StepResult<Option
             Access::ListOnly => AccessFs::ReadDir.into(),
         };
         let fd = step(&format!("landlock: open {path}"), PathFd::new(path))?;
-        // Rules on a file may only carry file rights.
-        let is_dir = std::fs::metadata(path).map(|m| m.is_dir()).unwrap_or(false);
+        // Rules on a file may only carry file rights. (Asked of the fd just opened: no second
+        // path walk, and no window in which the path could name something else.)
+        let is_dir = rustix::fs::fstat(std::os::fd::AsFd::as_fd(&fd))
+            .map(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir())
+            .unwrap_or(false);
         let rights = if is_dir {
             rights
         } else {
