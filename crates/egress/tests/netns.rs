@@ -42,12 +42,12 @@ fn bring_lo_up() -> std::io::Result<()> {
         ifr.ifr_name[i] = *b as libc::c_char;
     }
     // SAFETY: fd is an open socket and ifr a valid, NUL-terminated ifreq.
-    let mut r = unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr) };
+    let mut r = unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS as libc::Ioctl, &mut ifr) };
     if r == 0 {
         // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
         unsafe { ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
         // SAFETY: as above.
-        r = unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS, &ifr) };
+        r = unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS as libc::Ioctl, &ifr) };
     }
     let err = std::io::Error::last_os_error();
     // SAFETY: fd is ours and closed once.

@@ -348,12 +348,12 @@ mod tests {
             RET_USER_NOTIF
         );
         // TIOCSTI is refused even with garbage in the upper half of the argument.
-        let sti = [0, 0xdead_0000_0000_0000 | libc::TIOCSTI, 0, 0, 0, 0];
+        let sti = [0, 0xdead_0000_0000_0000 | libc::TIOCSTI as u64, 0, 0, 0, 0];
         assert_eq!(
             run(&p, libc::SYS_ioctl as u32, AUDIT_ARCH, sti),
             RET_USER_NOTIF
         );
-        let tcgets = [0, libc::TCGETS, 0, 0, 0, 0];
+        let tcgets = [0, libc::TCGETS as u64, 0, 0, 0, 0];
         assert_eq!(
             run(&p, libc::SYS_ioctl as u32, AUDIT_ARCH, tcgets),
             RET_ALLOW

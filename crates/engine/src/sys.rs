@@ -160,7 +160,15 @@ pub fn mount_setattr_recursive(path: &CString, attr_set: u64) -> io::Result<()> 
 /// Marks every fd from `first` on close-on-exec.
 pub fn cloexec_from(first: u32) -> io::Result<()> {
     // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags; it touches no memory.
-    let ret = unsafe { libc::close_range(first, u32::MAX, libc::CLOSE_RANGE_CLOEXEC as i32) };
+    // (The raw syscall: musl has no close_range wrapper.)
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
     if ret == -1 {
         Err(io::Error::last_os_error())
     } else {
@@ -230,7 +238,7 @@ pub fn notif_recv(listener: &OwnedFd) -> io::Result<SeccompNotif> {
     let ret = unsafe {
         libc::ioctl(
             listener.as_raw_fd(),
-            SECCOMP_IOCTL_NOTIF_RECV,
+            SECCOMP_IOCTL_NOTIF_RECV as libc::Ioctl,
             &mut n as *mut SeccompNotif,
         )
     };
@@ -253,7 +261,7 @@ pub fn notif_deny(listener: &OwnedFd, id: u64, errno: i32) -> io::Result<()> {
     let ret = unsafe {
         libc::ioctl(
             listener.as_raw_fd(),
-            SECCOMP_IOCTL_NOTIF_SEND,
+            SECCOMP_IOCTL_NOTIF_SEND as libc::Ioctl,
             &mut r as *mut SeccompNotifResp,
         )
     };
@@ -363,7 +371,7 @@ pub fn loopback_up() -> io::Result<()> {
     }
     ifr.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
     // SAFETY: `ifr` is a valid ifreq naming "lo"; SIOCSIFFLAGS reads it.
-    let ret = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &mut ifr) };
+    let ret = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS as libc::Ioctl, &mut ifr) };
     if ret == -1 {
         Err(io::Error::last_os_error())
     } else {
