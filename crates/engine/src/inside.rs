@@ -34,7 +34,10 @@ use crate::sys;
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "t", rename_all = "snake_case")]
 pub enum Msg {
-    /// Supervisor → init: the id maps are written; carries a memfd holding the [`Plan`] (JSON).
+    /// Supervisor → init: the uid/gid maps are written (right after the clone): the init may
+    /// create files and start on the parts of the root every host-image run has.
+    Maps,
+    /// Supervisor → init: carries a memfd holding the [`Plan`] (JSON).
     Go {
         allow_degraded: bool,
     },
@@ -101,6 +104,9 @@ pub struct InitArgs {
     /// payload writes itself into (see [`join_cgroups`]).
     pub cgroup_name: Option<String>,
     pub cgroup_files: Vec<OwnedFd>,
+    /// The caller's CPU set: the supervisor starts the init on other CPUs than its own, and
+    /// the init restores this once it runs (before the command inherits its set).
+    pub affinity: Option<rustix::thread::CpuSet>,
 }
 
 type StepResult<T> = Result<T, (String, String)>;
@@ -259,23 +265,54 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
         rustix::system::sethostname(crate::plan::HOSTNAME.as_bytes()),
     )?;
     timing::mark("init: network namespace made");
-    const WAIT: &str = "wait for the plan and the id maps";
+    // Before the plan, a closed socket is the normal end of an init cloned for a run that
+    // did not happen (refused, a dry run, another tier): leave quietly.
+    const MAPS: &str = "wait for the id maps";
+    match step(MAPS, recv(a.ctl.as_fd()))? {
+        Some((Msg::Maps, _)) => {}
+        None => sys::exit_now(0),
+        _ => return Err((MAPS.into(), "unexpected message".into())),
+    }
+    // The supervisor moved us away from its CPU before it sent the maps: give back the
+    // caller's CPUs now, so that the command may use all of them.
+    if let Some(all) = &a.affinity {
+        step(
+            "restore the CPU set",
+            rustix::thread::sched_setaffinity(None, all),
+        )?;
+    }
+    // Only now: the supervisor, unprivileged, could not have written the maps of a
+    // non-dumpable process.
+    step(
+        "make the init non-dumpable",
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable),
+    )?;
+    // While the supervisor parses, validates and plans: the parts of the root that every run
+    // on the host image has (see `plan::host_prefix`). Their outcome counts only if the plan
+    // starts with them.
+    timing::mark("init: building the root");
+    let mut made = Made::default();
+    let prefix = crate::plan::host_prefix();
+    let early = start_root().and_then(|()| prefix.iter().try_for_each(|op| apply(op, &mut made)));
+    timing::mark("init: host part of the root built");
+    const WAIT: &str = "wait for the plan";
     match step(WAIT, recv(a.ctl.as_fd()))? {
         Some((Msg::Go { allow_degraded }, Some(plan))) => {
             a.allow_degraded = allow_degraded;
             a.plan = step("read the plan", read_plan(plan))?;
         }
-        // Before the plan, a closed socket is the normal end of an init cloned for a run that
-        // did not happen (refused, a dry run, another tier): leave quietly.
         None => sys::exit_now(0),
         _ => return Err((WAIT.into(), "unexpected message".into())),
     }
-    step(
-        "make the init non-dumpable",
-        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable),
-    )?;
-    timing::mark("init: building the root");
-    build_root(&a.plan)?;
+    let rest = if a.plan.ops.starts_with(&prefix) {
+        early?;
+        &a.plan.ops[prefix.len()..]
+    } else {
+        // Another image: start again on an empty new root.
+        discard_root(early.is_ok(), &mut made)?;
+        &a.plan.ops[..]
+    };
+    finish_root(rest, &mut made)?;
     timing::mark("init: root built");
     if let Some(port) = a.plan.proxy_port {
         // Created here, so it belongs to the sandbox's network namespace; served outside.
@@ -464,8 +501,9 @@ fn serve_notification(listener: &OwnedFd, ctl: BorrowedFd<'_>) {
     }
 }
 
-/// Builds the new root under a staging tmpfs and pivots into it.
-fn build_root(plan: &Plan) -> StepResult<()> {
+/// Starts the new root: a staging tmpfs pivoted into (the host's root moves below it), and
+/// an empty tmpfs at /newroot on which [`apply`] builds.
+fn start_root() -> StepResult<()> {
     use rustix::mount::*;
     step(
         "make / private",
@@ -492,6 +530,14 @@ fn build_root(plan: &Plan) -> StepResult<()> {
         rustix::process::pivot_root("/tmp", "/tmp/oldroot"),
     )?;
     step("chdir /", std::env::set_current_dir("/"))?;
+    new_root_tmpfs()?;
+    // Files and directories get exactly the modes asked for, whatever the caller's umask.
+    rustix::process::umask(Mode::empty());
+    Ok(())
+}
+
+fn new_root_tmpfs() -> StepResult<()> {
+    use rustix::mount::*;
     step(
         "mount new root tmpfs",
         mount(
@@ -501,12 +547,28 @@ fn build_root(plan: &Plan) -> StepResult<()> {
             MountFlags::NOSUID | MountFlags::NODEV,
             Some(c"size=1m,nr_inodes=4096,mode=0755"),
         ),
+    )
+}
+
+/// Throws away what was built at /newroot (for a plan on another image) and starts again on
+/// an empty tmpfs; when even the start had failed, starts from the beginning.
+fn discard_root(started: bool, made: &mut Made) -> StepResult<()> {
+    *made = Made::default();
+    if !started {
+        return start_root();
+    }
+    step(
+        "discard the host root",
+        rustix::mount::unmount("/newroot", rustix::mount::UnmountFlags::DETACH),
     )?;
-    // Files and directories get exactly the modes asked for, whatever the caller's umask.
-    rustix::process::umask(Mode::empty());
-    let mut made = Made::default();
-    for op in &plan.ops {
-        apply(op, &mut made)?;
+    new_root_tmpfs()
+}
+
+/// Applies the rest of the plan to the new root, makes it read-only and pivots into it.
+fn finish_root(ops: &[Op], made: &mut Made) -> StepResult<()> {
+    use rustix::mount::*;
+    for op in ops {
+        apply(op, made)?;
     }
     for d in ["/newroot/input", "/newroot/work", "/newroot/output"] {
         let _ = std::fs::DirBuilder::new().mode(0o755).create(d);

@@ -244,6 +244,30 @@ fn dev_ops() -> Vec<Op> {
     ops
 }
 
+/// The ops every plan on `root` starts with, whatever the manifest: the system directories,
+/// the curated /etc, /dev and /proc; and how many of them are the system directories.
+fn base_ops(root: &RootImage) -> (Vec<Op>, usize) {
+    let mut ops = match root {
+        RootImage::Host => host_system_ops(),
+        RootImage::Stored { rootfs, .. } => image_system_ops(rootfs),
+    };
+    let system = ops.len();
+    ops.extend(etc_ops(root));
+    ops.extend(dev_ops());
+    ops.push(Op::Proc {
+        dest: "/proc".into(),
+    });
+    (ops, system)
+}
+
+/// The ops every plan on the host image starts with (see [`Plan::for_root`]). The sandbox's
+/// init applies them while the supervisor is still parsing and checking the request, then
+/// the rest of the plan once it arrives; a plan that does not start with them (a stored
+/// image, or a host that changed in between) is built from scratch instead.
+pub fn host_prefix() -> Vec<Op> {
+    base_ops(&RootImage::Host).0
+}
+
 impl Plan {
     /// Builds the plan for a validated manifest on the host image.
     pub fn new(vm: &ValidatedManifest) -> Plan {
@@ -256,25 +280,17 @@ impl Plan {
     pub fn for_root(vm: &ValidatedManifest, root: &RootImage) -> Plan {
         let m = &vm.manifest;
         let limits = m.limits;
-        let mut ops = match root {
-            RootImage::Host => host_system_ops(),
-            RootImage::Stored { rootfs, .. } => image_system_ops(rootfs),
-        };
+        let (mut ops, system) = base_ops(root);
         let mut rules: Vec<(String, Access)> = vec![("/".into(), Access::ListOnly)];
-        for op in &ops {
+        for op in &ops[..system] {
             if let Op::BindRo { dest, .. } = op {
                 rules.push((dest.clone(), Access::ReadExec));
             }
         }
-        ops.extend(etc_ops(root));
         rules.push(("/etc".into(), Access::Read));
-        ops.extend(dev_ops());
         for d in ["null", "zero", "full", "random", "urandom", "tty"] {
             rules.push((format!("/dev/{d}"), Access::Device));
         }
-        ops.push(Op::Proc {
-            dest: "/proc".into(),
-        });
         rules.push(("/proc".into(), Access::Read));
         // Scratch space is memory-backed and charged to the run's memory cgroup, so its size
         // is bounded by the memory limit as well as by these sizes.
@@ -400,5 +416,35 @@ mod tests {
             }
         }
         assert!(p.env.iter().any(|(k, v)| k == "HOME" && v == "/work"));
+    }
+
+    #[test]
+    fn host_plans_start_with_the_host_prefix_and_image_plans_do_not() {
+        let d = tempfile::tempdir().unwrap();
+        let vm = Manifest::for_command(vec!["true".into()])
+            .validate(
+                &SourcePolicy {
+                    base_dir: d.path().into(),
+                    roots: None,
+                },
+                jiff::Timestamp::now(),
+            )
+            .unwrap();
+        let prefix = host_prefix();
+        assert!(prefix.iter().any(|o| matches!(o, Op::Proc { .. })));
+        let host = Plan::new(&vm);
+        assert!(host.ops.starts_with(&prefix));
+        // What follows the prefix depends on the manifest: the tmpfs mounts, then inputs.
+        assert!(matches!(&host.ops[prefix.len()], Op::Tmpfs { dest, .. } if dest == "/tmp"));
+        let rootfs = d.path().join("rootfs");
+        std::fs::create_dir_all(rootfs.join("usr")).unwrap();
+        let image = Plan::for_root(
+            &vm,
+            &RootImage::Stored {
+                digest: "sha256:00".into(),
+                rootfs,
+            },
+        );
+        assert!(!image.ops.starts_with(&prefix));
     }
 }

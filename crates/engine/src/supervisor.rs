@@ -252,11 +252,11 @@ pub fn run_on(
     let plan = Plan::for_root(vm, root);
 
     let Prespawned {
-        pid,
         pidfd,
         ctl: ctl_s,
         out_r,
         err_r,
+        host_uid,
     } = match take_prespawned(root_mode) {
         Some(p) => p,
         None => match prespawn_now(root_mode) {
@@ -269,13 +269,7 @@ pub fn run_on(
         fail(report, msg)
     };
 
-    let host_uid = if root_mode {
-        HOST_UID_BASE + pid as u32
-    } else {
-        rustix::process::getuid().as_raw()
-    };
-    if let Err(e) = write_id_maps(pid, root_mode, host_uid)
-        .and_then(|()| plan_memfd(&plan))
+    if let Err(e) = plan_memfd(&plan)
         .and_then(|memfd| {
             send_or_died(
                 &ctl_s,
@@ -288,7 +282,7 @@ pub fn run_on(
     {
         return abort(report, e);
     }
-    inside::timing::mark("supervisor: id maps written");
+    inside::timing::mark("supervisor: plan sent");
 
     // While the init builds the root: the cgroups. Only the command's processes join them
     // (the init stays outside), so pids.max is exactly `processes`.
@@ -460,11 +454,12 @@ fn has_data(fd: BorrowedFd<'_>) -> bool {
 /// and waits for its plan; if no run comes, it exits when this process does (its control
 /// socket closes, and the parent-death signal is set).
 pub struct Prespawned {
-    pid: i32,
     pidfd: OwnedFd,
     ctl: OwnedFd,
     out_r: OwnedFd,
     err_r: OwnedFd,
+    /// The host uid the sandbox's uid 0 maps to (the maps are written at the clone).
+    host_uid: u32,
 }
 
 /// The init [`prespawn`] made, with the mode it was made for.
@@ -522,6 +517,9 @@ fn prespawn_now(root_mode: bool) -> Result<Prespawned, String> {
     // The network and cgroup namespaces are not made here: the init makes the network one
     // first thing (so that its cost overlaps the supervisor's work) and the cgroup one once
     // it is in its cgroups (so that it sees them as its root).
+    // The caller's CPUs, which the init gives back to itself (and so to the command) once it
+    // runs elsewhere than this process (see below).
+    let affinity = rustix::thread::sched_getaffinity(None).ok();
     let flags = (libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
@@ -543,17 +541,47 @@ fn prespawn_now(root_mode: bool) -> Result<Prespawned, String> {
                 cgroup_applied: false,
                 cgroup_name: None,
                 cgroup_files: Vec::new(),
+                affinity,
             })
         }
         Ok(Cloned::Parent { pid, pidfd }) => {
             inside::timing::mark("supervisor: init cloned");
             drop((ctl_c, out_w, err_w));
+            // Start the init on another CPU than this one. Left to itself, the scheduler
+            // often queues it behind this process, and the two run one after the other
+            // although a CPU is idle; both have ~1 ms of work before the command can start.
+            // The init restores the caller's CPU set once it has the maps (sent below), so
+            // the command is not pinned.
+            if let Some(all) = &affinity {
+                let mut elsewhere = all.clone();
+                elsewhere.unset(rustix::thread::sched_getcpu());
+                if elsewhere.count() > 0 {
+                    let _ = rustix::thread::sched_setaffinity(
+                        rustix::process::Pid::from_raw(pid),
+                        &elsewhere,
+                    );
+                }
+            }
+            // The id maps at once: with them, the init can start on the root while this
+            // process parses and plans.
+            let host_uid = if root_mode {
+                HOST_UID_BASE + pid as u32
+            } else {
+                rustix::process::getuid().as_raw()
+            };
+            if let Err(e) = write_id_maps(pid, root_mode, host_uid)
+                .and_then(|()| send_or_died(&ctl_s, &Msg::Maps, &[]))
+            {
+                kill_and_reap(&pidfd);
+                return Err(e);
+            }
+            inside::timing::mark("supervisor: id maps written");
             Ok(Prespawned {
-                pid,
                 pidfd,
                 ctl: ctl_s,
                 out_r,
                 err_r,
+                host_uid,
             })
         }
     }
@@ -771,7 +799,7 @@ impl State {
                         inside::timing::mark("supervisor: exit message");
                         self.exit = Some((status, cpu_us, maxrss_kb))
                     }
-                    Msg::Go { .. } | Msg::Cgroups { .. } => {}
+                    Msg::Maps | Msg::Go { .. } | Msg::Cgroups { .. } => {}
                 }
                 true
             }
