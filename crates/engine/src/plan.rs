@@ -382,18 +382,23 @@ mod tests {
     use super::*;
     use agentjail_manifest::{Manifest, SourcePolicy};
 
-    #[test]
-    fn plan_has_no_host_etc_wholesale_and_no_secrets() {
-        let d = tempfile::tempdir().unwrap();
-        let vm = Manifest::for_command(vec!["true".into()])
+    /// `true` as a validated manifest, sources relative to `dir`.
+    fn validated_true(dir: &Path) -> ValidatedManifest {
+        Manifest::for_command(vec!["true".into()])
             .validate(
                 &SourcePolicy {
-                    base_dir: d.path().into(),
+                    base_dir: dir.into(),
                     roots: None,
                 },
                 jiff::Timestamp::now(),
             )
-            .unwrap();
+            .unwrap()
+    }
+
+    #[test]
+    fn plan_has_no_host_etc_wholesale_and_no_secrets() {
+        let d = tempfile::tempdir().unwrap();
+        let vm = validated_true(d.path());
         let p = Plan::new(&vm);
         for op in &p.ops {
             if let Op::BindRo { src, .. } = op {
@@ -421,15 +426,7 @@ mod tests {
     #[test]
     fn host_plans_start_with_the_host_prefix_and_image_plans_do_not() {
         let d = tempfile::tempdir().unwrap();
-        let vm = Manifest::for_command(vec!["true".into()])
-            .validate(
-                &SourcePolicy {
-                    base_dir: d.path().into(),
-                    roots: None,
-                },
-                jiff::Timestamp::now(),
-            )
-            .unwrap();
+        let vm = validated_true(d.path());
         let prefix = host_prefix();
         assert!(prefix.iter().any(|o| matches!(o, Op::Proc { .. })));
         let host = Plan::new(&vm);
