@@ -274,12 +274,11 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
         _ => return Err((MAPS.into(), "unexpected message".into())),
     }
     // The supervisor moved us away from its CPU before it sent the maps: give back the
-    // caller's CPUs now, so that the command may use all of them.
+    // caller's CPUs now, so that the command may use all of them. (This fails only if the
+    // caller's cpuset changed meanwhile; the run then keeps the smaller set rather than fail.)
     if let Some(all) = &a.affinity {
-        step(
-            "restore the CPU set",
-            rustix::thread::sched_setaffinity(None, all),
-        )?;
+        let _ = rustix::thread::sched_setaffinity(None, all);
+        timing::step_mark("restore the CPU set");
     }
     // Only now: the supervisor, unprivileged, could not have written the maps of a
     // non-dumpable process.
