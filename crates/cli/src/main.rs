@@ -883,7 +883,10 @@ mod tests {
             inside.render_long_help().to_string(),
             alone.render_long_help().to_string()
         );
-        assert_eq!(inside.render_usage().to_string(), alone.render_usage().to_string());
+        assert_eq!(
+            inside.render_usage().to_string(),
+            alone.render_usage().to_string()
+        );
         let ids = |c: &clap::Command| {
             c.get_arguments()
                 .map(|a| format!("{:?} {:?} {:?}", a.get_id(), a.get_long(), a.get_action()))
@@ -892,25 +895,48 @@ mod tests {
         assert_eq!(ids(&inside), ids(&alone));
         // The same values, and the same errors, from both parsers.
         let argv = [
-            "agentjail", "run", "--ro", "/a/b.csv:/input/r.csv", "--timeout", "3", "--env", "A=b",
-            "--allow-degraded", "--report", "r.json", "--", "prog", "--x",
+            "agentjail",
+            "run",
+            "--ro",
+            "/a/b.csv:/input/r.csv",
+            "--timeout",
+            "3",
+            "--env",
+            "A=b",
+            "--allow-degraded",
+            "--report",
+            "r.json",
+            "--",
+            "prog",
+            "--x",
         ];
         let via_tree = match Cli::try_parse_from(argv).expect("parses").command {
             Command::Run(a) => a,
             _ => panic!("not run"),
         };
-        let m = run_command().try_get_matches_from(&argv[1..]).expect("parses");
+        let m = run_command()
+            .try_get_matches_from(&argv[1..])
+            .expect("parses");
         let via_alone = <RunArgs as clap::FromArgMatches>::from_arg_matches(&m).expect("args");
         let show = |a: &RunArgs| {
             format!(
                 "{:?} {:?} {:?} {:?} {} {:?}",
-                a.flags.ro, a.flags.timeout, a.flags.env, a.report, a.allow_degraded, a.flags.command
+                a.flags.ro,
+                a.flags.timeout,
+                a.flags.env,
+                a.report,
+                a.allow_degraded,
+                a.flags.command
             )
         };
         assert_eq!(show(&via_tree), show(&via_alone));
         let bad = ["agentjail", "run", "--timeout", "soon", "--", "x"];
         let e1 = Cli::try_parse_from(bad).err().expect("refused").to_string();
-        let e2 = run_command().try_get_matches_from(&bad[1..]).err().expect("refused").to_string();
+        let e2 = run_command()
+            .try_get_matches_from(&bad[1..])
+            .err()
+            .expect("refused")
+            .to_string();
         assert_eq!(e1, e2);
     }
 }

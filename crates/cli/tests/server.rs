@@ -548,7 +548,9 @@ fn wait_status(s: &Server, id: &str, want: &str) -> Value {
         if Instant::now() >= deadline {
             let log = s.stderr.lock().unwrap().clone();
             let tail: String = log.lines().rev().take(20).collect::<Vec<_>>().join("\n");
-            panic!("{id} never reached {want}: {v}\nservice log (last lines, newest first):\n{tail}");
+            panic!(
+                "{id} never reached {want}: {v}\nservice log (last lines, newest first):\n{tail}"
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }

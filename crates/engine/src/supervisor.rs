@@ -269,17 +269,15 @@ pub fn run_on(
         fail(report, msg)
     };
 
-    if let Err(e) = plan_memfd(&plan)
-        .and_then(|memfd| {
-            send_or_died(
-                &ctl_s,
-                &Msg::Go {
-                    allow_degraded: opts.allow_degraded,
-                },
-                &[memfd.as_fd()],
-            )
-        })
-    {
+    if let Err(e) = plan_memfd(&plan).and_then(|memfd| {
+        send_or_died(
+            &ctl_s,
+            &Msg::Go {
+                allow_degraded: opts.allow_degraded,
+            },
+            &[memfd.as_fd()],
+        )
+    }) {
         return abort(report, e);
     }
     inside::timing::mark("supervisor: plan sent");

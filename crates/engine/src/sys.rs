@@ -371,7 +371,13 @@ pub fn loopback_up() -> io::Result<()> {
     }
     ifr.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
     // SAFETY: `ifr` is a valid ifreq naming "lo"; SIOCSIFFLAGS reads it.
-    let ret = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS as libc::Ioctl, &mut ifr) };
+    let ret = unsafe {
+        libc::ioctl(
+            sock.as_raw_fd(),
+            libc::SIOCSIFFLAGS as libc::Ioctl,
+            &mut ifr,
+        )
+    };
     if ret == -1 {
         Err(io::Error::last_os_error())
     } else {
