@@ -447,10 +447,11 @@ fn has_data(fd: BorrowedFd<'_>) -> bool {
 }
 
 /// A sandbox init cloned ahead of its run: at the start of `agentjail run`
-/// ([`prespawn`]), so that the kernel makes its network namespace (the costliest part of
-/// start-up) while the caller parses and checks the request. It owns nothing of the run yet
-/// and waits for its plan; if no run comes, it exits when this process does (its control
-/// socket closes, and the parent-death signal is set).
+/// ([`prespawn`]), with its id maps written at once, so that it makes its network namespace
+/// (the costliest part of start-up) and the host-image part of the root
+/// (`plan::host_prefix`) while the caller parses and checks the request. It owns nothing of
+/// the run yet and waits for its plan; if no run comes, it exits when this process does (its
+/// control socket closes, and the parent-death signal is set).
 pub struct Prespawned {
     pidfd: OwnedFd,
     ctl: OwnedFd,
