@@ -292,7 +292,10 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
     timing::mark("init: building the root");
     let mut made = Made::default();
     let prefix = crate::plan::host_prefix();
-    let early = start_root().and_then(|()| prefix.iter().try_for_each(|op| apply(op, &mut made)));
+    let started = start_root();
+    let early = started
+        .clone()
+        .and_then(|()| prefix.iter().try_for_each(|op| apply(op, &mut made)));
     timing::mark("init: host part of the root built");
     const WAIT: &str = "wait for the plan";
     match step(WAIT, recv(a.ctl.as_fd()))? {
@@ -303,12 +306,15 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
         None => sys::exit_now(0),
         _ => return Err((WAIT.into(), "unexpected message".into())),
     }
+    // The staging root is the same for every plan: its failure is the run's (reported now
+    // that the supervisor listens).
+    started?;
     let rest = if a.plan.ops.starts_with(&prefix) {
         early?;
         &a.plan.ops[prefix.len()..]
     } else {
         // Another image: start again on an empty new root.
-        discard_root(early.is_ok(), &mut made)?;
+        discard_root(&mut made)?;
         &a.plan.ops[..]
     };
     finish_root(rest, &mut made)?;
@@ -549,13 +555,10 @@ fn new_root_tmpfs() -> StepResult<()> {
     )
 }
 
-/// Throws away what was built at /newroot (for a plan on another image) and starts again on
-/// an empty tmpfs; when even the start had failed, starts from the beginning.
-fn discard_root(started: bool, made: &mut Made) -> StepResult<()> {
+/// Throws away what was built at /newroot (for a plan on another image, whether the host
+/// part was built or failed half-way) and starts again on an empty tmpfs.
+fn discard_root(made: &mut Made) -> StepResult<()> {
     *made = Made::default();
-    if !started {
-        return start_root();
-    }
     step(
         "discard the host root",
         rustix::mount::unmount("/newroot", rustix::mount::UnmountFlags::DETACH),
