@@ -364,10 +364,8 @@ impl Plan {
 
     /// The host image's parts (system directories and curated /etc), for its identity.
     pub fn image_description() -> Vec<String> {
-        let mut ops = host_system_ops();
-        ops.extend(etc_ops(&RootImage::Host));
-        ops.extend(dev_ops());
-        ops.iter()
+        host_prefix()
+            .iter()
             .filter_map(|op| match op {
                 Op::BindRo { src, dest, .. } => Some(format!("{}={dest}", src.display())),
                 Op::Symlink { target, dest } => Some(format!("{dest}->{target}")),
