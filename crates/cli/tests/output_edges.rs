@@ -195,7 +195,11 @@ fn one_byte_over_the_limit_is_refused_by_the_collector() {
     assert_eq!(o.code, 65);
     assert!(o.files().is_empty(), "{}", o.dump());
     let reason = o.rejected("over").unwrap_or_default();
-    assert!(reason.contains("exceeds 1048576 bytes"), "{}", o.dump());
+    assert!(
+        reason.contains("exceeds its limit of 1048576 bytes"),
+        "{}",
+        o.dump()
+    );
     assert!(!w.path().join("out/over").exists());
 
     // Split over two files: the sum is bounded, not each file.
@@ -241,7 +245,7 @@ fn sparse_files_and_hard_links_are_still_refused() {
     assert!(
         o.rejected("sparse")
             .unwrap_or_default()
-            .contains("exceeds 1048576 bytes"),
+            .contains("exceeds its limit of 1048576 bytes"),
         "{}",
         o.dump()
     );
