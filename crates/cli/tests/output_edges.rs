@@ -561,6 +561,30 @@ fn control_sequences_from_the_sandbox_are_inert_on_a_terminal() {
 }
 
 #[test]
+fn what_reaches_the_terminal_byte_for_byte() {
+    if !have_script() {
+        skip("`script` (util-linux) is not installed");
+        return;
+    }
+    // Red text, a bell, a window title; then our line, for `ok` too. The pty turns \n into \r\n.
+    let tty = on_pty(&[
+        "run",
+        "--",
+        "/bin/sh",
+        "-c",
+        r"printf 'a\033[31mb\007\n'; printf '\033]2;t\033\\\n' >&2",
+    ]);
+    let want: &[u8] =
+        b"a\\x1b[31mb\\x07\r\n\\x1b]2;t\\x1b\\\r\n\x1b[7magentjail:\x1b[27m run ended: ok\r\n";
+    assert_eq!(
+        String::from_utf8_lossy(&tty),
+        String::from_utf8_lossy(want),
+        "bytes on the terminal"
+    );
+    assert_eq!(tty, want);
+}
+
+#[test]
 fn our_summary_starts_on_its_own_line_on_a_terminal() {
     if !have_script() {
         skip("`script` (util-linux) is not installed");
