@@ -254,6 +254,49 @@ fn sparse_files_and_hard_links_are_still_refused() {
     assert!(o.files().is_empty());
 }
 
+/// Whether `agentjail check` says the gVisor tier works here.
+fn gvisor_available() -> bool {
+    let Ok(out) = Command::new(bin()).args(["check", "--json"]).output() else {
+        return false;
+    };
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    v["items"].as_array().is_some_and(|a| {
+        a.iter()
+            .any(|i| i["name"] == "gvisor tier" && i["ok"] == true)
+    })
+}
+
+#[test]
+fn gvisor_tier_passes_exactly_the_limit_and_refuses_one_byte_more() {
+    if !gvisor_available() {
+        skip("the gvisor tier is not available here (apt-get install runsc; root)");
+        return;
+    }
+    let w = tmp();
+    let o = run_sh(
+        w.path(),
+        &["--isolation", "gvisor", "--output-max-mb", "1"],
+        "head -c 524288 /dev/zero > /output/a && head -c 524288 /dev/zero > /output/b; echo WROTE $?",
+    );
+    assert!(o.stdout_str().contains("WROTE 0"), "{}", o.dump());
+    assert_eq!(o.status(), "ok", "{}", o.dump());
+    assert_eq!(o.files().iter().map(|f| f.1).sum::<u64>(), MIB);
+    let o = run_sh(
+        w.path(),
+        &["--isolation", "gvisor", "--output-max-mb", "1"],
+        "head -c 1048577 /dev/zero > /output/over; echo WROTE $?",
+    );
+    assert!(o.stdout_str().contains("WROTE 0"), "{}", o.dump());
+    assert_eq!(o.status(), "output_rejected", "{}", o.dump());
+    assert!(
+        o.rejected("over")
+            .unwrap_or_default()
+            .contains("exceeds its limit of 1048576 bytes"),
+        "{}",
+        o.dump()
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Item 8: reports stay bounded under a flood of refusals.
 // ---------------------------------------------------------------------------------------------
