@@ -176,8 +176,52 @@ fn run_probe(work: &Path, probe: &str, extra: &[&str]) -> Out {
 }
 
 fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+/// The host pids of `pid`'s children.
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// Starts `agentjail run --report <r> [args]` with stdout piped, waits until the command
+/// printed `READY`, and returns the process, the report path and the init's host pid (the
+/// supervisor's only child).
+fn start_until_ready(work: &Path, args: &[&str]) -> (std::process::Child, PathBuf, u32) {
+    use std::io::BufRead;
+    let report = work.join(format!("report-{}.json", rand_suffix()));
+    let mut child = Command::new(bin())
+        .arg("run")
+        .arg("--report")
+        .arg(&report)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l.trim() == "READY" => break,
+            Some(Ok(_)) => {}
+            other => panic!("the command never printed READY: {other:?}"),
+        }
+    }
+    // Keep draining the command's stdout so that it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    let kids = children(child.id());
+    assert_eq!(kids.len(), 1, "the supervisor's children: {kids:?}");
+    (child, report, kids[0])
 }
 
 /// Copies the binary where uid 65534 can execute it and returns a Command running it as
@@ -509,6 +553,75 @@ fn the_payload_cannot_retune_or_wedge_the_init_as_an_ordinary_user() {
         &["--allow-degraded", "--timeout", "40"],
     );
     check_retune(&o, "unprivileged");
+}
+
+/// The init's own loop, attacked from the host (where the old attack still works: host root
+/// may lower the init's RLIMIT_NOFILE): once poll fails, the run must end at once with a
+/// clear internal error and no process of the sandbox left, not spin to the deadline.
+#[test]
+fn an_error_in_the_inits_loop_ends_the_run_at_once() {
+    if !is_root() {
+        skip("lowering another process's limits needs root");
+        return;
+    }
+    if !Path::new("/usr/bin/prlimit").exists() {
+        skip("/usr/bin/prlimit is missing (util-linux)");
+        return;
+    }
+    let work = tmp();
+    let t = Instant::now();
+    // After READY the command waits, then makes a refused syscall: the init wakes up to serve
+    // it and polls again with RLIMIT_NOFILE 0 (EINVAL); then it would sleep on.
+    let script = "import os, socket, time\nprint('READY', flush=True)\ntime.sleep(1.5)\n\
+                  try: socket.socket(40, 1)\nexcept OSError: pass\ntime.sleep(30)\n";
+    let (mut child, report, init) =
+        start_until_ready(work.path(), &["--timeout", "60", "--", PY, "-c", script]);
+    let lowered = Command::new("/usr/bin/prlimit")
+        .arg("--pid")
+        .arg(init.to_string())
+        .arg("--nofile=0:0")
+        .status()
+        .unwrap();
+    assert!(lowered.success());
+    let status = child.wait().unwrap();
+    let wall = t.elapsed();
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(r["status"], "setup_error", "{r}");
+    let error = r["error"].as_str().unwrap_or_default();
+    assert!(error.contains("event loop"), "{error}");
+    assert_eq!(status.code(), Some(125));
+    assert!(wall < Duration::from_secs(20), "the run took {wall:?}");
+    // The refusal that woke the init was still recorded.
+    assert!(r["denials"].to_string().contains("socket(AF_VSOCK)"), "{r}");
+}
+
+/// The CPU placement of the init, checked from the host now that the command cannot see the
+/// init: the command and the init both get every CPU the caller may use.
+#[test]
+fn the_init_and_the_command_get_every_cpu_of_the_caller() {
+    let allowed = |pid: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with("Cpus_allowed_list:"))
+            .map(|l| l.split_whitespace().nth(1).unwrap_or_default().to_string())
+            .unwrap()
+    };
+    let ours = allowed("self");
+    let work = tmp();
+    let script = "import os\nprint('READY', flush=True)\nimport time; time.sleep(2)\n\
+                  print('CMD', sorted(os.sched_getaffinity(0)), flush=True)\n";
+    let (mut child, _report, init) = start_until_ready(work.path(), &["--", PY, "-c", script]);
+    let init_cpus = allowed(&init.to_string());
+    let command = children(init);
+    let command_cpus = command.first().map(|p| allowed(&p.to_string()));
+    assert!(child.wait().unwrap().success());
+    assert_eq!(init_cpus, ours, "the init's CPUs");
+    assert_eq!(
+        command_cpus.as_deref(),
+        Some(ours.as_str()),
+        "the command's CPUs"
+    );
 }
 
 // --- item 10: less of the host in view ----------------------------------------------------------

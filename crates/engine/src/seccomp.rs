@@ -396,12 +396,7 @@ pub fn build_filter(notify: bool) -> Result<Vec<libc::sock_filter>, String> {
     // every process of the caller's uid, the init's too when unprivileged).
     p.push(Mark(Setpriority));
     p.push(Ld(off_arg_lo(0)));
-    p.push(Jmp(
-        BPF_JMP_JEQ_K,
-        PRIO_PROCESS,
-        SelfArg1,
-        Notify,
-    ));
+    p.push(Jmp(BPF_JMP_JEQ_K, PRIO_PROCESS, SelfArg1, Notify));
     // ioprio_set(which, who, ioprio): likewise IOPRIO_WHO_PROCESS of the caller only.
     p.push(Mark(IoprioSet));
     p.push(Ld(off_arg_lo(0)));
