@@ -397,8 +397,12 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
         if let Some(l) = &listener {
             fds.push(PollFd::new(l, PollFlags::IN));
         }
-        if poll(&mut fds, None).is_err() {
-            continue;
+        match poll(&mut fds, None) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            // Anything else would come back on every turn (e.g. EINVAL once RLIMIT_NOFILE is
+            // below the number of fds): never spin, end the run.
+            Err(e) => return Err(abandon("wait for the command (poll)", e)),
         }
         let listener_events = fds
             .get(1)
@@ -409,7 +413,8 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
         if listener_events.contains(PollFlags::IN)
             && let Some(l) = &listener
         {
-            serve_notification(l, a.ctl.as_fd());
+            serve_notification(l, a.ctl.as_fd())
+                .map_err(|e| abandon("serve the seccomp listener", e))?;
         } else if listener_events.intersects(PollFlags::HUP | PollFlags::ERR) {
             // No process uses the filter any more (all of them exited). The hang-up stays
             // raised, so keep the listener out of the poll set from now on.
@@ -417,7 +422,14 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
         }
         if child_ready {
             let mut buf = [0u8; 128];
-            while rustix::io::read(&sigchld, &mut buf).is_ok() {}
+            loop {
+                match rustix::io::read(&sigchld, &mut buf) {
+                    Ok(n) if n > 0 => {}
+                    Ok(_) | Err(rustix::io::Errno::AGAIN) => break,
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => return Err(abandon("read SIGCHLD", e)),
+                }
+            }
             while let Some((p, st)) = sys::wait_any_nohang() {
                 if p == pid {
                     payload_status = Some(st);
@@ -497,13 +509,37 @@ fn join_cgroups(a: &InitArgs) -> StepResult<()> {
     )
 }
 
-/// Reads one notification, records it, and answers EPERM.
-fn serve_notification(listener: &OwnedFd, ctl: BorrowedFd<'_>) {
-    if let Ok(n) = sys::notif_recv(listener) {
-        let name = seccomp::syscall_name(n.nr as i64, &n.args);
-        let _ = send(ctl, &Msg::Denial { syscall: name }, None);
-        let _ = sys::notif_deny(listener, n.id, libc::EPERM);
+/// Reads one notification, records it, and answers with the refusal's errno (EPERM, or
+/// EAFNOSUPPORT for a socket family). A notification whose caller is gone meanwhile (ENOENT)
+/// or an interrupted read is no error; anything else is returned (the caller ends the run).
+fn serve_notification(listener: &OwnedFd, ctl: BorrowedFd<'_>) -> std::io::Result<()> {
+    let n = match sys::notif_recv(listener) {
+        Ok(n) => n,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::EINTR)) => {
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    let nr = n.nr as i64;
+    let name = seccomp::syscall_name(nr, &n.args);
+    let _ = send(ctl, &Msg::Denial { syscall: name }, None);
+    match sys::notif_deny(listener, n.id, seccomp::refusal_errno(nr, &n.args)) {
+        // The caller was killed before the answer: nothing to answer.
+        Err(e) if e.raw_os_error() != Some(libc::ENOENT) => Err(e),
+        _ => Ok(()),
     }
+}
+
+/// An unexpected error while the command runs: kills every process of the sandbox, reaps
+/// them, and returns the error that ends the run as a setup/internal failure (the init then
+/// exits; the supervisor reports `setup_error` naming the step).
+fn abandon(what: &str, e: impl std::fmt::Display) -> (String, String) {
+    sys::kill_all_others();
+    while sys::wait_any().is_some() {}
+    (
+        format!("the init's event loop: {what}"),
+        format!("{e} (internal error; every process of the sandbox was killed)"),
+    )
 }
 
 /// Starts the new root: a staging tmpfs pivoted into (the host's root moves below it), and
@@ -720,7 +756,7 @@ fn apply(op: &Op, made: &mut Made) -> StepResult<()> {
                     d.as_str(),
                     "proc",
                     MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
-                    None,
+                    Some(crate::plan::PROC_OPTIONS),
                 ),
             )?;
         }
