@@ -570,12 +570,19 @@ fn an_error_in_the_inits_loop_ends_the_run_at_once() {
     }
     let work = tmp();
     let t = Instant::now();
-    // After READY the command waits, then makes a refused syscall: the init wakes up to serve
-    // it and polls again with RLIMIT_NOFILE 0 (EINVAL); then it would sleep on.
-    let script = "import os, socket, time\nprint('READY', flush=True)\ntime.sleep(1.5)\n\
+    // After READY the command waits until the host says (through an input it rewrites in
+    // place) that the limit is lowered, then makes a refused syscall: the init wakes up to
+    // serve it and polls again with RLIMIT_NOFILE 0 (EINVAL). Then the command would sleep on.
+    let flag = write(work.path(), "flag", "wait");
+    let script = "import socket, time\nprint('READY', flush=True)\n\
+                  for _ in range(400):\n    \
+                  if open('/input/flag').read() == 'go': break\n    time.sleep(0.05)\n\
                   try: socket.socket(40, 1)\nexcept OSError: pass\ntime.sleep(30)\n";
-    let (mut child, report, init) =
-        start_until_ready(work.path(), &["--timeout", "60", "--", PY, "-c", script]);
+    let ro = format!("{}:/input/flag", flag.display());
+    let (mut child, report, init) = start_until_ready(
+        work.path(),
+        &["--timeout", "60", "--ro", &ro, "--", PY, "-c", script],
+    );
     let lowered = Command::new("/usr/bin/prlimit")
         .arg("--pid")
         .arg(init.to_string())
@@ -583,6 +590,7 @@ fn an_error_in_the_inits_loop_ends_the_run_at_once() {
         .status()
         .unwrap();
     assert!(lowered.success());
+    std::fs::write(&flag, "go").unwrap();
     let status = child.wait().unwrap();
     let wall = t.elapsed();
     let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
