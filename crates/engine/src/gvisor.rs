@@ -102,7 +102,10 @@ pub fn run(
     if let Err(e) = write_bundle(work.path(), &plan, &out_dir) {
         return fail(report, format!("gvisor bundle: {e}"));
     }
-    if let Err(e) = private_output_tmpfs(&out_dir, vm.manifest.limits.output_bytes()) {
+    if let Err(e) = private_output_tmpfs(
+        &out_dir,
+        crate::plan::output_tmpfs_bytes(&vm.manifest.limits),
+    ) {
         return fail(report, format!("gvisor /output: {e}"));
     }
     let state = work.path().join("state");
@@ -299,8 +302,11 @@ fn private_output_tmpfs(dir: &Path, bytes: u64) -> Result<(), String> {
     if let Some(e) = err {
         return Err(e);
     }
-    let data = std::ffi::CString::new(format!("size={bytes},nr_inodes=16384,mode=0777"))
-        .map_err(|e| e.to_string())?;
+    let data = std::ffi::CString::new(format!(
+        "size={bytes},nr_inodes={},mode=0777",
+        crate::plan::OUTPUT_INODES
+    ))
+    .map_err(|e| e.to_string())?;
     mount(
         "tmpfs",
         dir,

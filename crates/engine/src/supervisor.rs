@@ -36,6 +36,10 @@ pub enum Sink {
     Stderr,
     /// Kept in memory, up to [`STREAM_LIMIT`].
     Capture,
+    /// Like `Stdout`, with control characters shown escaped ([`crate::term`]): for a terminal.
+    StdoutInert,
+    /// Like `Stderr`, with control characters shown escaped ([`crate::term`]): for a terminal.
+    StderrInert,
 }
 
 /// Options of one run that are not part of the manifest (they concern the caller's side).
@@ -121,6 +125,7 @@ pub(crate) struct Stream {
     sink: Sink,
     pub(crate) report: StreamReport,
     pub(crate) captured: Vec<u8>,
+    inert: Option<crate::term::Inert>,
 }
 
 impl Stream {
@@ -135,6 +140,41 @@ impl Stream {
             sink,
             report: StreamReport::default(),
             captured: Vec::new(),
+            inert: matches!(sink, Sink::StdoutInert | Sink::StderrInert)
+                .then(crate::term::Inert::default),
+        }
+    }
+
+    /// Hands bytes of the command's stream to the sink.
+    fn deliver(&mut self, bytes: &[u8]) {
+        let mut shown = Vec::new();
+        let bytes = match &mut self.inert {
+            Some(f) => {
+                f.feed(bytes, &mut shown);
+                shown.as_slice()
+            }
+            None => bytes,
+        };
+        match self.sink {
+            Sink::Stdout | Sink::StdoutInert => {
+                let _ = write_all(std::io::stdout().as_fd(), bytes);
+            }
+            Sink::Stderr | Sink::StderrInert => {
+                let _ = write_all(std::io::stderr().as_fd(), bytes);
+            }
+            Sink::Capture => self.captured.extend_from_slice(bytes),
+        }
+    }
+
+    /// The stream ended: a terminal filter gives out what it held and closes an open line.
+    fn end(&mut self) {
+        self.fd = None;
+        if let Some(mut f) = self.inert.take() {
+            let mut tail = Vec::new();
+            f.finish(&mut tail);
+            if !tail.is_empty() {
+                self.deliver(&tail);
+            }
         }
     }
 
@@ -144,7 +184,7 @@ impl Stream {
         let mut buf = [0u8; 65536];
         match rustix::io::read(fd, &mut buf) {
             Ok(0) => {
-                self.fd = None;
+                self.end();
                 false
             }
             Ok(n) => {
@@ -154,15 +194,7 @@ impl Stream {
                     self.report.truncated = true;
                 }
                 if keep > 0 {
-                    match self.sink {
-                        Sink::Stdout => {
-                            let _ = write_all(std::io::stdout().as_fd(), &buf[..keep]);
-                        }
-                        Sink::Stderr => {
-                            let _ = write_all(std::io::stderr().as_fd(), &buf[..keep]);
-                        }
-                        Sink::Capture => self.captured.extend_from_slice(&buf[..keep]),
-                    }
+                    self.deliver(&buf[..keep]);
                 }
                 self.report.bytes += n as u64;
                 true
@@ -170,7 +202,7 @@ impl Stream {
             Err(rustix::io::Errno::INTR) => true,
             Err(rustix::io::Errno::AGAIN) => false,
             Err(_) => {
-                self.fd = None;
+                self.end();
                 false
             }
         }
@@ -552,7 +584,7 @@ fn prespawn_now(root_mode: bool) -> Result<Prespawned, String> {
             // The init restores the caller's CPU set once it has the maps (sent below), so
             // the command is not pinned.
             if let Some(all) = &affinity {
-                let mut elsewhere = all.clone();
+                let mut elsewhere = *all;
                 elsewhere.unset(rustix::thread::sched_getcpu());
                 if elsewhere.count() > 0 {
                     let _ = rustix::thread::sched_setaffinity(
@@ -723,12 +755,23 @@ fn start_gateway(
 
 /// Puts the gateway's decisions into the report: refusals as denials, the rest as connections.
 fn record_network(report: &mut RunReport, decisions: Vec<agentjail_egress::Decision>) {
+    use agentjail_manifest::report::MAX_CONNECTIONS_LISTED;
     let mut net = agentjail_manifest::report::NetworkReport {
         proxy: format!("http://127.0.0.1:{}", crate::plan::PROXY_PORT),
         connections: Vec::new(),
+        dropped: 0,
     };
+    // Bounded: the gateway's log keeps at most MAX_ALLOWED + MAX_REFUSALS + 2 entries.
     for d in decisions {
-        if d.allowed {
+        if d.reason == agentjail_egress::LOG_FULL && d.host.is_empty() {
+            if d.allowed {
+                net.dropped = net.dropped.saturating_add(d.count);
+            } else {
+                report.denials_dropped = report.denials_dropped.saturating_add(d.count);
+            }
+        } else if d.allowed && net.connections.len() >= MAX_CONNECTIONS_LISTED {
+            net.dropped = net.dropped.saturating_add(d.count);
+        } else if d.allowed {
             net.connections
                 .push(agentjail_manifest::report::Connection {
                     method: d.method,
@@ -751,9 +794,10 @@ fn record_network(report: &mut RunReport, decisions: Vec<agentjail_egress::Decis
             } else {
                 d.method.as_str()
             };
-            report.deny(
+            report.deny_n(
                 DenialKind::Network,
                 format!("{method} {dest}: {}", d.reason),
+                d.count,
             );
         }
     }
