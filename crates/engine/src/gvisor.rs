@@ -11,6 +11,10 @@
 //! on the cgroup of its sandbox (the pids limit there also counts gVisor's own threads, so it
 //! is set above the manifest's; the manifest's process limit is enforced by RLIMIT_NPROC inside).
 //!
+//! runsc runs in a network namespace (and mount namespace) private to this supervisor, with its
+//! state root in a 0700 folder, so that its control socket (an abstract unix socket, which has
+//! no permission check) is unreachable from the host's network namespace and by other uids.
+//!
 //! The supervisor keeps the deadline (`runsc kill` then `delete --force`), passes stdout and
 //! stderr through with the same bounds, and hands `/output` to the same untrusting collector.
 //!
@@ -102,11 +106,23 @@ pub fn run(
     if let Err(e) = write_bundle(work.path(), &plan, &out_dir) {
         return fail(report, format!("gvisor bundle: {e}"));
     }
+    if let Err(e) = private_namespaces() {
+        return fail(report, format!("gvisor control plane: {e}"));
+    }
     if let Err(e) = private_output_tmpfs(&out_dir, vm.manifest.limits.output_bytes()) {
         return fail(report, format!("gvisor /output: {e}"));
     }
-    let state = work.path().join("state");
-    let _ = std::fs::create_dir(&state);
+    // runsc's state root (the container's state file, which names the control socket, and its
+    // locks): inside a folder of its own, 0700 (tempfile's mode), not inside the world-readable
+    // bundle folder (runsc makes its root itself 0755, hence the folder around it).
+    let state_dir = match tempfile::Builder::new()
+        .prefix("agentjail-runsc-state-")
+        .tempdir()
+    {
+        Ok(d) => d,
+        Err(e) => return fail(report, format!("cannot create runsc's state folder: {e}")),
+    };
+    let state = state_dir.path().join("runsc");
 
     let mut child = match Command::new(&runsc)
         .arg("--root")
@@ -277,28 +293,41 @@ pub fn run(
     }
 }
 
-/// Mounts a size-bounded tmpfs on `dir` in a mount namespace private to this process (created
-/// on first use), so that what the sandbox writes to /output is bounded and invisible outside.
-fn private_output_tmpfs(dir: &Path, bytes: u64) -> Result<(), String> {
+/// Moves this supervisor (once per process) into a mount namespace and a network namespace of
+/// its own, before runsc starts; every runsc process (`run`, the gofer, the sandbox, and the
+/// supervisor's later `kill` and `delete`) inherits both.
+///
+/// The network namespace is what keeps runsc's control plane private: the sandbox's control
+/// server listens on an *abstract* unix socket (`@runsc-sandbox.<id>`), which has no file
+/// permissions and is reachable by every process in the same network namespace. In a network
+/// namespace owned by this supervisor (created by root, so joining it needs CAP_SYS_ADMIN in the
+/// host's user namespace), no other uid and no process of the host's network namespace can see
+/// or connect to it: `runsc exec`, `pause`, `kill` from outside find nothing to talk to. The
+/// supervisor itself needs no network on this tier (allowlists are refused above), and the
+/// namespace holds only a loopback that stays down (`--network=none`).
+///
+/// The mount namespace (made private, recursively) holds /output's size-bounded tmpfs, so that
+/// what the sandbox writes there is bounded and invisible outside.
+fn private_namespaces() -> Result<(), String> {
     use rustix::mount::*;
-    use std::sync::Once;
-    static UNSHARED: Once = Once::new();
-    let mut err = None;
-    UNSHARED.call_once(|| {
-        if let Err(e) = crate::sys::unshare(libc::CLONE_NEWNS) {
-            err = Some(format!("unshare(CLONE_NEWNS): {e}"));
-            return;
-        }
-        if let Err(e) = mount_change(
+    // Once per process; a failure is remembered, so a later run in the same process fails too.
+    static DONE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    DONE.get_or_init(|| {
+        crate::sys::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWNET)
+            .map_err(|e| format!("unshare(CLONE_NEWNS | CLONE_NEWNET): {e}"))?;
+        mount_change(
             "/",
             MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
-        ) {
-            err = Some(format!("make / private: {e}"));
-        }
-    });
-    if let Some(e) = err {
-        return Err(e);
-    }
+        )
+        .map_err(|e| format!("make / private: {e}"))
+    })
+    .clone()
+}
+
+/// Mounts a size-bounded tmpfs on `dir` (in the private mount namespace of
+/// [`private_namespaces`]), so that what the sandbox writes to /output is bounded.
+fn private_output_tmpfs(dir: &Path, bytes: u64) -> Result<(), String> {
+    use rustix::mount::*;
     let data = std::ffi::CString::new(format!("size={bytes},nr_inodes=16384,mode=0777"))
         .map_err(|e| e.to_string())?;
     mount(
