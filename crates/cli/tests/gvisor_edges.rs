@@ -400,3 +400,87 @@ fn gvisor_control_plane_is_private() {
     assert_eq!(delivered, "genuine\n", "{ctx}");
     assert!(stdout.trim_end().ends_with("genuine"), "{ctx}");
 }
+
+/// `agentjail run --isolation gvisor ARGS` with `env`; returns (exit code, stdout, report).
+fn gvisor_run(work: &Path, env: &[(&str, &str)], args: &[&str]) -> (i32, String, Value) {
+    let report = work.join(format!("report-{}.json", args.len() + env.len()));
+    let _ = std::fs::remove_file(&report);
+    let o = Command::new(bin())
+        .args(["run", "--isolation", "gvisor", "--report"])
+        .arg(&report)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let r = std::fs::read(&report)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(Value::Null);
+    (
+        o.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        r,
+    )
+}
+
+/// Issue #12 item 3: the report and `agentjail check` say which gVisor platform ran; the
+/// choice can be forced, and a bad choice is refused with one clear line.
+#[test]
+fn gvisor_platform_is_reported_and_can_be_chosen() {
+    if runsc().is_none() {
+        return;
+    }
+    let work = tmp();
+    let check = Command::new(bin())
+        .args(["check", "--json"])
+        .output()
+        .unwrap();
+    let check: Value = serde_json::from_slice(&check.stdout).unwrap();
+    let line = check["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["name"] == "gvisor platform")
+        .unwrap_or_else(|| panic!("no gvisor platform line in check: {check}"))
+        .clone();
+    let chosen = line["detail"].as_str().unwrap().to_string();
+    let name = chosen.split(' ').next().unwrap().to_string();
+    assert!(
+        ["kvm", "systrap", "ptrace"].contains(&name.as_str()),
+        "{chosen}"
+    );
+
+    let (code, out, report) = gvisor_run(work.path(), &[], &["--", "/bin/true"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(report["isolation"]["platform"], chosen.as_str(), "{report}");
+
+    let (code, out, report) = gvisor_run(
+        work.path(),
+        &[("AGENTJAIL_GVISOR_PLATFORM", "ptrace")],
+        &["--", "/bin/sh", "-c", "echo ON-PTRACE"],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("ON-PTRACE"), "{out}");
+    assert_eq!(
+        report["isolation"]["platform"], "ptrace (chosen by AGENTJAIL_GVISOR_PLATFORM)",
+        "{report}"
+    );
+
+    let (code, out, report) = gvisor_run(
+        work.path(),
+        &[("AGENTJAIL_GVISOR_PLATFORM", "warp-drive")],
+        &["--", "/bin/sh", "-c", "echo MUST-NOT-RUN"],
+    );
+    assert_ne!(code, 0, "{out}");
+    assert!(!out.contains("MUST-NOT-RUN"), "{out}");
+    assert!(
+        out.contains("AGENTJAIL_GVISOR_PLATFORM=warp-drive"),
+        "{out}"
+    );
+    assert_eq!(report["status"], "setup_error", "{report}");
+}

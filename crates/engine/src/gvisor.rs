@@ -48,6 +48,105 @@ pub fn runsc_path() -> Option<PathBuf> {
     })
 }
 
+/// The gVisor platform a run uses, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Platform {
+    /// `kvm`, `systrap` or `ptrace`: passed to runsc as `--platform`.
+    pub name: &'static str,
+    /// Why this one, e.g. `kvm not used: /dev/kvm is kvm_pvm, no VMX/SVM`.
+    pub why: String,
+}
+
+impl Platform {
+    /// `name (why)`, as the report and `agentjail check` show it.
+    pub fn describe(&self) -> String {
+        format!("{} ({})", self.name, self.why)
+    }
+}
+
+/// Chooses the platform: `$AGENTJAIL_GVISOR_PLATFORM` (`kvm`, `systrap`, `ptrace`) if set;
+/// otherwise KVM where it really works — /dev/kvm opens read-write, is the hardware KVM
+/// module (not `kvm_pvm`, the paravirtual one that cannot run gVisor's guest: its KVM platform
+/// spins at start-up there, measured in docs/performance.md) and the CPU advertises VMX or SVM
+/// — else the fastest of runsc's own platforms that this runsc has (systrap from runsc 2023-06
+/// on, ptrace before). `runsc_version` is `runsc --version`'s first line.
+pub fn platform(runsc_version: &str) -> Result<Platform, String> {
+    if let Some(v) = std::env::var_os("AGENTJAIL_GVISOR_PLATFORM") {
+        let name = match v.to_str() {
+            Some("kvm") => "kvm",
+            Some("systrap") => "systrap",
+            Some("ptrace") => "ptrace",
+            _ => {
+                return Err(format!(
+                    "AGENTJAIL_GVISOR_PLATFORM={}: expected kvm, systrap or ptrace",
+                    v.to_string_lossy()
+                ));
+            }
+        };
+        return Ok(Platform {
+            name,
+            why: "chosen by AGENTJAIL_GVISOR_PLATFORM".into(),
+        });
+    }
+    match kvm_usable() {
+        Ok(()) => Ok(Platform {
+            name: "kvm",
+            why: "/dev/kvm works: hardware KVM with VMX/SVM".into(),
+        }),
+        Err(no_kvm) => {
+            let name = if runsc_has_systrap(runsc_version) {
+                "systrap"
+            } else {
+                "ptrace"
+            };
+            Ok(Platform {
+                name,
+                why: format!("kvm not used: {no_kvm}"),
+            })
+        }
+    }
+}
+
+/// Whether gVisor's KVM platform can work here, or why not.
+fn kvm_usable() -> Result<(), String> {
+    let kvm = Path::new("/dev/kvm");
+    if !kvm.exists() {
+        return Err("no /dev/kvm".into());
+    }
+    rustix::fs::open(
+        kvm,
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| format!("/dev/kvm cannot be opened: {e}"))?;
+    if Path::new("/sys/module/kvm_pvm").exists()
+        && !Path::new("/sys/module/kvm_intel").exists()
+        && !Path::new("/sys/module/kvm_amd").exists()
+    {
+        return Err("/dev/kvm is kvm_pvm (paravirtual KVM), no VMX/SVM".into());
+    }
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let hw = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("flags"))
+        .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"));
+    if !hw {
+        return Err("the CPU advertises no VMX/SVM".into());
+    }
+    Ok(())
+}
+
+/// runsc gained the systrap platform (and made it its default) in mid-2023; Debian 12's
+/// 20221219 does not have it. Version lines look like `runsc version release-20240729.0` or
+/// `runsc version 0.0~20221219.0`.
+fn runsc_has_systrap(version: &str) -> bool {
+    version
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|d| d.len() == 8 && d.starts_with("20"))
+        .filter_map(|d| d.parse::<u32>().ok())
+        .any(|date| date >= 20_230_601)
+}
+
 /// Whether the tier can run here, with the reason when not.
 pub fn available() -> Result<String, String> {
     let runsc = runsc_path().ok_or("runsc not found (Debian: apt-get install runsc)")?;
@@ -81,10 +180,11 @@ pub fn run(
     if !matches!(vm.manifest.network, agentjail_manifest::Network::Deny) {
         return fail(report, "manifest field `network`: allowlists are not available on the gvisor tier yet; use the native tier or `network: deny`".into());
     }
-    let runsc = match available() {
-        Ok(_) => runsc_path().unwrap_or_default(),
+    let (runsc, platform) = match available().and_then(|v| platform(&v)) {
+        Ok(p) => (runsc_path().unwrap_or_default(), p),
         Err(e) => return fail(report, format!("gvisor tier unavailable: {e}")),
     };
+    report.isolation.platform = Some(platform.describe());
     let work = match tempfile::Builder::new()
         .prefix("agentjail-gvisor-")
         .tempdir()
@@ -127,6 +227,7 @@ pub fn run(
     let mut child = match Command::new(&runsc)
         .arg("--root")
         .arg(&state)
+        .arg(format!("--platform={}", platform.name))
         .args(["--network=none", "run", "--bundle"])
         .arg(work.path().join("bundle"))
         .arg(&id)
@@ -457,4 +558,15 @@ fn write_bundle(work: &Path, plan: &Plan, out_dir: &Path) -> std::io::Result<()>
     std::fs::write(bundle.join("config.json"), bytes)?;
     std::fs::set_permissions(work, std::fs::Permissions::from_mode(0o755))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn systrap_is_known_from_runsc_2023_06_on() {
+        assert!(!super::runsc_has_systrap("runsc version 0.0~20221219.0"));
+        assert!(super::runsc_has_systrap("runsc version release-20240729.0"));
+        assert!(super::runsc_has_systrap("runsc version 0.0~20240729.0"));
+        assert!(!super::runsc_has_systrap("runsc version unknown"));
+    }
 }
