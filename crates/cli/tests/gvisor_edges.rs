@@ -484,3 +484,68 @@ fn gvisor_platform_is_reported_and_can_be_chosen() {
     );
     assert_eq!(report["status"], "setup_error", "{report}");
 }
+
+/// Issue #12 item 1 (gVisor tier): only AF_UNIX, AF_INET and AF_INET6 sockets. Inside a gVisor
+/// run, `socket` and `socketpair` with every other family number the kernel knows (and beyond)
+/// must fail with EPERM — the errno of the bundle's seccomp filter. Without the filter, gVisor
+/// itself opens AF_NETLINK sockets and answers families it does not implement (AF_VSOCK, …)
+/// with EAFNOSUPPORT, so EPERM tells "refused by us" from "failed anyway".
+#[test]
+fn gvisor_socket_families_are_an_allowlist() {
+    if runsc().is_none() {
+        return;
+    }
+    let work = tmp();
+    let probe = work.path().join("families.py");
+    std::fs::write(
+        &probe,
+        r#"import socket, ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+for fam in list(range(0, 47)) + [64, 255, 2**31 - 1, -1]:
+    for call in ("socket", "socketpair"):
+        ctypes.set_errno(0)
+        if call == "socket":
+            r = libc.socket(fam, socket.SOCK_DGRAM, 0)
+        else:
+            sv = (ctypes.c_int * 2)()
+            r = libc.socketpair(fam, socket.SOCK_STREAM, 0, sv)
+        e = ctypes.get_errno()
+        print("RESULT %s %d %s" % (call, fam, "ok" if r >= 0 else "errno=%d" % e), flush=True)
+print("PROBE-COMPLETE", flush=True)
+"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&probe, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let ro = format!("{}:/input/families.py", probe.display());
+    let (code, out, report) = gvisor_run(
+        work.path(),
+        &[],
+        &["--ro", &ro, "--", PY, "/input/families.py"],
+    );
+    assert_eq!(code, 0, "{out}\n{report}");
+    assert!(out.contains("PROBE-COMPLETE"), "{out}");
+    let mut wrong = Vec::new();
+    for line in out.lines().filter_map(|l| l.strip_prefix("RESULT ")) {
+        let f: Vec<&str> = line.split(' ').collect();
+        let (call, fam, result) = (f[0], f[1].parse::<i64>().unwrap(), f[2]);
+        let allowed = [1, 2, 10].contains(&fam);
+        let ok = match (allowed, call) {
+            (true, "socket") => result == "ok",
+            // socketpair exists for AF_UNIX only; gVisor answers inet families with
+            // ESOCKTNOSUPPORT (Linux: EOPNOTSUPP) — anything but our EPERM.
+            (true, _) => {
+                fam == 1 && result == "ok"
+                    || fam != 1 && (result == "errno=94" || result == "errno=95")
+            }
+            (false, _) => result == "errno=1",
+        };
+        if !ok {
+            wrong.push(line.to_string());
+        }
+    }
+    assert!(
+        out.lines().filter(|l| l.starts_with("RESULT ")).count() == 2 * 51,
+        "{out}"
+    );
+    assert!(wrong.is_empty(), "not as the allowlist says: {wrong:?}");
+}

@@ -228,7 +228,7 @@ pub fn run(
         .arg("--root")
         .arg(&state)
         .arg(format!("--platform={}", platform.name))
-        .args(["--network=none", "run", "--bundle"])
+        .args(["--network=none", "--oci-seccomp", "run", "--bundle"])
         .arg(work.path().join("bundle"))
         .arg(&id)
         .stdin(Stdio::null())
@@ -326,7 +326,7 @@ pub fn run(
         "fsize".into(),
     ];
     iso.degraded = vec![
-        "gvisor: syscalls are implemented by gVisor's Sentry, which runs under its own seccomp filter; refused syscalls are not reported by name".into(),
+        "gvisor: syscalls are implemented by gVisor's Sentry, which runs under its own seccomp filter; refused syscalls (including socket families outside AF_UNIX/AF_INET/AF_INET6, refused by the bundle's seccomp filter) are not reported by name".into(),
         "gvisor: Landlock is not used; file access is mediated by gVisor's gofer over the same read-only binds".into(),
         "gvisor: CPU time and peak memory are not reported; a memory-limit kill shows as SIGKILL".into(),
     ];
@@ -441,6 +441,45 @@ fn private_output_tmpfs(dir: &Path, bytes: u64) -> Result<(), String> {
     .map_err(|e| format!("mount tmpfs on {}: {e}", dir.display()))
 }
 
+/// The socket families a sandboxed program may open: AF_UNIX, AF_INET and AF_INET6, as on the
+/// native tier. Everything else (AF_NETLINK, AF_PACKET, AF_VSOCK, AF_ALG, …, and numbers beyond
+/// the kernel's AF_MAX) is refused with EPERM by gVisor's Sentry, which enforces the bundle's
+/// OCI seccomp filter itself (runsc `--oci-seccomp`), for `socket` and `socketpair` alike.
+///
+/// OCI seccomp rules compare one argument each, so the allowlist is written as a default of
+/// "allow" with one refusal per family number that is not allowed, plus one for every number
+/// above the highest the kernel knows. gVisor cannot notify anyone of a refusal, so they are not
+/// in the report on this tier (docs/isolation.md).
+fn socket_family_allowlist() -> serde_json::Value {
+    const ALLOWED: [u64; 3] = [
+        libc::AF_UNIX as u64,
+        libc::AF_INET as u64,
+        libc::AF_INET6 as u64,
+    ];
+    /// AF_MCTP, the highest family of Linux 6.x (AF_MAX - 1).
+    const HIGHEST: u64 = 45;
+    let mut rules = Vec::new();
+    for family in (0..=HIGHEST).filter(|f| !ALLOWED.contains(f)) {
+        rules.push(json!({
+            "names": ["socket", "socketpair"],
+            "action": "SCMP_ACT_ERRNO",
+            "errnoRet": libc::EPERM,
+            "args": [{"index": 0, "value": family, "op": "SCMP_CMP_EQ"}]
+        }));
+    }
+    rules.push(json!({
+        "names": ["socket", "socketpair"],
+        "action": "SCMP_ACT_ERRNO",
+        "errnoRet": libc::EPERM,
+        "args": [{"index": 0, "value": HIGHEST, "op": "SCMP_CMP_GT"}]
+    }));
+    json!({
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"],
+        "syscalls": rules
+    })
+}
+
 /// Writes `bundle/config.json` and `bundle/rootfs` for the plan.
 fn write_bundle(work: &Path, plan: &Plan, out_dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -546,6 +585,7 @@ fn write_bundle(work: &Path, plan: &Plan, out_dir: &Path) -> std::io::Result<()>
         "hostname": crate::plan::HOSTNAME,
         "mounts": mounts,
         "linux": {
+            "seccomp": socket_family_allowlist(),
             "namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}],
             "resources": {
                 "memory": {"limit": l.memory_bytes(), "swap": l.memory_bytes()},
