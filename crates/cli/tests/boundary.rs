@@ -414,53 +414,6 @@ attempt("udp6", udp6)
     assert_eq!(o.code, 0, "{}", o.stderr);
 }
 
-/// The same families on the gVisor tier: the Sentry implements only unix, inet, inet6 and
-/// netlink, so vsock and the rest fail there without our filter (and are not reported: that
-/// tier has no seccomp listener). Proves what docs/isolation.md says of that tier.
-#[test]
-fn socket_families_on_the_gvisor_tier_are_the_sentrys_four() {
-    let gvisor = Command::new(bin())
-        .args(["check", "--json"])
-        .output()
-        .ok()
-        .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok())
-        .and_then(|v| {
-            v["items"].as_array().map(|a| {
-                a.iter()
-                    .any(|i| i["name"] == "gvisor tier" && i["ok"] == true)
-            })
-        })
-        .unwrap_or(false);
-    if !gvisor {
-        skip("the gvisor tier is not available here (apt-get install runsc; root)");
-        return;
-    }
-    let work = tmp();
-    let body = format!(
-        r#"
-import socket as S
-made = []
-for f in range(0, {LAST_FAMILY} + 1):
-    for t in (S.SOCK_STREAM, S.SOCK_DGRAM, S.SOCK_RAW, S.SOCK_SEQPACKET):
-        try:
-            S.socket(f, t).close(); made.append(f); break
-        except OSError:
-            pass
-print("MADE", made, flush=True)
-attempt("vsock", lambda: S.socket(40, S.SOCK_STREAM))
-"#
-    );
-    let o = run_probe(work.path(), &body, &["--isolation", "gvisor"]);
-    assert!(
-        o.stdout.contains("MADE [1, 2, 10, 16]"),
-        "{}\n{}",
-        o.stdout,
-        o.stderr
-    );
-    assert_eq!(o.probe("vsock"), "errno=97");
-    assert_eq!(o.code, 0, "{}", o.stderr);
-}
-
 // --- item 4: the init cannot be retuned or wedged -----------------------------------------------
 
 /// Attacks on pid 1 (the init) and its uid; each must be refused with EPERM and reported; then

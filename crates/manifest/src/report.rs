@@ -199,6 +199,11 @@ pub struct Isolation {
     pub rlimits: Vec<String>,
     /// Host uid the sandbox user maps to.
     pub host_uid: Option<u32>,
+    /// The gVisor platform that ran the sandbox (`kvm`, `systrap` or `ptrace`) and why it was
+    /// chosen, e.g. `ptrace (kvm not used: /dev/kvm is kvm_pvm, no VMX/SVM)`; null on the native
+    /// tier.
+    #[serde(default)]
+    pub platform: Option<String>,
     /// Every protection that was not applied, with the reason. Non-empty only with
     /// `--allow-degraded`; otherwise the run is refused instead.
     pub degraded: Vec<String>,
