@@ -86,7 +86,7 @@ def evaluate(kind, path, *args):
     iso = r.get("isolation") or {}
     cg = iso.get("cgroup")
     status = r.get("status")
-    denials = " | ".join(d.get("reason", "") for d in r.get("denials") or [])
+    denials = " | ".join(d.get("detail", "") for d in r.get("denials") or [])
     base = f"status={status} cgroup={cg} landlock={iso.get('landlock_abi')}"
     want_cg = args[0] if args else "v2"
     if kind == "ok":
@@ -97,7 +97,8 @@ def evaluate(kind, path, *args):
         if want_cg == "none":
             good = status != "ok"
         else:
-            good = status == "memory_limit" and cg == want_cg and peak >= 48 << 20
+            good = (status == "memory_limit" and cg == want_cg and peak >= 48 << 20
+                    and "memory: limit" in denials)
         return ("PASS " if good else "FAIL ") + base + f" peak={peak} denials={denials!r}"
     if kind == "pids":
         good = cg == want_cg and "pids: fork refused" in denials if want_cg != "none" else True

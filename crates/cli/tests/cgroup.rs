@@ -173,9 +173,9 @@ fn per_run_cgroups_are_removed() {
         for h in rd.flatten() {
             let walk = walk(&h.path(), 3);
             left.extend(walk.into_iter().filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(&prefix) || n.starts_with("agentjail-supervisor"))
+                p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                    n.starts_with(&prefix) || n.starts_with("agentjail-supervisor")
+                })
             }));
         }
     }

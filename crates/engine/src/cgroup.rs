@@ -756,6 +756,90 @@ mod tests {
         assert_eq!(unescape("a\\040b"), "a b");
     }
 
+    /// A fake cgroup2 tree: each entry is (dir, controllers, subtree_control, procs).
+    fn tree(entries: &[(&str, &str, &str, &str)]) -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        for (dir, ctl, sub, procs) in entries {
+            let p = d.path().join(dir);
+            fs::create_dir_all(&p).unwrap();
+            fs::write(p.join("cgroup.controllers"), ctl).unwrap();
+            fs::write(p.join("cgroup.subtree_control"), sub).unwrap();
+            fs::write(p.join("cgroup.procs"), procs).unwrap();
+        }
+        d
+    }
+
+    #[test]
+    fn v2_base_for_each_placement() {
+        let all = "cpu memory pids";
+        // The root cgroup of a systemd host: its own cgroup passes the controllers down.
+        let t = tree(&[("", all, all, "1\n")]);
+        assert_eq!(find_v2_base(t.path(), t.path()).unwrap(), t.path());
+        // A login session's scope, holding another process (pid 1 here, not ours): the
+        // nearest ancestor that passes memory and pids down, never the scope itself.
+        let t = tree(&[
+            ("", all, all, ""),
+            ("user.slice", all, all, ""),
+            ("user.slice/user-0.slice", all, "memory pids", ""),
+            (
+                "user.slice/user-0.slice/session-1.scope",
+                "memory pids",
+                "",
+                "1\n",
+            ),
+        ]);
+        let own = t.path().join("user.slice/user-0.slice/session-1.scope");
+        assert_eq!(
+            find_v2_base(t.path(), &own).unwrap(),
+            t.path().join("user.slice/user-0.slice")
+        );
+        assert_eq!(
+            fs::read_to_string(own.join("cgroup.subtree_control")).unwrap(),
+            "",
+            "no controller enabled in a cgroup that is not ours"
+        );
+        // A leaf made by a claim (ours, or a parent's): its parent.
+        let t = tree(&[
+            ("", all, all, ""),
+            ("run-u1.scope", all, "memory pids", ""),
+            (
+                "run-u1.scope/agentjail-supervisor-77",
+                "memory pids",
+                "",
+                "77\n",
+            ),
+        ]);
+        let own = t.path().join("run-u1.scope/agentjail-supervisor-77");
+        assert_eq!(
+            find_v2_base(t.path(), &own).unwrap(),
+            t.path().join("run-u1.scope")
+        );
+        // Nothing passes the controllers down (a fresh boot without systemd, in the root
+        // cgroup): refused with the fix, and the root left alone.
+        let t = tree(&[("", all, "", "1\n")]);
+        let e = find_v2_base(t.path(), t.path()).unwrap_err();
+        assert!(e.contains("+memory +pids"), "{e}");
+        assert_eq!(
+            fs::read_to_string(t.path().join("cgroup.subtree_control")).unwrap(),
+            ""
+        );
+        // No memory controller in v2 at all (bound to v1 hierarchies).
+        let t = tree(&[("", "cpu", "", "")]);
+        assert!(find_v2_base(t.path(), t.path()).is_err());
+    }
+
+    #[test]
+    fn ppid_of_a_child() {
+        let c = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        assert_eq!(ppid(c.id()), Some(std::process::id()));
+        let mut c = c;
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+
     #[test]
     fn reads_flat_keyed_files() {
         let d = tempfile::tempdir().unwrap();
