@@ -596,7 +596,8 @@ fn write_bundle(work: &Path, plan: &Plan, out_dir: &Path) -> std::io::Result<()>
             "resources": {
                 "memory": {"limit": l.memory_bytes(), "swap": l.memory_bytes()},
                 // gVisor's own threads count here too; the command's limit is RLIMIT_NPROC.
-                "pids": {"limit": l.processes + 256}
+                "pids": {"limit": l.processes + 256},
+                "cpu": {"quota": l.cpu_quota_us(100_000), "period": 100_000}
             }
         }
     });

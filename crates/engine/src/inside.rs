@@ -45,9 +45,14 @@ pub enum Msg {
     /// run; the rlimits are the only bound). With v1, carries the `tasks` files of the
     /// hierarchies, opened for writing, through which the init moves itself (see
     /// `Cgroup::self_join_files`); with v2 the supervisor has already moved it.
+    /// With v2, carries the `cgroup.procs` file and then the cgroup's directory, into which
+    /// the init clones the payload (`CLONE_INTO_CGROUP`, `into_dir` true); the file is the
+    /// fallback where the kernel lacks that.
     Cgroups {
         applied: bool,
         name: Option<String>,
+        #[serde(default)]
+        into_dir: bool,
     },
     /// Init → supervisor: the root is built and the init is in its cgroups; carries the
     /// /output fd. The payload is forked next.
@@ -104,6 +109,8 @@ pub struct InitArgs {
     /// payload writes itself into (see [`join_cgroups`]).
     pub cgroup_name: Option<String>,
     pub cgroup_files: Vec<OwnedFd>,
+    /// v2: the run's cgroup directory, into which the payload is cloned.
+    pub cgroup_dir: Option<OwnedFd>,
     /// The caller's CPU set: the supervisor starts the init on other CPUs than its own, and
     /// the init restores this once it runs (before the command inherits its set).
     pub affinity: Option<rustix::thread::CpuSet>,
@@ -359,14 +366,23 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
     let pid = {
         let args: &InitArgs = a;
         let sock = from_payload.as_fd();
-        step(
-            "start the command",
-            sys::spawn_sharing_memory(&mut || payload_main(args, sock)),
-        )?
+        // v2: the payload is born in the run's cgroup (CLONE_INTO_CGROUP); where the kernel
+        // refuses that, it moves itself in through `cgroup.procs` (see `join_cgroups`).
+        let into = args.cgroup_dir.as_ref().and_then(|dir| {
+            sys::spawn_into_cgroup(dir.as_fd(), &mut || payload_main(args, sock)).ok()
+        });
+        match into {
+            Some(pid) => pid,
+            None => step(
+                "start the command",
+                sys::spawn_sharing_memory(&mut || payload_main(args, sock)),
+            )?,
+        }
     };
     drop(from_payload);
     // The command has joined its cgroups (or failed and said so): the files are done with.
     a.cgroup_files.clear();
+    a.cgroup_dir = None;
     // Our copies of the command's stdout/stderr must go, or the supervisor never sees EOF.
     drop(a.stdout_w.take());
     drop(a.stderr_w.take());
@@ -473,9 +489,17 @@ fn read_plan(fd: OwnedFd) -> std::io::Result<Plan> {
 fn receive_cgroups(a: &mut InitArgs) -> StepResult<()> {
     const STEP: &str = "receive the run's cgroups";
     match step(STEP, recv_fds(a.ctl.as_fd()))? {
-        Some((Msg::Cgroups { applied, name }, files)) => {
+        Some((
+            Msg::Cgroups {
+                applied,
+                name,
+                into_dir,
+            },
+            mut files,
+        )) => {
             a.cgroup_applied = applied;
             a.cgroup_name = name;
+            a.cgroup_dir = if into_dir { files.pop() } else { None };
             a.cgroup_files = files;
             Ok(())
         }
@@ -491,8 +515,13 @@ fn receive_cgroups(a: &mut InitArgs) -> StepResult<()> {
 /// as soon as the init has reaped the command's last process.
 fn join_cgroups(a: &InitArgs) -> StepResult<()> {
     const STEP: &str = "join the run's cgroups";
-    for f in &a.cgroup_files {
-        step(STEP, rustix::io::write(f, b"0"))?;
+    let born_inside = a.cgroup_name.as_ref().is_some_and(|name| {
+        std::fs::read_to_string("/proc/self/cgroup").is_ok_and(|t| crate::cgroup::lists(&t, name))
+    });
+    if !born_inside {
+        for f in &a.cgroup_files {
+            step(STEP, rustix::io::write(f, b"0"))?;
+        }
     }
     if let Some(name) = &a.cgroup_name {
         let text = step(STEP, std::fs::read_to_string("/proc/self/cgroup"))?;

@@ -316,11 +316,28 @@ pub fn run_on(
 
     // While the init builds the root: the cgroups. Only the command's processes join them
     // (the init stays outside), so pids.max is exactly `processes`.
-    let cgroup = match Cgroup::create(limits.memory_bytes(), limits.processes) {
+    let cgroup = match Cgroup::create(
+        limits.memory_bytes(),
+        limits.processes,
+        Some(limits.cpu_quota_us(crate::cgroup::CPU_PERIOD_US)),
+    ) {
+        Ok(cg) if !cg.cpu_limited => {
+            degraded.push(format!(
+                "cpu: no cpu controller for the run's cgroup ({}); limits.cpus ({}) is not applied, CPU time is bounded only by the wall-clock limit",
+                cg.version.name(),
+                limits.cpus
+            ));
+            if !opts.allow_degraded {
+                kill_and_reap(&pidfd);
+                drop(cg);
+                return refuse(report, degraded);
+            }
+            Some(cg)
+        }
         Ok(cg) => Some(cg),
         Err(reason) => {
             degraded.push(format!(
-                "{reason}; memory and process limits fall back to rlimits (RLIMIT_AS, RLIMIT_NPROC)"
+                "{reason}; memory and process limits fall back to rlimits (RLIMIT_AS, RLIMIT_NPROC), and limits.cpus is not applied"
             ));
             if !opts.allow_degraded {
                 kill_and_reap(&pidfd);
@@ -572,6 +589,7 @@ fn prespawn_now(root_mode: bool) -> Result<Prespawned, String> {
                 cgroup_applied: false,
                 cgroup_name: None,
                 cgroup_files: Vec::new(),
+                cgroup_dir: None,
                 affinity,
             })
         }
@@ -685,11 +703,12 @@ fn hand_over_cgroups(cg: Option<&Cgroup>, ctl: &OwnedFd) -> Result<(), String> {
             &Msg::Cgroups {
                 applied: false,
                 name: None,
+                into_dir: false,
             },
             &[],
         );
     };
-    let files = cg
+    let mut files = cg
         .self_join_files()
         .iter()
         .map(|p| {
@@ -701,12 +720,30 @@ fn hand_over_cgroups(cg: Option<&Cgroup>, ctl: &OwnedFd) -> Result<(), String> {
             .map_err(|e| format!("cannot open {}: {e}", p.display()))
         })
         .collect::<Result<Vec<OwnedFd>, String>>()?;
+    // v2: the directory too, for the init to clone the payload into (CLONE_INTO_CGROUP).
+    let dir = cg.clone_into_dir();
+    let into_dir = match dir {
+        Some(p) => {
+            let fd = rustix::fs::open(
+                p,
+                rustix::fs::OFlags::RDONLY
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| format!("cannot open {}: {e}", p.display()))?;
+            files.push(fd);
+            true
+        }
+        None => false,
+    };
     let fds: Vec<BorrowedFd<'_>> = files.iter().map(|f| f.as_fd()).collect();
     send_or_died(
         ctl,
         &Msg::Cgroups {
             applied: true,
             name: Some(cg.name().to_string()),
+            into_dir,
         },
         &fds,
     )
