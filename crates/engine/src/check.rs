@@ -72,19 +72,21 @@ fn userns() -> Item {
     }
 }
 
+/// Landlock: the rights this kernel gives a run and what covers the rest; not ok only when a
+/// strict run must be refused for it (Landlock absent).
+fn landlock_item(abi: u32) -> Item {
+    let (ok, detail) = crate::landlock_policy::describe(abi);
+    Item {
+        name: "landlock".into(),
+        ok,
+        detail,
+    }
+}
+
 /// Runs the whole check.
 pub fn check() -> Report {
     let mut items = vec![userns()];
-    let abi = sys::landlock_abi();
-    items.push(Item {
-        name: "landlock".into(),
-        ok: abi >= 6,
-        detail: match abi {
-            0 => "not available (kernel without Landlock, or not in the LSM list)".into(),
-            a if a < 6 => format!("ABI {a}: agentjail needs 6 (TCP rules from 4, scoping from 6)"),
-            a => format!("ABI {a}"),
-        },
-    });
+    items.push(landlock_item(crate::landlock_policy::effective_abi()));
     let actions = read("/proc/sys/kernel/seccomp/actions_avail").unwrap_or_default();
     items.push(Item {
         name: "seccomp".into(),
