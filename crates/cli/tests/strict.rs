@@ -473,3 +473,111 @@ fn rustix_is_root() -> bool {
         })
         .unwrap_or(false)
 }
+
+// --- hosts that restrict user namespaces -------------------------------------------------------
+
+/// `user.max_user_namespaces=0` (per user namespace, so it can be set for this test alone, in a
+/// user namespace of its own): the run cannot create its namespaces, and the one-line error
+/// names the setting and the fix. Ubuntu's AppArmor restriction and Debian's sysctl cannot be
+/// set on this kernel; `check.rs`'s unit tests cover them with a fake /proc/sys.
+#[test]
+fn max_user_namespaces_zero_is_named_with_its_fix_at_run_time() {
+    if !Path::new("/usr/bin/unshare").exists() {
+        return skip_or_panic("unshare (util-linux) missing");
+    }
+    let script = format!(
+        "echo 0 > /proc/sys/user/max_user_namespaces || exit 99; exec {} run -- /bin/true",
+        bin().display()
+    );
+    let out = Command::new("/usr/bin/unshare")
+        .args(["--user", "--map-root-user", "/bin/sh", "-c", &script])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(99) {
+        return skip_or_panic("cannot lower max_user_namespaces in a user namespace here");
+    }
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(
+        stderr.contains("user.max_user_namespaces=0")
+            && stderr.contains("fix: sudo sysctl -w user.max_user_namespaces="),
+        "{stderr}"
+    );
+
+    // And `check` names it too, with the same fix.
+    let script = format!(
+        "echo 0 > /proc/sys/user/max_user_namespaces || exit 99; exec {} check --json",
+        bin().display()
+    );
+    let out = Command::new("/usr/bin/unshare")
+        .args(["--user", "--map-root-user", "/bin/sh", "-c", &script])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let item = v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["name"] == "user namespaces")
+        .cloned()
+        .unwrap();
+    assert_eq!(item["ok"], false, "{v}");
+    assert!(
+        item["detail"]
+            .as_str()
+            .unwrap()
+            .contains("fix: sudo sysctl -w user.max_user_namespaces="),
+        "{v}"
+    );
+}
+
+/// The shipped AppArmor profile parses (`apparmor_parser -Q -K`: parse only, nothing loaded).
+/// Debian 12's parser (AppArmor 3.0) knows neither `abi/4.0` nor the `userns` rule, which
+/// Ubuntu's (4.x) has; there the profile is parsed with those two lines swapped for their 3.0
+/// form, and the full profile is parsed where a 4.x parser is installed.
+#[test]
+fn apparmor_profile_parses() {
+    let parser = Path::new("/usr/sbin/apparmor_parser");
+    if !parser.exists() {
+        return skip_or_panic("apparmor_parser missing (apt-get install apparmor)");
+    }
+    let profile = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/apparmor/agentjail");
+    let text = std::fs::read_to_string(&profile).unwrap();
+    // The lines that make it work on Ubuntu: unconfined, user namespaces, the binary's path.
+    for needle in [
+        "abi <abi/4.0>,",
+        "profile agentjail /usr/local/bin/agentjail flags=(unconfined) {",
+        "\n  userns,\n",
+    ] {
+        assert!(text.contains(needle), "profile lacks {needle:?}");
+    }
+    let dir = tmp();
+    let parse = |content: &str| {
+        let p = dir.path().join("profile");
+        std::fs::write(&p, content).unwrap();
+        let o = Command::new(parser)
+            .args(["-Q", "-K"])
+            .arg(&p)
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let has_abi4 = Path::new("/etc/apparmor.d/abi/4.0").exists();
+    let checked = if has_abi4 {
+        text.clone()
+    } else {
+        eprintln!("note: AppArmor < 4 parser: checking the profile in its 3.0 form");
+        text.replace("abi <abi/4.0>,", "abi <abi/3.0>,")
+            .replace("\n  userns,\n", "\n")
+    };
+    let (ok, err) = parse(&checked);
+    assert!(ok, "the profile does not parse: {err}");
+    // The check can fail: the same profile without its closing brace does not parse.
+    let (ok, _) = parse(&checked.replacen("\n}", "\n", 1));
+    assert!(!ok, "apparmor_parser accepted a broken profile");
+}

@@ -199,6 +199,11 @@ fn base_report(vm: &ValidatedManifest) -> RunReport {
 
 /// An outcome for a run that could not start: `setup_error` with a one-line reason.
 pub(crate) fn fail(mut r: RunReport, msg: String) -> Outcome {
+    // A kernel refusal on a host that restricts user namespaces: say which setting, and the fix.
+    let msg = match crate::check::userns_hint_for(&msg) {
+        Some(h) => format!("{msg}; {h}"),
+        None => msg,
+    };
     r.status = Status::SetupError;
     r.error = Some(msg);
     Outcome {
