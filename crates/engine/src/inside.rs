@@ -1033,16 +1033,35 @@ fn apply_rlimits(a: &InitArgs) -> StepResult<Vec<String>> {
 }
 
 /// Landlock: the payload may reach exactly the plan's mounts, with the plan's access, and no
-/// TCP bind or connect, and may not signal or reach abstract sockets outside its domain.
+/// TCP bind or connect, and may not signal or reach abstract sockets outside its domain — as far
+/// as the kernel's ABI goes. What an older ABI lacks is covered by other layers
+/// ([`crate::landlock_policy`]); only a kernel without Landlock refuses a strict run.
 fn apply_landlock(a: &InitArgs, degraded: &mut Vec<String>) -> StepResult<Option<u32>> {
+    use crate::landlock_policy::{self, WANTED_ABI};
     use landlock::{
         ABI, Access as _, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus,
         PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
     };
-    // Everything up to ABI 6 is required: file system (incl. truncate and device ioctls),
-    // TCP bind/connect, and signal/abstract-socket scoping.
-    let abi = ABI::V6;
-    let kernel_abi = sys::landlock_abi();
+    // The rights of ABI 6 at most (file system incl. refer, truncate and device ioctls, TCP
+    // bind/connect, signal/abstract-socket scoping), and no more than the kernel offers (in
+    // debug builds, the tests' cap may lower that).
+    let kernel_abi = landlock_policy::effective_abi();
+    let used = kernel_abi.min(WANTED_ABI);
+    let refuse_or_degrade = |why: String, degraded: &mut Vec<String>| {
+        if !a.allow_degraded {
+            return Err((
+                "landlock".to_string(),
+                format!("{why}; refusing (use --allow-degraded to run anyway)"),
+            ));
+        }
+        degraded.push(why);
+        Ok(None)
+    };
+    if let Err(why) = landlock_policy::requirement(used) {
+        return refuse_or_degrade(why, degraded);
+    }
+    // `used` is 1..=6 here; the conversion exists for exactly this (a number the kernel gave).
+    let abi = ABI::from(used as i32);
     let err = |e: landlock::RulesetError| ("landlock".to_string(), e.to_string());
     let all = AccessFs::from_all(abi);
     let read = AccessFs::from_read(abi) & !AccessFs::Execute;
@@ -1052,13 +1071,16 @@ fn apply_landlock(a: &InitArgs, degraded: &mut Vec<String>) -> StepResult<Option
     let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(all)
-        .map_err(err)?
-        .handle_access(AccessNet::from_all(abi))
-        .map_err(err)?
-        .scope(Scope::from_all(abi))
-        .map_err(err)?
-        .create()
         .map_err(err)?;
+    if used >= 4 {
+        ruleset = ruleset
+            .handle_access(AccessNet::from_all(abi))
+            .map_err(err)?;
+    }
+    if used >= 6 {
+        ruleset = ruleset.scope(Scope::from_all(abi)).map_err(err)?;
+    }
+    let mut ruleset = ruleset.create().map_err(err)?;
     for (path, acc) in &a.plan.rules {
         let rights = match acc {
             Access::ReadExec => read_exec,
@@ -1067,7 +1089,7 @@ fn apply_landlock(a: &InitArgs, degraded: &mut Vec<String>) -> StepResult<Option
             Access::Write { exec: true } => write,
             Access::Write { exec: false } => write & !AccessFs::Execute,
             Access::ListOnly => AccessFs::ReadDir.into(),
-        };
+        } & all; // a rule may carry only handled rights (no IoctlDev below ABI 5)
         let fd = step(&format!("landlock: open {path}"), PathFd::new(path))?;
         // Rules on a file may only carry file rights. (Asked of the fd just opened: no second
         // path walk, and no window in which the path could name something else.)
@@ -1083,30 +1105,28 @@ fn apply_landlock(a: &InitArgs, degraded: &mut Vec<String>) -> StepResult<Option
             .add_rule(PathBeneath::new(fd, rights))
             .map_err(err)?;
     }
-    if let Some(port) = a.plan.proxy_port {
+    if let (Some(port), true) = (a.plan.proxy_port, used >= 4) {
         // The one TCP destination allowed: the gateway's proxy on the sandbox's loopback.
         ruleset = ruleset
             .add_rule(landlock::NetPort::new(port, AccessNet::ConnectTcp))
             .map_err(err)?;
     }
     let status = ruleset.restrict_self().map_err(err)?;
-    let available = matches!(status.landlock, LandlockStatus::Available { .. });
-    match status.ruleset {
-        RulesetStatus::FullyEnforced => Ok(Some(kernel_abi)),
-        RulesetStatus::PartiallyEnforced | RulesetStatus::NotEnforced => {
-            let why = if available {
-                format!("landlock: kernel ABI {kernel_abi} < 6, only part of the rules is enforced")
-            } else {
-                "landlock: not available in this kernel".to_string()
-            };
-            if !a.allow_degraded {
-                return Err((
-                    "landlock".into(),
-                    format!("{why}; refusing (use --allow-degraded to run anyway)"),
-                ));
-            }
-            degraded.push(why);
-            Ok(if available { Some(kernel_abi) } else { None })
+    // What the kernel really enforced: the rights of `used`, or fewer if it had less.
+    let enforced = match status.landlock {
+        LandlockStatus::Available { effective_abi, .. } => (effective_abi as u32).min(used),
+        _ => 0,
+    };
+    match (status.ruleset, landlock_policy::requirement(enforced)) {
+        (RulesetStatus::NotEnforced, _) => refuse_or_degrade(
+            "landlock: the kernel enforced no rule (not available)".into(),
+            degraded,
+        ),
+        (_, Err(why)) => refuse_or_degrade(why, degraded),
+        // Partially enforced only means that rights of ABIs above `enforced` were dropped;
+        // each of those has its substitute (landlock_policy), and the report names them.
+        (RulesetStatus::FullyEnforced | RulesetStatus::PartiallyEnforced, Ok(_)) => {
+            Ok(Some(enforced))
         }
     }
 }

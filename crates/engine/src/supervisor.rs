@@ -231,6 +231,11 @@ fn base_report(vm: &ValidatedManifest) -> RunReport {
 
 /// An outcome for a run that could not start: `setup_error` with a one-line reason.
 pub(crate) fn fail(mut r: RunReport, msg: String) -> Outcome {
+    // A kernel refusal on a host that restricts user namespaces: say which setting, and the fix.
+    let msg = match crate::check::userns_hint_for(&msg) {
+        Some(h) => format!("{msg}; {h}"),
+        None => msg,
+    };
     r.status = Status::SetupError;
     r.error = Some(msg);
     Outcome {
@@ -268,13 +273,10 @@ pub fn run_on(
     let limits = vm.manifest.limits;
     let mut degraded: Vec<String> = Vec::new();
 
-    let abi = sys::landlock_abi();
-    if abi < 6 {
-        degraded.push(if abi == 0 {
-            "landlock: not available in this kernel".to_string()
-        } else {
-            format!("landlock: kernel ABI {abi} < 6 (no TCP rules or scoping before 4 and 6)")
-        });
+    // Landlock: only its absence leaves a guarantee without a layer (landlock_policy); what an
+    // older ABI lacks is covered by the namespaces, and the report says by which.
+    if let Err(why) = crate::landlock_policy::requirement(crate::landlock_policy::effective_abi()) {
+        degraded.push(why);
     }
     if !degraded.is_empty() && !opts.allow_degraded {
         return refuse(report, degraded);
@@ -905,12 +907,21 @@ fn finish(
     r.wall_ms = wall.as_millis() as u64;
     if let Some(a) = &st.applied {
         r.isolation.landlock_abi = a.landlock_abi;
+        if let Some(Ok(c)) = a.landlock_abi.map(crate::landlock_policy::requirement) {
+            r.isolation.landlock_rights = c.rights;
+            r.isolation.landlock_substitutes = c.substitutes;
+        }
         r.isolation.seccomp = true;
         r.isolation.seccomp_notify = a.seccomp_notify;
         r.isolation.no_new_privs = true;
         r.isolation.capabilities_dropped = true;
         r.isolation.rlimits = a.rlimits.clone();
-        r.isolation.degraded.extend(a.degraded.iter().cloned());
+        for d in &a.degraded {
+            // The supervisor may have named the same missing layer before the start.
+            if !r.isolation.degraded.contains(d) {
+                r.isolation.degraded.push(d.clone());
+            }
+        }
     }
     let (cpu_us, maxrss_kb) = st.exit.map(|(_, c, m)| (c, m)).unwrap_or((0, 0));
     if r.isolation.cgroup.is_some() {
