@@ -156,6 +156,9 @@ struct ManifestFlags {
     /// Process/thread limit for the whole tree [default: 16].
     #[arg(long, value_name = "N")]
     pids: Option<u64>,
+    /// CPU limit of the whole tree in CPUs, fractional (0.5 = half of one CPU) [default: 1].
+    #[arg(long, value_name = "N")]
+    cpus: Option<f64>,
     /// Environment for the command: KEY=VALUE (repeatable). Nothing else of ours leaks in.
     #[arg(long = "env", value_name = "KEY=VALUE")]
     env: Vec<String>,
@@ -220,6 +223,7 @@ impl ManifestFlags {
             && self.timeout.is_none()
             && self.memory_mb.is_none()
             && self.pids.is_none()
+            && self.cpus.is_none()
             && self.env.is_empty()
             && self.net.is_none()
             && self.allow_host.is_empty()
@@ -244,6 +248,7 @@ impl ManifestFlags {
             seconds: self.timeout.unwrap_or(d.seconds),
             memory_mb: self.memory_mb.unwrap_or(d.memory_mb),
             processes: self.pids.unwrap_or(d.processes),
+            cpus: self.cpus.unwrap_or(d.cpus),
             output_mb: self.output_max_mb.unwrap_or(d.output_mb),
             ..d
         };
@@ -384,6 +389,8 @@ struct ManifestArgs {
 fn main() -> ExitCode {
     let code = main_inner();
     agentjail_engine::discard_prespawned();
+    // Undo a claim of our own cgroup v2 (`cgroup::release`): nothing of ours is left behind.
+    agentjail_engine::cgroup::release();
     code
 }
 

@@ -29,17 +29,103 @@ fn read(p: &str) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
+/// A host setting that keeps this user from making the sandbox's user namespaces, with the
+/// one-line fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsernsRestriction {
+    /// The setting, e.g. `kernel.apparmor_restrict_unprivileged_userns=1`.
+    pub setting: String,
+    /// One line that lifts it for agentjail.
+    pub fix: String,
+}
+
+/// Where the AppArmor profile is installed from (docs/isolation.md).
+pub const APPARMOR_FIX: &str = "install agentjail's AppArmor profile: sudo install -m 644 deploy/apparmor/agentjail /etc/apparmor.d/agentjail && sudo apparmor_parser -r /etc/apparmor.d/agentjail (its path must be the binary's, /usr/local/bin/agentjail)";
+
+/// The settings under `proc_sys` (normally `/proc/sys`) that restrict user namespaces for this
+/// caller. `root`: the caller has CAP_SYS_ADMIN, which the AppArmor restriction and Debian's
+/// `unprivileged_userns_clone` exempt; `max_user_namespaces=0` stops everyone.
+pub fn userns_restrictions(proc_sys: &std::path::Path, root: bool) -> Vec<UsernsRestriction> {
+    let get = |rel: &str| {
+        std::fs::read_to_string(proc_sys.join(rel))
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    let mut out = Vec::new();
+    if !root && get("kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1") {
+        out.push(UsernsRestriction {
+            setting: "kernel.apparmor_restrict_unprivileged_userns=1 (AppArmor gives unconfined programs' user namespaces no capabilities, as Ubuntu >= 23.10 does)".into(),
+            fix: APPARMOR_FIX.into(),
+        });
+    }
+    if !root && get("kernel/unprivileged_userns_clone").as_deref() == Some("0") {
+        out.push(UsernsRestriction {
+            setting: "kernel.unprivileged_userns_clone=0 (only root may create user namespaces)"
+                .into(),
+            fix: "sudo sysctl -w kernel.unprivileged_userns_clone=1 (or run agentjail as root)"
+                .into(),
+        });
+    }
+    if get("user/max_user_namespaces").as_deref() == Some("0") {
+        out.push(UsernsRestriction {
+            setting: "user.max_user_namespaces=0 (no user namespace may be created)".into(),
+            fix: "sudo sysctl -w user.max_user_namespaces=10000".into(),
+        });
+    }
+    out
+}
+
+/// One line naming each restriction and its fix, or None.
+fn restrictions_line(r: &[UsernsRestriction]) -> Option<String> {
+    if r.is_empty() {
+        return None;
+    }
+    Some(
+        r.iter()
+            .map(|x| {
+                format!(
+                    "this host restricts user namespaces: {}; fix: {}",
+                    x.setting, x.fix
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+    )
+}
+
+/// For a run that could not start: when the failure is a refusal by the kernel (EPERM, EACCES,
+/// ENOSPC) and this host restricts user namespaces for this caller, the line that says so
+/// and how to fix it.
+pub fn userns_hint_for(msg: &str) -> Option<String> {
+    hint_for(
+        msg,
+        std::path::Path::new("/proc/sys"),
+        rustix::process::geteuid().is_root(),
+    )
+}
+
+fn hint_for(msg: &str, proc_sys: &std::path::Path, root: bool) -> Option<String> {
+    let refused = [
+        "Operation not permitted",
+        "Permission denied",
+        "No space left on device",
+        "os error 1)",
+        "os error 13)",
+        "os error 28)",
+    ]
+    .iter()
+    .any(|n| msg.contains(n));
+    if !refused {
+        return None;
+    }
+    restrictions_line(&userns_restrictions(proc_sys, root))
+}
+
 fn userns() -> Item {
-    let mut hints = Vec::new();
-    if read("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") {
-        hints.push("sysctl kernel.unprivileged_userns_clone=0");
-    }
-    if read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1") {
-        hints.push("AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns=1)");
-    }
-    if read("/proc/sys/user/max_user_namespaces").as_deref() == Some("0") {
-        hints.push("sysctl user.max_user_namespaces=0");
-    }
+    let restrictions = userns_restrictions(
+        std::path::Path::new("/proc/sys"),
+        rustix::process::geteuid().is_root(),
+    );
     let result = match sys::clone_sandbox(libc::CLONE_NEWUSER as u64) {
         Ok(Cloned::Child) => sys::exit_now(0),
         Ok(Cloned::Parent { pidfd, .. }) => {
@@ -51,40 +137,46 @@ fn userns() -> Item {
         }
         Err(e) => Err(e),
     };
-    match result {
-        Ok(()) => Item {
+    // Under the AppArmor restriction the clone itself succeeds, but the namespace has no
+    // capabilities (no mounts), so a restriction fails the item whatever the clone did.
+    let line = restrictions_line(&restrictions);
+    match (result, line) {
+        (Ok(()), None) => Item {
             name: "user namespaces".into(),
             ok: true,
             detail: "can be created by this user".into(),
         },
-        Err(e) => Item {
+        (Ok(()), Some(l)) => Item {
+            name: "user namespaces".into(),
+            ok: false,
+            detail: l,
+        },
+        (Err(e), l) => Item {
             name: "user namespaces".into(),
             ok: false,
             detail: format!(
                 "clone(CLONE_NEWUSER) failed: {e}{}",
-                if hints.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({})", hints.join("; "))
-                }
+                l.map(|l| format!("; {l}")).unwrap_or_default()
             ),
         },
+    }
+}
+
+/// Landlock: the rights this kernel gives a run and what covers the rest; not ok only when a
+/// strict run must be refused for it (Landlock absent).
+fn landlock_item(abi: u32) -> Item {
+    let (ok, detail) = crate::landlock_policy::describe(abi);
+    Item {
+        name: "landlock".into(),
+        ok,
+        detail,
     }
 }
 
 /// Runs the whole check.
 pub fn check() -> Report {
     let mut items = vec![userns()];
-    let abi = sys::landlock_abi();
-    items.push(Item {
-        name: "landlock".into(),
-        ok: abi >= 6,
-        detail: match abi {
-            0 => "not available (kernel without Landlock, or not in the LSM list)".into(),
-            a if a < 6 => format!("ABI {a}: agentjail needs 6 (TCP rules from 4, scoping from 6)"),
-            a => format!("ABI {a}"),
-        },
-    });
+    items.push(landlock_item(crate::landlock_policy::effective_abi()));
     let actions = read("/proc/sys/kernel/seccomp/actions_avail").unwrap_or_default();
     items.push(Item {
         name: "seccomp".into(),
@@ -112,7 +204,9 @@ pub fn check() -> Report {
             "unprivileged: the sandbox user maps to your own uid (single-uid user namespace)".into()
         },
     });
-    items.push(match crate::gvisor::available() {
+    let gvisor = crate::gvisor::available();
+    let gvisor_version = gvisor.as_ref().ok().cloned();
+    items.push(match gvisor {
         Ok(v) => Item {
             name: "gvisor tier".into(),
             ok: true,
@@ -126,6 +220,20 @@ pub fn check() -> Report {
             detail: format!("unavailable: {e} (optional; the native tier does not need it)"),
         },
     });
+    if let Some(v) = &gvisor_version {
+        items.push(match crate::gvisor::platform(v) {
+            Ok(p) => Item {
+                name: "gvisor platform".into(),
+                ok: true,
+                detail: p.describe(),
+            },
+            Err(e) => Item {
+                name: "gvisor platform".into(),
+                ok: false,
+                detail: e,
+            },
+        });
+    }
     let strict = crate::probe_strict_run();
     items.push(Item {
         name: "mounts in userns".into(),
@@ -148,5 +256,90 @@ pub fn check() -> Report {
         strict_run_ok: strict.is_ok(),
         items,
         host_image: crate::image::host_image_identity(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A fake /proc/sys with the given settings.
+    fn fake(settings: &[(&str, &str)]) -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        for (rel, v) in settings {
+            let p = d.path().join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, format!("{v}\n")).unwrap();
+        }
+        d
+    }
+
+    #[test]
+    fn ubuntu_apparmor_restriction_is_detected_for_ordinary_users_only() {
+        let d = fake(&[
+            ("kernel/apparmor_restrict_unprivileged_userns", "1"),
+            ("user/max_user_namespaces", "63000"),
+        ]);
+        let r = userns_restrictions(d.path(), false);
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert!(
+            r[0].setting
+                .starts_with("kernel.apparmor_restrict_unprivileged_userns=1")
+        );
+        assert!(r[0].fix.contains("deploy/apparmor/agentjail"));
+        assert!(r[0].fix.contains("apparmor_parser -r"));
+        assert!(
+            userns_restrictions(d.path(), true).is_empty(),
+            "root is exempt"
+        );
+        // Set to 0, nothing is restricted.
+        let d = fake(&[("kernel/apparmor_restrict_unprivileged_userns", "0")]);
+        assert!(userns_restrictions(d.path(), false).is_empty());
+    }
+
+    #[test]
+    fn debian_sysctl_and_max_user_namespaces_are_detected() {
+        let d = fake(&[
+            ("kernel/unprivileged_userns_clone", "0"),
+            ("user/max_user_namespaces", "0"),
+        ]);
+        let r = userns_restrictions(d.path(), false);
+        assert_eq!(r.len(), 2, "{r:?}");
+        assert!(r[0].fix.contains("kernel.unprivileged_userns_clone=1"));
+        assert!(r[1].fix.contains("user.max_user_namespaces="));
+        // max_user_namespaces=0 stops root too; the Debian sysctl does not.
+        let r = userns_restrictions(d.path(), true);
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert!(r[0].setting.starts_with("user.max_user_namespaces=0"));
+        // Permissive values and a kernel without these files: nothing.
+        let d = fake(&[
+            ("kernel/unprivileged_userns_clone", "1"),
+            ("user/max_user_namespaces", "15000"),
+        ]);
+        assert!(userns_restrictions(d.path(), false).is_empty());
+        assert!(userns_restrictions(&d.path().join("missing"), false).is_empty());
+    }
+
+    #[test]
+    fn run_time_hint_names_the_restriction_only_for_kernel_refusals() {
+        let d = fake(&[("kernel/apparmor_restrict_unprivileged_userns", "1")]);
+        let eperm = "init: mount tmpfs /tmp: Operation not permitted (os error 1)";
+        let h = hint_for(eperm, d.path(), false).unwrap();
+        assert!(
+            h.starts_with("this host restricts user namespaces: kernel.apparmor"),
+            "{h}"
+        );
+        assert!(
+            h.contains("fix: install agentjail's AppArmor profile"),
+            "{h}"
+        );
+        assert!(!h.contains('\n'), "one line");
+        let enospc = "cannot create the sandbox namespaces: No space left on device (os error 28)";
+        assert!(hint_for(enospc, d.path(), false).is_some());
+        // Another failure, root, or no restriction: no hint.
+        assert!(hint_for("input /x: not found", d.path(), false).is_none());
+        assert!(hint_for(eperm, d.path(), true).is_none());
+        assert!(hint_for(eperm, fake(&[]).path(), false).is_none());
     }
 }

@@ -15,7 +15,7 @@
 //! report's `isolation.degraded`, and the run is refused unless the caller allowed that.
 //!
 //! Compatibility: Linux ≥ 5.13 on x86_64 (aarch64 compiles the same filter with its own
-//! table); Landlock ABI 6 for a strict run.
+//! table); Landlock (any ABI) for a strict run — see [`landlock_policy`].
 //!
 //! Tested by the CLI's integration tests, which run the real binary and attack each layer from
 //! inside (probes with sentinels), as root and as an unprivileged user.
@@ -25,6 +25,7 @@ pub mod check;
 pub mod gvisor;
 pub mod image;
 mod inside;
+pub mod landlock_policy;
 pub mod plan;
 pub mod seccomp;
 pub mod supervisor;

@@ -36,6 +36,12 @@ pub enum Access {
     ListOnly,
 }
 
+/// The sandbox's /proc shows only the processes the caller may ptrace (`hidepid=2`, i.e.
+/// "invisible", understood by every kernel since 3.3): the command (uid 65534) sees its own
+/// processes but not the init — uid 0 of the user namespace as root, and non-dumpable in
+/// either mode — whose command line is the caller's (the init is a clone of the supervisor).
+pub const PROC_OPTIONS: &std::ffi::CStr = c"hidepid=2";
+
 /// One setup step, applied below the new root. Paths are absolute sandbox paths.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -56,7 +62,7 @@ pub enum Op {
         mode: u32,
         exec: bool,
     },
-    /// A fresh procfs for the sandbox's pid namespace.
+    /// A fresh procfs for the sandbox's pid namespace, mounted with [`PROC_OPTIONS`].
     Proc { dest: String },
     /// A symbolic link.
     Symlink { target: String, dest: String },

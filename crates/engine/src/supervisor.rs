@@ -231,6 +231,11 @@ fn base_report(vm: &ValidatedManifest) -> RunReport {
 
 /// An outcome for a run that could not start: `setup_error` with a one-line reason.
 pub(crate) fn fail(mut r: RunReport, msg: String) -> Outcome {
+    // A kernel refusal on a host that restricts user namespaces: say which setting, and the fix.
+    let msg = match crate::check::userns_hint_for(&msg) {
+        Some(h) => format!("{msg}; {h}"),
+        None => msg,
+    };
     r.status = Status::SetupError;
     r.error = Some(msg);
     Outcome {
@@ -268,13 +273,10 @@ pub fn run_on(
     let limits = vm.manifest.limits;
     let mut degraded: Vec<String> = Vec::new();
 
-    let abi = sys::landlock_abi();
-    if abi < 6 {
-        degraded.push(if abi == 0 {
-            "landlock: not available in this kernel".to_string()
-        } else {
-            format!("landlock: kernel ABI {abi} < 6 (no TCP rules or scoping before 4 and 6)")
-        });
+    // Landlock: only its absence leaves a guarantee without a layer (landlock_policy); what an
+    // older ABI lacks is covered by the namespaces, and the report says by which.
+    if let Err(why) = crate::landlock_policy::requirement(crate::landlock_policy::effective_abi()) {
+        degraded.push(why);
     }
     if !degraded.is_empty() && !opts.allow_degraded {
         return refuse(report, degraded);
@@ -316,11 +318,28 @@ pub fn run_on(
 
     // While the init builds the root: the cgroups. Only the command's processes join them
     // (the init stays outside), so pids.max is exactly `processes`.
-    let cgroup = match Cgroup::create(limits.memory_bytes(), limits.processes) {
+    let cgroup = match Cgroup::create(
+        limits.memory_bytes(),
+        limits.processes,
+        Some(limits.cpu_quota_us(crate::cgroup::CPU_PERIOD_US)),
+    ) {
+        Ok(cg) if !cg.cpu_limited => {
+            degraded.push(format!(
+                "cpu: no cpu controller for the run's cgroup ({}); limits.cpus ({}) is not applied, CPU time is bounded only by the wall-clock limit",
+                cg.version.name(),
+                limits.cpus
+            ));
+            if !opts.allow_degraded {
+                kill_and_reap(&pidfd);
+                drop(cg);
+                return refuse(report, degraded);
+            }
+            Some(cg)
+        }
         Ok(cg) => Some(cg),
         Err(reason) => {
             degraded.push(format!(
-                "{reason}; memory and process limits fall back to rlimits (RLIMIT_AS, RLIMIT_NPROC)"
+                "{reason}; memory and process limits fall back to rlimits (RLIMIT_AS, RLIMIT_NPROC), and limits.cpus is not applied"
             ));
             if !opts.allow_degraded {
                 kill_and_reap(&pidfd);
@@ -572,6 +591,7 @@ fn prespawn_now(root_mode: bool) -> Result<Prespawned, String> {
                 cgroup_applied: false,
                 cgroup_name: None,
                 cgroup_files: Vec::new(),
+                cgroup_dir: None,
                 affinity,
             })
         }
@@ -685,11 +705,12 @@ fn hand_over_cgroups(cg: Option<&Cgroup>, ctl: &OwnedFd) -> Result<(), String> {
             &Msg::Cgroups {
                 applied: false,
                 name: None,
+                into_dir: false,
             },
             &[],
         );
     };
-    let files = cg
+    let mut files = cg
         .self_join_files()
         .iter()
         .map(|p| {
@@ -701,12 +722,30 @@ fn hand_over_cgroups(cg: Option<&Cgroup>, ctl: &OwnedFd) -> Result<(), String> {
             .map_err(|e| format!("cannot open {}: {e}", p.display()))
         })
         .collect::<Result<Vec<OwnedFd>, String>>()?;
+    // v2: the directory too, for the init to clone the payload into (CLONE_INTO_CGROUP).
+    let dir = cg.clone_into_dir();
+    let into_dir = match dir {
+        Some(p) => {
+            let fd = rustix::fs::open(
+                p,
+                rustix::fs::OFlags::RDONLY
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| format!("cannot open {}: {e}", p.display()))?;
+            files.push(fd);
+            true
+        }
+        None => false,
+    };
     let fds: Vec<BorrowedFd<'_>> = files.iter().map(|f| f.as_fd()).collect();
     send_or_died(
         ctl,
         &Msg::Cgroups {
             applied: true,
             name: Some(cg.name().to_string()),
+            into_dir,
         },
         &fds,
     )
@@ -868,12 +907,21 @@ fn finish(
     r.wall_ms = wall.as_millis() as u64;
     if let Some(a) = &st.applied {
         r.isolation.landlock_abi = a.landlock_abi;
+        if let Some(Ok(c)) = a.landlock_abi.map(crate::landlock_policy::requirement) {
+            r.isolation.landlock_rights = c.rights;
+            r.isolation.landlock_substitutes = c.substitutes;
+        }
         r.isolation.seccomp = true;
         r.isolation.seccomp_notify = a.seccomp_notify;
         r.isolation.no_new_privs = true;
         r.isolation.capabilities_dropped = true;
         r.isolation.rlimits = a.rlimits.clone();
-        r.isolation.degraded.extend(a.degraded.iter().cloned());
+        for d in &a.degraded {
+            // The supervisor may have named the same missing layer before the start.
+            if !r.isolation.degraded.contains(d) {
+                r.isolation.degraded.push(d.clone());
+            }
+        }
     }
     let (cpu_us, maxrss_kb) = st.exit.map(|(_, c, m)| (c, m)).unwrap_or((0, 0));
     if r.isolation.cgroup.is_some() {

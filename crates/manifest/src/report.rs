@@ -188,6 +188,14 @@ pub struct Isolation {
     pub cgroup_ns: bool,
     /// Landlock ABI version enforced, or null when Landlock was not applied.
     pub landlock_abi: Option<u32>,
+    /// Landlock rights applied: `fs` (ABI 1), `refer` (2), `truncate` (3), `tcp` (4),
+    /// `ioctl_dev` (5), `scope` (6: signals and abstract unix sockets).
+    #[serde(default)]
+    pub landlock_rights: Vec<String>,
+    /// Each Landlock right this kernel lacks, with the layer that enforces its guarantee
+    /// instead (docs/isolation.md, "Guarantees and the layers that enforce them").
+    #[serde(default)]
+    pub landlock_substitutes: Vec<String>,
     pub seccomp: bool,
     /// Denied syscalls are reported through seccomp user notification.
     pub seccomp_notify: bool,
@@ -199,6 +207,11 @@ pub struct Isolation {
     pub rlimits: Vec<String>,
     /// Host uid the sandbox user maps to.
     pub host_uid: Option<u32>,
+    /// The gVisor platform that ran the sandbox (`kvm`, `systrap` or `ptrace`) and why it was
+    /// chosen, e.g. `ptrace (kvm not used: /dev/kvm is kvm_pvm, no VMX/SVM)`; null on the native
+    /// tier.
+    #[serde(default)]
+    pub platform: Option<String>,
     /// Every protection that was not applied, with the reason. Non-empty only with
     /// `--allow-degraded`; otherwise the run is refused instead.
     pub degraded: Vec<String>,
