@@ -195,7 +195,11 @@ fn one_byte_over_the_limit_is_refused_by_the_collector() {
     assert_eq!(o.code, 65);
     assert!(o.files().is_empty(), "{}", o.dump());
     let reason = o.rejected("over").unwrap_or_default();
-    assert!(reason.contains("exceeds 1048576 bytes"), "{}", o.dump());
+    assert!(
+        reason.contains("exceeds its limit of 1048576 bytes"),
+        "{}",
+        o.dump()
+    );
     assert!(!w.path().join("out/over").exists());
 
     // Split over two files: the sum is bounded, not each file.
@@ -241,13 +245,56 @@ fn sparse_files_and_hard_links_are_still_refused() {
     assert!(
         o.rejected("sparse")
             .unwrap_or_default()
-            .contains("exceeds 1048576 bytes"),
+            .contains("exceeds its limit of 1048576 bytes"),
         "{}",
         o.dump()
     );
     assert_eq!(o.rejected("a").as_deref(), Some("hard link refused"));
     assert_eq!(o.rejected("b").as_deref(), Some("hard link refused"));
     assert!(o.files().is_empty());
+}
+
+/// Whether `agentjail check` says the gVisor tier works here.
+fn gvisor_available() -> bool {
+    let Ok(out) = Command::new(bin()).args(["check", "--json"]).output() else {
+        return false;
+    };
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    v["items"].as_array().is_some_and(|a| {
+        a.iter()
+            .any(|i| i["name"] == "gvisor tier" && i["ok"] == true)
+    })
+}
+
+#[test]
+fn gvisor_tier_passes_exactly_the_limit_and_refuses_one_byte_more() {
+    if !gvisor_available() {
+        skip("the gvisor tier is not available here (apt-get install runsc; root)");
+        return;
+    }
+    let w = tmp();
+    let o = run_sh(
+        w.path(),
+        &["--isolation", "gvisor", "--output-max-mb", "1"],
+        "head -c 524288 /dev/zero > /output/a && head -c 524288 /dev/zero > /output/b; echo WROTE $?",
+    );
+    assert!(o.stdout_str().contains("WROTE 0"), "{}", o.dump());
+    assert_eq!(o.status(), "ok", "{}", o.dump());
+    assert_eq!(o.files().iter().map(|f| f.1).sum::<u64>(), MIB);
+    let o = run_sh(
+        w.path(),
+        &["--isolation", "gvisor", "--output-max-mb", "1"],
+        "head -c 1048577 /dev/zero > /output/over; echo WROTE $?",
+    );
+    assert!(o.stdout_str().contains("WROTE 0"), "{}", o.dump());
+    assert_eq!(o.status(), "output_rejected", "{}", o.dump());
+    assert!(
+        o.rejected("over")
+            .unwrap_or_default()
+            .contains("exceeds its limit of 1048576 bytes"),
+        "{}",
+        o.dump()
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -554,6 +601,30 @@ fn control_sequences_from_the_sandbox_are_inert_on_a_terminal() {
         shown.contains("\x1b[7magentjail:\x1b[27m run ended: exit_nonzero"),
         "{shown:?}"
     );
+}
+
+#[test]
+fn what_reaches_the_terminal_byte_for_byte() {
+    if !have_script() {
+        skip("`script` (util-linux) is not installed");
+        return;
+    }
+    // Red text, a bell, a window title; then our line, for `ok` too. The pty turns \n into \r\n.
+    let tty = on_pty(&[
+        "run",
+        "--",
+        "/bin/sh",
+        "-c",
+        r"printf 'a\033[31mb\007\n'; printf '\033]2;t\033\\\n' >&2",
+    ]);
+    let want: &[u8] =
+        b"a\\x1b[31mb\\x07\r\n\\x1b]2;t\\x1b\\\r\n\x1b[7magentjail:\x1b[27m run ended: ok\r\n";
+    assert_eq!(
+        String::from_utf8_lossy(&tty),
+        String::from_utf8_lossy(want),
+        "bytes on the terminal"
+    );
+    assert_eq!(tty, want);
 }
 
 #[test]

@@ -388,7 +388,7 @@ impl Walk<'_> {
         size: i64,
     ) -> Result<(), CollectError> {
         let remaining = self.budget.saturating_sub(self.used);
-        let too_big = format!("output exceeds {} bytes", self.budget);
+        let too_big = format!("output exceeds its limit of {} bytes", self.budget);
         if u64::try_from(size).map_or(true, |s| s > remaining) {
             self.reject(&frame.rel, raw, too_big);
             return Ok(());
@@ -670,7 +670,10 @@ mod tests {
         std::fs::write(f.src.join("b"), vec![b'x'; (1 << 19) + 1]).unwrap();
         let r = run(&f, 1 << 20);
         assert_eq!(r.files.len(), 1);
-        assert_eq!(reason_of(&r, "b"), "output exceeds 1048576 bytes");
+        assert_eq!(
+            reason_of(&r, "b"),
+            "output exceeds its limit of 1048576 bytes"
+        );
     }
 
     #[test]
@@ -695,8 +698,14 @@ mod tests {
         std::fs::write(f.src.join("c-fits"), vec![b'c'; 40]).unwrap();
         std::fs::write(f.src.join("d-over"), vec![b'd'; 1]).unwrap();
         let r = run(&f, 100);
-        assert_eq!(reason_of(&r, "b-big"), "output exceeds 100 bytes");
-        assert_eq!(reason_of(&r, "d-over"), "output exceeds 100 bytes");
+        assert_eq!(
+            reason_of(&r, "b-big"),
+            "output exceeds its limit of 100 bytes"
+        );
+        assert_eq!(
+            reason_of(&r, "d-over"),
+            "output exceeds its limit of 100 bytes"
+        );
         let paths: Vec<&str> = r.files.iter().map(|x| x.path.as_str()).collect();
         assert_eq!(paths, ["a-small", "c-fits"]);
         assert!(!f.dest.join("b-big").exists());
