@@ -98,6 +98,11 @@ run_config() {
   place $CFG $AJ run --allow-degraded --report $o/esc.json $RO -- python3 /input/probes.py escape > $o/esc.out 2>&1
   if grep -q ESCAPE-PROBE-DONE $o/esc.out && ! grep -q ESCAPED $o/esc.out; then result escape PASS "$(grep HELD $o/esc.out)"
   else result escape FAIL "$(grep -E 'ESCAPED|HELD' $o/esc.out | tr '\n' ' ') $(tail -c 300 $o/esc.out)"; fi
+  # v2: the command is born in its cgroup (clone3 CLONE_INTO_CGROUP), not moved in afterwards.
+  if [ $cgv = v2 ]; then
+    place $CFG env AGENTJAIL_DEBUG_TIMING=coarse $AJ run --allow-degraded -- /bin/true > $o/into.out 2>&1
+    grep -q 'cloned into its cgroup (CLONE_INTO_CGROUP)' $o/into.out && result clone-into-cgroup PASS || result clone-into-cgroup FAIL "$(grep -c timing $o/into.out) timing lines"
+  fi
   # --- `agentjail selftest` (being built by another helper): run it here once it exists.
   if place $CFG $AJ selftest --help > /dev/null 2>&1; then
     place $CFG $AJ selftest > $o/selftest.out 2>&1 && result selftest PASS || result selftest FAIL "$(tail -c 300 $o/selftest.out)"
