@@ -103,6 +103,12 @@ run_config() {
     place $CFG env AGENTJAIL_DEBUG_TIMING=coarse $AJ run --allow-degraded -- /bin/true > $o/into.out 2>&1
     grep -q 'cloned into its cgroup (CLONE_INTO_CGROUP)' $o/into.out && result clone-into-cgroup PASS || result clone-into-cgroup FAIL "$(grep -c timing $o/into.out) timing lines"
   fi
+  # A long-lived parent (as `serve` is for its runners) in the same cgroup starts several runs.
+  if [ $cgv = v2 ]; then
+    place $CFG bash -c "for i in 1 2 3; do $AJ run --allow-degraded --report $o/serve\$i.json -- /bin/true || exit 1; done" > $o/serve.out 2>&1
+    local sv; sv=$(for i in 1 2 3; do python3 $P eval ok $o/serve$i.json v2 | cut -d' ' -f1; done | sort -u | tr '\n' ' ')
+    [ "$sv" = "PASS " ] && result serve-like PASS "3 runs under one parent, each with v2 limits" || result serve-like FAIL "$sv $(tail -c 300 $o/serve.out)"
+  fi
   # --- `agentjail selftest` (being built by another helper): run it here once it exists.
   if place $CFG $AJ selftest --help > /dev/null 2>&1; then
     place $CFG $AJ selftest > $o/selftest.out 2>&1 && result selftest PASS || result selftest FAIL "$(tail -c 300 $o/selftest.out)"
