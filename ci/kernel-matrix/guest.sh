@@ -23,6 +23,7 @@ W=/tmp/w; mkdir -p $W; chmod 1777 $W
 mkdir -p /tmp/home1000 && chown 1000:1000 /tmp/home1000
 CFG=-
 result() { echo "AJ-RESULT $LABEL $CFG $1 $2 ${*:3}" | tee -a /tmp/out/results; }
+mount -t securityfs securityfs /sys/kernel/security 2>/dev/null
 echo "AJ-KERNEL $LABEL $(uname -r) lsm=$(cat /sys/kernel/security/lsm 2>/dev/null)" | tee -a /tmp/out/results
 
 # --- systemd's layout: controllers enabled down to the slices, as systemd enables them.
