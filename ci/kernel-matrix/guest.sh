@@ -23,6 +23,7 @@ W=/tmp/w; mkdir -p $W; chmod 1777 $W
 mkdir -p /tmp/home1000 && chown 1000:1000 /tmp/home1000
 CFG=-
 result() { echo "AJ-RESULT $LABEL $CFG $1 $2 ${*:3}" | tee -a /tmp/out/results; }
+mount -t securityfs securityfs /sys/kernel/security 2>/dev/null
 echo "AJ-KERNEL $LABEL $(uname -r) lsm=$(cat /sys/kernel/security/lsm 2>/dev/null)" | tee -a /tmp/out/results
 
 # --- systemd's layout: controllers enabled down to the slices, as systemd enables them.
@@ -98,6 +99,17 @@ run_config() {
   place $CFG $AJ run --allow-degraded --report $o/esc.json $RO -- python3 /input/probes.py escape > $o/esc.out 2>&1
   if grep -q ESCAPE-PROBE-DONE $o/esc.out && ! grep -q ESCAPED $o/esc.out; then result escape PASS "$(grep HELD $o/esc.out)"
   else result escape FAIL "$(grep -E 'ESCAPED|HELD' $o/esc.out | tr '\n' ' ') $(tail -c 300 $o/esc.out)"; fi
+  # v2: the command is born in its cgroup (clone3 CLONE_INTO_CGROUP), not moved in afterwards.
+  if [ $cgv = v2 ]; then
+    place $CFG env AGENTJAIL_DEBUG_TIMING=coarse $AJ run --allow-degraded -- /bin/true > $o/into.out 2>&1
+    grep -q 'cloned into its cgroup (CLONE_INTO_CGROUP)' $o/into.out && result clone-into-cgroup PASS || result clone-into-cgroup FAIL "$(grep -c timing $o/into.out) timing lines"
+  fi
+  # A long-lived parent (as `serve` is for its runners) in the same cgroup starts several runs.
+  if [ $cgv = v2 ]; then
+    place $CFG bash -c "for i in 1 2 3; do $AJ run --allow-degraded --report $o/serve\$i.json -- /bin/true || exit 1; done" > $o/serve.out 2>&1
+    local sv; sv=$(for i in 1 2 3; do python3 $P eval ok $o/serve$i.json v2 | cut -d' ' -f1; done | sort -u | tr '\n' ' ')
+    [ "$sv" = "PASS " ] && result serve-like PASS "3 runs under one parent, each with v2 limits" || result serve-like FAIL "$sv $(tail -c 300 $o/serve.out)"
+  fi
   # --- `agentjail selftest` (being built by another helper): run it here once it exists.
   if place $CFG $AJ selftest --help > /dev/null 2>&1; then
     place $CFG $AJ selftest > $o/selftest.out 2>&1 && result selftest PASS || result selftest FAIL "$(tail -c 300 $o/selftest.out)"

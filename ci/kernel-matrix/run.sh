@@ -25,7 +25,7 @@ for entry in $MATRIX; do
   d=$RUNS/$label; rm -rf "$d"; mkdir -p "$d/out"
   "$HERE/build-initrd.sh" "$kdir" "$d/initrd.gz" "$AJ" || { echo "AJ-RESULT $label - boot FAIL initrd" >> "$RUNS/results"; fail=1; continue; }
   start=$SECONDS
-  timeout "${QEMU_TIMEOUT:-420}" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m 2048 -smp 2 \
+  timeout "${QEMU_TIMEOUT:-900}" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m 2048 -smp 2 \
     -nographic -no-reboot -nic none -kernel "$(ls "$kdir"/boot/vmlinuz-*)" -initrd "$d/initrd.gz" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -virtfs local,path="$d/out",mount_tag=out,security_model=none \

@@ -349,6 +349,16 @@ fn jcs(v: &Value) -> String {
             format!("{{{}}}", items.join(","))
         }
         Value::Array(a) => format!("[{}]", a.iter().map(jcs).collect::<Vec<_>>().join(",")),
+        // RFC 8785 writes numbers as ECMAScript does: an integral double without a fraction
+        // (`limits.cpus: 1.0` is `1`), others in their shortest round-trip form.
+        Value::Number(n) if n.is_f64() => {
+            let f = n.as_f64().unwrap();
+            if f.fract() == 0.0 && f.abs() < 1e21 {
+                format!("{}", f as i64)
+            } else {
+                format!("{f}")
+            }
+        }
         other => other.to_string(),
     }
 }

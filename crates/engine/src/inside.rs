@@ -372,7 +372,10 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
             sys::spawn_into_cgroup(dir.as_fd(), &mut || payload_main(args, sock)).ok()
         });
         match into {
-            Some(pid) => pid,
+            Some(pid) => {
+                timing::mark("init: command cloned into its cgroup (CLONE_INTO_CGROUP)");
+                pid
+            }
             None => step(
                 "start the command",
                 sys::spawn_sharing_memory(&mut || payload_main(args, sock)),

@@ -45,10 +45,10 @@ fn json_is_recognised_by_content() {
 
 #[test]
 fn unknown_field_is_named_with_its_line() {
-    let err = Manifest::parse("command: [true]\nlimits:\n  seconds: 3\n  cpus: 2\n")
+    let err = Manifest::parse("command: [true]\nlimits:\n  seconds: 3\n  gpus: 2\n")
         .unwrap_err()
         .to_string();
-    assert!(err.contains("cpus"), "{err}");
+    assert!(err.contains("gpus"), "{err}");
     assert!(err.contains("line 4"), "{err}");
     let err = Manifest::parse("{\"command\":[\"true\"],\n\"bogus\":1}")
         .unwrap_err()
