@@ -156,6 +156,9 @@ struct ManifestFlags {
     /// Process/thread limit for the whole tree [default: 16].
     #[arg(long, value_name = "N")]
     pids: Option<u64>,
+    /// CPU limit of the whole tree in CPUs, fractional (0.5 = half of one CPU) [default: 1].
+    #[arg(long, value_name = "N")]
+    cpus: Option<f64>,
     /// Environment for the command: KEY=VALUE (repeatable). Nothing else of ours leaks in.
     #[arg(long = "env", value_name = "KEY=VALUE")]
     env: Vec<String>,
@@ -220,6 +223,7 @@ impl ManifestFlags {
             && self.timeout.is_none()
             && self.memory_mb.is_none()
             && self.pids.is_none()
+            && self.cpus.is_none()
             && self.env.is_empty()
             && self.net.is_none()
             && self.allow_host.is_empty()
@@ -244,6 +248,7 @@ impl ManifestFlags {
             seconds: self.timeout.unwrap_or(d.seconds),
             memory_mb: self.memory_mb.unwrap_or(d.memory_mb),
             processes: self.pids.unwrap_or(d.processes),
+            cpus: self.cpus.unwrap_or(d.cpus),
             output_mb: self.output_max_mb.unwrap_or(d.output_mb),
             ..d
         };
@@ -354,6 +359,10 @@ struct RunArgs {
     /// Print the setup plan (mounts, Landlock rules, environment names) and exit.
     #[arg(long)]
     dry_run: bool,
+    /// Pass the command's stdout/stderr through byte for byte even to a terminal (by default,
+    /// on a terminal its control characters are shown escaped, e.g. `\x1b`).
+    #[arg(long)]
+    raw_output: bool,
     /// Name server (IP:PORT) the egress gateway resolves destinations with, instead of the
     /// host's /etc/hosts and /etc/resolv.conf (repeatable).
     #[arg(long = "egress-dns", value_name = "IP:PORT")]
@@ -380,6 +389,8 @@ struct ManifestArgs {
 fn main() -> ExitCode {
     let code = main_inner();
     agentjail_engine::discard_prespawned();
+    // Undo a claim of our own cgroup v2 (`cgroup::release`): nothing of ours is left behind.
+    agentjail_engine::cgroup::release();
     code
 }
 
@@ -654,10 +665,11 @@ fn run(a: RunArgs) -> Result<u8, String> {
         return Ok(0);
     }
     clear_stale_report(a.report.as_deref())?;
+    let terminal = Terminal::of_our_streams(a.raw_output);
     let opts = RunOptions {
         allow_degraded: a.allow_degraded,
-        stdout: Sink::Stdout,
-        stderr: Sink::Stderr,
+        stdout: terminal.stdout_sink(),
+        stderr: terminal.stderr_sink(),
         egress_dns: a.egress_dns.clone(),
     };
     let delivery = Delivery {
@@ -675,8 +687,40 @@ fn run(a: RunArgs) -> Result<u8, String> {
             return Err(msg);
         }
     };
-    summarize(&finished.report);
+    summarize(&finished.report, terminal.stderr);
     Ok(finished.exit_code.clamp(0, 255) as u8)
+}
+
+/// Which of our own streams are terminals that the sandbox's output must not drive
+/// (`agentjail_engine::term`); none with `--raw-output`.
+#[derive(Clone, Copy)]
+struct Terminal {
+    stdout: bool,
+    stderr: bool,
+}
+
+impl Terminal {
+    fn of_our_streams(raw: bool) -> Terminal {
+        use std::io::IsTerminal;
+        Terminal {
+            stdout: !raw && std::io::stdout().is_terminal(),
+            stderr: !raw && std::io::stderr().is_terminal(),
+        }
+    }
+    fn stdout_sink(self) -> Sink {
+        if self.stdout {
+            Sink::StdoutInert
+        } else {
+            Sink::Stdout
+        }
+    }
+    fn stderr_sink(self) -> Sink {
+        if self.stderr {
+            Sink::StderrInert
+        } else {
+            Sink::Stderr
+        }
+    }
 }
 
 /// A status as the report spells it (`ok`, `exit_nonzero`, …).
@@ -688,26 +732,39 @@ fn status_word(s: agentjail_manifest::report::Status) -> String {
 }
 
 /// One line on stderr for a person: what happened, and why when it was not `ok`.
-fn summarize(r: &RunReport) {
+///
+/// When stderr is a terminal (and the sandbox's output is filtered), the line is printed for
+/// every status, `ok` included, and starts with [`agentjail_engine::term::OUR_TAG`]: an escape
+/// sequence that the filtered output of the sandbox cannot contain, so it cannot be forged.
+fn summarize(r: &RunReport, terminal: bool) {
     use agentjail_manifest::report::Status;
     let mut line = match r.status {
-        Status::Ok => return,
+        Status::Ok if !terminal => return,
+        Status::Ok => "run ended: ok".to_string(),
         Status::SetupError => format!(
-            "agentjail: error: {}",
+            "error: {}",
             r.error.as_deref().unwrap_or("the run could not be set up")
         ),
-        s => format!("agentjail: run ended: {}", status_word(s)),
+        s => format!("run ended: {}", status_word(s)),
     };
     if r.status != Status::SetupError
         && let Some(d) = r.denials.first()
     {
         line.push_str(&format!(
             " ({} denial(s); first: {})",
-            r.denials.len(),
+            r.denial_total(),
             d.detail
         ));
     }
-    eprintln!("{line}");
+    if terminal {
+        eprintln!(
+            "{} {}",
+            agentjail_engine::term::OUR_TAG,
+            agentjail_engine::term::inert_line(&line)
+        );
+    } else {
+        eprintln!("agentjail: {line}");
+    }
     if r.status == Status::SetupError
         && r.error
             .as_deref()
@@ -788,12 +845,14 @@ fn demo(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> {
     eprintln!(
         "agentjail demo: summarizing report.csv with python3 in a sandbox (network denied, /input read-only)"
     );
+    // Both of the command's streams go to our stderr.
+    let terminal = Terminal::of_our_streams(false);
     let f = pipeline::execute(
         &vm,
         &RunOptions {
             allow_degraded,
-            stdout: Sink::Stderr,
-            stderr: Sink::Stderr,
+            stdout: terminal.stderr_sink(),
+            stderr: terminal.stderr_sink(),
             egress_dns: Vec::new(),
         },
         &Delivery {
@@ -825,7 +884,7 @@ fn demo(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> {
                 r.isolation.cgroup.as_deref().unwrap_or("none")
             );
         }
-        None => summarize(r),
+        None => summarize(r, terminal.stderr),
     }
     Ok(f.exit_code.clamp(0, 255) as u8)
 }
@@ -934,8 +993,7 @@ mod tests {
         let e1 = Cli::try_parse_from(bad).err().expect("refused").to_string();
         let e2 = run_command()
             .try_get_matches_from(&bad[1..])
-            .err()
-            .expect("refused")
+            .expect_err("refused")
             .to_string();
         assert_eq!(e1, e2);
     }

@@ -357,7 +357,12 @@ fn verify_output(
     for r in &collected.rejected {
         report.deny(DenialKind::Output, format!("{}: {}", r.path, r.reason));
     }
+    // Refusals the collector counted but did not list are not listed here either.
+    report.denials_dropped = report
+        .denials_dropped
+        .saturating_add(collected.rejected_dropped);
     report.output.rejected = collected.rejected;
+    report.output.rejected_dropped = collected.rejected_dropped;
     let mut failed = false;
     if output_full {
         report.deny(
@@ -367,18 +372,9 @@ fn verify_output(
                 vm.manifest.limits.output_mb
             ),
         );
-        report
-            .output
-            .rejected
-            .extend(
-                collected
-                    .files
-                    .iter()
-                    .map(|f| agentjail_manifest::report::RejectedFile {
-                        path: f.path.clone(),
-                        reason: "output limit reached".into(),
-                    }),
-            );
+        for f in &collected.files {
+            list_rejected(report, f.path.clone(), "output limit reached".into());
+        }
         report.output.files.clear();
         if command_ok {
             report.status = Status::OutputRejected;
@@ -400,13 +396,11 @@ fn verify_output(
                         DenialKind::Output,
                         format!("{}: not the manifest's output ({name}): dropped", f.path),
                     );
-                    report
-                        .output
-                        .rejected
-                        .push(agentjail_manifest::report::RejectedFile {
-                            path: f.path,
-                            reason: format!("not the manifest's output ({name}): dropped"),
-                        });
+                    list_rejected(
+                        report,
+                        f.path,
+                        format!("not the manifest's output ({name}): dropped"),
+                    );
                 }
             }
             match kept.pop() {
@@ -430,13 +424,11 @@ fn verify_output(
                     } else {
                         failed = true;
                         report.deny(DenialKind::Output, format!("{name}: failed verification"));
-                        report
-                            .output
-                            .rejected
-                            .push(agentjail_manifest::report::RejectedFile {
-                                path: f.path,
-                                reason: "failed verification (see output.errors)".into(),
-                            });
+                        list_rejected(
+                            report,
+                            f.path,
+                            "failed verification (see output.errors)".into(),
+                        );
                         report.output.errors = errors;
                         *artifact = None;
                     }
@@ -446,6 +438,17 @@ fn verify_output(
     }
     if failed && command_ok {
         report.status = Status::OutputRejected;
+    }
+}
+
+/// Adds an entry to `output.rejected`, or counts it once that list is full.
+fn list_rejected(report: &mut RunReport, path: String, reason: String) {
+    let out = &mut report.output;
+    if out.rejected.len() >= agentjail_manifest::report::MAX_REJECTED_LISTED {
+        out.rejected_dropped = out.rejected_dropped.saturating_add(1);
+    } else {
+        out.rejected
+            .push(agentjail_manifest::report::RejectedFile { path, reason });
     }
 }
 

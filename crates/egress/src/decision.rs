@@ -1,5 +1,6 @@
 //! The decision log: one entry per allowed or refused connection or request.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -36,7 +37,25 @@ pub struct Decision {
     pub started_ms: u64,
     /// How long the connection or request lasted, in milliseconds.
     pub duration_ms: u64,
+    /// How many decisions this entry stands for: refusals with the same method, host, port
+    /// and reason are merged into the first one (its times and address are the first's).
+    /// Allowed connections are never merged (1). In a [`LOG_FULL`] entry: how many decisions
+    /// were not logged.
+    pub count: u64,
 }
+
+/// The reason of the entry that counts what the log did not keep once full: at most
+/// [`MAX_ALLOWED`] allowed and [`MAX_REFUSALS`] distinct refusals are kept, so that a payload
+/// that floods the gateway with requests (each to another host) cannot make the log, the report
+/// or the work after the run grow with it. Such an entry has an empty method and host, port 0,
+/// `allowed` telling which kind it counts, and the number in `count`.
+pub const LOG_FULL: &str = "decision log full: not listed";
+/// Most allowed connections kept in the log (each run allows at most
+/// `limits.network_connections` connections, up to 10 000; plain-HTTP requests on kept-alive
+/// connections can be more).
+pub const MAX_ALLOWED: usize = 1024;
+/// Most distinct refusals kept in the log (the report lists at most as many per kind).
+pub const MAX_REFUSALS: usize = 256;
 
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
@@ -81,10 +100,71 @@ pub(crate) fn sanitize(s: &str, max: usize) -> String {
     out
 }
 
-/// The shared, append-only log.
+/// The shared, append-only log: bounded in entries whatever the payload does, and O(1) per
+/// decision (refusals are merged through a map keyed by method, host, port and reason).
 #[derive(Debug, Default)]
 pub(crate) struct Log {
-    entries: Mutex<Vec<Decision>>,
+    inner: Mutex<Entries>,
+}
+
+#[derive(Debug, Default)]
+struct Entries {
+    list: Vec<Decision>,
+    /// Index in `list` of each kept refusal, by (method, host, port, reason).
+    refusals: HashMap<(String, String, u16, String), usize>,
+    allowed: usize,
+    dropped_allowed: u64,
+    dropped_refusals: u64,
+}
+
+impl Entries {
+    fn push(&mut self, d: Decision) {
+        if d.allowed {
+            if self.allowed >= MAX_ALLOWED {
+                self.dropped_allowed = self.dropped_allowed.saturating_add(d.count);
+                return;
+            }
+            self.allowed += 1;
+            self.list.push(d);
+            return;
+        }
+        let key = (d.method.clone(), d.host.clone(), d.port, d.reason.clone());
+        if let Some(&i) = self.refusals.get(&key) {
+            if let Some(e) = self.list.get_mut(i) {
+                e.count = e.count.saturating_add(d.count);
+            }
+            return;
+        }
+        if self.refusals.len() >= MAX_REFUSALS {
+            self.dropped_refusals = self.dropped_refusals.saturating_add(d.count);
+            return;
+        }
+        self.refusals.insert(key, self.list.len());
+        self.list.push(d);
+    }
+
+    fn take(&mut self) -> Vec<Decision> {
+        let mut out = std::mem::take(&mut self.list);
+        for (allowed, count) in [(true, self.dropped_allowed), (false, self.dropped_refusals)] {
+            if count > 0 {
+                out.push(Decision {
+                    allowed,
+                    method: String::new(),
+                    host: String::new(),
+                    port: 0,
+                    address: None,
+                    reason: LOG_FULL.into(),
+                    bytes_up: 0,
+                    bytes_down: 0,
+                    started_ms: now_ms(),
+                    duration_ms: 0,
+                    count,
+                });
+            }
+        }
+        *self = Entries::default();
+        out
+    }
 }
 
 impl Log {
@@ -97,16 +177,18 @@ impl Log {
             reason = %d.reason,
             "egress decision"
         );
-        match self.entries.lock() {
+        match self.inner.lock() {
             Ok(mut g) => g.push(d),
             Err(poisoned) => poisoned.into_inner().push(d),
         }
     }
 
+    /// The kept decisions in the order they were first made, then at most two [`LOG_FULL`]
+    /// entries counting what was not kept; the log is empty afterwards.
     pub(crate) fn take(&self) -> Vec<Decision> {
-        match self.entries.lock() {
-            Ok(mut g) => std::mem::take(&mut *g),
-            Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
+        match self.inner.lock() {
+            Ok(mut g) => g.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
         }
     }
 }
@@ -120,6 +202,53 @@ mod tests {
         assert_eq!(sanitize("abc", 10), "abc");
         assert_eq!(sanitize("a\r\nb\u{e9}", 10), "a??b?");
         assert_eq!(sanitize("abcdef", 3), "abc...");
+    }
+
+    fn refusal(host: &str, reason: &str) -> Decision {
+        Decision {
+            allowed: false,
+            method: "GET".into(),
+            host: host.into(),
+            port: 80,
+            address: None,
+            reason: reason.into(),
+            bytes_up: 0,
+            bytes_down: 0,
+            started_ms: 0,
+            duration_ms: 0,
+            count: 1,
+        }
+    }
+
+    #[test]
+    fn refusals_are_merged_and_the_log_is_bounded() {
+        let log = Log::default();
+        for _ in 0..1000 {
+            log.push(refusal("same.test", "forbidden"));
+        }
+        for i in 0..100_000 {
+            log.push(refusal(&format!("h{i}.test"), "forbidden"));
+        }
+        for _ in 0..(MAX_ALLOWED + 5) {
+            log.push(Decision {
+                allowed: true,
+                ..refusal("ok.test", "rule")
+            });
+        }
+        let got = log.take();
+        assert_eq!(got.len(), MAX_REFUSALS + MAX_ALLOWED + 2);
+        assert_eq!(got[0].host, "same.test");
+        assert_eq!(got[0].count, 1000);
+        let full: Vec<&Decision> = got.iter().filter(|d| d.reason == LOG_FULL).collect();
+        assert_eq!(full.len(), 2);
+        assert!(full.iter().any(|d| d.allowed && d.count == 5));
+        let kept: u64 = got
+            .iter()
+            .filter(|d| !d.allowed && d.reason != LOG_FULL)
+            .map(|d| d.count)
+            .sum();
+        assert!(full.iter().any(|d| !d.allowed && d.count + kept == 101_000));
+        assert!(log.take().is_empty());
     }
 
     #[test]

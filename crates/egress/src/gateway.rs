@@ -287,6 +287,7 @@ impl Gateway {
                     bytes_down: 0,
                     started_ms: now_ms(),
                     duration_ms: 0,
+                    count: 1,
                 });
                 return shared.log.take();
             }
@@ -331,6 +332,7 @@ impl Gateway {
                                 bytes_down: 0,
                                 started_ms: now_ms(),
                                 duration_ms: 0,
+                                count: 1,
                             });
                             tasks.spawn(reject_conn(stream, reason));
                             }
@@ -450,6 +452,7 @@ fn base_decision(method: &str, started_ms: u64) -> Decision {
         bytes_down: 0,
         started_ms,
         duration_ms: 0,
+        count: 1,
     }
 }
 
@@ -906,6 +909,7 @@ async fn handle_forward(
                 bytes_down: 0,
                 started_ms: d.started_ms,
                 duration_ms: ms(start.elapsed()),
+                count: 1,
             };
             shared.log.push(denial);
             pending.note("redirect not forwarded".into());

@@ -70,7 +70,7 @@ mod resolve;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-pub use decision::Decision;
+pub use decision::{Decision, LOG_FULL, MAX_ALLOWED, MAX_REFUSALS};
 pub use gateway::{DENIED_HEADER, Gateway, GatewayLimits, redirect_target};
 pub use policy::{CompiledPolicy, PolicyError, compile_policy};
 pub use resolve::{HickoryResolver, Resolve, ResolveError, ResolveFuture, StaticResolver};
@@ -115,6 +115,7 @@ impl GatewayHandle {
                 bytes_down: 0,
                 started_ms: decision::now_ms(),
                 duration_ms: 0,
+                count: 1,
             }],
         }
     }

@@ -14,6 +14,7 @@
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Which cgroup version a run used.
@@ -40,7 +41,15 @@ pub struct Cgroup {
     pids: PathBuf,
     /// v1 cpuacct hierarchy, when mounted (v2 keeps cpu.stat in `memory`'s dir).
     cpu: Option<PathBuf>,
+    /// v1 cpu controller's directory (CFS quota), when a CPU limit was asked for and the
+    /// hierarchy is mounted apart from cpuacct's (otherwise the quota is set in `cpu`).
+    cpu_ctl: Option<PathBuf>,
+    /// The CPU quota asked for is in force.
+    pub cpu_limited: bool,
 }
+
+/// CFS period of the CPU limit (v2 `cpu.max`, v1 `cpu.cfs_period_us`), in microseconds.
+pub const CPU_PERIOD_US: u64 = 100_000;
 
 /// Figures read after the run.
 #[derive(Debug, Default, Clone, Copy)]
@@ -136,10 +145,233 @@ fn v1_dir(ms: &[MountEntry], own: &[(String, Vec<String>, String)], ctl: &str) -
     own_dir(m, path)
 }
 
-fn v2_dir(ms: &[MountEntry], own: &[(String, Vec<String>, String)]) -> Option<PathBuf> {
+/// The cgroup2 mount point and our own cgroup's directory in it.
+fn v2_dir(ms: &[MountEntry], own: &[(String, Vec<String>, String)]) -> Option<(PathBuf, PathBuf)> {
     let m = ms.iter().find(|m| m.fstype == "cgroup2")?;
     let (_, _, path) = own.iter().find(|(id, c, _)| id == "0" && c.is_empty())?;
-    own_dir(m, path)
+    Some((m.mount_point.clone(), own_dir(m, path)?))
+}
+
+/// Controllers every run's cgroup needs.
+const REQUIRED: [&str; 2] = ["memory", "pids"];
+/// The leaf into which a process that claims its own cgroup moves itself (and its children)
+/// so that the cgroup may pass controllers down ("no internal processes"); `<prefix><pid>`.
+const LEAF_PREFIX: &str = "agentjail-supervisor-";
+
+/// Where this process makes its runs' v2 cgroups, decided at its first run and kept: the
+/// decision may move this process (see [`claim`]), after which its own cgroup is no longer the
+/// place to decide from.
+static V2_BASE: Mutex<Option<PathBuf>> = Mutex::new(None);
+/// What [`claim`] changed, undone by [`release`].
+static CLAIM: Mutex<Option<Claim>> = Mutex::new(None);
+
+#[derive(Debug)]
+struct Claim {
+    own: PathBuf,
+    leaf: PathBuf,
+    enabled: Vec<&'static str>,
+}
+
+fn v2_base(mount: &Path, own: &Path) -> Result<PathBuf, String> {
+    if let Ok(g) = V2_BASE.lock()
+        && let Some(b) = g.as_ref()
+        && b.is_dir()
+    {
+        return Ok(b.clone());
+    }
+    let b = find_v2_base(mount, own)?;
+    if let Ok(mut g) = V2_BASE.lock() {
+        *g = Some(b.clone());
+    }
+    Ok(b)
+}
+
+/// Chooses the cgroup under which the runs' cgroups are made, for every way a host places a
+/// process, without enabling a controller anywhere but in a cgroup of agentjail's own:
+/// 1. our cgroup already passes memory and pids down: the root cgroup of a systemd host (the
+///    root may hold processes and enable controllers at once), or the parent of a leaf that a
+///    process of ours made (rule 2, e.g. done by a long-lived parent);
+/// 2. our cgroup holds only this process and its children (`systemd-run --scope`, a delegated
+///    `Delegate=yes` unit, a delegated subtree chown'd to a user): [`claim`] it;
+/// 3. else (a login session's scope, which holds the user's shell too; a service with other
+///    processes) the nearest ancestor that passes memory and pids down, where creating a
+///    cgroup needs root or delegation (the mkdir's EACCES is reported as such).
+fn find_v2_base(mount: &Path, own: &Path) -> Result<PathBuf, String> {
+    if !has_controllers(mount, "cgroup.controllers", &REQUIRED) {
+        return Err(format!(
+            "cgroup v2 at {} has no memory and pids controllers",
+            mount.display()
+        ));
+    }
+    if has_controllers(own, "cgroup.subtree_control", &REQUIRED) {
+        return Ok(own.to_path_buf());
+    }
+    if let (Some(n), Some(parent)) = (own.file_name().and_then(|n| n.to_str()), own.parent())
+        && n.starts_with(LEAF_PREFIX)
+        && has_controllers(parent, "cgroup.subtree_control", &REQUIRED)
+    {
+        return Ok(parent.to_path_buf());
+    }
+    let mut reasons = Vec::new();
+    if own != mount {
+        match claim(own) {
+            Ok(()) => return Ok(own.to_path_buf()),
+            Err(e) => reasons.push(e),
+        }
+    }
+    let mut a = own;
+    while a != mount {
+        let Some(p) = a.parent() else { break };
+        a = p;
+        if !a.starts_with(mount) {
+            break;
+        }
+        if has_controllers(a, "cgroup.subtree_control", &REQUIRED) {
+            return Ok(a.to_path_buf());
+        }
+    }
+    reasons.push(format!(
+        "no cgroup from {} up passes the memory and pids controllers down (agentjail enables controllers only in a cgroup of its own; on a host without systemd, as root: echo '+memory +pids +cpu' > {}/cgroup.subtree_control)",
+        own.display(),
+        mount.display()
+    ));
+    Err(format!("cgroup v2: {}", reasons.join("; ")))
+}
+
+/// The pids listed in a `cgroup.procs` file.
+fn procs(dir: &Path) -> Vec<u32> {
+    fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+fn ppid(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 4, after the parenthesised command name (which may contain spaces).
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Makes our own cgroup `own` agentjail's: when it holds only this process and its children
+/// (the sandbox init cloned ahead), moves them into the leaf `own/agentjail-supervisor-<pid>`
+/// and enables memory and pids (and cpu, when offered) in `own`'s subtree_control, so that the
+/// runs' cgroups can be its children. [`release`] undoes it.
+fn claim(own: &Path) -> Result<(), String> {
+    if !has_controllers(own, "cgroup.controllers", &REQUIRED) {
+        return Err(format!(
+            "{} is not offered the memory and pids controllers by its parent",
+            own.display()
+        ));
+    }
+    let me = std::process::id();
+    let ours = procs(own);
+    let foreign: Vec<String> = ours
+        .iter()
+        .filter(|&&p| p != me && ppid(p) != Some(me))
+        .map(u32::to_string)
+        .collect();
+    if !foreign.is_empty() {
+        return Err(format!(
+            "{} holds other processes too ({}), so it cannot pass controllers down",
+            own.display(),
+            foreign.join(" ")
+        ));
+    }
+    reap_stale_leaves(own);
+    let leaf = own.join(format!("{LEAF_PREFIX}{me}"));
+    match fs::create_dir(&leaf) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("mkdir {}: {e}", leaf.display())),
+    }
+    let undo = |enabled: &[&str]| {
+        for c in enabled.iter().rev() {
+            let _ = fs::write(own.join("cgroup.subtree_control"), format!("-{c}"));
+        }
+        for p in procs(&leaf) {
+            let _ = fs::write(own.join("cgroup.procs"), p.to_string());
+        }
+        let _ = fs::remove_dir(&leaf);
+    };
+    for p in &ours {
+        if let Err(e) = fs::write(leaf.join("cgroup.procs"), p.to_string())
+            && e.raw_os_error() != Some(libc::ESRCH)
+        {
+            undo(&[]);
+            return Err(format!("write {}/cgroup.procs = {p}: {e}", leaf.display()));
+        }
+    }
+    let mut enabled: Vec<&'static str> = Vec::new();
+    for c in ["memory", "pids", "cpu"] {
+        if has_controllers(own, "cgroup.subtree_control", &[c])
+            || !has_controllers(own, "cgroup.controllers", &[c])
+        {
+            continue;
+        }
+        match fs::write(own.join("cgroup.subtree_control"), format!("+{c}")) {
+            Ok(()) => enabled.push(c),
+            Err(_) if c == "cpu" => {}
+            Err(e) => {
+                undo(&enabled);
+                return Err(format!(
+                    "write {}/cgroup.subtree_control = +{c}: {e}",
+                    own.display()
+                ));
+            }
+        }
+    }
+    if let Ok(mut g) = CLAIM.lock() {
+        *g = Some(Claim {
+            own: own.to_path_buf(),
+            leaf,
+            enabled,
+        });
+    }
+    Ok(())
+}
+
+/// Undoes what [`claim`] did, once this process makes no more runs (the runs' cgroups are gone
+/// by then): disables the controllers it enabled, moves this process back into its cgroup and
+/// removes the leaf. Call it before exiting; a process killed before can leave only an empty
+/// leaf, which the next claim of that cgroup removes.
+pub fn release() {
+    let Some(c) = CLAIM.lock().ok().and_then(|mut g| g.take()) else {
+        return;
+    };
+    if let Ok(mut g) = V2_BASE.lock() {
+        *g = None;
+    }
+    for ctl in c.enabled.iter().rev() {
+        let _ = fs::write(c.own.join("cgroup.subtree_control"), format!("-{ctl}"));
+    }
+    for p in procs(&c.leaf) {
+        let _ = fs::write(c.own.join("cgroup.procs"), p.to_string());
+    }
+    let _ = fs::remove_dir(&c.leaf);
+}
+
+/// Removes empty leaves of claims whose process is gone.
+fn reap_stale_leaves(own: &Path) {
+    let Ok(entries) = fs::read_dir(own) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(LEAF_PREFIX))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = fs::remove_dir(e.path());
+        }
+    }
 }
 
 fn has_controllers(dir: &Path, file: &str, wanted: &[&str]) -> bool {
@@ -174,7 +406,13 @@ fn read_key(path: &Path, key: &str) -> Option<u64> {
 impl Cgroup {
     /// Creates the run's cgroup(s) with the memory and pids limits. `Err` carries the reason
     /// (for the report's `degraded` list) when no usable cgroup exists.
-    pub fn create(memory_bytes: u64, pids_max: u64) -> Result<Cgroup, String> {
+    /// `cpu_quota_us`: the CPU limit as a CFS quota per [`CPU_PERIOD_US`]; whether it could be
+    /// set is in [`Cgroup::cpu_limited`] (the caller decides whether a run without it goes on).
+    pub fn create(
+        memory_bytes: u64,
+        pids_max: u64,
+        cpu_quota_us: Option<u64>,
+    ) -> Result<Cgroup, String> {
         let ms = mounts().map_err(|e| format!("cgroup: cannot read /proc/self/mountinfo: {e}"))?;
         let own =
             own_cgroups().map_err(|e| format!("cgroup: cannot read /proc/self/cgroup: {e}"))?;
@@ -184,23 +422,27 @@ impl Cgroup {
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
         let mut reasons = Vec::new();
-        match v2_dir(&ms, &own) {
-            Some(dir) if has_controllers(&dir, "cgroup.controllers", &["memory", "pids"]) => {
-                match Self::create_v2(&dir, &name, memory_bytes, pids_max) {
-                    Ok(cg) => return Ok(cg),
-                    Err(e) => reasons.push(e),
-                }
+        if let Some((mount, dir)) = v2_dir(&ms, &own) {
+            match v2_base(&mount, &dir).and_then(|base| {
+                Self::create_v2(&base, &name, memory_bytes, pids_max, cpu_quota_us)
+            }) {
+                Ok(cg) => return Ok(cg),
+                Err(e) => reasons.push(e),
             }
-            Some(dir) => reasons.push(format!(
-                "cgroup v2 at {} has no memory and pids controllers",
-                dir.display()
-            )),
-            None => {}
         }
         match (v1_dir(&ms, &own, "memory"), v1_dir(&ms, &own, "pids")) {
             (Some(mem), Some(pids)) => {
                 let cpu = v1_dir(&ms, &own, "cpuacct");
-                match Self::create_v1(&mem, &pids, cpu.as_deref(), &name, memory_bytes, pids_max) {
+                let cpu_ctl = cpu_quota_us.and_then(|_| v1_dir(&ms, &own, "cpu"));
+                match Self::create_v1(
+                    &mem,
+                    &pids,
+                    cpu.as_deref(),
+                    &name,
+                    memory_bytes,
+                    pids_max,
+                    cpu_ctl.as_deref().zip(cpu_quota_us),
+                ) {
                     Ok(cg) => return Ok(cg),
                     Err(e) => reasons.push(e),
                 }
@@ -217,12 +459,18 @@ impl Cgroup {
         name: &str,
         memory_bytes: u64,
         pids_max: u64,
+        cpu_limit: Option<(&Path, u64)>,
     ) -> Result<Cgroup, String> {
         let memory = mem_parent.join(name);
         let pids = pids_parent.join(name);
-        for parent in [Some(mem_parent), Some(pids_parent), cpu_parent]
-            .into_iter()
-            .flatten()
+        for parent in [
+            Some(mem_parent),
+            Some(pids_parent),
+            cpu_parent,
+            cpu_limit.map(|(p, _)| p),
+        ]
+        .into_iter()
+        .flatten()
         {
             reap_stale(parent, name);
         }
@@ -233,6 +481,8 @@ impl Cgroup {
             memory: memory.clone(),
             pids: pids.clone(),
             cpu: None,
+            cpu_ctl: None,
+            cpu_limited: false,
         };
         // From here on, dropping `cg` on error removes what was created.
         let mut cg = cg;
@@ -257,6 +507,19 @@ impl Cgroup {
                 cg.cpu = Some(dir);
             }
         }
+        if let Some((cp, quota)) = cpu_limit {
+            let dir = cp.join(name);
+            let shared = cg.cpu.as_deref() == Some(dir.as_path());
+            if shared || fs::create_dir(&dir).is_ok() {
+                if !shared {
+                    cg.cpu_ctl = Some(dir.clone());
+                }
+                cg.cpu_limited =
+                    fs::write(dir.join("cpu.cfs_period_us"), CPU_PERIOD_US.to_string())
+                        .and_then(|()| fs::write(dir.join("cpu.cfs_quota_us"), quota.to_string()))
+                        .is_ok();
+            }
+        }
         Ok(cg)
     }
 
@@ -265,32 +528,42 @@ impl Cgroup {
         name: &str,
         memory_bytes: u64,
         pids_max: u64,
+        cpu_quota_us: Option<u64>,
     ) -> Result<Cgroup, String> {
-        if !has_controllers(parent, "cgroup.subtree_control", &["memory", "pids"]) {
-            // A cgroup with processes cannot enable controllers for its children ("no internal
-            // processes"): move ourselves into a leaf first, then enable them.
-            let leaf = parent.join("agentjail-supervisor");
-            let _ = fs::create_dir(&leaf);
-            write(&leaf.join("cgroup.procs"), &std::process::id().to_string())?;
-            write(&parent.join("cgroup.subtree_control"), "+memory +pids").map_err(|e| {
-                format!("{e} (run under a delegated cgroup, e.g. systemd-run --user --scope -p Delegate=yes)")
-            })?;
-            let _ = fs::write(parent.join("cgroup.subtree_control"), "+cpu");
-        }
         reap_stale(parent, name);
         let dir = parent.join(name);
-        fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        fs::create_dir(&dir).map_err(|e| {
+            format!(
+                "mkdir {}: {e}{}",
+                dir.display(),
+                if e.kind() == io::ErrorKind::PermissionDenied {
+                    " (this user holds no delegated cgroup here: run under `systemd-run --user --scope -p Delegate=yes`, or as root)"
+                } else {
+                    ""
+                }
+            )
+        })?;
         let cg = Cgroup {
             version: Version::V2,
             memory: dir.clone(),
             pids: dir.clone(),
             cpu: None,
+            cpu_ctl: None,
+            cpu_limited: false,
         };
+        let mut cg = cg;
         write(&dir.join("memory.max"), &memory_bytes.to_string())?;
         let _ = fs::write(dir.join("memory.swap.max"), "0");
         // Kill the whole group on OOM rather than one process, like the v1 behaviour users expect.
         let _ = fs::write(dir.join("memory.oom.group"), "1");
         write(&dir.join("pids.max"), &pids_max.to_string())?;
+        // The cpu controller is there when the parent passes it down (see `find_v2_base`).
+        if let Some(quota) = cpu_quota_us
+            && has_controllers(&dir, "cgroup.controllers", &["cpu"])
+        {
+            cg.cpu_limited =
+                fs::write(dir.join("cpu.max"), format!("{quota} {CPU_PERIOD_US}")).is_ok();
+        }
         Ok(cg)
     }
 
@@ -308,7 +581,13 @@ impl Cgroup {
         }
         let mut v = vec![self.memory.join("tasks"), self.pids.join("tasks")];
         v.extend(self.cpu.as_ref().map(|c| c.join("tasks")));
+        v.extend(self.cpu_ctl.as_ref().map(|c| c.join("tasks")));
         v
+    }
+
+    /// v2: the run's cgroup directory, into which the payload is cloned (`CLONE_INTO_CGROUP`).
+    pub fn clone_into_dir(&self) -> Option<&Path> {
+        (self.version == Version::V2).then_some(self.memory.as_path())
     }
 
     /// The run's cgroup directory name (the same in every hierarchy).
@@ -375,6 +654,7 @@ impl Drop for Cgroup {
             dirs.push(self.pids.clone());
         }
         dirs.extend(self.cpu.clone());
+        dirs.extend(self.cpu_ctl.clone());
         for d in dirs.into_iter().filter(|d| !d.as_os_str().is_empty()) {
             for _ in 0..200 {
                 match fs::remove_dir(&d) {
@@ -415,10 +695,23 @@ fn reap_stale(parent: &Path, ours: &str) {
 
 /// What `agentjail check` says about cgroups on this host, for this user.
 pub fn describe() -> (Option<Version>, String) {
-    match Cgroup::create(64 * 1024 * 1024, 8) {
+    match Cgroup::create(64 * 1024 * 1024, 8, Some(CPU_PERIOD_US)) {
         Ok(cg) => {
             let v = cg.version;
-            let msg = format!("{} (memory and pids limits can be applied)", v.name());
+            let msg = format!(
+                "{} (memory and pids limits{} can be applied{})",
+                v.name(),
+                if cg.cpu_limited {
+                    ", and the CPU limit,"
+                } else {
+                    ""
+                },
+                if cg.cpu_limited {
+                    ""
+                } else {
+                    "; the CPU limit cannot: no cpu controller for this cgroup, so a run with limits.cpus needs --allow-degraded"
+                }
+            );
             drop(cg);
             (Some(v), msg)
         }
@@ -461,6 +754,90 @@ mod tests {
                 .unwrap();
         assert_eq!(m.fstype, "cgroup2");
         assert_eq!(unescape("a\\040b"), "a b");
+    }
+
+    /// A fake cgroup2 tree: each entry is (dir, controllers, subtree_control, procs).
+    fn tree(entries: &[(&str, &str, &str, &str)]) -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        for (dir, ctl, sub, procs) in entries {
+            let p = d.path().join(dir);
+            fs::create_dir_all(&p).unwrap();
+            fs::write(p.join("cgroup.controllers"), ctl).unwrap();
+            fs::write(p.join("cgroup.subtree_control"), sub).unwrap();
+            fs::write(p.join("cgroup.procs"), procs).unwrap();
+        }
+        d
+    }
+
+    #[test]
+    fn v2_base_for_each_placement() {
+        let all = "cpu memory pids";
+        // The root cgroup of a systemd host: its own cgroup passes the controllers down.
+        let t = tree(&[("", all, all, "1\n")]);
+        assert_eq!(find_v2_base(t.path(), t.path()).unwrap(), t.path());
+        // A login session's scope, holding another process (pid 1 here, not ours): the
+        // nearest ancestor that passes memory and pids down, never the scope itself.
+        let t = tree(&[
+            ("", all, all, ""),
+            ("user.slice", all, all, ""),
+            ("user.slice/user-0.slice", all, "memory pids", ""),
+            (
+                "user.slice/user-0.slice/session-1.scope",
+                "memory pids",
+                "",
+                "1\n",
+            ),
+        ]);
+        let own = t.path().join("user.slice/user-0.slice/session-1.scope");
+        assert_eq!(
+            find_v2_base(t.path(), &own).unwrap(),
+            t.path().join("user.slice/user-0.slice")
+        );
+        assert_eq!(
+            fs::read_to_string(own.join("cgroup.subtree_control")).unwrap(),
+            "",
+            "no controller enabled in a cgroup that is not ours"
+        );
+        // A leaf made by a claim (ours, or a parent's): its parent.
+        let t = tree(&[
+            ("", all, all, ""),
+            ("run-u1.scope", all, "memory pids", ""),
+            (
+                "run-u1.scope/agentjail-supervisor-77",
+                "memory pids",
+                "",
+                "77\n",
+            ),
+        ]);
+        let own = t.path().join("run-u1.scope/agentjail-supervisor-77");
+        assert_eq!(
+            find_v2_base(t.path(), &own).unwrap(),
+            t.path().join("run-u1.scope")
+        );
+        // Nothing passes the controllers down (a fresh boot without systemd, in the root
+        // cgroup): refused with the fix, and the root left alone.
+        let t = tree(&[("", all, "", "1\n")]);
+        let e = find_v2_base(t.path(), t.path()).unwrap_err();
+        assert!(e.contains("+memory +pids"), "{e}");
+        assert_eq!(
+            fs::read_to_string(t.path().join("cgroup.subtree_control")).unwrap(),
+            ""
+        );
+        // No memory controller in v2 at all (bound to v1 hierarchies).
+        let t = tree(&[("", "cpu", "", "")]);
+        assert!(find_v2_base(t.path(), t.path()).is_err());
+    }
+
+    #[test]
+    fn ppid_of_a_child() {
+        let c = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        assert_eq!(ppid(c.id()), Some(std::process::id()));
+        let mut c = c;
+        c.kill().unwrap();
+        c.wait().unwrap();
     }
 
     #[test]

@@ -204,7 +204,9 @@ pub fn check() -> Report {
             "unprivileged: the sandbox user maps to your own uid (single-uid user namespace)".into()
         },
     });
-    items.push(match crate::gvisor::available() {
+    let gvisor = crate::gvisor::available();
+    let gvisor_version = gvisor.as_ref().ok().cloned();
+    items.push(match gvisor {
         Ok(v) => Item {
             name: "gvisor tier".into(),
             ok: true,
@@ -218,6 +220,20 @@ pub fn check() -> Report {
             detail: format!("unavailable: {e} (optional; the native tier does not need it)"),
         },
     });
+    if let Some(v) = &gvisor_version {
+        items.push(match crate::gvisor::platform(v) {
+            Ok(p) => Item {
+                name: "gvisor platform".into(),
+                ok: true,
+                detail: p.describe(),
+            },
+            Err(e) => Item {
+                name: "gvisor platform".into(),
+                ok: false,
+                detail: e,
+            },
+        });
+    }
     let strict = crate::probe_strict_run();
     items.push(Item {
         name: "mounts in userns".into(),

@@ -11,6 +11,10 @@
 //! on the cgroup of its sandbox (the pids limit there also counts gVisor's own threads, so it
 //! is set above the manifest's; the manifest's process limit is enforced by RLIMIT_NPROC inside).
 //!
+//! runsc runs in a network namespace (and mount namespace) private to this supervisor, with its
+//! state root in a 0700 folder, so that its control socket (an abstract unix socket, which has
+//! no permission check) is unreachable from the host's network namespace and by other uids.
+//!
 //! The supervisor keeps the deadline (`runsc kill` then `delete --force`), passes stdout and
 //! stderr through with the same bounds, and hands `/output` to the same untrusting collector.
 //!
@@ -42,6 +46,105 @@ pub fn runsc_path() -> Option<PathBuf> {
             .map(|d| d.join("runsc"))
             .find(|p| p.is_file())
     })
+}
+
+/// The gVisor platform a run uses, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Platform {
+    /// `kvm`, `systrap` or `ptrace`: passed to runsc as `--platform`.
+    pub name: &'static str,
+    /// Why this one, e.g. `kvm not used: /dev/kvm is kvm_pvm, no VMX/SVM`.
+    pub why: String,
+}
+
+impl Platform {
+    /// `name (why)`, as the report and `agentjail check` show it.
+    pub fn describe(&self) -> String {
+        format!("{} ({})", self.name, self.why)
+    }
+}
+
+/// Chooses the platform: `$AGENTJAIL_GVISOR_PLATFORM` (`kvm`, `systrap`, `ptrace`) if set;
+/// otherwise KVM where it really works — /dev/kvm opens read-write, is the hardware KVM
+/// module (not `kvm_pvm`, the paravirtual one that cannot run gVisor's guest: its KVM platform
+/// spins at start-up there, measured in docs/performance.md) and the CPU advertises VMX or SVM
+/// — else the fastest of runsc's own platforms that this runsc has (systrap from runsc 2023-06
+/// on, ptrace before). `runsc_version` is `runsc --version`'s first line.
+pub fn platform(runsc_version: &str) -> Result<Platform, String> {
+    if let Some(v) = std::env::var_os("AGENTJAIL_GVISOR_PLATFORM") {
+        let name = match v.to_str() {
+            Some("kvm") => "kvm",
+            Some("systrap") => "systrap",
+            Some("ptrace") => "ptrace",
+            _ => {
+                return Err(format!(
+                    "AGENTJAIL_GVISOR_PLATFORM={}: expected kvm, systrap or ptrace",
+                    v.to_string_lossy()
+                ));
+            }
+        };
+        return Ok(Platform {
+            name,
+            why: "chosen by AGENTJAIL_GVISOR_PLATFORM".into(),
+        });
+    }
+    match kvm_usable() {
+        Ok(()) => Ok(Platform {
+            name: "kvm",
+            why: "/dev/kvm works: hardware KVM with VMX/SVM".into(),
+        }),
+        Err(no_kvm) => {
+            let name = if runsc_has_systrap(runsc_version) {
+                "systrap"
+            } else {
+                "ptrace"
+            };
+            Ok(Platform {
+                name,
+                why: format!("kvm not used: {no_kvm}"),
+            })
+        }
+    }
+}
+
+/// Whether gVisor's KVM platform can work here, or why not.
+fn kvm_usable() -> Result<(), String> {
+    let kvm = Path::new("/dev/kvm");
+    if !kvm.exists() {
+        return Err("no /dev/kvm".into());
+    }
+    rustix::fs::open(
+        kvm,
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| format!("/dev/kvm cannot be opened: {e}"))?;
+    if Path::new("/sys/module/kvm_pvm").exists()
+        && !Path::new("/sys/module/kvm_intel").exists()
+        && !Path::new("/sys/module/kvm_amd").exists()
+    {
+        return Err("/dev/kvm is kvm_pvm (paravirtual KVM), no VMX/SVM".into());
+    }
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let hw = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("flags"))
+        .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"));
+    if !hw {
+        return Err("the CPU advertises no VMX/SVM".into());
+    }
+    Ok(())
+}
+
+/// runsc gained the systrap platform (and made it its default) in mid-2023; Debian 12's
+/// 20221219 does not have it. Version lines look like `runsc version release-20240729.0` or
+/// `runsc version 0.0~20221219.0`.
+fn runsc_has_systrap(version: &str) -> bool {
+    version
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|d| d.len() == 8 && d.starts_with("20"))
+        .filter_map(|d| d.parse::<u32>().ok())
+        .any(|date| date >= 20_230_601)
 }
 
 /// Whether the tier can run here, with the reason when not.
@@ -77,10 +180,11 @@ pub fn run(
     if !matches!(vm.manifest.network, agentjail_manifest::Network::Deny) {
         return fail(report, "manifest field `network`: allowlists are not available on the gvisor tier yet; use the native tier or `network: deny`".into());
     }
-    let runsc = match available() {
-        Ok(_) => runsc_path().unwrap_or_default(),
+    let (runsc, platform) = match available().and_then(|v| platform(&v)) {
+        Ok(p) => (runsc_path().unwrap_or_default(), p),
         Err(e) => return fail(report, format!("gvisor tier unavailable: {e}")),
     };
+    report.isolation.platform = Some(platform.describe());
     let work = match tempfile::Builder::new()
         .prefix("agentjail-gvisor-")
         .tempdir()
@@ -102,16 +206,32 @@ pub fn run(
     if let Err(e) = write_bundle(work.path(), &plan, &out_dir) {
         return fail(report, format!("gvisor bundle: {e}"));
     }
-    if let Err(e) = private_output_tmpfs(&out_dir, vm.manifest.limits.output_bytes()) {
+    if let Err(e) = private_namespaces() {
+        return fail(report, format!("gvisor control plane: {e}"));
+    }
+    if let Err(e) = private_output_tmpfs(
+        &out_dir,
+        crate::plan::output_tmpfs_bytes(&vm.manifest.limits),
+    ) {
         return fail(report, format!("gvisor /output: {e}"));
     }
-    let state = work.path().join("state");
-    let _ = std::fs::create_dir(&state);
+    // runsc's state root (the container's state file, which names the control socket, and its
+    // locks): inside a folder of its own, 0700 (tempfile's mode), not inside the world-readable
+    // bundle folder (runsc makes its root itself 0755, hence the folder around it).
+    let state_dir = match tempfile::Builder::new()
+        .prefix("agentjail-runsc-state-")
+        .tempdir()
+    {
+        Ok(d) => d,
+        Err(e) => return fail(report, format!("cannot create runsc's state folder: {e}")),
+    };
+    let state = state_dir.path().join("runsc");
 
     let mut child = match Command::new(&runsc)
         .arg("--root")
         .arg(&state)
-        .args(["--network=none", "run", "--bundle"])
+        .arg(format!("--platform={}", platform.name))
+        .args(["--network=none", "--oci-seccomp", "run", "--bundle"])
         .arg(work.path().join("bundle"))
         .arg(&id)
         .stdin(Stdio::null())
@@ -209,7 +329,7 @@ pub fn run(
         "fsize".into(),
     ];
     iso.degraded = vec![
-        "gvisor: syscalls are implemented by gVisor's Sentry, which runs under its own seccomp filter; refused syscalls are not reported by name".into(),
+        "gvisor: syscalls are implemented by gVisor's Sentry, which runs under its own seccomp filter; refused syscalls (including socket families outside AF_UNIX/AF_INET/AF_INET6, refused by the bundle's seccomp filter) are not reported by name".into(),
         "gvisor: Landlock is not used; file access is mediated by gVisor's gofer over the same read-only binds".into(),
         "gvisor: CPU time and peak memory are not reported; a memory-limit kill shows as SIGKILL".into(),
     ];
@@ -277,30 +397,46 @@ pub fn run(
     }
 }
 
-/// Mounts a size-bounded tmpfs on `dir` in a mount namespace private to this process (created
-/// on first use), so that what the sandbox writes to /output is bounded and invisible outside.
-fn private_output_tmpfs(dir: &Path, bytes: u64) -> Result<(), String> {
+/// Moves this supervisor (once per process) into a mount namespace and a network namespace of
+/// its own, before runsc starts; every runsc process (`run`, the gofer, the sandbox, and the
+/// supervisor's later `kill` and `delete`) inherits both.
+///
+/// The network namespace is what keeps runsc's control plane private: the sandbox's control
+/// server listens on an *abstract* unix socket (`@runsc-sandbox.<id>`), which has no file
+/// permissions and is reachable by every process in the same network namespace. In a network
+/// namespace owned by this supervisor (created by root, so joining it needs CAP_SYS_ADMIN in the
+/// host's user namespace), no other uid and no process of the host's network namespace can see
+/// or connect to it: `runsc exec`, `pause`, `kill` from outside find nothing to talk to. The
+/// supervisor itself needs no network on this tier (allowlists are refused above), and the
+/// namespace holds only a loopback that stays down (`--network=none`).
+///
+/// The mount namespace (made private, recursively) holds /output's size-bounded tmpfs, so that
+/// what the sandbox writes there is bounded and invisible outside.
+fn private_namespaces() -> Result<(), String> {
     use rustix::mount::*;
-    use std::sync::Once;
-    static UNSHARED: Once = Once::new();
-    let mut err = None;
-    UNSHARED.call_once(|| {
-        if let Err(e) = crate::sys::unshare(libc::CLONE_NEWNS) {
-            err = Some(format!("unshare(CLONE_NEWNS): {e}"));
-            return;
-        }
-        if let Err(e) = mount_change(
+    // Once per process; a failure is remembered, so a later run in the same process fails too.
+    static DONE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    DONE.get_or_init(|| {
+        crate::sys::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWNET)
+            .map_err(|e| format!("unshare(CLONE_NEWNS | CLONE_NEWNET): {e}"))?;
+        mount_change(
             "/",
             MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
-        ) {
-            err = Some(format!("make / private: {e}"));
-        }
-    });
-    if let Some(e) = err {
-        return Err(e);
-    }
-    let data = std::ffi::CString::new(format!("size={bytes},nr_inodes=16384,mode=0777"))
-        .map_err(|e| e.to_string())?;
+        )
+        .map_err(|e| format!("make / private: {e}"))
+    })
+    .clone()
+}
+
+/// Mounts a size-bounded tmpfs on `dir` (in the private mount namespace of
+/// [`private_namespaces`]), so that what the sandbox writes to /output is bounded.
+fn private_output_tmpfs(dir: &Path, bytes: u64) -> Result<(), String> {
+    use rustix::mount::*;
+    let data = std::ffi::CString::new(format!(
+        "size={bytes},nr_inodes={},mode=0777",
+        crate::plan::OUTPUT_INODES
+    ))
+    .map_err(|e| e.to_string())?;
     mount(
         "tmpfs",
         dir,
@@ -309,6 +445,45 @@ fn private_output_tmpfs(dir: &Path, bytes: u64) -> Result<(), String> {
         Some(data.as_c_str()),
     )
     .map_err(|e| format!("mount tmpfs on {}: {e}", dir.display()))
+}
+
+/// The socket families a sandboxed program may open: AF_UNIX, AF_INET and AF_INET6, as on the
+/// native tier. Everything else (AF_NETLINK, AF_PACKET, AF_VSOCK, AF_ALG, …, and numbers beyond
+/// the kernel's AF_MAX) is refused with EPERM by gVisor's Sentry, which enforces the bundle's
+/// OCI seccomp filter itself (runsc `--oci-seccomp`), for `socket` and `socketpair` alike.
+///
+/// OCI seccomp rules compare one argument each, so the allowlist is written as a default of
+/// "allow" with one refusal per family number that is not allowed, plus one for every number
+/// above the highest the kernel knows. gVisor cannot notify anyone of a refusal, so they are not
+/// in the report on this tier (docs/isolation.md).
+fn socket_family_allowlist() -> serde_json::Value {
+    const ALLOWED: [u64; 3] = [
+        libc::AF_UNIX as u64,
+        libc::AF_INET as u64,
+        libc::AF_INET6 as u64,
+    ];
+    /// AF_MCTP, the highest family of Linux 6.x (AF_MAX - 1).
+    const HIGHEST: u64 = 45;
+    let mut rules = Vec::new();
+    for family in (0..=HIGHEST).filter(|f| !ALLOWED.contains(f)) {
+        rules.push(json!({
+            "names": ["socket", "socketpair"],
+            "action": "SCMP_ACT_ERRNO",
+            "errnoRet": libc::EPERM,
+            "args": [{"index": 0, "value": family, "op": "SCMP_CMP_EQ"}]
+        }));
+    }
+    rules.push(json!({
+        "names": ["socket", "socketpair"],
+        "action": "SCMP_ACT_ERRNO",
+        "errnoRet": libc::EPERM,
+        "args": [{"index": 0, "value": HIGHEST, "op": "SCMP_CMP_GT"}]
+    }));
+    json!({
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"],
+        "syscalls": rules
+    })
 }
 
 /// Writes `bundle/config.json` and `bundle/rootfs` for the plan.
@@ -416,11 +591,13 @@ fn write_bundle(work: &Path, plan: &Plan, out_dir: &Path) -> std::io::Result<()>
         "hostname": crate::plan::HOSTNAME,
         "mounts": mounts,
         "linux": {
+            "seccomp": socket_family_allowlist(),
             "namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}],
             "resources": {
                 "memory": {"limit": l.memory_bytes(), "swap": l.memory_bytes()},
                 // gVisor's own threads count here too; the command's limit is RLIMIT_NPROC.
-                "pids": {"limit": l.processes + 256}
+                "pids": {"limit": l.processes + 256},
+                "cpu": {"quota": l.cpu_quota_us(100_000), "period": 100_000}
             }
         }
     });
@@ -428,4 +605,15 @@ fn write_bundle(work: &Path, plan: &Plan, out_dir: &Path) -> std::io::Result<()>
     std::fs::write(bundle.join("config.json"), bytes)?;
     std::fs::set_permissions(work, std::fs::Permissions::from_mode(0o755))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn systrap_is_known_from_runsc_2023_06_on() {
+        assert!(!super::runsc_has_systrap("runsc version 0.0~20221219.0"));
+        assert!(super::runsc_has_systrap("runsc version release-20240729.0"));
+        assert!(super::runsc_has_systrap("runsc version 0.0~20240729.0"));
+        assert!(!super::runsc_has_systrap("runsc version unknown"));
+    }
 }

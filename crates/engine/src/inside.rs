@@ -45,9 +45,14 @@ pub enum Msg {
     /// run; the rlimits are the only bound). With v1, carries the `tasks` files of the
     /// hierarchies, opened for writing, through which the init moves itself (see
     /// `Cgroup::self_join_files`); with v2 the supervisor has already moved it.
+    /// With v2, carries the `cgroup.procs` file and then the cgroup's directory, into which
+    /// the init clones the payload (`CLONE_INTO_CGROUP`, `into_dir` true); the file is the
+    /// fallback where the kernel lacks that.
     Cgroups {
         applied: bool,
         name: Option<String>,
+        #[serde(default)]
+        into_dir: bool,
     },
     /// Init → supervisor: the root is built and the init is in its cgroups; carries the
     /// /output fd. The payload is forked next.
@@ -104,6 +109,8 @@ pub struct InitArgs {
     /// payload writes itself into (see [`join_cgroups`]).
     pub cgroup_name: Option<String>,
     pub cgroup_files: Vec<OwnedFd>,
+    /// v2: the run's cgroup directory, into which the payload is cloned.
+    pub cgroup_dir: Option<OwnedFd>,
     /// The caller's CPU set: the supervisor starts the init on other CPUs than its own, and
     /// the init restores this once it runs (before the command inherits its set).
     pub affinity: Option<rustix::thread::CpuSet>,
@@ -359,14 +366,23 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
     let pid = {
         let args: &InitArgs = a;
         let sock = from_payload.as_fd();
-        step(
-            "start the command",
-            sys::spawn_sharing_memory(&mut || payload_main(args, sock)),
-        )?
+        // v2: the payload is born in the run's cgroup (CLONE_INTO_CGROUP); where the kernel
+        // refuses that, it moves itself in through `cgroup.procs` (see `join_cgroups`).
+        let into = args.cgroup_dir.as_ref().and_then(|dir| {
+            sys::spawn_into_cgroup(dir.as_fd(), &mut || payload_main(args, sock)).ok()
+        });
+        match into {
+            Some(pid) => pid,
+            None => step(
+                "start the command",
+                sys::spawn_sharing_memory(&mut || payload_main(args, sock)),
+            )?,
+        }
     };
     drop(from_payload);
     // The command has joined its cgroups (or failed and said so): the files are done with.
     a.cgroup_files.clear();
+    a.cgroup_dir = None;
     // Our copies of the command's stdout/stderr must go, or the supervisor never sees EOF.
     drop(a.stdout_w.take());
     drop(a.stderr_w.take());
@@ -397,8 +413,12 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
         if let Some(l) = &listener {
             fds.push(PollFd::new(l, PollFlags::IN));
         }
-        if poll(&mut fds, None).is_err() {
-            continue;
+        match poll(&mut fds, None) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            // Anything else would come back on every turn (e.g. EINVAL once RLIMIT_NOFILE is
+            // below the number of fds): never spin, end the run.
+            Err(e) => return Err(abandon("wait for the command (poll)", e)),
         }
         let listener_events = fds
             .get(1)
@@ -409,7 +429,8 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
         if listener_events.contains(PollFlags::IN)
             && let Some(l) = &listener
         {
-            serve_notification(l, a.ctl.as_fd());
+            serve_notification(l, a.ctl.as_fd())
+                .map_err(|e| abandon("serve the seccomp listener", e))?;
         } else if listener_events.intersects(PollFlags::HUP | PollFlags::ERR) {
             // No process uses the filter any more (all of them exited). The hang-up stays
             // raised, so keep the listener out of the poll set from now on.
@@ -417,7 +438,14 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
         }
         if child_ready {
             let mut buf = [0u8; 128];
-            while rustix::io::read(&sigchld, &mut buf).is_ok() {}
+            loop {
+                match rustix::io::read(&sigchld, &mut buf) {
+                    Ok(n) if n > 0 => {}
+                    Ok(_) | Err(rustix::io::Errno::AGAIN) => break,
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => return Err(abandon("read SIGCHLD", e)),
+                }
+            }
             while let Some((p, st)) = sys::wait_any_nohang() {
                 if p == pid {
                     payload_status = Some(st);
@@ -461,9 +489,17 @@ fn read_plan(fd: OwnedFd) -> std::io::Result<Plan> {
 fn receive_cgroups(a: &mut InitArgs) -> StepResult<()> {
     const STEP: &str = "receive the run's cgroups";
     match step(STEP, recv_fds(a.ctl.as_fd()))? {
-        Some((Msg::Cgroups { applied, name }, files)) => {
+        Some((
+            Msg::Cgroups {
+                applied,
+                name,
+                into_dir,
+            },
+            mut files,
+        )) => {
             a.cgroup_applied = applied;
             a.cgroup_name = name;
+            a.cgroup_dir = if into_dir { files.pop() } else { None };
             a.cgroup_files = files;
             Ok(())
         }
@@ -479,8 +515,13 @@ fn receive_cgroups(a: &mut InitArgs) -> StepResult<()> {
 /// as soon as the init has reaped the command's last process.
 fn join_cgroups(a: &InitArgs) -> StepResult<()> {
     const STEP: &str = "join the run's cgroups";
-    for f in &a.cgroup_files {
-        step(STEP, rustix::io::write(f, b"0"))?;
+    let born_inside = a.cgroup_name.as_ref().is_some_and(|name| {
+        std::fs::read_to_string("/proc/self/cgroup").is_ok_and(|t| crate::cgroup::lists(&t, name))
+    });
+    if !born_inside {
+        for f in &a.cgroup_files {
+            step(STEP, rustix::io::write(f, b"0"))?;
+        }
     }
     if let Some(name) = &a.cgroup_name {
         let text = step(STEP, std::fs::read_to_string("/proc/self/cgroup"))?;
@@ -497,13 +538,37 @@ fn join_cgroups(a: &InitArgs) -> StepResult<()> {
     )
 }
 
-/// Reads one notification, records it, and answers EPERM.
-fn serve_notification(listener: &OwnedFd, ctl: BorrowedFd<'_>) {
-    if let Ok(n) = sys::notif_recv(listener) {
-        let name = seccomp::syscall_name(n.nr as i64, &n.args);
-        let _ = send(ctl, &Msg::Denial { syscall: name }, None);
-        let _ = sys::notif_deny(listener, n.id, libc::EPERM);
+/// Reads one notification, records it, and answers with the refusal's errno (EPERM, or
+/// EAFNOSUPPORT for a socket family). A notification whose caller is gone meanwhile (ENOENT)
+/// or an interrupted read is no error; anything else is returned (the caller ends the run).
+fn serve_notification(listener: &OwnedFd, ctl: BorrowedFd<'_>) -> std::io::Result<()> {
+    let n = match sys::notif_recv(listener) {
+        Ok(n) => n,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::EINTR)) => {
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    let nr = n.nr as i64;
+    let name = seccomp::syscall_name(nr, &n.args);
+    let _ = send(ctl, &Msg::Denial { syscall: name }, None);
+    match sys::notif_deny(listener, n.id, seccomp::refusal_errno(nr, &n.args)) {
+        // The caller was killed before the answer: nothing to answer.
+        Err(e) if e.raw_os_error() != Some(libc::ENOENT) => Err(e),
+        _ => Ok(()),
     }
+}
+
+/// An unexpected error while the command runs: kills every process of the sandbox, reaps
+/// them, and returns the error that ends the run as a setup/internal failure (the init then
+/// exits; the supervisor reports `setup_error` naming the step).
+fn abandon(what: &str, e: impl std::fmt::Display) -> (String, String) {
+    sys::kill_all_others();
+    while sys::wait_any().is_some() {}
+    (
+        format!("the init's event loop: {what}"),
+        format!("{e} (internal error; every process of the sandbox was killed)"),
+    )
 }
 
 /// Starts the new root: a staging tmpfs pivoted into (the host's root moves below it), and
@@ -720,7 +785,7 @@ fn apply(op: &Op, made: &mut Made) -> StepResult<()> {
                     d.as_str(),
                     "proc",
                     MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
-                    None,
+                    Some(crate::plan::PROC_OPTIONS),
                 ),
             )?;
         }

@@ -30,6 +30,7 @@ pub mod plan;
 pub mod seccomp;
 pub mod supervisor;
 mod sys;
+pub mod term;
 
 pub use agentjail_manifest::ValidatedManifest;
 pub use inside::timing;

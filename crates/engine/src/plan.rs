@@ -36,6 +36,12 @@ pub enum Access {
     ListOnly,
 }
 
+/// The sandbox's /proc shows only the processes the caller may ptrace (`hidepid=2`, i.e.
+/// "invisible", understood by every kernel since 3.3): the command (uid 65534) sees its own
+/// processes but not the init — uid 0 of the user namespace as root, and non-dumpable in
+/// either mode — whose command line is the caller's (the init is a clone of the supervisor).
+pub const PROC_OPTIONS: &std::ffi::CStr = c"hidepid=2";
+
 /// One setup step, applied below the new root. Paths are absolute sandbox paths.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -56,12 +62,34 @@ pub enum Op {
         mode: u32,
         exec: bool,
     },
-    /// A fresh procfs for the sandbox's pid namespace.
+    /// A fresh procfs for the sandbox's pid namespace, mounted with [`PROC_OPTIONS`].
     Proc { dest: String },
     /// A symbolic link.
     Symlink { target: String, dest: String },
     /// A small file written into the (later read-only) root.
     File { dest: String, content: String },
+}
+
+/// Inodes of the `/output` tmpfs: a little more than the collector examines
+/// (`agentjail_verify::collect::MAX_ENTRIES`, 10 000), so that its own "more than 10000
+/// entries" refusal is what a payload meets, not ENOSPC.
+pub const OUTPUT_INODES: u64 = 10_240;
+
+/// Size of the `/output` tmpfs for the manifest's byte bound (`limits.output_mb`).
+///
+/// The bound is on the files' bytes, and the collector enforces it exactly (it counts the bytes
+/// it copies, a sum over every file). tmpfs counts pages instead: a file of 1 byte takes a page,
+/// so a tmpfs of exactly the bound would refuse output within it (one file of exactly the bound,
+/// or many small files summing to it). The tmpfs gets one page per inode of headroom: every
+/// file, directory or symlink wastes less than a page, so files within the bound always fit.
+/// The headroom cannot be used to pass more than the bound (the collector refuses it); it is
+/// memory charged to the run's memory cgroup like the rest of the tmpfs, and less than `/tmp`
+/// or `/work` may hold (each up to the memory limit).
+pub fn output_tmpfs_bytes(limits: &agentjail_manifest::Limits) -> u64 {
+    let page = rustix::param::page_size() as u64;
+    limits
+        .output_bytes()
+        .saturating_add(OUTPUT_INODES.saturating_mul(page))
 }
 
 /// Everything the init needs to build the sandbox and start the command. The supervisor hands
@@ -307,8 +335,8 @@ impl Plan {
         }
         ops.push(Op::Tmpfs {
             dest: "/output".into(),
-            size_bytes: limits.output_bytes(),
-            inodes: 16_384,
+            size_bytes: output_tmpfs_bytes(&limits),
+            inodes: OUTPUT_INODES,
             mode: 0o700,
             exec: false,
         });

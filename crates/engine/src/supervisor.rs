@@ -36,6 +36,10 @@ pub enum Sink {
     Stderr,
     /// Kept in memory, up to [`STREAM_LIMIT`].
     Capture,
+    /// Like `Stdout`, with control characters shown escaped ([`crate::term`]): for a terminal.
+    StdoutInert,
+    /// Like `Stderr`, with control characters shown escaped ([`crate::term`]): for a terminal.
+    StderrInert,
 }
 
 /// Options of one run that are not part of the manifest (they concern the caller's side).
@@ -121,6 +125,7 @@ pub(crate) struct Stream {
     sink: Sink,
     pub(crate) report: StreamReport,
     pub(crate) captured: Vec<u8>,
+    inert: Option<crate::term::Inert>,
 }
 
 impl Stream {
@@ -135,6 +140,41 @@ impl Stream {
             sink,
             report: StreamReport::default(),
             captured: Vec::new(),
+            inert: matches!(sink, Sink::StdoutInert | Sink::StderrInert)
+                .then(crate::term::Inert::default),
+        }
+    }
+
+    /// Hands bytes of the command's stream to the sink.
+    fn deliver(&mut self, bytes: &[u8]) {
+        let mut shown = Vec::new();
+        let bytes = match &mut self.inert {
+            Some(f) => {
+                f.feed(bytes, &mut shown);
+                shown.as_slice()
+            }
+            None => bytes,
+        };
+        match self.sink {
+            Sink::Stdout | Sink::StdoutInert => {
+                let _ = write_all(std::io::stdout().as_fd(), bytes);
+            }
+            Sink::Stderr | Sink::StderrInert => {
+                let _ = write_all(std::io::stderr().as_fd(), bytes);
+            }
+            Sink::Capture => self.captured.extend_from_slice(bytes),
+        }
+    }
+
+    /// The stream ended: a terminal filter gives out what it held and closes an open line.
+    fn end(&mut self) {
+        self.fd = None;
+        if let Some(mut f) = self.inert.take() {
+            let mut tail = Vec::new();
+            f.finish(&mut tail);
+            if !tail.is_empty() {
+                self.deliver(&tail);
+            }
         }
     }
 
@@ -144,7 +184,7 @@ impl Stream {
         let mut buf = [0u8; 65536];
         match rustix::io::read(fd, &mut buf) {
             Ok(0) => {
-                self.fd = None;
+                self.end();
                 false
             }
             Ok(n) => {
@@ -154,15 +194,7 @@ impl Stream {
                     self.report.truncated = true;
                 }
                 if keep > 0 {
-                    match self.sink {
-                        Sink::Stdout => {
-                            let _ = write_all(std::io::stdout().as_fd(), &buf[..keep]);
-                        }
-                        Sink::Stderr => {
-                            let _ = write_all(std::io::stderr().as_fd(), &buf[..keep]);
-                        }
-                        Sink::Capture => self.captured.extend_from_slice(&buf[..keep]),
-                    }
+                    self.deliver(&buf[..keep]);
                 }
                 self.report.bytes += n as u64;
                 true
@@ -170,7 +202,7 @@ impl Stream {
             Err(rustix::io::Errno::INTR) => true,
             Err(rustix::io::Errno::AGAIN) => false,
             Err(_) => {
-                self.fd = None;
+                self.end();
                 false
             }
         }
@@ -292,11 +324,28 @@ pub fn run_on(
 
     // While the init builds the root: the cgroups. Only the command's processes join them
     // (the init stays outside), so pids.max is exactly `processes`.
-    let cgroup = match Cgroup::create(limits.memory_bytes(), limits.processes) {
+    let cgroup = match Cgroup::create(
+        limits.memory_bytes(),
+        limits.processes,
+        Some(limits.cpu_quota_us(crate::cgroup::CPU_PERIOD_US)),
+    ) {
+        Ok(cg) if !cg.cpu_limited => {
+            degraded.push(format!(
+                "cpu: no cpu controller for the run's cgroup ({}); limits.cpus ({}) is not applied, CPU time is bounded only by the wall-clock limit",
+                cg.version.name(),
+                limits.cpus
+            ));
+            if !opts.allow_degraded {
+                kill_and_reap(&pidfd);
+                drop(cg);
+                return refuse(report, degraded);
+            }
+            Some(cg)
+        }
         Ok(cg) => Some(cg),
         Err(reason) => {
             degraded.push(format!(
-                "{reason}; memory and process limits fall back to rlimits (RLIMIT_AS, RLIMIT_NPROC)"
+                "{reason}; memory and process limits fall back to rlimits (RLIMIT_AS, RLIMIT_NPROC), and limits.cpus is not applied"
             ));
             if !opts.allow_degraded {
                 kill_and_reap(&pidfd);
@@ -548,6 +597,7 @@ fn prespawn_now(root_mode: bool) -> Result<Prespawned, String> {
                 cgroup_applied: false,
                 cgroup_name: None,
                 cgroup_files: Vec::new(),
+                cgroup_dir: None,
                 affinity,
             })
         }
@@ -560,7 +610,7 @@ fn prespawn_now(root_mode: bool) -> Result<Prespawned, String> {
             // The init restores the caller's CPU set once it has the maps (sent below), so
             // the command is not pinned.
             if let Some(all) = &affinity {
-                let mut elsewhere = all.clone();
+                let mut elsewhere = *all;
                 elsewhere.unset(rustix::thread::sched_getcpu());
                 if elsewhere.count() > 0 {
                     let _ = rustix::thread::sched_setaffinity(
@@ -661,11 +711,12 @@ fn hand_over_cgroups(cg: Option<&Cgroup>, ctl: &OwnedFd) -> Result<(), String> {
             &Msg::Cgroups {
                 applied: false,
                 name: None,
+                into_dir: false,
             },
             &[],
         );
     };
-    let files = cg
+    let mut files = cg
         .self_join_files()
         .iter()
         .map(|p| {
@@ -677,12 +728,30 @@ fn hand_over_cgroups(cg: Option<&Cgroup>, ctl: &OwnedFd) -> Result<(), String> {
             .map_err(|e| format!("cannot open {}: {e}", p.display()))
         })
         .collect::<Result<Vec<OwnedFd>, String>>()?;
+    // v2: the directory too, for the init to clone the payload into (CLONE_INTO_CGROUP).
+    let dir = cg.clone_into_dir();
+    let into_dir = match dir {
+        Some(p) => {
+            let fd = rustix::fs::open(
+                p,
+                rustix::fs::OFlags::RDONLY
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| format!("cannot open {}: {e}", p.display()))?;
+            files.push(fd);
+            true
+        }
+        None => false,
+    };
     let fds: Vec<BorrowedFd<'_>> = files.iter().map(|f| f.as_fd()).collect();
     send_or_died(
         ctl,
         &Msg::Cgroups {
             applied: true,
             name: Some(cg.name().to_string()),
+            into_dir,
         },
         &fds,
     )
@@ -731,12 +800,23 @@ fn start_gateway(
 
 /// Puts the gateway's decisions into the report: refusals as denials, the rest as connections.
 fn record_network(report: &mut RunReport, decisions: Vec<agentjail_egress::Decision>) {
+    use agentjail_manifest::report::MAX_CONNECTIONS_LISTED;
     let mut net = agentjail_manifest::report::NetworkReport {
         proxy: format!("http://127.0.0.1:{}", crate::plan::PROXY_PORT),
         connections: Vec::new(),
+        dropped: 0,
     };
+    // Bounded: the gateway's log keeps at most MAX_ALLOWED + MAX_REFUSALS + 2 entries.
     for d in decisions {
-        if d.allowed {
+        if d.reason == agentjail_egress::LOG_FULL && d.host.is_empty() {
+            if d.allowed {
+                net.dropped = net.dropped.saturating_add(d.count);
+            } else {
+                report.denials_dropped = report.denials_dropped.saturating_add(d.count);
+            }
+        } else if d.allowed && net.connections.len() >= MAX_CONNECTIONS_LISTED {
+            net.dropped = net.dropped.saturating_add(d.count);
+        } else if d.allowed {
             net.connections
                 .push(agentjail_manifest::report::Connection {
                     method: d.method,
@@ -759,9 +839,10 @@ fn record_network(report: &mut RunReport, decisions: Vec<agentjail_egress::Decis
             } else {
                 d.method.as_str()
             };
-            report.deny(
+            report.deny_n(
                 DenialKind::Network,
                 format!("{method} {dest}: {}", d.reason),
+                d.count,
             );
         }
     }

@@ -125,6 +125,49 @@ pub fn spawn_sharing_memory(child: &mut dyn FnMut()) -> io::Result<i32> {
     if ret == -1 { Err(err) } else { Ok(ret) }
 }
 
+/// `CLONE_INTO_CGROUP` (Linux ≥ 5.7; not in every libc target's constants).
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// Starts `child` in a new process that is born in the cgroup v2 directory `cgroup`
+/// (`clone3` with `CLONE_INTO_CGROUP`, Linux ≥ 5.7), while this process waits until the child
+/// execs or exits (`CLONE_VFORK`). Born there, the child never runs outside the cgroup, and no
+/// migration takes the kernel's global cgroup_threadgroup_rwsem. The kernel checks the
+/// permission as for a write to `cgroup.procs` by this process. Returns the child's pid; an
+/// error (ENOSYS, E2BIG or EINVAL before 5.7) leaves the caller to start it otherwise.
+///
+/// The child runs on a copy of this process's memory (no `CLONE_VM`: clone3 would need a
+/// stack set up in assembly), as after `fork`. The caller guarantees that the process is
+/// single-threaded and that `child` never returns normally (it ends in execve or `_exit`).
+pub fn spawn_into_cgroup(
+    cgroup: std::os::fd::BorrowedFd<'_>,
+    child: &mut dyn FnMut(),
+) -> io::Result<i32> {
+    // SAFETY: clone_args is plain data; zeroed is a valid value for every field.
+    let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
+    args.flags = libc::CLONE_VFORK as u64 | CLONE_INTO_CGROUP;
+    args.exit_signal = libc::SIGCHLD as u64;
+    args.cgroup = cgroup.as_raw_fd() as u64;
+    // SAFETY: `args` outlives the call; without CLONE_VM the child runs on a copy of our
+    // memory, so continuing in Rust code in both processes is sound (as with fork), and the
+    // caller guarantees that no other thread holds a lock the child could need.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &mut args as *mut libc::clone_args,
+            std::mem::size_of::<libc::clone_args>(),
+        )
+    };
+    match ret {
+        -1 => Err(io::Error::last_os_error()),
+        0 => {
+            child();
+            // SAFETY: _exit ends only this (child) process.
+            unsafe { libc::_exit(127) }
+        }
+        pid => Ok(pid as i32),
+    }
+}
+
 /// Number of threads of this process, from /proc/self/stat (field 20).
 pub fn thread_count() -> Option<u64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;

@@ -43,6 +43,10 @@ pub mod bounds {
     pub const MAX_NETWORK_MB: u64 = 65_536;
     /// Connections through the egress gateway per run.
     pub const MAX_NETWORK_CONNECTIONS: u64 = 10_000;
+    /// CPUs (fractional): at least 0.01 (the smallest CFS quota, 1 ms per 100 ms period), at
+    /// most 1024.
+    pub const MIN_CPUS: f64 = 0.01;
+    pub const MAX_CPUS: f64 = 1024.0;
     /// Environment: entries and bytes per value.
     pub const MAX_ENV: usize = 256;
     pub const MAX_ENV_VALUE: usize = 32 * 1024;
@@ -58,7 +62,7 @@ pub mod bounds {
 /// One run, as the user or the orchestrator describes it.
 ///
 /// Every field has a default except `command`. Unknown fields are refused.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[schemars(title = "agentjail manifest (agentjail.manifest/v1)")]
 pub struct Manifest {
@@ -232,7 +236,7 @@ pub struct AllowRule {
 }
 
 /// Resource limits of one run. Each must be within [`bounds`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// Wall-clock limit in seconds (default 30, at most 86400).
@@ -257,6 +261,11 @@ pub struct Limits {
     /// With a network allowlist: connections through the gateway over the run (default 64).
     #[serde(default = "Limits::default_network_connections")]
     pub network_connections: u64,
+    /// CPU time per wall-clock time of the whole tree, in CPUs (fractional: 0.5 is half of one
+    /// CPU; default 1, 0.01 ..= 1024). A cgroup CPU quota (v2 `cpu.max`, v1 CFS quota) over a
+    /// 100 ms period.
+    #[serde(default = "Limits::default_cpus")]
+    pub cpus: f64,
 }
 
 impl Limits {
@@ -281,6 +290,13 @@ impl Limits {
     fn default_network_connections() -> u64 {
         64
     }
+    fn default_cpus() -> f64 {
+        1.0
+    }
+    /// The CFS quota of `cpus` per `period_us`.
+    pub fn cpu_quota_us(&self, period_us: u64) -> u64 {
+        ((self.cpus * period_us as f64).round() as u64).max(1000)
+    }
     /// Memory limit in bytes.
     pub fn memory_bytes(&self) -> u64 {
         self.memory_mb * 1024 * 1024
@@ -301,6 +317,7 @@ impl Default for Limits {
             network_up_mb: Self::default_network_up_mb(),
             network_down_mb: Self::default_network_down_mb(),
             network_connections: Self::default_network_connections(),
+            cpus: Self::default_cpus(),
         }
     }
 }
@@ -600,6 +617,21 @@ fn check_limits(l: &Limits) -> Result<(), ManifestError> {
         if v < lo || v > hi {
             return Err(field(name, format!("{v} is outside {lo}..={hi}")));
         }
+    }
+    check_cpus(l.cpus)
+}
+
+/// `limits.cpus` within [`bounds::MIN_CPUS`] ..= [`bounds::MAX_CPUS`] (NaN is refused too).
+pub fn check_cpus(cpus: f64) -> Result<(), ManifestError> {
+    if !(bounds::MIN_CPUS..=bounds::MAX_CPUS).contains(&cpus) {
+        return Err(field(
+            "limits.cpus",
+            format!(
+                "{cpus} is outside {}..={}",
+                bounds::MIN_CPUS,
+                bounds::MAX_CPUS
+            ),
+        ));
     }
     Ok(())
 }

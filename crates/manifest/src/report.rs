@@ -46,7 +46,7 @@ impl Status {
 }
 
 /// What kind of thing was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DenialKind {
     Syscall,
@@ -56,11 +56,44 @@ pub enum DenialKind {
     Output,
 }
 
+/// Most distinct denials listed per kind; refusals past it are counted in
+/// `RunReport::denials_dropped`. Every kind has its own room, so a flood of one kind (a payload
+/// asking the egress gateway for thousands of hosts, or leaving thousands of symlinks in
+/// /output) cannot push out another (the time limit, a refused syscall). 256 is more than the
+/// distinct syscall names the filter reports, and keeps a report's denials under ~1 MiB in the
+/// worst case (5 kinds × 256 × [`MAX_DETAIL`]), ~20 KB for a typical flood of network refusals.
+pub const MAX_DENIALS_PER_KIND: usize = 256;
+/// Longest `detail` kept, in bytes (longer ones are cut at a character boundary, with `…`).
+pub const MAX_DETAIL: usize = 768;
+/// Most entries listed in `output.rejected` (the collector examines up to 10 000 entries; the
+/// rest of the refused ones are counted in `output.rejected_dropped`).
+pub const MAX_REJECTED_LISTED: usize = 256;
+/// Most allowed connections listed in `network.connections` (the rest are counted in
+/// `network.dropped`).
+pub const MAX_CONNECTIONS_LISTED: usize = 1024;
+
 /// One refusal, with a reason a person can read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Denial {
     pub kind: DenialKind,
     pub detail: String,
+    /// How many times this refusal happened (identical refusals are listed once). Omitted
+    /// when 1.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    #[schemars(range(min = 1))]
+    pub count: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn is_one(n: &u64) -> bool {
+    *n == 1
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A file that passed collection.
@@ -95,6 +128,9 @@ pub struct OutputError {
 pub struct OutputReport {
     pub files: Vec<OutputFile>,
     pub rejected: Vec<RejectedFile>,
+    /// Refused entries not listed in `rejected` (at most 256 are); omitted when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rejected_dropped: u64,
     /// Verification errors of the named output (type or schema), empty when it passed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<OutputError>,
@@ -131,8 +167,11 @@ pub struct Connection {
 pub struct NetworkReport {
     /// The proxy endpoint inside the sandbox, e.g. `http://127.0.0.1:3128`.
     pub proxy: String,
-    /// Connections let through (refusals are in `denials` with kind `network`).
+    /// Connections let through (refusals are in `denials` with kind `network`); at most 1024.
     pub connections: Vec<Connection>,
+    /// Connections let through but not listed in `connections`; omitted when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dropped: u64,
 }
 
 /// The protections actually applied to this run.
@@ -169,6 +208,11 @@ pub struct Isolation {
     pub rlimits: Vec<String>,
     /// Host uid the sandbox user maps to.
     pub host_uid: Option<u32>,
+    /// The gVisor platform that ran the sandbox (`kvm`, `systrap` or `ptrace`) and why it was
+    /// chosen, e.g. `ptrace (kvm not used: /dev/kvm is kvm_pvm, no VMX/SVM)`; null on the native
+    /// tier.
+    #[serde(default)]
+    pub platform: Option<String>,
     /// Every protection that was not applied, with the reason. Non-empty only with
     /// `--allow-degraded`; otherwise the run is refused instead.
     pub degraded: Vec<String>,
@@ -209,7 +253,17 @@ pub struct RunReport {
     pub accounting: String,
     /// The effective limits.
     pub limits: Limits,
+    /// Every kind of refusal, identical ones merged (with a `count`); at most 256 distinct
+    /// ones per kind.
     pub denials: Vec<Denial>,
+    /// Refusals that happened but are not listed in `denials` (their kind already had 256
+    /// distinct entries). 0 when every refusal is listed.
+    #[serde(default)]
+    pub denials_dropped: u64,
+    /// Lookup of `denials` by kind and detail (not part of the report).
+    #[serde(skip)]
+    #[schemars(skip)]
+    denial_index: DenialIndex,
     pub output: OutputReport,
     pub stdout: StreamReport,
     pub stderr: StreamReport,
@@ -241,6 +295,8 @@ impl RunReport {
             accounting: "none".into(),
             limits,
             denials: Vec::new(),
+            denials_dropped: 0,
+            denial_index: DenialIndex::default(),
             output: OutputReport::default(),
             stdout: StreamReport::default(),
             stderr: StreamReport::default(),
@@ -255,14 +311,138 @@ impl RunReport {
         serde_json::to_value(schemars::schema_for!(RunReport)).unwrap_or_default()
     }
 
-    /// Adds a denial unless the same one is already listed.
+    /// Records one refusal: counted on the listed entry of the same kind and detail, or
+    /// listed, or (its kind already lists [`MAX_DENIALS_PER_KIND`]) counted in
+    /// `denials_dropped`. O(1) whatever the number of refusals before it.
     pub fn deny(&mut self, kind: DenialKind, detail: impl Into<String>) {
-        let d = Denial {
-            kind,
-            detail: detail.into(),
-        };
-        if !self.denials.contains(&d) {
-            self.denials.push(d);
+        self.deny_n(kind, detail, 1);
+    }
+
+    /// Records `n` identical refusals (see [`RunReport::deny`]).
+    pub fn deny_n(&mut self, kind: DenialKind, detail: impl Into<String>, n: u64) {
+        if n == 0 {
+            return;
         }
+        let detail = bounded_detail(detail.into());
+        self.denial_index.sync(&self.denials);
+        let key = (kind, detail);
+        if let Some(&i) = self.denial_index.map.get(&key) {
+            if let Some(d) = self.denials.get_mut(i) {
+                d.count = d.count.saturating_add(n);
+            }
+            return;
+        }
+        let listed = self.denial_index.per_kind.entry(kind).or_insert(0);
+        if *listed >= MAX_DENIALS_PER_KIND {
+            self.denials_dropped = self.denials_dropped.saturating_add(n);
+            return;
+        }
+        *listed += 1;
+        let (kind, detail) = key;
+        self.denial_index
+            .map
+            .insert((kind, detail.clone()), self.denials.len());
+        self.denials.push(Denial {
+            kind,
+            detail,
+            count: n,
+        });
+    }
+
+    /// Total number of refusals: listed (with their counts) and dropped.
+    pub fn denial_total(&self) -> u64 {
+        self.denials
+            .iter()
+            .fold(self.denials_dropped, |t, d| t.saturating_add(d.count))
+    }
+}
+
+/// Cuts a detail at [`MAX_DETAIL`] bytes (on a character boundary).
+fn bounded_detail(mut s: String) -> String {
+    if s.len() > MAX_DETAIL {
+        let mut end = MAX_DETAIL;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
+}
+
+/// Index of `RunReport::denials`: rebuilt when the list was changed other than through
+/// [`RunReport::deny`] (a deserialized report, a list edited by hand).
+#[derive(Debug, Clone, Default)]
+struct DenialIndex {
+    map: std::collections::HashMap<(DenialKind, String), usize>,
+    per_kind: std::collections::HashMap<DenialKind, usize>,
+}
+
+impl PartialEq for DenialIndex {
+    /// A cache of `denials`: reports are equal when their fields are.
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl DenialIndex {
+    fn sync(&mut self, denials: &[Denial]) {
+        if self.map.len() == denials.len()
+            && denials.last().is_none_or(|d| {
+                self.map.get(&(d.kind, d.detail.clone())) == Some(&(denials.len() - 1))
+            })
+        {
+            return;
+        }
+        self.map.clear();
+        self.per_kind.clear();
+        for (i, d) in denials.iter().enumerate() {
+            self.map.entry((d.kind, d.detail.clone())).or_insert(i);
+            *self.per_kind.entry(d.kind).or_insert(0) += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identical_denials_are_counted_and_each_kind_is_bounded() {
+        let mut r = RunReport::setup_error(Limits::default(), String::new());
+        for _ in 0..10 {
+            r.deny(DenialKind::Syscall, "ptrace");
+        }
+        for i in 0..10_000 {
+            r.deny(DenialKind::Network, format!("GET h{i}.test:80: forbidden"));
+        }
+        r.deny(DenialKind::Limit, "time: reached");
+        assert_eq!(r.denials[0].count, 10);
+        assert_eq!(
+            r.denials
+                .iter()
+                .filter(|d| d.kind == DenialKind::Network)
+                .count(),
+            MAX_DENIALS_PER_KIND
+        );
+        assert!(r.denials.iter().any(|d| d.kind == DenialKind::Limit));
+        assert_eq!(r.denials_dropped, 10_000 - MAX_DENIALS_PER_KIND as u64);
+        assert_eq!(r.denial_total(), 10 + 10_000 + 1);
+        // A repeat of a dropped one is dropped again; a repeat of a listed one is counted.
+        r.deny(DenialKind::Network, "GET h9999.test:80: forbidden");
+        r.deny_n(DenialKind::Network, "GET h0.test:80: forbidden", 5);
+        assert_eq!(r.denials_dropped, 10_000 - MAX_DENIALS_PER_KIND as u64 + 1);
+        assert_eq!(r.denials[1].count, 6);
+        // A deserialized report keeps merging.
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(json.contains("\"count\":10"));
+        let mut back: RunReport = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, r);
+        back.deny(DenialKind::Syscall, "ptrace");
+        assert_eq!(back.denials[0].count, 11);
+        assert_eq!(back.denials.len(), r.denials.len());
+        // Long details are cut.
+        r.deny(DenialKind::Output, "é".repeat(1000));
+        assert!(r.denials.last().unwrap().detail.len() <= MAX_DETAIL + '…'.len_utf8());
     }
 }

@@ -533,6 +533,17 @@ impl Config {
                 return Err(at(f, format!("{v} is outside {lo}..={hi}")));
             }
         }
+        if !(bounds::MIN_CPUS..=bounds::MAX_CPUS).contains(&l.cpus) {
+            return Err(at(
+                "limits.cpus",
+                format!(
+                    "{} is outside {}..={}",
+                    l.cpus,
+                    bounds::MIN_CPUS,
+                    bounds::MAX_CPUS
+                ),
+            ));
+        }
         if let Network::Allow(EgressPolicy { allow, .. }) = &t.network
             && (allow.is_empty()
                 || allow

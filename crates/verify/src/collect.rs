@@ -36,8 +36,11 @@ pub const MAX_ENTRIES: usize = 10_000;
 pub struct CollectReport {
     /// Files copied into the staging folder, in path order.
     pub files: Vec<OutputFile>,
-    /// Entries that were refused, with the reason.
+    /// Entries that were refused, with the reason: at most
+    /// [`MAX_REJECTED_LISTED`](agentjail_manifest::report::MAX_REJECTED_LISTED), in the order met.
     pub rejected: Vec<RejectedFile>,
+    /// Refused entries past that many: counted, not listed.
+    pub rejected_dropped: u64,
 }
 
 /// A failure on the host side (the staging folder or the output descriptor itself), as opposed
@@ -232,6 +235,10 @@ fn errno_reason(e: Errno, what: &str) -> String {
 
 impl Walk<'_> {
     fn reject(&mut self, rel: &[String], name: &[u8], reason: impl Into<String>) {
+        if self.report.rejected.len() >= agentjail_manifest::report::MAX_REJECTED_LISTED {
+            self.report.rejected_dropped += 1;
+            return;
+        }
         let mut path = rel.join("/");
         if !path.is_empty() {
             path.push('/');
@@ -645,6 +652,39 @@ mod tests {
         for rej in &r.rejected {
             assert!(!rej.path.chars().any(|c| c.is_control()), "{rej:?}");
         }
+    }
+
+    #[test]
+    fn the_byte_bound_is_exact_over_many_files() {
+        let f = fixture();
+        // 1024 files of 1 KiB: exactly 1 MiB passes.
+        for i in 0..1024 {
+            std::fs::write(f.src.join(format!("f{i:04}")), vec![b'x'; 1024]).unwrap();
+        }
+        let r = run(&f, 1 << 20);
+        assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+        assert_eq!(r.files.iter().map(|x| x.bytes).sum::<u64>(), 1 << 20);
+        // One byte more is refused, the file that crosses the bound only.
+        let f = fixture();
+        std::fs::write(f.src.join("a"), vec![b'x'; 1 << 19]).unwrap();
+        std::fs::write(f.src.join("b"), vec![b'x'; (1 << 19) + 1]).unwrap();
+        let r = run(&f, 1 << 20);
+        assert_eq!(r.files.len(), 1);
+        assert_eq!(reason_of(&r, "b"), "output exceeds 1048576 bytes");
+    }
+
+    #[test]
+    fn the_list_of_refused_entries_is_bounded_and_counts_the_rest() {
+        let f = fixture();
+        for i in 0..600 {
+            symlink(&f.canary, f.src.join(format!("l{i:03}"))).unwrap();
+        }
+        let r = run(&f, 1 << 20);
+        let max = agentjail_manifest::report::MAX_REJECTED_LISTED;
+        assert_eq!(r.rejected.len(), max);
+        assert_eq!(r.rejected_dropped, 600 - max as u64);
+        assert_eq!(r.rejected[0].path, "l000");
+        assert_canary_not_copied(&f);
     }
 
     #[test]
