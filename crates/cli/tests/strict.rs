@@ -168,6 +168,13 @@ def own_abstract():
     l = socket.socket(socket.AF_UNIX); l.bind("\0agentjail-own"); l.listen(1)
     c = socket.socket(socket.AF_UNIX); c.connect("\0agentjail-own")
 attempt("own_abstract", own_abstract)
+# device ioctls (Landlock ABI 5): crediting the entropy pool needs CAP_SYS_ADMIN; no tty
+def rnd_credit():
+    import fcntl, struct
+    with open("/dev/urandom", "wb") as f:
+        fcntl.ioctl(f, 0x40045201, struct.pack("i", 4096))  # RNDADDTOENTCNT
+attempt("rnd_credit", rnd_credit)
+attempt("dev_tty", lambda: open("/dev/tty", "wb"))
 # signals: the init (pid 1) and a pid that cannot exist inside
 import signal
 attempt("signal_init", lambda: os.kill(1, signal.SIGTERM))
@@ -298,6 +305,9 @@ fn strict_run_on_every_landlock_abi_refuses_what_it_must() {
             assert_eq!(host_tcp, EACCES, "{ctx}");
             assert_eq!(o.probe("own_tcp"), EACCES, "{ctx}");
         }
+        // Device ioctls: no capability for the entropy pool, no controlling terminal.
+        assert_eq!(o.probe("rnd_credit"), "errno=1", "{ctx}");
+        assert_eq!(o.probe("dev_tty"), "errno=6", "{ctx}");
         // Abstract sockets: the host's is in another network namespace at every ABI.
         assert_eq!(o.probe("host_abstract"), "errno=111", "{ctx}");
         assert_eq!(o.probe("own_abstract"), "ok", "{ctx}");
@@ -347,6 +357,8 @@ fn without_landlock_strict_is_refused_and_degraded_says_what_is_missing() {
     assert_eq!(o.probe("proc_write"), "ok", "{ctx}");
     assert_eq!(o.probe("host_file"), "errno=2", "{ctx}");
     assert_eq!(o.probe("usr_write"), "errno=30", "{ctx}");
+    assert_eq!(o.probe("rnd_credit"), "errno=1", "{ctx}");
+    assert_eq!(o.probe("dev_tty"), "errno=6", "{ctx}");
     assert_eq!(o.probe("host_tcp"), "errno=111", "{ctx}");
     assert_eq!(o.probe("host_abstract"), "errno=111", "{ctx}");
     t.assert_untouched();

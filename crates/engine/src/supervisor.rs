@@ -229,13 +229,19 @@ fn base_report(vm: &ValidatedManifest) -> RunReport {
     r
 }
 
-/// An outcome for a run that could not start: `setup_error` with a one-line reason.
-pub(crate) fn fail(mut r: RunReport, msg: String) -> Outcome {
-    // A kernel refusal on a host that restricts user namespaces: say which setting, and the fix.
-    let msg = match crate::check::userns_hint_for(&msg) {
+/// A kernel refusal (EPERM, EACCES, ENOSPC) on a host that restricts user namespaces for this
+/// caller: the message, then the setting and its one-line fix. Under Ubuntu's AppArmor
+/// restriction the clone succeeds and the init's first mount fails, so both paths use this.
+fn with_userns_hint(msg: String) -> String {
+    match crate::check::userns_hint_for(&msg) {
         Some(h) => format!("{msg}; {h}"),
         None => msg,
-    };
+    }
+}
+
+/// An outcome for a run that could not start: `setup_error` with a one-line reason.
+pub(crate) fn fail(mut r: RunReport, msg: String) -> Outcome {
+    let msg = with_userns_hint(msg);
     r.status = Status::SetupError;
     r.error = Some(msg);
     Outcome {
@@ -965,7 +971,7 @@ fn finish(
     }
     if let Some(e) = &st.setup_failed {
         r.status = Status::SetupError;
-        r.error = Some(e.clone());
+        r.error = Some(with_userns_hint(e.clone()));
         return;
     }
     if let Some(e) = &st.exec_failed {

@@ -186,7 +186,8 @@ pub struct Isolation {
     pub ipc_ns: bool,
     pub uts_ns: bool,
     pub cgroup_ns: bool,
-    /// Landlock ABI version enforced, or null when Landlock was not applied.
+    /// Landlock ABI whose rights were enforced (at most 6, the last ABI that adds a right
+    /// agentjail uses; lower on older kernels), or null when Landlock was not applied.
     pub landlock_abi: Option<u32>,
     /// Landlock rights applied: `fs` (ABI 1), `refer` (2), `truncate` (3), `tcp` (4),
     /// `ioctl_dev` (5), `scope` (6: signals and abstract unix sockets).
