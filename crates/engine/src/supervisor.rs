@@ -48,6 +48,9 @@ pub struct RunOptions {
     /// Name servers the egress gateway asks; empty means the host's resolver configuration
     /// (/etc/hosts, /etc/resolv.conf).
     pub egress_dns: Vec<std::net::SocketAddr>,
+    /// The read end of a pipe whose write end only the caller (the service) holds: when it
+    /// hangs up (the caller died), the sandbox is killed and the run ends as a setup error.
+    pub lifeline: Option<std::sync::Arc<OwnedFd>>,
 }
 
 impl Default for RunOptions {
@@ -57,6 +60,7 @@ impl Default for RunOptions {
             stdout: Sink::Stdout,
             stderr: Sink::Stderr,
             egress_dns: Vec::new(),
+            lifeline: None,
         }
     }
 }
@@ -326,6 +330,7 @@ pub fn run_on(
     let mut ctl_open = true;
     let mut timed_out = false;
     let mut init_done = false;
+    let mut lifeline = opts.lifeline.clone();
     while !init_done {
         let now = Instant::now();
         let remaining = deadline.saturating_duration_since(now);
@@ -348,6 +353,10 @@ pub fn run_on(
             fds.push(PollFd::new(f, PollFlags::IN));
             fds.len() - 1
         });
+        let life_ix = lifeline.as_deref().map(|f| {
+            fds.push(PollFd::new(f, PollFlags::IN));
+            fds.len() - 1
+        });
         let timeout = if timed_out {
             None
         } else {
@@ -366,7 +375,15 @@ pub fn run_on(
             ready(out_ix),
             ready(err_ix),
         );
+        let orphaned = ready(life_ix);
         drop(fds);
+        if orphaned {
+            // The caller is gone: nothing may outlive it (the init's pid namespace dies with it).
+            lifeline = None;
+            st.setup_failed
+                .get_or_insert("the caller (lifeline) is gone; the sandbox was killed".into());
+            let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+        }
         if ctl_ready {
             ctl_open = st.take(&ctl_s, &mut report);
         }
@@ -552,7 +569,7 @@ fn prespawn_now(root_mode: bool) -> Result<Prespawned, String> {
             // The init restores the caller's CPU set once it has the maps (sent below), so
             // the command is not pinned.
             if let Some(all) = &affinity {
-                let mut elsewhere = all.clone();
+                let mut elsewhere = *all;
                 elsewhere.unset(rustix::thread::sched_getcpu());
                 if elsewhere.count() > 0 {
                     let _ = rustix::thread::sched_setaffinity(

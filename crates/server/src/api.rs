@@ -911,6 +911,7 @@ pub(crate) async fn submit_run(
         outputs_expire_at: t + task.retention.outputs_seconds as i64,
         logs_expire_at: t + task.retention.logs_seconds as i64,
         outputs_deleted: false,
+        args: serde_json::to_string(&args).unwrap_or_else(|_| "[]".into()),
     };
     let admitted = admission.is_some();
     let to_insert = row.clone();
@@ -1354,6 +1355,10 @@ async fn reconcile_run(
             );
             return Err(deny(&state, &caller, ev, e).await);
         };
+        // The same request again: its `args` as recorded (the rest comes from the task type).
+        let Ok(args) = serde_json::from_str::<Vec<String>>(&r.args) else {
+            return Err(ApiError::internal());
+        };
         if task.code == CodePolicy::Allowed {
             // The code is not kept after a run; a retry needs the original job folder's copy.
             let e = ApiError::new(
@@ -1402,7 +1407,7 @@ async fn reconcile_run(
                 job_expires_at: expires,
                 inputs: rows,
                 code: None,
-                args: Vec::new(),
+                args,
                 cancel: None,
             };
             let _ = tokio::spawn(runner::execute(state.clone(), job, admission)).await;

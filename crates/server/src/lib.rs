@@ -118,6 +118,12 @@ impl AppState {
             .canonicalize()
             .map_err(|e| io("cannot resolve", data_dir, e))?;
         warn_untraversable(&data_dir);
+        // Code files wait here for their runs: traversable (the sandbox user reads its code
+        // by its unguessable name) but not listable.
+        let code = data_dir.join("code");
+        std::fs::create_dir_all(&code).map_err(|e| io("cannot create", &code, e))?;
+        std::fs::set_permissions(&code, std::fs::Permissions::from_mode(0o711))
+            .map_err(|e| io("cannot set permissions of", &code, e))?;
         let private = data_dir.join("private");
         std::fs::create_dir_all(&private).map_err(|e| io("cannot create", &private, e))?;
         std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))
