@@ -997,3 +997,150 @@ fn startup_sweep_kills_only_this_data_dirs_leftover_runners() {
     let _ = foreign.wait();
     let _ = decoy.wait();
 }
+
+/// Every file and folder below `dir` with its mode.
+fn modes_below(dir: &Path) -> Vec<(PathBuf, u32, bool)> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let m = std::fs::symlink_metadata(e.path()).unwrap();
+        out.push((e.path(), m.permissions().mode() & 0o7777, m.is_dir()));
+        if m.is_dir() {
+            out.extend(modes_below(&e.path()));
+        }
+    }
+    out
+}
+
+/// Whether any file below `dir` contains `needle`.
+fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    modes_below(dir)
+        .into_iter()
+        .filter(|(p, _, d)| {
+            !d && std::fs::read(p)
+                .map(|b| b.windows(needle.len()).any(|w| w == needle))
+                .unwrap_or(false)
+        })
+        .map(|(p, _, _)| p)
+        .collect()
+}
+
+/// Issue #15, items 3 and 4: what the service writes is private (job folders 0700, files
+/// 0600; the task's env values never on disk), while the run executes and after it; and
+/// retention means deletion (after `outputs_seconds` the artifact, report and receipt files
+/// are gone from the job folder, not only answered 410).
+#[test]
+fn job_files_are_private_env_never_on_disk_and_retention_deletes() {
+    let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    let secret = "zz-env-secret-4b1d9";
+    let task = format!(
+        r#"
+[tasks.keyed]
+description = "Uses an API key from the task's env"
+code = "allowed"
+command = ["/usr/bin/python3", "/input/code.py"]
+env = {{ API_KEY = "{secret}" }}
+allowed_tenants = ["acme"]
+[tasks.keyed.output]
+path = "/output/o.json"
+media_type = "application/json"
+max_bytes = 1000
+[tasks.keyed.retention]
+outputs_seconds = 2
+logs_seconds = 3600
+"#
+    );
+    let s = Server::start_with(dir.path(), "sweep_interval_seconds = 1", &task);
+    let code = "import json, os, time\nprint('log line')\ntime.sleep(2)\njson.dump({'key_len': len(os.environ['API_KEY'])}, open('/output/o.json', 'w'))\n";
+    let body = json!({"request_id": "priv-1", "task": "keyed", "inputs": [], "code": code});
+    assert_eq!(s.run(ALICE, &body, "?wait=false").status(), 202);
+    let v = wait_status(&s, "priv-1", "running");
+    let job = data.join("jobs").join(v["job_id"].as_str().unwrap());
+    let check = |when: &str| {
+        let m = std::fs::metadata(&job).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(m, 0o700, "{when}: job folder mode {m:o}");
+        for (p, m, is_dir) in modes_below(&job) {
+            if is_dir {
+                assert_eq!(m & 0o077, 0, "{when}: {} is {m:o}", p.display());
+            } else {
+                assert_eq!(m & 0o177, 0, "{when}: {} is {m:o}", p.display());
+            }
+        }
+        let leaked = files_containing(&data, secret.as_bytes());
+        assert!(
+            leaked.is_empty(),
+            "{when}: the env value is on disk in {leaked:?}"
+        );
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    check("while running");
+    let v = wait_status(&s, "priv-1", "ok");
+    assert_eq!(v["artifact"]["json"]["key_len"], secret.len(), "{v}");
+    check("after the run");
+    // The code file is gone after the run.
+    assert_eq!(modes_below(&data.join("code")).len(), 0);
+    assert!(job.join("out").exists() && job.join("report.json").exists());
+
+    // Retention (outputs_seconds = 2, a sweep every second): 410 and the files are gone.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = s.get(ALICE, "/v1/runs/priv-1/artifact");
+        if r.status() == 410 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the artifact never expired");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left: Vec<_> = ["out", "report.json", "receipt.json"]
+            .iter()
+            .filter(|f| job.join(f).exists())
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "answered 410 but still on disk: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The logs stay until logs_seconds.
+    assert!(job.join("stdout.log").exists());
+}
+
+/// Issue #15, item 5: an input referenced by a queued run is not swept before the run ends,
+/// even when its retention passes while the run waits for a slot.
+#[test]
+fn inputs_of_a_queued_run_are_pinned_until_it_ends() {
+    let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir();
+    let s = Server::start(
+        dir.path(),
+        "max_concurrent_runs = 1\ninput_retention_seconds = 1\nsweep_interval_seconds = 1",
+    );
+    let input = s.upload(ALICE, CSV, "text/csv")["input_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Occupy the only slot for ~2.5 s.
+    let blocker = json!({"request_id": "blocker", "task": "slow", "inputs": [], "code": "import time, json\ntime.sleep(2.5)\njson.dump({}, open('/output/o.json', 'w'))\n"});
+    assert_eq!(s.run(ALICE, &blocker, "?wait=false").status(), 202);
+    wait_status(&s, "blocker", "running");
+    let queued = json!({"request_id": "pinned", "task": "line_count", "inputs": [input]});
+    assert_eq!(s.run(ALICE, &queued, "?wait=false").status(), 202);
+    let v = wait_status(&s, "pinned", "ok");
+    assert_eq!(v["artifact"]["json"]["lines"], 4, "{v}");
+    // After the run ends, the expired input goes at the next sweep.
+    let objects = dir.path().join("data/objects");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !modes_below(&objects).is_empty() {
+        assert!(Instant::now() < deadline, "the input was never swept");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -322,13 +322,22 @@ pub fn reconcile(
     Ok(n == 1)
 }
 
-/// Retention: clears outputs of runs past `outputs_expire_at`; returns how many.
-pub fn expire_outputs(c: &Connection, now: i64) -> Result<usize, DbError> {
-    Ok(c.execute(
-        "UPDATE runs SET artifact = NULL, receipt = NULL, report = NULL, outputs_deleted = 1
-         WHERE outputs_deleted = 0 AND finished_at IS NOT NULL AND outputs_expire_at <= ?1",
+/// Retention: clears outputs of runs past `outputs_expire_at`; returns their job ids (the
+/// sweep deletes the copies in their job folders).
+pub fn expire_outputs(c: &mut Connection, now: i64) -> Result<Vec<String>, DbError> {
+    let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    const DUE: &str = "outputs_deleted = 0 AND finished_at IS NOT NULL AND outputs_expire_at <= ?1";
+    let jobs = {
+        let mut st = tx.prepare(&format!("SELECT job_id FROM runs WHERE {DUE}"))?;
+        let it = st.query_map(params![now], |r| r.get(0))?;
+        it.collect::<Result<Vec<String>, _>>()?
+    };
+    tx.execute(
+        &format!("UPDATE runs SET artifact = NULL, receipt = NULL, report = NULL, outputs_deleted = 1 WHERE {DUE}"),
         params![now],
-    )?)
+    )?;
+    tx.commit()?;
+    Ok(jobs)
 }
 
 /// Job ids whose logs expired (the sweep deletes their folders).
@@ -340,15 +349,21 @@ pub fn expired_log_jobs(c: &Connection, now: i64) -> Result<Vec<String>, DbError
     Ok(it.collect::<Result<Vec<_>, _>>()?)
 }
 
-/// Deletes expired inputs; returns the sha256 of objects no input references any more.
+/// Deletes expired inputs, except those a queued or running run of their tenant refers to
+/// (pinned until the run ends); returns the sha256 of objects no input references any more.
 pub fn expire_inputs(c: &mut Connection, now: i64) -> Result<Vec<String>, DbError> {
+    // A run's `inputs` is a JSON array of {"input_id": …}; ids are `in_<hex>`, so the quoted
+    // id occurs in it exactly when the run refers to the input.
+    const DUE: &str = "expires_at <= ?1 AND NOT EXISTS (SELECT 1 FROM runs
+        WHERE runs.tenant = inputs.tenant AND runs.status IN ('queued', 'running')
+        AND instr(runs.inputs, '\"' || inputs.id || '\"') > 0)";
     let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let shas: Vec<String> = {
-        let mut st = tx.prepare("SELECT DISTINCT sha256 FROM inputs WHERE expires_at <= ?1")?;
+        let mut st = tx.prepare(&format!("SELECT DISTINCT sha256 FROM inputs WHERE {DUE}"))?;
         let it = st.query_map(params![now], |r| r.get(0))?;
         it.collect::<Result<Vec<_>, _>>()?
     };
-    tx.execute("DELETE FROM inputs WHERE expires_at <= ?1", params![now])?;
+    tx.execute(&format!("DELETE FROM inputs WHERE {DUE}"), params![now])?;
     let mut orphans = Vec::new();
     for s in shas {
         let n: i64 = tx.query_row(

@@ -711,7 +711,16 @@ pub async fn sweep(state: &AppState) {
         .inner
         .db
         .call(move |c| {
-            let outputs = db::expire_outputs(c, t)?;
+            let expired = db::expire_outputs(c, t)?;
+            let outputs = expired.len();
+            // Retention means deletion: the copies in the job folder go too (the logs stay
+            // until `logs_seconds`).
+            for j in expired {
+                let d = job_dir(&s, &j);
+                let _ = std::fs::remove_dir_all(d.join("out"));
+                let _ = std::fs::remove_file(d.join("report.json"));
+                let _ = std::fs::remove_file(d.join("receipt.json"));
+            }
             let jobs = db::expired_log_jobs(c, t)?;
             let mut logs = 0;
             for j in jobs {
