@@ -872,6 +872,13 @@ seconds = 20
     let s = Server::start_with(dir.path(), "max_concurrent_runs = 2", &task);
     let v: Value = s.get(ALICE, "/v1/runs/crash-1").json().unwrap();
     assert_eq!(v["status"], "unknown", "{v}");
+    // Item 7: a run marked unknown at start-up is logged.
+    let log = s.stderr.lock().unwrap().clone();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("unknown") && l.contains("crash-1")),
+        "the run marked unknown is not in the service log:\n{log}"
+    );
     let r = s
         .http
         .post(s.url("/v1/runs/crash-1/reconcile"))
@@ -1142,5 +1149,104 @@ fn inputs_of_a_queued_run_are_pinned_until_it_ends() {
     while !modes_below(&objects).is_empty() {
         assert!(Instant::now() < deadline, "the input was never swept");
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Issue #15, item 7: the small holes, each attacked over real HTTP.
+#[test]
+fn small_holes_are_closed() {
+    let dir = tempdir();
+    let s = Server::start(dir.path(), "");
+    // Two Authorization headers: refused with 400, whichever comes first.
+    for (first, second) in [(ALICE, "nope"), ("nope", ALICE), (ALICE, ALICE)] {
+        let r = s
+            .http
+            .get(s.url("/v1/tasks"))
+            .header("authorization", format!("Bearer {first}"))
+            .header("authorization", format!("Bearer {second}"))
+            .send()
+            .unwrap();
+        problem(r, 400, "invalid-request");
+    }
+    // request_id `.` and `..` are refused (Location: /v1/runs/.. cannot be fetched).
+    let input = s.upload(ALICE, CSV, "text/csv")["input_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for id in [".", ".."] {
+        let r = s.run(
+            ALICE,
+            &json!({"request_id": id, "task": "line_count", "inputs": [input]}),
+            "",
+        );
+        problem(r, 400, "invalid-request");
+    }
+    // 405 with a problem+json body.
+    let r = s
+        .http
+        .delete(s.url("/v1/tasks"))
+        .bearer_auth(ALICE)
+        .send()
+        .unwrap();
+    problem(r, 405, "method-not-allowed");
+    // `"args": []` and an absent `args` are the same request.
+    let body = json!({"request_id": "args-same", "task": "line_count", "inputs": [input]});
+    assert_eq!(s.run(ALICE, &body, "").status(), 200);
+    let mut with_empty = body.clone();
+    with_empty["args"] = json!([]);
+    let r = s.run(ALICE, &with_empty, "");
+    assert_eq!(r.status(), 200, "{}", r.text().unwrap());
+    // An artifact request answered 409 is audited as a denial.
+    let failing = json!({"request_id": "no-artifact", "task": "summarize_csv", "inputs": [input], "code": "raise SystemExit(3)"});
+    let v: Value = s.run(ALICE, &failing, "").json().unwrap();
+    assert_eq!(v["status"], "exit_nonzero", "{v}");
+    problem(
+        s.get(ALICE, "/v1/runs/no-artifact/artifact"),
+        409,
+        "no-verified-artifact",
+    );
+    let (_, log) = audit(dir.path());
+    let rec: Value = log
+        .lines()
+        .filter(|l| l.contains("\"artifact_read\"") && l.contains("\"no-artifact\""))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .next_back()
+        .unwrap();
+    assert_eq!(rec["decision"], "deny", "{rec}");
+    // The log has no ANSI colour codes when stderr is not a terminal (here: a pipe).
+    assert!(
+        !s.stderr.lock().unwrap().contains('\x1b'),
+        "ANSI escape codes in the service log"
+    );
+}
+
+/// Issue #15, item 7: every metric family is present from start-up, at zero.
+#[test]
+fn metric_families_are_present_at_start_up() {
+    let dir = tempdir();
+    let s = Server::start(dir.path(), "");
+    let text = s
+        .http
+        .get(s.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    for family in [
+        "agentjail_runs_total",
+        "agentjail_denials_total",
+        "agentjail_sandbox_denials_total",
+        "agentjail_auth_failures_total",
+        "agentjail_unknown_outcomes_total",
+        "agentjail_inputs_stored_total",
+        "agentjail_replays_total",
+        "agentjail_overload_refusals_total",
+        "agentjail_audit_failures_total",
+        "agentjail_runs_in_flight",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(family)),
+            "{family} missing at start-up:\n{text}"
+        );
     }
 }

@@ -180,6 +180,7 @@ impl AppState {
                 _lock: lock,
             }),
         };
+        zero_metrics(&state.inner.config);
         runner::reconcile_at_startup(&state)?;
         Ok(state)
     }
@@ -233,6 +234,32 @@ fn metrics_handle() -> PrometheusHandle {
             handle
         })
         .clone()
+}
+
+/// Creates every metric family at zero, so that dashboards and alerts see them from start-up
+/// (a Prometheus family appears only once it has a series). Labelled families get the series
+/// that exist from the start: each task's `ok` runs, each sandbox denial kind, and the
+/// commonest policy denial.
+fn zero_metrics(config: &Config) {
+    for task in config.tasks.keys() {
+        metrics::counter!("agentjail_runs_total", "task" => task.clone(), "status" => "ok")
+            .increment(0);
+    }
+    metrics::counter!("agentjail_denials_total", "reason" => "forbidden").increment(0);
+    for kind in ["syscall", "filesystem", "network", "limit", "output"] {
+        metrics::counter!("agentjail_sandbox_denials_total", "kind" => kind).increment(0);
+    }
+    for name in [
+        "agentjail_auth_failures_total",
+        "agentjail_unknown_outcomes_total",
+        "agentjail_inputs_stored_total",
+        "agentjail_replays_total",
+        "agentjail_overload_refusals_total",
+        "agentjail_audit_failures_total",
+    ] {
+        metrics::counter!(name).increment(0);
+    }
+    metrics::gauge!("agentjail_runs_in_flight").increment(0.0);
 }
 
 fn describe_metrics() {
@@ -332,6 +359,7 @@ impl Launch {
 pub fn serve_blocking(opts: ServeOptions) -> Result<(), ServerError> {
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("AGENTJAIL_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),

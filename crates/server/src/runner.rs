@@ -688,6 +688,7 @@ pub fn reconcile_at_startup(state: &AppState) -> Result<(), ServerError> {
     for (tenant, request_id, task, job_id) in rows {
         let _ = std::fs::remove_dir_all(job_dir(state, &job_id));
         let _ = std::fs::remove_file(code_path(state, &job_id));
+        tracing::warn!(%tenant, %request_id, %job_id, %task, "run found in flight at start-up: marked unknown, not re-run; an operator reconciles it");
         metrics::counter!("agentjail_unknown_outcomes_total").increment(1);
         state.inner.audit.append_blocking(&Event {
             event: "run_unknown",
