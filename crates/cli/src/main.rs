@@ -367,6 +367,11 @@ struct RunArgs {
     /// host's /etc/hosts and /etc/resolv.conf (repeatable).
     #[arg(long = "egress-dns", value_name = "IP:PORT")]
     egress_dns: Vec<std::net::SocketAddr>,
+    /// For `agentjail serve`: stdin carries the manifest (one line of JSON; sources relative to
+    /// the working directory) and then stays open; when it hangs up (the service died), the
+    /// sandbox is killed and the run ends.
+    #[arg(long, hide = true, conflicts_with = "manifest")]
+    lifeline: bool,
     /// Image store that a manifest's `image: sha256:…` is taken from (docs/images.md).
     #[arg(long, value_name = "DIR", env = "AGENTJAIL_IMAGE_STORE")]
     image_store: Option<PathBuf>,
@@ -577,7 +582,39 @@ fn report_setup_error(path: Option<&Path>, limits: Limits, msg: &str) {
 
 fn run(a: RunArgs) -> Result<u8, String> {
     agentjail_engine::timing::mark("run: arguments parsed");
+    let mut lifeline = None;
     let (manifest, policy) = match &a.manifest {
+        None if a.lifeline => {
+            let text = read_manifest_line().inspect_err(|e| {
+                report_setup_error(a.report.as_deref(), Limits::default(), e);
+            })?;
+            let m = Manifest::parse(&text).map_err(|e| {
+                report_setup_error(a.report.as_deref(), Limits::default(), &e.to_string());
+                e.to_string()
+            })?;
+            let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+            let mut roots = vec![cwd.clone()];
+            for r in &a.source_root {
+                roots.push(
+                    r.canonicalize()
+                        .map_err(|e| format!("--source-root {}: {e}", r.display()))?,
+                );
+            }
+            use std::os::fd::AsFd;
+            lifeline = Some(std::sync::Arc::new(
+                std::io::stdin()
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map_err(|e| format!("lifeline: {e}"))?,
+            ));
+            (
+                m,
+                SourcePolicy {
+                    base_dir: cwd,
+                    roots: Some(roots),
+                },
+            )
+        }
         Some(path) => {
             if !a.flags.is_empty() {
                 let msg = "--manifest cannot be combined with flags that describe the run (the manifest is the one description); hint: `agentjail manifest --print` shows what flags produce";
@@ -671,6 +708,7 @@ fn run(a: RunArgs) -> Result<u8, String> {
         stdout: terminal.stdout_sink(),
         stderr: terminal.stderr_sink(),
         egress_dns: a.egress_dns.clone(),
+        lifeline,
     };
     let delivery = Delivery {
         output_dir: a.output_dir.clone(),
@@ -721,6 +759,29 @@ impl Terminal {
             Sink::Stderr
         }
     }
+}
+
+/// Reads the manifest that `--lifeline` passes on stdin: bytes up to the first newline (the
+/// service writes compact JSON and a newline, and keeps the pipe open as the lifeline).
+fn read_manifest_line() -> Result<String, String> {
+    use std::io::Read;
+    const MAX: usize = 4 * 1024 * 1024;
+    let mut stdin = std::io::stdin().lock();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    while !buf.ends_with(b"\n") {
+        let n = stdin
+            .read(&mut chunk)
+            .map_err(|e| format!("lifeline: reading the manifest: {e}"))?;
+        if n == 0 {
+            return Err("lifeline: stdin ended before the manifest's newline".into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.len() > MAX {
+            return Err("lifeline: the manifest is larger than 4 MiB".into());
+        }
+    }
+    String::from_utf8(buf).map_err(|_| "lifeline: the manifest is not UTF-8".into())
 }
 
 /// A status as the report spells it (`ok`, `exit_nonzero`, …).
@@ -854,6 +915,7 @@ fn demo(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> {
             stdout: terminal.stderr_sink(),
             stderr: terminal.stderr_sink(),
             egress_dns: Vec::new(),
+            lifeline: None,
         },
         &Delivery {
             output_dir: Some(out_dir),

@@ -121,8 +121,13 @@ struct Server {
 
 impl Server {
     fn start(dir: &Path, extra_server: &str) -> Server {
+        Server::start_with(dir, extra_server, "")
+    }
+
+    /// As [`Server::start`], with more tables (tasks) appended to the configuration.
+    fn start_with(dir: &Path, extra_server: &str, extra_tables: &str) -> Server {
         let cfg = dir.join("config.toml");
-        std::fs::write(&cfg, config(extra_server)).unwrap();
+        std::fs::write(&cfg, config(extra_server) + extra_tables).unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_agentjail"))
             .args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(&cfg)
@@ -708,4 +713,540 @@ fn load_200_runs_at_concurrency_8_lose_and_duplicate_nothing() {
         assert_eq!(starts, 1, "{id} started {starts} times");
     }
     assert_eq!(log.matches("\"run_start\"").count(), CLIENTS * PER_CLIENT);
+}
+
+/// A process seen in /proc: its pid and start time (clock ticks since boot), which together
+/// name one process even if the pid is reused.
+type ProcId = (i32, u64);
+
+fn proc_start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 22 (starttime); the command name (field 2) may hold spaces, so count after ')'.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
+}
+
+/// Every process whose command line, working directory or environment holds `needle`.
+fn procs_matching(needle: &str) -> Vec<(ProcId, String)> {
+    let mut found = Vec::new();
+    let me = std::process::id() as i32;
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default();
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd"))
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let environ = std::fs::read(format!("/proc/{pid}/environ"))
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
+        if (cmdline.contains(needle) || cwd.contains(needle) || environ.contains(needle))
+            && let Some(t) = proc_start_time(pid)
+        {
+            found.push(((pid, t), cmdline));
+        }
+    }
+    found
+}
+
+/// Watches /proc every 10 ms and collects every distinct process whose command line holds
+/// `marker`: the test's own count of how often the payload executed. The payload cannot forge
+/// or hide it (it is the kernel's view of processes, outside the sandbox), and it does not
+/// depend on anything the service says.
+struct Executions {
+    seen: Arc<Mutex<std::collections::BTreeSet<ProcId>>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Executions {
+    fn watch(marker: String) -> Executions {
+        let seen = Arc::new(Mutex::new(std::collections::BTreeSet::new()));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (s2, st2) = (seen.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !st2.load(std::sync::atomic::Ordering::Relaxed) {
+                for (id, cmdline) in procs_matching(&marker) {
+                    // Only the payload itself (python), not a runner or anything else.
+                    if cmdline.starts_with("/usr/bin/python3") {
+                        s2.lock().unwrap().insert(id);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        Executions {
+            seen,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+
+    fn finish(mut self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+        self.count()
+    }
+}
+
+/// Issue #15, item 1: runs never outlive the service. A `kill -9` of `agentjail serve` while a
+/// run executes must take the run's runner and sandbox with it within a few seconds; after the
+/// restart the run reads `unknown`, and an operator's `retry` executes the payload exactly
+/// once more (counted from /proc by the test, not by the service's records), with the same
+/// request, `args` included (item 2).
+#[test]
+fn sigkill_of_the_service_kills_its_runs_and_retry_runs_once() {
+    let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    let marker = format!(
+        "lifeline-marker-{}",
+        dir.path().file_name().unwrap().to_string_lossy()
+    );
+    // A fixed program (retry is allowed only without code and without network): it sleeps
+    // long enough that an orphan would still be alive when the test looks, then writes output.
+    let task = format!(
+        r#"
+[tasks.sleeper]
+description = "Sleeps as long as its argument says, then writes its output"
+code = "forbidden"
+command = ["/usr/bin/python3", "-c", "import json, sys, time; time.sleep(float(sys.argv[2])); json.dump({{'args': sys.argv[1:]}}, open('/output/o.json', 'w'))", "{marker}"]
+max_args = 1
+allowed_tenants = ["acme"]
+[tasks.sleeper.output]
+path = "/output/o.json"
+media_type = "application/json"
+max_bytes = 1000
+[tasks.sleeper.limits]
+seconds = 20
+"#
+    );
+    let mut s = Server::start_with(dir.path(), "max_concurrent_runs = 2", &task);
+    let executions = Executions::watch(marker.clone());
+    let body = json!({"request_id": "crash-1", "task": "sleeper", "inputs": [], "args": ["6"]});
+    assert_eq!(s.run(ALICE, &body, "?wait=false").status(), 202);
+    wait_status(&s, "crash-1", "running");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while executions.count() == 0 {
+        assert!(Instant::now() < deadline, "the payload never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s.kill(); // SIGKILL
+
+    // A few seconds later nothing of that run exists: no payload, no runner, no sandbox init
+    // (anything whose command line, working directory or environment names the data dir).
+    let data_s = data.to_string_lossy().into_owned();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let left: Vec<_> = procs_matching(&marker)
+            .into_iter()
+            .chain(procs_matching(&data_s))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "3 s after the service was killed, processes of its run are still alive: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(executions.count(), 1);
+
+    let s = Server::start_with(dir.path(), "max_concurrent_runs = 2", &task);
+    let v: Value = s.get(ALICE, "/v1/runs/crash-1").json().unwrap();
+    assert_eq!(v["status"], "unknown", "{v}");
+    // Item 7: a run marked unknown at start-up is logged.
+    let log = s.stderr.lock().unwrap().clone();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("unknown") && l.contains("crash-1")),
+        "the run marked unknown is not in the service log:\n{log}"
+    );
+    let r = s
+        .http
+        .post(s.url("/v1/runs/crash-1/reconcile"))
+        .bearer_auth(ALICE)
+        .json(&json!({ "action": "retry" }))
+        .send()
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let v = loop {
+        let v: Value = s.get(ALICE, "/v1/runs/crash-1").json().unwrap();
+        if v["status"] != "queued" && v["status"] != "running" {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "the retry never finished: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Item 2: the retry is the same request, `args` included (the payload sleeps as long as
+    // its argument says and echoes its arguments).
+    assert_eq!(v["status"], "ok", "{v}");
+    assert_eq!(v["artifact"]["json"]["args"], json!([marker, "6"]), "{v}");
+    // Exactly two executions in all: the killed one and the retry.
+    assert_eq!(
+        executions.finish(),
+        2,
+        "the payload did not run exactly once more"
+    );
+    let (path, log) = audit(dir.path());
+    agentjail_server::audit::verify_chain(&path).unwrap();
+    assert!(log.contains("\"run_unknown\""));
+}
+
+/// Issue #15, item 1 (the start-up sweep): a runner that outlived its service anyway (here:
+/// one whose lifeline the test holds open) is killed, with its sandbox, when a service starts
+/// on its data directory, before reconciliation. Only verified runners of this data directory
+/// are killed: a process that merely carries the mark, and a runner of another data
+/// directory, are left alone.
+#[test]
+fn startup_sweep_kills_only_this_data_dirs_leftover_runners() {
+    let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    use std::io::Write;
+    let dir = tempdir();
+    let other = tempdir();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("jobs/job_left")).unwrap();
+    let data = data.canonicalize().unwrap();
+    let marker = format!(
+        "sweep-marker-{}",
+        dir.path().file_name().unwrap().to_string_lossy()
+    );
+    let manifest = json!({
+        "command": ["/usr/bin/python3", "-c", "import time; time.sleep(60)", marker],
+    });
+    let runner = |data_dir: &Path, cwd: &Path| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_agentjail"))
+            .args(["run", "--lifeline", "--allow-degraded"])
+            .env("AGENTJAIL_SERVICE_DATA", data_dir)
+            .current_dir(cwd)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut w = c.stdin.take().unwrap();
+        w.write_all(format!("{manifest}\n").as_bytes()).unwrap();
+        (c, w) // the test keeps the lifeline open: only the sweep can end this runner
+    };
+    let (mut left, _lifeline) = runner(&data, &data.join("jobs/job_left"));
+    let (mut foreign, _lifeline2) = runner(&other.path().canonicalize().unwrap(), other.path());
+    let mut decoy = Command::new("/bin/sleep")
+        .arg("60")
+        .env("AGENTJAIL_SERVICE_DATA", &data)
+        .spawn()
+        .unwrap();
+    // Both payloads run before the service starts.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while procs_matching(&marker)
+        .iter()
+        .filter(|(_, c)| c.starts_with("/usr/bin/python3"))
+        .count()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "the payloads never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let s = Server::start(dir.path(), "");
+    // The service listens only after the sweep: the leftover runner is gone (reaped here)…
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while left.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the leftover runner of this data directory is still alive"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // … and so is its sandbox; the other data directory's payload still runs.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let payloads: Vec<_> = procs_matching(&marker)
+            .into_iter()
+            .filter(|(_, c)| c.starts_with("/usr/bin/python3"))
+            .collect();
+        if payloads.len() == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "expected only the foreign payload alive: {payloads:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        foreign.try_wait().unwrap().is_none(),
+        "a foreign runner was killed"
+    );
+    assert!(
+        decoy.try_wait().unwrap().is_none(),
+        "an unverified process was killed"
+    );
+    drop(s);
+    let _ = foreign.kill();
+    let _ = decoy.kill();
+    let _ = foreign.wait();
+    let _ = decoy.wait();
+}
+
+/// Every file and folder below `dir` with its mode.
+fn modes_below(dir: &Path) -> Vec<(PathBuf, u32, bool)> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let m = std::fs::symlink_metadata(e.path()).unwrap();
+        out.push((e.path(), m.permissions().mode() & 0o7777, m.is_dir()));
+        if m.is_dir() {
+            out.extend(modes_below(&e.path()));
+        }
+    }
+    out
+}
+
+/// Whether any file below `dir` contains `needle`.
+fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    modes_below(dir)
+        .into_iter()
+        .filter(|(p, _, d)| {
+            !d && std::fs::read(p)
+                .map(|b| b.windows(needle.len()).any(|w| w == needle))
+                .unwrap_or(false)
+        })
+        .map(|(p, _, _)| p)
+        .collect()
+}
+
+/// Issue #15, items 3 and 4: what the service writes is private (job folders 0700, files
+/// 0600; the task's env values never on disk), while the run executes and after it; and
+/// retention means deletion (after `outputs_seconds` the artifact, report and receipt files
+/// are gone from the job folder, not only answered 410).
+#[test]
+fn job_files_are_private_env_never_on_disk_and_retention_deletes() {
+    let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    let secret = "zz-env-secret-4b1d9";
+    let task = format!(
+        r#"
+[tasks.keyed]
+description = "Uses an API key from the task's env"
+code = "allowed"
+command = ["/usr/bin/python3", "/input/code.py"]
+env = {{ API_KEY = "{secret}" }}
+allowed_tenants = ["acme"]
+[tasks.keyed.output]
+path = "/output/o.json"
+media_type = "application/json"
+max_bytes = 1000
+[tasks.keyed.retention]
+outputs_seconds = 2
+logs_seconds = 3600
+"#
+    );
+    let s = Server::start_with(dir.path(), "sweep_interval_seconds = 1", &task);
+    let code = "import json, os, time\nprint('log line')\ntime.sleep(2)\njson.dump({'key_len': len(os.environ['API_KEY'])}, open('/output/o.json', 'w'))\n";
+    let body = json!({"request_id": "priv-1", "task": "keyed", "inputs": [], "code": code});
+    assert_eq!(s.run(ALICE, &body, "?wait=false").status(), 202);
+    let v = wait_status(&s, "priv-1", "running");
+    let job = data.join("jobs").join(v["job_id"].as_str().unwrap());
+    let check = |when: &str| {
+        let m = std::fs::metadata(&job).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(m, 0o700, "{when}: job folder mode {m:o}");
+        for (p, m, is_dir) in modes_below(&job) {
+            if is_dir {
+                assert_eq!(m & 0o077, 0, "{when}: {} is {m:o}", p.display());
+            } else {
+                assert_eq!(m & 0o177, 0, "{when}: {} is {m:o}", p.display());
+            }
+        }
+        let leaked = files_containing(&data, secret.as_bytes());
+        assert!(
+            leaked.is_empty(),
+            "{when}: the env value is on disk in {leaked:?}"
+        );
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    check("while running");
+    let v = wait_status(&s, "priv-1", "ok");
+    assert_eq!(v["artifact"]["json"]["key_len"], secret.len(), "{v}");
+    check("after the run");
+    // The code file is gone after the run.
+    assert_eq!(modes_below(&data.join("code")).len(), 0);
+    assert!(job.join("out").exists() && job.join("report.json").exists());
+
+    // Retention (outputs_seconds = 2, a sweep every second): 410 and the files are gone.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = s.get(ALICE, "/v1/runs/priv-1/artifact");
+        if r.status() == 410 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the artifact never expired");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left: Vec<_> = ["out", "report.json", "receipt.json"]
+            .iter()
+            .filter(|f| job.join(f).exists())
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "answered 410 but still on disk: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The logs stay until logs_seconds.
+    assert!(job.join("stdout.log").exists());
+}
+
+/// Issue #15, item 5: an input referenced by a queued run is not swept before the run ends,
+/// even when its retention passes while the run waits for a slot.
+#[test]
+fn inputs_of_a_queued_run_are_pinned_until_it_ends() {
+    let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir();
+    let s = Server::start(
+        dir.path(),
+        "max_concurrent_runs = 1\ninput_retention_seconds = 1\nsweep_interval_seconds = 1",
+    );
+    let input = s.upload(ALICE, CSV, "text/csv")["input_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Occupy the only slot for ~2.5 s.
+    let blocker = json!({"request_id": "blocker", "task": "slow", "inputs": [], "code": "import time, json\ntime.sleep(2.5)\njson.dump({}, open('/output/o.json', 'w'))\n"});
+    assert_eq!(s.run(ALICE, &blocker, "?wait=false").status(), 202);
+    wait_status(&s, "blocker", "running");
+    let queued = json!({"request_id": "pinned", "task": "line_count", "inputs": [input]});
+    assert_eq!(s.run(ALICE, &queued, "?wait=false").status(), 202);
+    let v = wait_status(&s, "pinned", "ok");
+    assert_eq!(v["artifact"]["json"]["lines"], 4, "{v}");
+    // After the run ends, the expired input goes at the next sweep.
+    let objects = dir.path().join("data/objects");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !modes_below(&objects).is_empty() {
+        assert!(Instant::now() < deadline, "the input was never swept");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Issue #15, item 7: the small holes, each attacked over real HTTP.
+#[test]
+fn small_holes_are_closed() {
+    let dir = tempdir();
+    let s = Server::start(dir.path(), "");
+    // Two Authorization headers: refused with 400, whichever comes first.
+    for (first, second) in [(ALICE, "nope"), ("nope", ALICE), (ALICE, ALICE)] {
+        let r = s
+            .http
+            .get(s.url("/v1/tasks"))
+            .header("authorization", format!("Bearer {first}"))
+            .header("authorization", format!("Bearer {second}"))
+            .send()
+            .unwrap();
+        problem(r, 400, "invalid-request");
+    }
+    // request_id `.` and `..` are refused (Location: /v1/runs/.. cannot be fetched).
+    let input = s.upload(ALICE, CSV, "text/csv")["input_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for id in [".", ".."] {
+        let r = s.run(
+            ALICE,
+            &json!({"request_id": id, "task": "line_count", "inputs": [input]}),
+            "",
+        );
+        problem(r, 400, "invalid-request");
+    }
+    // 405 with a problem+json body.
+    let r = s
+        .http
+        .delete(s.url("/v1/tasks"))
+        .bearer_auth(ALICE)
+        .send()
+        .unwrap();
+    problem(r, 405, "method-not-allowed");
+    // `"args": []` and an absent `args` are the same request.
+    let body = json!({"request_id": "args-same", "task": "line_count", "inputs": [input]});
+    assert_eq!(s.run(ALICE, &body, "").status(), 200);
+    let mut with_empty = body.clone();
+    with_empty["args"] = json!([]);
+    let r = s.run(ALICE, &with_empty, "");
+    assert_eq!(r.status(), 200, "{}", r.text().unwrap());
+    // An artifact request answered 409 is audited as a denial.
+    let failing = json!({"request_id": "no-artifact", "task": "summarize_csv", "inputs": [input], "code": "raise SystemExit(3)"});
+    let v: Value = s.run(ALICE, &failing, "").json().unwrap();
+    assert_eq!(v["status"], "exit_nonzero", "{v}");
+    problem(
+        s.get(ALICE, "/v1/runs/no-artifact/artifact"),
+        409,
+        "no-verified-artifact",
+    );
+    let (_, log) = audit(dir.path());
+    let rec: Value = log
+        .lines()
+        .filter(|l| l.contains("\"artifact_read\"") && l.contains("\"no-artifact\""))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .next_back()
+        .unwrap();
+    assert_eq!(rec["decision"], "deny", "{rec}");
+    // The log has no ANSI colour codes when stderr is not a terminal (here: a pipe).
+    assert!(
+        !s.stderr.lock().unwrap().contains('\x1b'),
+        "ANSI escape codes in the service log"
+    );
+}
+
+/// Issue #15, item 7: every metric family is present from start-up, at zero.
+#[test]
+fn metric_families_are_present_at_start_up() {
+    let dir = tempdir();
+    let s = Server::start(dir.path(), "");
+    let text = s
+        .http
+        .get(s.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    for family in [
+        "agentjail_runs_total",
+        "agentjail_denials_total",
+        "agentjail_sandbox_denials_total",
+        "agentjail_auth_failures_total",
+        "agentjail_unknown_outcomes_total",
+        "agentjail_inputs_stored_total",
+        "agentjail_replays_total",
+        "agentjail_overload_refusals_total",
+        "agentjail_audit_failures_total",
+        "agentjail_runs_in_flight",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(family)),
+            "{family} missing at start-up:\n{text}"
+        );
+    }
 }

@@ -251,11 +251,23 @@ pub fn run(
     let mut out = Stream::new(child.stdout.take().map(OwnedFd::from), opts.stdout);
     let mut err = Stream::new(child.stderr.take().map(OwnedFd::from), opts.stderr);
     let mut timed_out = false;
+    let mut orphaned = false;
     loop {
         if let Ok(Some(_)) = child.try_wait() {
             break;
         }
         let remaining = deadline.saturating_duration_since(Instant::now());
+        // The caller is gone (its lifeline hung up): kill the sandbox as at the deadline.
+        if !orphaned && opts.lifeline.as_deref().is_some_and(hung_up) {
+            orphaned = true;
+            timed_out = true;
+            let _ = Command::new(&runsc)
+                .arg("--root")
+                .arg(&state)
+                .args(["kill", &id, "KILL"])
+                .output();
+            let _ = child.kill();
+        }
         if remaining.is_zero() && !timed_out {
             timed_out = true;
             let _ = Command::new(&runsc)
@@ -270,6 +282,9 @@ pub fn run(
             fds.push(PollFd::new(p, PollFlags::IN));
         }
         for f in [&out.fd, &err.fd].into_iter().flatten() {
+            fds.push(PollFd::new(f, PollFlags::IN));
+        }
+        if let Some(f) = opts.lifeline.as_deref().filter(|_| !orphaned) {
             fds.push(PollFd::new(f, PollFlags::IN));
         }
         let step = remaining.min(Duration::from_millis(if pidfd.is_some() {
@@ -334,7 +349,10 @@ pub fn run(
         "gvisor: CPU time and peak memory are not reported; a memory-limit kill shows as SIGKILL".into(),
     ];
     let limits = vm.manifest.limits;
-    if timed_out {
+    if orphaned {
+        report.status = Status::SetupError;
+        report.error = Some("the caller (lifeline) is gone; the sandbox was killed".into());
+    } else if timed_out {
         report.status = Status::Timeout;
         report.signal = Some(libc::SIGKILL);
         report.deny(
@@ -605,6 +623,16 @@ fn write_bundle(work: &Path, plan: &Plan, out_dir: &Path) -> std::io::Result<()>
     std::fs::write(bundle.join("config.json"), bytes)?;
     std::fs::set_permissions(work, std::fs::Permissions::from_mode(0o755))?;
     Ok(())
+}
+
+/// The lifeline pipe hung up (or is readable: its writer never writes).
+fn hung_up(fd: &OwnedFd) -> bool {
+    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+    let zero = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
 }
 
 #[cfg(test)]

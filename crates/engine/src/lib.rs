@@ -55,6 +55,7 @@ pub fn probe_strict_run() -> Result<(), String> {
         stdout: Sink::Capture,
         stderr: Sink::Capture,
         egress_dns: Vec::new(),
+        lifeline: None,
     };
     let out = run(&vm, &opts, None);
     match out.report.status {

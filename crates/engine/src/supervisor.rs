@@ -52,6 +52,9 @@ pub struct RunOptions {
     /// Name servers the egress gateway asks; empty means the host's resolver configuration
     /// (/etc/hosts, /etc/resolv.conf).
     pub egress_dns: Vec<std::net::SocketAddr>,
+    /// The read end of a pipe whose write end only the caller (the service) holds: when it
+    /// hangs up (the caller died), the sandbox is killed and the run ends as a setup error.
+    pub lifeline: Option<std::sync::Arc<OwnedFd>>,
 }
 
 impl Default for RunOptions {
@@ -61,6 +64,7 @@ impl Default for RunOptions {
             stdout: Sink::Stdout,
             stderr: Sink::Stderr,
             egress_dns: Vec::new(),
+            lifeline: None,
         }
     }
 }
@@ -383,6 +387,7 @@ pub fn run_on(
     let mut ctl_open = true;
     let mut timed_out = false;
     let mut init_done = false;
+    let mut lifeline = opts.lifeline.clone();
     while !init_done {
         let now = Instant::now();
         let remaining = deadline.saturating_duration_since(now);
@@ -405,6 +410,10 @@ pub fn run_on(
             fds.push(PollFd::new(f, PollFlags::IN));
             fds.len() - 1
         });
+        let life_ix = lifeline.as_deref().map(|f| {
+            fds.push(PollFd::new(f, PollFlags::IN));
+            fds.len() - 1
+        });
         let timeout = if timed_out {
             None
         } else {
@@ -423,7 +432,15 @@ pub fn run_on(
             ready(out_ix),
             ready(err_ix),
         );
+        let orphaned = ready(life_ix);
         drop(fds);
+        if orphaned {
+            // The caller is gone: nothing may outlive it (the init's pid namespace dies with it).
+            lifeline = None;
+            st.setup_failed
+                .get_or_insert("the caller (lifeline) is gone; the sandbox was killed".into());
+            let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+        }
         if ctl_ready {
             ctl_open = st.take(&ctl_s, &mut report);
         }

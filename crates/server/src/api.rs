@@ -224,6 +224,10 @@ pub(crate) async fn authenticate(
 /// (or MCP processing) runs; the caller is put into the request's extensions.
 pub(crate) async fn auth(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let route = format!("{} {}", req.method(), req.uri().path());
+    // Two credentials are ambiguous (which one would a proxy have checked?): refuse them.
+    if req.headers().get_all(header::AUTHORIZATION).iter().count() > 1 {
+        return ApiError::bad_request("more than one Authorization header").into_response();
+    }
     let token = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -654,7 +658,10 @@ fn run_response(state: &AppState, r: &RunRow) -> Response {
 }
 
 fn valid_request_id(s: &str) -> bool {
+    // `.` and `..` would be path segments in `Location: /v1/runs/{request_id}`.
     !s.is_empty()
+        && s != "."
+        && s != ".."
         && s.len() <= 128
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-'))
@@ -751,12 +758,19 @@ pub(crate) async fn submit_run(
 ) -> Result<RunRow, ApiError> {
     let mut ev = caller.event("run_request");
     if !valid_request_id(&req.request_id) {
-        let e = ApiError::bad_request("`request_id` must be 1-128 of A-Z a-z 0-9 . _ : -");
+        let e = ApiError::bad_request(
+            "`request_id` must be 1-128 of A-Z a-z 0-9 . _ : -, and not `.` or `..`",
+        );
         return Err(deny(state, caller, ev, e).await);
     }
     ev.request_id = Some(req.request_id.clone());
     // A recorded request_id is answered from the record (or refused if the body differs) before
     // any other check: execute-once holds even after its inputs expired or the config changed.
+    // `"args": []` is the same request as no `args`.
+    let mut req = req;
+    if req.args.as_ref().is_some_and(Vec::is_empty) {
+        req.args = None;
+    }
     let body_sha = crate::config::sha256_hex(&serde_jcs::to_vec(&req).unwrap_or_default());
     let (t0, r0) = (caller.tenant.clone(), req.request_id.clone());
     if let Some(existing) = state
@@ -911,6 +925,7 @@ pub(crate) async fn submit_run(
         outputs_expire_at: t + task.retention.outputs_seconds as i64,
         logs_expire_at: t + task.retention.logs_seconds as i64,
         outputs_deleted: false,
+        args: serde_json::to_string(&args).unwrap_or_else(|_| "[]".into()),
     };
     let admitted = admission.is_some();
     let to_insert = row.clone();
@@ -1072,6 +1087,18 @@ pub(crate) async fn load_run(
     request_id: &str,
     event: &'static str,
 ) -> Result<RunRow, ApiError> {
+    load_run_checked(state, caller, request_id, event, |_| Ok(())).await
+}
+
+/// [`load_run`], with a check of the record: a refusal by `check` is audited as a denial
+/// (not as an allowed read).
+async fn load_run_checked(
+    state: &AppState,
+    caller: &Caller,
+    request_id: &str,
+    event: &'static str,
+    check: impl FnOnce(&RunRow) -> Result<(), ApiError>,
+) -> Result<RunRow, ApiError> {
     let mut ev = caller.event(event);
     if !valid_request_id(request_id) {
         let e = ApiError::not_found("no such run");
@@ -1082,6 +1109,10 @@ pub(crate) async fn load_run(
     let row = state.inner.db.call(move |c| db::get_run(c, &t, &r)).await?;
     match row {
         Some(r) => {
+            if let Err(e) = check(&r) {
+                ev.task = Some(r.task.clone());
+                return Err(deny(state, caller, ev, e).await);
+            }
             state
                 .inner
                 .audit
@@ -1140,10 +1171,16 @@ async fn get_artifact(
     Extension(caller): Extension<Caller>,
     Path(request_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let r = load_run(&state, &caller, &request_id, "artifact_read").await?;
-    if r.outputs_deleted {
-        return Err(gone());
-    }
+    let r = load_run_checked(&state, &caller, &request_id, "artifact_read", |r| {
+        if r.outputs_deleted {
+            Err(gone())
+        } else if r.artifact.is_none() || r.status != "ok" {
+            Err(no_artifact(&r.status))
+        } else {
+            Ok(())
+        }
+    })
+    .await?;
     match (&r.artifact, r.status.as_str()) {
         (Some(a), "ok") => {
             let mt = state
@@ -1173,16 +1210,28 @@ async fn get_artifact(
             }
             Ok(resp)
         }
-        _ => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "no-verified-artifact",
-            "No verified artifact",
-            format!(
-                "the run's status is `{}`; only a run with status `ok` has a verified artifact",
-                r.status
-            ),
-        )),
+        _ => Err(no_artifact(&r.status)),
     }
+}
+
+fn no_artifact(status: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "no-verified-artifact",
+        "No verified artifact",
+        format!(
+            "the run's status is `{status}`; only a run with status `ok` has a verified artifact"
+        ),
+    )
+}
+
+fn no_receipt(status: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "no-receipt",
+        "No receipt",
+        format!("the run's status is `{status}` and it has no receipt"),
+    )
 }
 
 fn gone() -> ApiError {
@@ -1214,22 +1263,28 @@ async fn get_receipt(
     Extension(caller): Extension<Caller>,
     Path(request_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let r = load_run(&state, &caller, &request_id, "receipt_read").await?;
-    if r.outputs_deleted {
-        return Err(gone());
-    }
+    let r = load_run_checked(&state, &caller, &request_id, "receipt_read", |r| {
+        if r.outputs_deleted {
+            Err(gone())
+        } else if r
+            .receipt
+            .as_deref()
+            .and_then(|s| serde_json::from_str::<Value>(s).ok())
+            .is_none()
+        {
+            Err(no_receipt(&r.status))
+        } else {
+            Ok(())
+        }
+    })
+    .await?;
     match r
         .receipt
         .as_deref()
         .and_then(|s| serde_json::from_str::<Value>(s).ok())
     {
         Some(v) => Ok(Json(v).into_response()),
-        None => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "no-receipt",
-            "No receipt",
-            format!("the run's status is `{}` and it has no receipt", r.status),
-        )),
+        None => Err(no_receipt(&r.status)),
     }
 }
 
@@ -1354,6 +1409,10 @@ async fn reconcile_run(
             );
             return Err(deny(&state, &caller, ev, e).await);
         };
+        // The same request again: its `args` as recorded (the rest comes from the task type).
+        let Ok(args) = serde_json::from_str::<Vec<String>>(&r.args) else {
+            return Err(ApiError::internal());
+        };
         if task.code == CodePolicy::Allowed {
             // The code is not kept after a run; a retry needs the original job folder's copy.
             let e = ApiError::new(
@@ -1402,7 +1461,7 @@ async fn reconcile_run(
                 job_expires_at: expires,
                 inputs: rows,
                 code: None,
-                args: Vec::new(),
+                args,
                 cancel: None,
             };
             let _ = tokio::spawn(runner::execute(state.clone(), job, admission)).await;
@@ -1674,6 +1733,14 @@ pub async fn router(state: AppState) -> Router {
     )
     .merge(crate::mcp::http_router(&state))
     .fallback(|| async { ApiError::not_found("no such endpoint") })
+    .method_not_allowed_fallback(|| async {
+        ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method-not-allowed",
+            "Method not allowed",
+            "this endpoint does not take this method",
+        )
+    })
     .with_state(state)
 }
 

@@ -45,6 +45,8 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (tenant, request_id)
     );
     CREATE INDEX runs_status ON runs(status);",
+    // 2: a run's `args` (JSON array), so that a retry rebuilds the same manifest.
+    "ALTER TABLE runs ADD COLUMN args TEXT NOT NULL DEFAULT '[]';",
 ];
 
 /// Shared handle to the database.
@@ -97,6 +99,8 @@ pub struct RunRow {
     pub outputs_expire_at: i64,
     pub logs_expire_at: i64,
     pub outputs_deleted: bool,
+    /// JSON array of the request's `args` (the command's extra arguments).
+    pub args: String,
 }
 
 /// Outcome of trying to record a new run.
@@ -106,7 +110,7 @@ pub enum Insert {
     Exists(Box<RunRow>),
 }
 
-const RUN_COLS: &str = "tenant, request_id, body_sha256, task, actor, job_id, job_expires_at, status, reason, created_at, started_at, finished_at, inputs, report, receipt, artifact, artifact_sha256, outputs_expire_at, logs_expire_at, outputs_deleted";
+const RUN_COLS: &str = "tenant, request_id, body_sha256, task, actor, job_id, job_expires_at, status, reason, created_at, started_at, finished_at, inputs, report, receipt, artifact, artifact_sha256, outputs_expire_at, logs_expire_at, outputs_deleted, args";
 
 fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
     Ok(RunRow {
@@ -130,6 +134,7 @@ fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
         outputs_expire_at: r.get(17)?,
         logs_expire_at: r.get(18)?,
         outputs_deleted: r.get::<_, i64>(19)? != 0,
+        args: r.get(20)?,
     })
 }
 
@@ -216,12 +221,13 @@ pub fn insert_run(c: &mut Connection, row: &RunRow) -> Result<Insert, DbError> {
         return Ok(Insert::Exists(Box::new(existing)));
     }
     tx.execute(
-        &format!("INSERT INTO runs ({RUN_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)"),
+        &format!("INSERT INTO runs ({RUN_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)"),
         params![
             row.tenant, row.request_id, row.body_sha256, row.task, row.actor, row.job_id,
             row.job_expires_at, row.status, row.reason, row.created_at, row.started_at,
             row.finished_at, row.inputs, row.report, row.receipt, row.artifact,
-            row.artifact_sha256, row.outputs_expire_at, row.logs_expire_at, row.outputs_deleted as i64
+            row.artifact_sha256, row.outputs_expire_at, row.logs_expire_at, row.outputs_deleted as i64,
+            row.args
         ],
     )?;
     tx.commit()?;
@@ -316,13 +322,22 @@ pub fn reconcile(
     Ok(n == 1)
 }
 
-/// Retention: clears outputs of runs past `outputs_expire_at`; returns how many.
-pub fn expire_outputs(c: &Connection, now: i64) -> Result<usize, DbError> {
-    Ok(c.execute(
-        "UPDATE runs SET artifact = NULL, receipt = NULL, report = NULL, outputs_deleted = 1
-         WHERE outputs_deleted = 0 AND finished_at IS NOT NULL AND outputs_expire_at <= ?1",
+/// Retention: clears outputs of runs past `outputs_expire_at`; returns their job ids (the
+/// sweep deletes the copies in their job folders).
+pub fn expire_outputs(c: &mut Connection, now: i64) -> Result<Vec<String>, DbError> {
+    let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    const DUE: &str = "outputs_deleted = 0 AND finished_at IS NOT NULL AND outputs_expire_at <= ?1";
+    let jobs = {
+        let mut st = tx.prepare(&format!("SELECT job_id FROM runs WHERE {DUE}"))?;
+        let it = st.query_map(params![now], |r| r.get(0))?;
+        it.collect::<Result<Vec<String>, _>>()?
+    };
+    tx.execute(
+        &format!("UPDATE runs SET artifact = NULL, receipt = NULL, report = NULL, outputs_deleted = 1 WHERE {DUE}"),
         params![now],
-    )?)
+    )?;
+    tx.commit()?;
+    Ok(jobs)
 }
 
 /// Job ids whose logs expired (the sweep deletes their folders).
@@ -334,15 +349,21 @@ pub fn expired_log_jobs(c: &Connection, now: i64) -> Result<Vec<String>, DbError
     Ok(it.collect::<Result<Vec<_>, _>>()?)
 }
 
-/// Deletes expired inputs; returns the sha256 of objects no input references any more.
+/// Deletes expired inputs, except those a queued or running run of their tenant refers to
+/// (pinned until the run ends); returns the sha256 of objects no input references any more.
 pub fn expire_inputs(c: &mut Connection, now: i64) -> Result<Vec<String>, DbError> {
+    // A run's `inputs` is a JSON array of {"input_id": …}; ids are `in_<hex>`, so the quoted
+    // id occurs in it exactly when the run refers to the input.
+    const DUE: &str = "expires_at <= ?1 AND NOT EXISTS (SELECT 1 FROM runs
+        WHERE runs.tenant = inputs.tenant AND runs.status IN ('queued', 'running')
+        AND instr(runs.inputs, '\"' || inputs.id || '\"') > 0)";
     let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let shas: Vec<String> = {
-        let mut st = tx.prepare("SELECT DISTINCT sha256 FROM inputs WHERE expires_at <= ?1")?;
+        let mut st = tx.prepare(&format!("SELECT DISTINCT sha256 FROM inputs WHERE {DUE}"))?;
         let it = st.query_map(params![now], |r| r.get(0))?;
         it.collect::<Result<Vec<_>, _>>()?
     };
-    tx.execute("DELETE FROM inputs WHERE expires_at <= ?1", params![now])?;
+    tx.execute(&format!("DELETE FROM inputs WHERE {DUE}"), params![now])?;
     let mut orphans = Vec::new();
     for s in shas {
         let n: i64 = tx.query_row(

@@ -118,6 +118,12 @@ impl AppState {
             .canonicalize()
             .map_err(|e| io("cannot resolve", data_dir, e))?;
         warn_untraversable(&data_dir);
+        // Code files wait here for their runs: traversable (the sandbox user reads its code
+        // by its unguessable name) but not listable.
+        let code = data_dir.join("code");
+        std::fs::create_dir_all(&code).map_err(|e| io("cannot create", &code, e))?;
+        std::fs::set_permissions(&code, std::fs::Permissions::from_mode(0o711))
+            .map_err(|e| io("cannot set permissions of", &code, e))?;
         let private = data_dir.join("private");
         std::fs::create_dir_all(&private).map_err(|e| io("cannot create", &private, e))?;
         std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))
@@ -174,6 +180,7 @@ impl AppState {
                 _lock: lock,
             }),
         };
+        zero_metrics(&state.inner.config);
         runner::reconcile_at_startup(&state)?;
         Ok(state)
     }
@@ -227,6 +234,32 @@ fn metrics_handle() -> PrometheusHandle {
             handle
         })
         .clone()
+}
+
+/// Creates every metric family at zero, so that dashboards and alerts see them from start-up
+/// (a Prometheus family appears only once it has a series). Labelled families get the series
+/// that exist from the start: each task's `ok` runs, each sandbox denial kind, and the
+/// commonest policy denial.
+fn zero_metrics(config: &Config) {
+    for task in config.tasks.keys() {
+        metrics::counter!("agentjail_runs_total", "task" => task.clone(), "status" => "ok")
+            .increment(0);
+    }
+    metrics::counter!("agentjail_denials_total", "reason" => "forbidden").increment(0);
+    for kind in ["syscall", "filesystem", "network", "limit", "output"] {
+        metrics::counter!("agentjail_sandbox_denials_total", "kind" => kind).increment(0);
+    }
+    for name in [
+        "agentjail_auth_failures_total",
+        "agentjail_unknown_outcomes_total",
+        "agentjail_inputs_stored_total",
+        "agentjail_replays_total",
+        "agentjail_overload_refusals_total",
+        "agentjail_audit_failures_total",
+    ] {
+        metrics::counter!(name).increment(0);
+    }
+    metrics::gauge!("agentjail_runs_in_flight").increment(0.0);
 }
 
 fn describe_metrics() {
@@ -326,6 +359,7 @@ impl Launch {
 pub fn serve_blocking(opts: ServeOptions) -> Result<(), ServerError> {
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("AGENTJAIL_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),

@@ -124,7 +124,7 @@ pub fn build_manifest(state: &AppState, task: &Task, job: &Job, has_schema: bool
     }
     if task.code == CodePolicy::Allowed {
         m.inputs.push(Input {
-            source: "code".into(),
+            source: code_path(state, &job.job_id).to_string_lossy().into_owned(),
             mount: task.code_mount.clone(),
             mode: Mode::ReadOnly,
         });
@@ -147,33 +147,75 @@ pub fn build_manifest(state: &AppState, task: &Task, job: &Job, has_schema: bool
     m
 }
 
-fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), String> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::write(path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+/// Creates a file readable and writable by its owner only (0600) and writes `bytes`.
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(bytes))
         .map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Prepares the job folder; returns the manifest path.
-fn prepare(state: &AppState, task: &Task, job: &Job) -> Result<PathBuf, String> {
-    use std::os::unix::fs::PermissionsExt;
+/// Where a job's code waits for its run: `DATA/code/<job_id>`. The sandbox's unprivileged
+/// host uid (root mode) must read it, so it cannot live in the private job folder; the
+/// folder `DATA/code` is 0711 (no listing) and job ids are unguessable.
+pub fn code_path(state: &AppState, job_id: &str) -> PathBuf {
+    state.inner.data_dir.join("code").join(job_id)
+}
+
+/// The environment variable that marks a runner as this data directory's (start-up sweep).
+pub const SERVICE_MARK: &str = "AGENTJAIL_SERVICE_DATA";
+
+/// Prepares the job folder (0700: the schema 0600; the runner adds logs, report, receipt and
+/// output) and the code file; returns the manifest as one line of JSON, which reaches the
+/// runner through its stdin and is never written to disk (it holds the task's env values).
+fn prepare(state: &AppState, task: &Task, job: &Job) -> Result<Vec<u8>, String> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let dir = job_dir(state, &job.job_id);
-    std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| format!("{}: {e}", dir.display()))?;
     if task.code == CodePolicy::Allowed {
         let code = job.code.as_deref().unwrap_or_default();
-        write_file(&dir.join("code"), code.as_bytes(), 0o644)?;
+        let p = code_path(state, &job.job_id);
+        write_private(&p, code.as_bytes())?;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| format!("{}: {e}", p.display()))?;
     }
     let schema = state.inner.schemas.get(&job.task);
     if let Some(s) = schema {
-        write_file(&dir.join("output.schema.json"), s.as_bytes(), 0o644)?;
+        write_private(&dir.join("output.schema.json"), s.as_bytes())?;
     }
     let m = build_manifest(state, task, job, schema.is_some());
-    let text = serde_json::to_vec_pretty(&m).map_err(|e| e.to_string())?;
-    let mp = dir.join("manifest.json");
-    write_file(&mp, &text, 0o644)?;
-    Ok(mp)
+    let mut line = serde_json::to_vec(&m).map_err(|e| e.to_string())?;
+    line.push(b'\n');
+    Ok(line)
+}
+
+/// Makes everything below `dir` private (dirs 0700, files 0600): the runner delivers output
+/// files 0644, as `agentjail run` does for a person.
+fn make_private(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let Ok(ft) = e.file_type() else { continue };
+        let p = e.path();
+        if ft.is_dir() {
+            let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700));
+            make_private(&p);
+        } else if ft.is_file() {
+            let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600));
+        }
+    }
 }
 
 /// What the runner process left.
@@ -201,34 +243,50 @@ fn status_word(s: Status) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: &Path) -> Outcome {
+async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<u8>) -> Outcome {
+    use std::os::unix::fs::OpenOptionsExt;
     let dir = job_dir(state, &job.job_id);
-    let stdout = std::fs::File::create(dir.join("stdout.log"));
-    let stderr = std::fs::File::create(dir.join("stderr.log"));
-    let (Ok(stdout), Ok(stderr)) = (stdout, stderr) else {
+    let log = |name: &str| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dir.join(name))
+    };
+    let (Ok(stdout), Ok(stderr)) = (log("stdout.log"), log("stderr.log")) else {
         return setup_failed("cannot create the job's log files");
     };
+    // The lifeline: the runner's stdin is a pipe whose write end only this process holds
+    // (close-on-exec, so no other child keeps it). The manifest goes through it first; then it
+    // stays open until the run ends. If this process dies, the runner sees the hang-up, kills
+    // its sandbox and exits: no run outlives the service.
+    let (lifeline_r, lifeline_w) = match std::io::pipe() {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!(job_id = %job.job_id, error = %e, "cannot create the lifeline pipe");
+            return setup_failed("cannot create the lifeline pipe");
+        }
+    };
+    let data = &state.inner.data_dir;
     let mut cmd = tokio::process::Command::new(&state.inner.runner);
     cmd.arg("run")
-        .arg("--manifest")
-        .arg(manifest)
+        .arg("--lifeline")
         .arg("--source-root")
-        .arg(state.inner.data_dir.join("objects"))
-        .arg("--output-dir")
-        .arg(dir.join("out"))
-        .arg("--report")
-        .arg(dir.join("report.json"))
-        .arg("--receipt")
-        .arg(dir.join("receipt.json"))
-        .arg("--key")
-        .arg(state.inner.data_dir.join("private").join("receipt-key.pem"));
+        .arg(data.join("objects"))
+        .arg("--source-root")
+        .arg(data.join("code"))
+        .args(["--output-dir", "out", "--report", "report.json"])
+        .args(["--receipt", "receipt.json", "--key"])
+        .arg(data.join("private").join("receipt-key.pem"));
     if state.inner.allow_degraded {
         cmd.arg("--allow-degraded");
     }
     cmd.env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("LANG", "C.UTF-8")
-        .stdin(Stdio::null())
+        .env(SERVICE_MARK, data)
+        .current_dir(&dir)
+        .stdin(Stdio::from(lifeline_r))
         .stdout(Stdio::from(stdout))
         .stderr(Stdio::from(stderr))
         .kill_on_drop(true);
@@ -237,6 +295,26 @@ async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: &Pat
         Err(e) => {
             tracing::error!(job_id = %job.job_id, error = %e, runner = %state.inner.runner.display(), "cannot start the runner");
             return setup_failed("cannot start the runner");
+        }
+    };
+    // `cmd` holds the read end until dropped; the runner's copy is the only one that matters.
+    drop(cmd);
+    let writer = tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut w = lifeline_w;
+        let r = w.write_all(&manifest);
+        (w, r)
+    });
+    let _lifeline = match writer.await {
+        Ok((w, Ok(()))) => Some(w),
+        Ok((_, Err(e))) => {
+            // The runner exited before reading its manifest; its report says why.
+            tracing::warn!(job_id = %job.job_id, error = %e, "the runner did not take its manifest");
+            None
+        }
+        Err(_) => {
+            let _ = child.kill().await;
+            return setup_failed("handing the manifest to the runner failed");
         }
     };
     // The sandbox enforces the task's limit; this bounds a runner that hangs for any other reason.
@@ -454,7 +532,7 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
     metrics::gauge!("agentjail_runs_in_flight").increment(1.0);
     let started = Instant::now();
     let outcome = match prepare(&state, &task, &job) {
-        Ok(manifest) => spawn_and_wait(&state, &task, &job, &manifest).await,
+        Ok(manifest) => spawn_and_wait(&state, &task, &job, manifest).await,
         Err(e) => {
             tracing::error!(job_id = %job.job_id, error = %e, "preparing the job folder failed");
             setup_failed("the job folder could not be prepared")
@@ -462,7 +540,8 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
     };
     let elapsed = started.elapsed();
     // The code was needed only for the run; the folder (logs) stays until the task's retention.
-    let _ = std::fs::remove_file(job_dir(&state, &job.job_id).join("code"));
+    let _ = std::fs::remove_file(code_path(&state, &job.job_id));
+    make_private(&job_dir(&state, &job.job_id));
     metrics::gauge!("agentjail_runs_in_flight").decrement(1.0);
     metrics::histogram!("agentjail_run_duration_seconds", "task" => job.task.clone())
         .record(elapsed.as_secs_f64());
@@ -530,9 +609,77 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
         .await;
 }
 
+/// Start-up sweep, before reconciliation: kills every runner a previous service on this data
+/// directory left (normally none: a runner dies when its lifeline hangs up). A process is
+/// taken for one only when its command line is `… run --lifeline …` and its environment
+/// marks it with this data directory; it is opened as a pidfd first and then checked, so that
+/// a recycled pid is never signalled. Its sandbox dies with it (the init's parent-death
+/// signal). Returns how many were killed; waits up to 5 s for them to be gone.
+pub fn kill_leftovers(data_dir: &Path) -> usize {
+    use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
+    let mut mark = format!("{SERVICE_MARK}={}", data_dir.display()).into_bytes();
+    mark.push(0);
+    let me = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut killed = Vec::new();
+    for e in entries.flatten() {
+        let Some(pid) = e
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+            .filter(|p| *p != me)
+            .and_then(Pid::from_raw)
+        else {
+            continue;
+        };
+        let Ok(fd) = pidfd_open(pid, PidfdFlags::empty()) else {
+            continue;
+        };
+        let base = format!("/proc/{}", pid.as_raw_nonzero());
+        let (Ok(cmdline), Ok(environ)) = (
+            std::fs::read(format!("{base}/cmdline")),
+            std::fs::read(format!("{base}/environ")),
+        ) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_runner = args.get(1) == Some(&&b"run"[..]) && args.contains(&&b"--lifeline"[..]);
+        let marked = environ
+            .split_inclusive(|b| *b == 0)
+            .any(|v| v == mark.as_slice());
+        if is_runner && marked && pidfd_send_signal(&fd, Signal::KILL).is_ok() {
+            tracing::warn!(
+                pid = pid.as_raw_nonzero(),
+                "killed a runner left by a previous service on this data directory"
+            );
+            killed.push(fd);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for fd in &killed {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ts = rustix::time::Timespec {
+            tv_sec: left.as_secs() as i64,
+            tv_nsec: left.subsec_nanos() as i64,
+        };
+        let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+        let _ = rustix::event::poll(&mut fds, Some(&ts));
+    }
+    killed.len()
+}
+
 /// Start-up: runs left `queued`/`running` become `unknown` (never re-run) and their job folders
 /// are removed; each is audited.
 pub fn reconcile_at_startup(state: &AppState) -> Result<(), ServerError> {
+    let killed = kill_leftovers(&state.inner.data_dir);
+    if killed > 0 {
+        tracing::warn!(
+            killed,
+            "start-up sweep: killed runners left by a previous service"
+        );
+    }
     let t = now();
     let rows = state
         .inner
@@ -540,6 +687,8 @@ pub fn reconcile_at_startup(state: &AppState) -> Result<(), ServerError> {
         .call_sync(|c| db::mark_in_flight_unknown(c, t))?;
     for (tenant, request_id, task, job_id) in rows {
         let _ = std::fs::remove_dir_all(job_dir(state, &job_id));
+        let _ = std::fs::remove_file(code_path(state, &job_id));
+        tracing::warn!(%tenant, %request_id, %job_id, %task, "run found in flight at start-up: marked unknown, not re-run; an operator reconciles it");
         metrics::counter!("agentjail_unknown_outcomes_total").increment(1);
         state.inner.audit.append_blocking(&Event {
             event: "run_unknown",
@@ -563,7 +712,16 @@ pub async fn sweep(state: &AppState) {
         .inner
         .db
         .call(move |c| {
-            let outputs = db::expire_outputs(c, t)?;
+            let expired = db::expire_outputs(c, t)?;
+            let outputs = expired.len();
+            // Retention means deletion: the copies in the job folder go too (the logs stay
+            // until `logs_seconds`).
+            for j in expired {
+                let d = job_dir(&s, &j);
+                let _ = std::fs::remove_dir_all(d.join("out"));
+                let _ = std::fs::remove_file(d.join("report.json"));
+                let _ = std::fs::remove_file(d.join("receipt.json"));
+            }
             let jobs = db::expired_log_jobs(c, t)?;
             let mut logs = 0;
             for j in jobs {
@@ -658,7 +816,7 @@ mod tests {
             object_path(&state, &"ab".repeat(32))
         );
         assert_eq!(m.inputs[1].mount, "/input/code.py");
-        assert_eq!(m.inputs[1].source, "code");
+        assert_eq!(Path::new(&m.inputs[1].source), code_path(&state, "job_x"));
         assert!(m.expires_at.is_some());
         assert_eq!(m.request_id.as_deref(), Some("r-1"));
         assert_eq!(m.isolation, agentjail_manifest::Tier::Native);
@@ -721,6 +879,7 @@ mod tests {
             outputs_expire_at: t - 1,
             logs_expire_at: t - 1,
             outputs_deleted: false,
+            args: "[]".into(),
         };
         let input = InputRow {
             id: "in_old".into(),
