@@ -8,7 +8,7 @@
 # docs/performance.md), that one's systrap and ptrace. KVM is first tried under a timeout: when
 # it does not start /bin/true within KVM_TIMEOUT seconds it is reported and left out (on a VM
 # whose /dev/kvm is kvm_pvm, gVisor's KVM platform spins at start-up).
-# Usage: bench/gvisor-platforms.sh [RUNS]   (root; installs hyperfine and runsc if missing)
+# Usage: [RUNSC_NEW=/path/to/newer/runsc] [AJ=agentjail] bench/gvisor-platforms.sh [RUNS]   (root; installs hyperfine and runsc if missing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-100}
@@ -16,8 +16,12 @@ KVM_TIMEOUT=${KVM_TIMEOUT:-20}
 command -v hyperfine >/dev/null && command -v runsc >/dev/null || {
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hyperfine runsc
 }
-cargo build --release -q -p agentjail
-aj="$PWD/target/x86_64-unknown-linux-gnu/release/agentjail"
+# AJ=path/to/agentjail measures that binary instead of a fresh release build.
+if [ -z "${AJ:-}" ]; then
+  cargo build --release -q -p agentjail
+  AJ="$PWD/target/x86_64-unknown-linux-gnu/release/agentjail"
+fi
+aj=$AJ
 py=/usr/bin/python3
 work=$(mktemp -d /tmp/agentjail-gvbench-XXXXXX)
 chmod 755 "$work"
