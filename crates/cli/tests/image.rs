@@ -538,3 +538,173 @@ fn wrong_digests_and_truncated_blobs_are_refused() {
     std::fs::write(&layer, &good).unwrap();
     assert_eq!(import(&store, &layout, &[]).code, 0);
 }
+
+/// `agentjail run --image-store STORE --report R -- ARGV` pinned to `digest` (a manifest file
+/// in `dir`); returns (out, report).
+fn run_pinned(dir: &Path, store: &Path, digest: &str, argv: &[&str]) -> (Out, Value) {
+    let m = dir.join("pinned.json");
+    std::fs::write(
+        &m,
+        serde_json::to_vec(&serde_json::json!({"image": digest, "command": argv})).unwrap(),
+    )
+    .unwrap();
+    run_manifest(dir, &m, store, &[])
+}
+
+/// Issue #12 item 5: a store writer replaces a binary of a pinned image and rewrites the
+/// recorded fingerprint (and, for good measure, moves another image's tree under the pinned
+/// digest). The run pinned to the digest must refuse, not execute the replacement.
+#[test]
+fn a_replaced_binary_with_a_rewritten_fingerprint_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("store");
+    let layout = d.path().join("layout");
+    let digest = python_layout(&layout);
+    assert_eq!(import(&store, &layout, &[]).code, 0);
+    let entry = store.join("images").join(&digest[7..]);
+    // Sentinel: the genuine image runs.
+    let (out, report) = run_pinned(
+        d.path(),
+        &store,
+        &digest,
+        &[PY, "-c", "print('GENUINE-PY')"],
+    );
+    assert_eq!(out.code, 0, "{}\n{report}", out.dump());
+    assert!(out.stdout.contains("GENUINE-PY"), "{}", out.dump());
+
+    // The attack: python3 becomes a script, and image.json's fingerprint is recomputed the way
+    // the store computes it.
+    let py = entry.join("rootfs/usr/bin/python3");
+    std::fs::remove_file(&py).unwrap();
+    std::fs::write(&py, "#!/bin/sh\necho REPLACED-BINARY-RAN\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&py, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let rec_path = entry.join("image.json");
+    let mut rec: Value = serde_json::from_slice(&std::fs::read(&rec_path).unwrap()).unwrap();
+    let unkeyed = agentjail_image::tree::walk(&entry.join("rootfs"), false)
+        .unwrap()
+        .fingerprint;
+    rec["fingerprint"] = Value::String(unkeyed);
+    std::fs::write(&rec_path, serde_json::to_vec_pretty(&rec).unwrap()).unwrap();
+
+    let (out, report) = run_pinned(
+        d.path(),
+        &store,
+        &digest,
+        &[PY, "-c", "print('GENUINE-PY')"],
+    );
+    assert!(
+        !out.stdout.contains("REPLACED-BINARY-RAN"),
+        "{}",
+        out.dump()
+    );
+    assert_eq!(out.code, 125, "{}\n{report}", out.dump());
+    assert!(out.stderr.contains("no longer matches"), "{}", out.dump());
+    assert_eq!(report["status"], "setup_error");
+
+    // A keyed fingerprint copied from an intact image does not fit another digest either: the
+    // intact image's entry renamed to the pinned digest's place (inodes and ctimes of its tree
+    // unchanged by a rename), its record edited to name that digest.
+    let other = d.path().join("other");
+    std::fs::create_dir_all(other.join("bin")).unwrap();
+    std::fs::copy("/bin/sh", other.join("bin/sh")).unwrap();
+    std::fs::write(other.join("marker"), "other image\n").unwrap();
+    let o = import(&store, &other, &[]);
+    assert_eq!(o.code, 0, "{}", o.dump());
+    let other_digest = o.stdout.trim().to_string();
+    std::fs::remove_dir_all(&entry).unwrap();
+    std::fs::rename(store.join("images").join(&other_digest[7..]), &entry).unwrap();
+    let mut rec: Value = serde_json::from_slice(&std::fs::read(&rec_path).unwrap()).unwrap();
+    rec["digest"] = Value::String(digest.clone());
+    std::fs::write(&rec_path, serde_json::to_vec_pretty(&rec).unwrap()).unwrap();
+    let (out, report) = run_pinned(
+        d.path(),
+        &store,
+        &digest,
+        &["/bin/sh", "-c", "echo MOVED-IMAGE-RAN"],
+    );
+    assert!(!out.stdout.contains("MOVED-IMAGE-RAN"), "{}", out.dump());
+    assert_eq!(out.code, 125, "{}\n{report}", out.dump());
+    assert_eq!(report["status"], "setup_error");
+}
+
+/// Copies the python rootfs into `dest` (a plain root file system directory).
+fn copy_tree(src: &Path, dest: &Path) {
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(src)
+        .arg(dest)
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+/// Issue #12 item 5: an image whose `etc`, or whose `etc/ssl`, is a symlink (here to the host's
+/// own /etc) runs: those /etc pieces are skipped, as documented, instead of failing every run,
+/// and nothing of the host's /etc/ssl appears.
+#[test]
+fn an_image_with_a_symlinked_etc_or_etc_ssl_runs() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("store");
+    for (name, link, target) in [
+        ("etc-link", "etc", "/etc"),
+        ("ssl-link", "etc/ssl", "/etc/ssl"),
+    ] {
+        let root = d.path().join(name);
+        copy_tree(python_rootfs(), &root);
+        std::fs::create_dir_all(root.join(link).parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(target, root.join(link)).unwrap();
+        let o = import(&store, &root, &[]);
+        assert_eq!(o.code, 0, "{}", o.dump());
+        let digest = o.stdout.trim().to_string();
+        let (out, report) = run_pinned(
+            d.path(),
+            &store,
+            &digest,
+            &[
+                "/bin/sh",
+                "-c",
+                "echo SYMLINKED-ETC-RAN; for f in /etc/ssl/certs/*; do echo CERT $f; done",
+            ],
+        );
+        assert_eq!(out.code, 0, "{name}: {}\n{report}", out.dump());
+        assert!(
+            out.stdout.contains("SYMLINKED-ETC-RAN"),
+            "{name}: {}",
+            out.dump()
+        );
+        assert!(
+            !out.stdout.contains(".pem"),
+            "{name}: host certificates: {}",
+            out.dump()
+        );
+        assert_eq!(report["image"], digest.as_str());
+    }
+}
+
+/// Issue #12 item 5: an image store reached through a symlinked path works for import, run
+/// and verify.
+#[test]
+fn an_image_store_behind_a_symlink_works() {
+    let d = tempfile::tempdir().unwrap();
+    let real = d.path().join("real-store");
+    std::fs::create_dir_all(&real).unwrap();
+    let link = d.path().join("store-link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let layout = d.path().join("layout");
+    let digest = python_layout(&layout);
+    let o = import(&link, &layout, &[]);
+    assert_eq!(o.code, 0, "{}", o.dump());
+    let (out, report) = run_pinned(d.path(), &link, &digest, &[PY, "-c", "print('VIA-LINK')"]);
+    assert_eq!(out.code, 0, "{}\n{report}", out.dump());
+    assert!(out.stdout.contains("VIA-LINK"), "{}", out.dump());
+    assert_eq!(report["image_pinned"], true);
+    let v = agentjail(&[
+        "image",
+        "verify",
+        &digest,
+        "--store",
+        link.to_str().unwrap(),
+    ]);
+    assert_eq!(v.code, 0, "{}", v.dump());
+}

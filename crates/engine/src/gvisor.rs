@@ -11,9 +11,10 @@
 //! on the cgroup of its sandbox (the pids limit there also counts gVisor's own threads, so it
 //! is set above the manifest's; the manifest's process limit is enforced by RLIMIT_NPROC inside).
 //!
-//! runsc runs in a network namespace (and mount namespace) private to this supervisor, with its
-//! state root in a 0700 folder, so that its control socket (an abstract unix socket, which has
-//! no permission check) is unreachable from the host's network namespace and by other uids.
+//! runsc runs in a network namespace and a mount namespace private to this supervisor, with its
+//! state root in a 0700 folder on a tmpfs only that mount namespace sees, so that its control
+//! socket (an abstract unix socket, which has no permission check, or in newer runsc a socket
+//! file in the state root) is unreachable from the host's namespaces and by other uids.
 //!
 //! The supervisor keeps the deadline (`runsc kill` then `delete --force`), passes stdout and
 //! stderr through with the same bounds, and hands `/output` to the same untrusting collector.
@@ -215,9 +216,12 @@ pub fn run(
     ) {
         return fail(report, format!("gvisor /output: {e}"));
     }
-    // runsc's state root (the container's state file, which names the control socket, and its
-    // locks): inside a folder of its own, 0700 (tempfile's mode), not inside the world-readable
-    // bundle folder (runsc makes its root itself 0755, hence the folder around it).
+    // runsc's state root (the container's state file, its locks and, with newer runsc, the
+    // control socket as a file): inside a folder of its own, 0700, not inside the
+    // world-readable bundle folder, and on a tmpfs mounted in the private mount namespace, so
+    // that from the host's mount namespace the folder is empty (not even root there finds the
+    // socket file by the path the state file names). runsc makes its root itself 0755, hence
+    // the folder around it.
     let state_dir = match tempfile::Builder::new()
         .prefix("agentjail-runsc-state-")
         .tempdir()
@@ -225,6 +229,9 @@ pub fn run(
         Ok(d) => d,
         Err(e) => return fail(report, format!("cannot create runsc's state folder: {e}")),
     };
+    if let Err(e) = private_state_tmpfs(state_dir.path()) {
+        return fail(report, format!("runsc's state folder: {e}"));
+    }
     let state = state_dir.path().join("runsc");
 
     let mut child = match Command::new(&runsc)
@@ -320,6 +327,9 @@ pub fn run(
         .arg(&state)
         .args(["delete", "--force", &id])
         .output();
+    // The tmpfs goes with this mount namespace; detached now so that the folder under it can
+    // be removed.
+    let _ = rustix::mount::unmount(state_dir.path(), rustix::mount::UnmountFlags::DETACH);
 
     report.wall_ms = wall.as_millis() as u64;
     report.stdout = out.report;
@@ -444,6 +454,23 @@ fn private_namespaces() -> Result<(), String> {
         .map_err(|e| format!("make / private: {e}"))
     })
     .clone()
+}
+
+/// Mounts a small tmpfs, mode 0700, on `dir` in the private mount namespace of
+/// [`private_namespaces`] (the folder itself is made 0700 too).
+fn private_state_tmpfs(dir: &Path) -> Result<(), String> {
+    use rustix::mount::*;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| format!("chmod 0700 {}: {e}", dir.display()))?;
+    mount(
+        "tmpfs",
+        dir,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        Some(c"size=4m,nr_inodes=1024,mode=0700"),
+    )
+    .map_err(|e| format!("mount tmpfs on {}: {e}", dir.display()))
 }
 
 /// Mounts a size-bounded tmpfs on `dir` (in the private mount namespace of

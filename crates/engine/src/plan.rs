@@ -227,7 +227,9 @@ fn etc_ops(root: &RootImage) -> Vec<Op> {
         };
         let meta = match root {
             RootImage::Host => std::fs::metadata(&p),
-            RootImage::Stored { .. } => std::fs::symlink_metadata(&p),
+            // No symlink anywhere below the image's root: a symlinked `etc` or `etc/ssl` is
+            // skipped here (the bind would refuse it and fail every run).
+            RootImage::Stored { rootfs, .. } => lstat_no_symlinks(rootfs, src),
         };
         let ok = match meta {
             Ok(m) => m.is_dir() == dir && (dir || m.is_file()),
@@ -401,6 +403,24 @@ impl Plan {
             })
             .collect()
     }
+}
+
+/// `lstat` of `rel` below `root`, refusing (as NotFound) when any component of `rel` before the
+/// last is not a real directory (a symlink included).
+fn lstat_no_symlinks(root: &Path, rel: &str) -> std::io::Result<std::fs::Metadata> {
+    let mut p = root.to_path_buf();
+    let parts: Vec<&str> = rel.split('/').filter(|c| !c.is_empty()).collect();
+    for (i, c) in parts.iter().enumerate() {
+        p.push(c);
+        let m = std::fs::symlink_metadata(&p)?;
+        if i + 1 == parts.len() {
+            return Ok(m);
+        }
+        if !m.file_type().is_dir() {
+            return Err(std::io::ErrorKind::NotFound.into());
+        }
+    }
+    Err(std::io::ErrorKind::NotFound.into())
 }
 
 #[cfg(test)]

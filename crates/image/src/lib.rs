@@ -11,7 +11,7 @@
 //!   staging directory that is renamed into place only when everything passed.
 //! - The image digest is the OCI image manifest's digest, or for a plain root file system the
 //!   sha256 of its canonical file list ([`tree`]).
-//! - [`Store::resolve`] (every run) compares a cheap metadata fingerprint; [`Store::verify`]
+//! - [`Store::resolve`] (every run) compares a cheap metadata fingerprint, keyed with the store key kept outside the store; [`Store::verify`]
 //!   re-hashes every file against the recorded file list.
 
 pub mod extract;
@@ -32,6 +32,11 @@ use sha2::{Digest, Sha256};
 pub const RECORD_SCHEMA: &str = "agentjail.image/v1";
 /// Environment variable naming the store directory.
 pub const STORE_ENV: &str = "AGENTJAIL_IMAGE_STORE";
+/// Environment variable naming the store's fingerprint key file (default: `<store>.key`, next
+/// to the store directory, outside it).
+pub const KEY_ENV: &str = "AGENTJAIL_IMAGE_KEY";
+/// Prefix of a keyed fingerprint in a record.
+const KEYED: &str = "hmac-sha256:";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
@@ -102,7 +107,9 @@ pub struct ImageRecord {
     pub created: String,
     /// sha256 of the canonical file list (`files.txt`).
     pub content_digest: String,
-    /// sha256 over every entry's (path, mode, size, mtime, ctime, inode) after import.
+    /// `hmac-sha256:<hex>`: HMAC-SHA256, keyed with the store's key (kept outside the store,
+    /// 0600), over the image digest and the sha256 of every entry's (path, mode, size, mtime,
+    /// ctime, inode) after import.
     pub fingerprint: String,
     pub entries: u64,
     pub bytes: u64,
@@ -196,6 +203,92 @@ impl Store {
         &self.root
     }
 
+    /// The fingerprint key: `$AGENTJAIL_IMAGE_KEY`, else `<store>.key` beside the store
+    /// directory (the store's real path, symlinks resolved), never inside it.
+    pub fn key_path(&self) -> Result<PathBuf, ImageError> {
+        if let Some(k) = std::env::var_os(KEY_ENV).filter(|v| !v.is_empty()) {
+            return Ok(PathBuf::from(k));
+        }
+        let real = std::fs::canonicalize(&self.root)
+            .map_err(io_err(&format!("image store {}", self.root.display())))?;
+        let name = real.file_name().ok_or_else(|| {
+            ImageError::Io(format!(
+                "image store {}: the store cannot be the root directory",
+                real.display()
+            ))
+        })?;
+        let mut key = name.to_os_string();
+        key.push(".key");
+        Ok(real.with_file_name(key))
+    }
+
+    /// Reads the key, creating it (32 random bytes, 0600, exclusively) when `create` and absent.
+    /// Refused unless it is a regular file owned by this user and closed to everyone else.
+    fn key(&self, create: bool) -> Result<Vec<u8>, ImageError> {
+        use std::io::Write;
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let path = self.key_path()?;
+        let shown = path.display().to_string();
+        let open = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc_nofollow())
+                .open(&path)
+        };
+        let mut f = match open() {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
+                let mut bytes = [0u8; 32];
+                std::fs::File::open("/dev/urandom")
+                    .and_then(|mut r| r.read_exact(&mut bytes))
+                    .map_err(io_err("read /dev/urandom"))?;
+                match std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .custom_flags(libc_nofollow())
+                    .open(&path)
+                {
+                    Ok(mut w) => {
+                        w.write_all(tree::hex(&bytes).as_bytes())
+                            .and_then(|()| w.sync_all())
+                            .map_err(io_err(&shown))?;
+                    }
+                    // Created meanwhile by another import: use that one.
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) => {
+                        return Err(ImageError::Io(format!("create the image key {shown}: {e}")));
+                    }
+                }
+                open().map_err(io_err(&shown))?
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(ImageError::Io(format!(
+                    "the image store's key {shown} is missing: the store's fingerprints cannot be checked (re-import the images, which creates a new key, or set {KEY_ENV})"
+                )));
+            }
+            Err(e) => return Err(ImageError::Io(format!("image key {shown}: {e}"))),
+        };
+        let meta = f.metadata().map_err(io_err(&shown))?;
+        let euid = rustix::process::geteuid().as_raw();
+        if !meta.is_file() || meta.uid() != euid || meta.mode() & 0o077 != 0 {
+            return Err(ImageError::Io(format!(
+                "image key {shown}: must be a regular file owned by uid {euid} with mode 0600 (it is uid {}, mode {:o})",
+                meta.uid(),
+                meta.mode() & 0o7777
+            )));
+        }
+        let mut text = String::new();
+        f.read_to_string(&mut text).map_err(io_err(&shown))?;
+        let text = text.trim();
+        if text.len() < 64 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(ImageError::Io(format!(
+                "image key {shown}: not a key (64+ hex digits expected)"
+            )));
+        }
+        Ok(text.as_bytes().to_vec())
+    }
+
     fn entry_dir(&self, hex: &str) -> PathBuf {
         self.root.join("images").join(hex)
     }
@@ -218,6 +311,7 @@ impl Store {
     /// Imports an OCI layout (dir or tar) or a plain rootfs (dir or tarball).
     pub fn import(&self, src: &Path, limits: &Limits) -> Result<Imported, ImageError> {
         self.ensure()?;
+        let key = self.key(true)?;
         let nanos = jiff::Timestamp::now().as_nanosecond();
         let work = self
             .root
@@ -227,7 +321,7 @@ impl Store {
             .mode(0o700)
             .create(&work)
             .map_err(io_err("create the staging directory"))?;
-        let r = self.import_into(&work, src, limits);
+        let r = self.import_into(&work, src, limits, &key);
         if work.exists() {
             let _ = fsops::remove_tree(&work);
         }
@@ -239,6 +333,7 @@ impl Store {
         work: &Path,
         src: &Path,
         limits: &Limits,
+        key: &[u8],
     ) -> Result<Imported, ImageError> {
         let meta = std::fs::metadata(src).map_err(io_err(&src.display().to_string()))?;
         let rootfs = work.join("rootfs");
@@ -311,7 +406,7 @@ impl Store {
             source: src.display().to_string(),
             created: jiff::Timestamp::now().to_string(),
             content_digest,
-            fingerprint: sum.fingerprint,
+            fingerprint: keyed_fingerprint(key, &digest, &sum.fingerprint),
             entries: sum.entries,
             bytes: sum.bytes,
             layers,
@@ -373,21 +468,33 @@ impl Store {
         Ok(r)
     }
 
-    /// The rootfs of a stored image, after the cheap per-run check: the record is readable and
-    /// names this digest, and the tree's metadata fingerprint is unchanged since import.
+    /// The rootfs of a stored image (its real path, symlinks in the store's path resolved),
+    /// after the cheap per-run check: the record is readable and names this digest, and the
+    /// keyed fingerprint over the digest and the tree's metadata equals the recorded one. Only
+    /// the holder of the store's key (outside the store) can produce a matching fingerprint.
     pub fn resolve(&self, digest: &str) -> Result<PathBuf, ImageError> {
         let r = self.record(digest)?;
-        let rootfs = self.entry_dir(parse_digest(digest)?).join("rootfs");
         let changed = |detail: String| ImageError::Changed {
             digest: digest.into(),
             store: self.root.display().to_string(),
             detail,
         };
+        let rootfs = std::fs::canonicalize(self.entry_dir(parse_digest(digest)?).join("rootfs"))
+            .map_err(|e| changed(format!("rootfs: {e}")))?;
+        if !r.fingerprint.starts_with(KEYED) {
+            return Err(changed(
+                "the recorded fingerprint is not keyed (imported by an older agentjail); re-import the image".into(),
+            ));
+        }
+        let key = self.key(false)?;
         let now = tree::walk(&rootfs, false)
             .map_err(|e| changed(format!("cannot walk the tree: {e}")))?;
-        if now.fingerprint != r.fingerprint {
+        if !constant_time_eq(
+            keyed_fingerprint(&key, digest, &now.fingerprint).as_bytes(),
+            r.fingerprint.as_bytes(),
+        ) {
             return Err(changed(
-                "file metadata (size, mode, mtime or ctime) changed since import".into(),
+                "file metadata (size, mode, mtime, ctime or inode) changed since import, or the fingerprint was not made with this store's key".into(),
             ));
         }
         Ok(rootfs)
@@ -408,7 +515,10 @@ impl Store {
                 "record: files.txt or image.json does not match the digest".into(),
             );
         }
-        let fingerprint_ok = now.fingerprint == r.fingerprint;
+        let fingerprint_ok = self
+            .key(false)
+            .map(|k| keyed_fingerprint(&k, digest, &now.fingerprint) == r.fingerprint)
+            .unwrap_or(false);
         changes.truncate(200);
         Ok(Verification {
             digest: digest.into(),
@@ -465,6 +575,29 @@ impl Store {
         std::fs::rename(&dir, &aside).map_err(io_err("remove"))?;
         fsops::remove_tree(&aside).map_err(io_err("remove"))
     }
+}
+
+/// `hmac-sha256:<hex>` of the digest and the tree's (unkeyed) metadata fingerprint.
+fn keyed_fingerprint(key: &[u8], digest: &str, metadata: &str) -> String {
+    use hmac::{KeyInit, Mac};
+    let mut mac = match hmac::Hmac::<Sha256>::new_from_slice(key) {
+        Ok(m) => m,
+        // HMAC takes keys of any length; unreachable, and an empty answer never matches.
+        Err(_) => return String::new(),
+    };
+    mac.update(b"agentjail image fingerprint v1\n");
+    mac.update(digest.as_bytes());
+    mac.update(b"\n");
+    mac.update(metadata.as_bytes());
+    format!("{KEYED}{}", tree::hex(&mac.finalize().into_bytes()))
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn libc_nofollow() -> i32 {
+    OFlags::NOFOLLOW.bits() as i32
 }
 
 fn line_path(line: &str) -> &str {
