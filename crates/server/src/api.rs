@@ -393,8 +393,13 @@ pub(crate) async fn deny(
 #[serde(deny_unknown_fields)]
 pub struct InputParams {
     /// File name for people (1-128 of `A-Z a-z 0-9 . _ -`, not starting with `.`); never a path.
+    #[param(pattern = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")]
     pub name: String,
     /// Media type, e.g. `text/csv`; matched against the task's accepted types.
+    #[param(
+        pattern = r"^[A-Za-z0-9!#$&^_.+-]+/[A-Za-z0-9!#$&^_.+-]+$",
+        max_length = 127
+    )]
     pub media_type: String,
 }
 
@@ -617,8 +622,14 @@ fn tempfile_in(dir: &std::path::Path) -> std::io::Result<(std::path::PathBuf, st
 pub struct RunRequest {
     /// The caller's idempotency key: 1-128 of `A-Z a-z 0-9 . _ : -`. A request_id executes at most
     /// once per tenant.
+    #[schema(
+        pattern = r"^(?:[A-Za-z0-9._:-]*[A-Za-z0-9_:-][A-Za-z0-9._:-]*|\.{3,})$",
+        min_length = 1,
+        max_length = 128
+    )]
     pub request_id: String,
     /// Task type name (see `GET /v1/tasks`).
+    #[schema(pattern = r"^[a-z0-9_-]{1,64}$")]
     pub task: String,
     /// Input ids from `POST /v1/inputs`, in the task's input order.
     pub inputs: Vec<String>,
@@ -1631,7 +1642,7 @@ pub struct TaskView {
     #[schema(value_type = Option<Object>)]
     pub output_schema: Option<Value>,
     /// `deny`, or the allowlist.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Value)]
     pub network: Value,
     #[schema(value_type = Object)]
     pub limits: Value,
@@ -1879,6 +1890,12 @@ fn complete_contract(doc: &mut utoipa::openapi::OpenApi) {
             .flatten()
         {
             let authed = op.security.as_ref().is_some_and(|s| !s.is_empty());
+            // An upload may be empty (an empty file is an input like any other).
+            if let Some(RefOr::T(b)) = op.request_body.as_mut()
+                && b.content.contains_key("application/octet-stream")
+            {
+                b.required = Some(utoipa::openapi::Required::False);
+            }
             let body = op.request_body.as_ref().and_then(|b| match b {
                 RefOr::T(b) => Some(b.content.keys().cloned().collect::<Vec<_>>()),
                 RefOr::Ref(_) => None,
