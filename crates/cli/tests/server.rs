@@ -248,7 +248,9 @@ fn audit(dir: &Path) -> (PathBuf, String) {
 #[test]
 fn serve_end_to_end() {
     let dir = tempdir();
-    let s = Server::start(dir.path(), "");
+    // Authentication failures after the first are aggregated; a window longer than the test
+    // keeps the flusher from appending while the log is compared with its chain.
+    let s = Server::start(dir.path(), "auth_failure_audit_seconds = 3600");
 
     // Health, OpenAPI, catalogue.
     assert_eq!(s.http.get(s.url("/healthz")).send().unwrap().status(), 200);
@@ -1249,4 +1251,145 @@ fn metric_families_are_present_at_start_up() {
             "{family} missing at start-up:\n{text}"
         );
     }
+}
+
+/// Reads from `c` until the peer closes; returns what arrived and how long it took (bounded
+/// by `max`: then `None`).
+fn read_until_closed(c: &mut std::net::TcpStream, max: Duration) -> Option<(String, Duration)> {
+    use std::io::Read;
+    let t = Instant::now();
+    c.set_read_timeout(Some(max)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) => return Some((String::from_utf8_lossy(&got).into_owned(), t.elapsed())),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return Some((String::from_utf8_lossy(&got).into_owned(), t.elapsed()));
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Issue #15, item 6: slow and abusive clients are bounded: a client that stalls in its
+/// headers (slowloris), an idle keep-alive connection and a stalled body are cut off; a huge
+/// `Content-Length` is refused with 413 before any body is sent; connections beyond the
+/// limit are closed; and a flood of unauthenticated requests leaves a few aggregated
+/// `auth_failure` records that still count every failure.
+#[test]
+fn slow_and_abusive_clients_are_bounded() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    let dir = tempdir();
+    let s = Server::start(
+        dir.path(),
+        "header_timeout_seconds = 1\nbody_timeout_seconds = 1\nmax_connections = 4\nauth_failure_audit_seconds = 2",
+    );
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let connect = || TcpStream::connect(&addr).unwrap();
+    // Slowloris: half a header, then nothing.
+    let mut c = connect();
+    c.write_all(b"GET /v1/tasks HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let (_, took) = read_until_closed(&mut c, Duration::from_secs(10))
+        .expect("a stalled header was not cut off within 10 s");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    // Idle keep-alive: one full request, then silence.
+    let mut c = connect();
+    c.write_all(
+        format!("GET /v1/tasks HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ALICE}\r\n\r\n")
+            .as_bytes(),
+    )
+    .unwrap();
+    let (got, _) = read_until_closed(&mut c, Duration::from_secs(10))
+        .expect("an idle keep-alive connection was not closed within 10 s");
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    // A stalled body: 408 (or a close) within the body timeout.
+    let mut c = connect();
+    c.write_all(format!("POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ALICE}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"req").as_bytes())
+        .unwrap();
+    let (got, took) = read_until_closed(&mut c, Duration::from_secs(10))
+        .expect("a stalled body was not cut off within 10 s");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert!(got.is_empty() || got.starts_with("HTTP/1.1 408"), "{got}");
+    // A huge Content-Length: 413 at once, without sending the body.
+    let mut c = connect();
+    c.write_all(format!("POST /v1/inputs?name=a.csv&media_type=text/csv HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ALICE}\r\nContent-Length: 1000000000000\r\n\r\n").as_bytes())
+        .unwrap();
+    let (got, took) = read_until_closed(&mut c, Duration::from_secs(10))
+        .expect("a huge Content-Length was not answered within 10 s");
+    assert!(got.starts_with("HTTP/1.1 413"), "{got}");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    // The connection limit: 4 open (stalled) connections; a fifth is closed unanswered.
+    let mut held: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let mut c = connect();
+            c.write_all(b"GET /v1/tasks HTTP/1.1\r\n").unwrap();
+            c
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut fifth = connect();
+    let _ = fifth.write_all(
+        format!("GET /v1/tasks HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ALICE}\r\n\r\n")
+            .as_bytes(),
+    );
+    let (got, _) = read_until_closed(&mut fifth, Duration::from_secs(10))
+        .expect("the connection beyond the limit was not closed");
+    assert!(got.is_empty(), "served beyond max_connections: {got}");
+    held.clear();
+    // Once they are gone (the header timeout), the service answers again.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(s.get(ALICE, "/v1/tasks").status(), 200);
+
+    // 300 unauthenticated requests: every one refused and counted; a bounded number of
+    // audit records, whose counts add up to 300.
+    let (_, before) = audit(dir.path());
+    let before = before.lines().count();
+    for i in 0..300 {
+        let tok = if i % 2 == 0 { "wrong" } else { "" };
+        let r = s.get(tok, "/v1/tasks");
+        assert_eq!(r.status(), 401);
+    }
+    std::thread::sleep(Duration::from_secs(3)); // one window: the flusher writes the rest
+    let (path, log) = audit(dir.path());
+    agentjail_server::audit::verify_chain(&path).unwrap();
+    let records: Vec<Value> = log
+        .lines()
+        .skip(before)
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|r| r["event"] == "auth_failure")
+        .collect();
+    assert!(
+        !records.is_empty() && records.len() <= 4,
+        "{} auth_failure records for 300 failures",
+        records.len()
+    );
+    let counted: u64 = records
+        .iter()
+        .map(|r| {
+            r["reason"]
+                .as_str()
+                .unwrap()
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(counted, 300, "{records:?}");
+    let metrics = s
+        .http
+        .get(s.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        metrics.contains("agentjail_auth_failures_total 300"),
+        "{metrics}"
+    );
 }

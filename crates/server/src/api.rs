@@ -2,6 +2,7 @@
 //! document (generated with utoipa from these handlers and types).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Extension;
 use axum::body::Bytes;
@@ -197,27 +198,148 @@ pub(crate) async fn authenticate(
         }),
         None => {
             metrics::counter!("agentjail_auth_failures_total").increment(1);
-            let reason = if token.is_some() {
-                "unknown bearer token"
-            } else {
-                "missing bearer token"
-            };
             // The route is logged without its query string; the token never is.
             let route = route.chars().take(200).collect::<String>();
-            state
+            let window = Duration::from_secs(state.inner.config.server.auth_failure_audit_seconds);
+            if let Some(ev) = state
                 .inner
-                .audit
-                .append(Event {
-                    event: "auth_failure",
-                    decision: Some("deny"),
-                    reason: Some(reason.into()),
-                    route: Some(route),
-                    ..Default::default()
-                })
-                .await;
+                .auth_failures
+                .record(token.is_some(), route, window)
+            {
+                state.inner.audit.append(ev).await;
+            }
             None
         }
     }
+}
+
+/// Authentication failures, audited in aggregate: at most one `auth_failure` record per
+/// window, whose `reason` counts every failure since the previous record (none is lost: a
+/// flusher writes what is pending once the window has passed). Anyone who can reach the port
+/// can make failures, so one record each would let them grow the audit log without bound.
+#[derive(Default)]
+pub(crate) struct AuthFailures(std::sync::Mutex<PendingFailures>);
+
+#[derive(Default)]
+pub(crate) struct PendingFailures {
+    missing: u64,
+    unknown: u64,
+    route: String,
+    last_record: Option<std::time::Instant>,
+}
+
+impl AuthFailures {
+    /// Counts one failure; returns the record to write when the window allows one.
+    fn record(&self, had_token: bool, route: String, window: Duration) -> Option<Event> {
+        let mut p = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if had_token {
+            p.unknown += 1;
+        } else {
+            p.missing += 1;
+        }
+        p.route = route;
+        Self::take_due(&mut p, window)
+    }
+
+    /// The pending failures as one record, if any are pending and the window has passed.
+    pub(crate) fn flush(&self, window: Duration) -> Option<Event> {
+        let mut p = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        Self::take_due(&mut p, window)
+    }
+
+    fn take_due(p: &mut PendingFailures, window: Duration) -> Option<Event> {
+        let n = p.missing + p.unknown;
+        if n == 0 || p.last_record.is_some_and(|t| t.elapsed() < window) {
+            return None;
+        }
+        let ev = Event {
+            event: "auth_failure",
+            decision: Some("deny"),
+            reason: Some(format!(
+                "{n} authentication failure(s) since the previous record: {} missing bearer token, {} unknown bearer token",
+                p.missing, p.unknown
+            )),
+            route: Some(std::mem::take(&mut p.route)),
+            ..Default::default()
+        };
+        p.missing = 0;
+        p.unknown = 0;
+        p.last_record = Some(std::time::Instant::now());
+        Some(ev)
+    }
+}
+
+/// Writes pending authentication failures once their window has passed.
+pub(crate) fn spawn_auth_failure_flusher(state: AppState) {
+    tokio::spawn(async move {
+        let window = Duration::from_secs(state.inner.config.server.auth_failure_audit_seconds);
+        loop {
+            tokio::time::sleep(window.min(Duration::from_secs(1))).await;
+            if let Some(ev) = state.inner.auth_failures.flush(window) {
+                state.inner.audit.append(ev).await;
+            }
+        }
+    });
+}
+
+/// Bounds a request's body before any handler reads it: a `Content-Length` above the route's
+/// limit is refused with `413` at once (nothing is read), and the whole body must arrive
+/// within `body_timeout_seconds` (else `408`, and the connection is closed).
+pub(crate) async fn bound_body(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let s = &state.inner.config.server;
+    let limit = if req.uri().path() == "/v1/inputs" {
+        s.max_input_bytes
+    } else {
+        s.max_request_bytes
+    };
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too-large",
+            "Too large",
+            format!("the body is larger than {limit} bytes"),
+        )
+        .into_response()
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        let mut r = too_large();
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return r;
+    }
+    let (parts, body) = req.into_parts();
+    let timeout = Duration::from_secs(s.body_timeout_seconds);
+    let max = usize::try_from(limit).unwrap_or(usize::MAX);
+    let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, max)).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => return too_large(),
+        Err(_) => {
+            let mut r = ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request-timeout",
+                "Request timeout",
+                format!(
+                    "the body did not arrive within {} s",
+                    s.body_timeout_seconds
+                ),
+            )
+            .into_response();
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return r;
+        }
+    };
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+        .await
 }
 
 /// Bearer authentication layer: a request without a valid token gets `401` before any handler
@@ -271,8 +393,13 @@ pub(crate) async fn deny(
 #[serde(deny_unknown_fields)]
 pub struct InputParams {
     /// File name for people (1-128 of `A-Z a-z 0-9 . _ -`, not starting with `.`); never a path.
+    #[param(pattern = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")]
     pub name: String,
     /// Media type, e.g. `text/csv`; matched against the task's accepted types.
+    #[param(
+        pattern = r"^[A-Za-z0-9!#$&^_.+-]+/[A-Za-z0-9!#$&^_.+-]+$",
+        max_length = 127
+    )]
     pub media_type: String,
 }
 
@@ -322,7 +449,7 @@ fn ts(secs: i64) -> String {
     path = "/v1/inputs",
     tag = "inputs",
     params(InputParams),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The raw content"),
+    request_body(content = UploadBody, content_type = "application/octet-stream", description = "The raw content"),
     responses(
         (status = 201, description = "Stored", body = InputCreated),
         (status = 400, description = "Bad parameters", body = Problem, content_type = "application/problem+json"),
@@ -495,8 +622,14 @@ fn tempfile_in(dir: &std::path::Path) -> std::io::Result<(std::path::PathBuf, st
 pub struct RunRequest {
     /// The caller's idempotency key: 1-128 of `A-Z a-z 0-9 . _ : -`. A request_id executes at most
     /// once per tenant.
+    #[schema(
+        pattern = r"^(?:[A-Za-z0-9._:-]*[A-Za-z0-9_:-][A-Za-z0-9._:-]*|\.{3,})$",
+        min_length = 1,
+        max_length = 128
+    )]
     pub request_id: String,
     /// Task type name (see `GET /v1/tasks`).
+    #[schema(pattern = r"^[a-z0-9_-]{1,64}$")]
     pub task: String,
     /// Input ids from `POST /v1/inputs`, in the task's input order.
     pub inputs: Vec<String>,
@@ -1158,7 +1291,7 @@ async fn get_run(
     tag = "runs",
     params(("request_id" = String, Path, description = "The request_id of the run")),
     responses(
-        (status = 200, description = "The verified artifact", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 200, description = "The verified artifact", content_type = "application/octet-stream", body = UploadBody),
         (status = 401, description = "Unauthenticated", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such run", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The run has no verified artifact (status is not `ok`)", body = Problem, content_type = "application/problem+json"),
@@ -1509,7 +1642,7 @@ pub struct TaskView {
     #[schema(value_type = Option<Object>)]
     pub output_schema: Option<Value>,
     /// `deny`, or the allowlist.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Value)]
     pub network: Value,
     #[schema(value_type = Object)]
     pub limits: Value,
@@ -1702,16 +1835,123 @@ fn build(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::OpenAp
         .layer(DefaultBodyLimit::max(max_req));
     let mut authed = inputs.merge(runs);
     if let Some(s) = state {
-        authed = authed.layer(from_fn_with_state(s.clone(), auth));
+        // Outermost first: authentication, then the body's bounds, then the handler.
+        authed = authed
+            .layer(from_fn_with_state(s.clone(), bound_body))
+            .layer(from_fn_with_state(s.clone(), auth));
     }
     let public = OpenApiRouter::new()
         .routes(routes!(healthz))
         .routes(routes!(metrics_handler));
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+    let (router, mut doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(authed)
         .merge(public)
-        .split_for_parts()
+        .split_for_parts();
+    complete_contract(&mut doc);
+    (router, doc)
 }
+
+/// The answers every operation can give, added to the document so that it is the whole
+/// contract: `500` everywhere; for authenticated operations `400` (e.g. two `Authorization`
+/// headers) and `401` with `WWW-Authenticate`; for operations with a body `408`, `413` and
+/// (JSON bodies) `415`; the `Location` header of `202` and `Retry-After` of `429`.
+fn complete_contract(doc: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::schema::{ObjectBuilder, SchemaFormat, Type};
+    use utoipa::openapi::{Content, Header, Ref, RefOr, ResponseBuilder};
+    let problem = |desc: &str| {
+        RefOr::T(
+            ResponseBuilder::new()
+                .description(desc)
+                .content(
+                    "application/problem+json",
+                    Content::new(Some(Ref::from_schema_name("Problem"))),
+                )
+                .build(),
+        )
+    };
+    let header = |desc: &str, int: bool| {
+        let schema = if int {
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .format(Some(SchemaFormat::KnownFormat(
+                    utoipa::openapi::KnownFormat::Int64,
+                )))
+                .build()
+        } else {
+            ObjectBuilder::new().schema_type(Type::String).build()
+        };
+        let mut h = Header::new(schema);
+        h.description = Some(desc.into());
+        RefOr::T(h)
+    };
+    for item in doc.paths.paths.values_mut() {
+        for op in [item.get.as_mut(), item.post.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            let authed = op.security.as_ref().is_some_and(|s| !s.is_empty());
+            // An upload may be empty (an empty file is an input like any other).
+            if let Some(RefOr::T(b)) = op.request_body.as_mut()
+                && b.content.contains_key("application/octet-stream")
+            {
+                b.required = Some(utoipa::openapi::Required::False);
+            }
+            let body = op.request_body.as_ref().and_then(|b| match b {
+                RefOr::T(b) => Some(b.content.keys().cloned().collect::<Vec<_>>()),
+                RefOr::Ref(_) => None,
+            });
+            let r = &mut op.responses.responses;
+            r.entry("500".into()).or_insert_with(|| {
+                problem("Internal error; the detail is in the service log, not in the answer")
+            });
+            if authed {
+                r.entry("400".into()).or_insert_with(|| {
+                    problem("Malformed request (e.g. more than one Authorization header)")
+                });
+                r.entry("401".into())
+                    .or_insert_with(|| problem("Unauthenticated"));
+            }
+            if let Some(types) = &body {
+                r.entry("408".into()).or_insert_with(|| {
+                    problem("The body did not arrive within server.body_timeout_seconds")
+                });
+                r.entry("413".into()).or_insert_with(|| {
+                    problem("Body larger than the server's limit for this operation")
+                });
+                if types.iter().any(|t| t == "application/json") {
+                    r.entry("415".into()).or_insert_with(|| {
+                        problem("The body is not sent as Content-Type: application/json")
+                    });
+                }
+            }
+            for (code, name, desc, int) in [
+                ("401", "WWW-Authenticate", "`Bearer`", false),
+                (
+                    "429",
+                    "Retry-After",
+                    "Seconds to wait before trying again",
+                    true,
+                ),
+                (
+                    "202",
+                    "Location",
+                    "Where to poll the run: /v1/runs/{request_id}",
+                    false,
+                ),
+            ] {
+                if let Some(RefOr::T(resp)) = r.get_mut(code) {
+                    resp.headers.insert(name.into(), header(desc, int));
+                }
+            }
+        }
+    }
+}
+
+/// An upload's body: any bytes.
+#[derive(ToSchema)]
+#[schema(value_type = String, format = Binary)]
+#[allow(dead_code)]
+pub struct UploadBody(Vec<u8>);
 
 /// The HTTP application over `state`.
 pub async fn router(state: AppState) -> Router {

@@ -86,6 +86,35 @@ pub struct ServerSettings {
     /// browsers send no `Origin`.
     #[serde(default)]
     pub mcp_allowed_origins: Vec<String>,
+    /// Seconds a client has to send a request's headers; also how long an idle keep-alive
+    /// connection stays open (default 10). A slower client is disconnected.
+    #[serde(default = "d_header_timeout")]
+    pub header_timeout_seconds: u64,
+    /// Seconds a client has to send a request's whole body once its headers arrived (default
+    /// 30); a slower upload gets `408` and the connection is closed.
+    #[serde(default = "d_body_timeout")]
+    pub body_timeout_seconds: u64,
+    /// Open client connections at most (default 256); a connection beyond is closed at once.
+    #[serde(default = "d_max_connections")]
+    pub max_connections: usize,
+    /// Authentication failures are audited as one `auth_failure` record per this many seconds
+    /// at most, with the count of failures it stands for (default 10): anyone who reaches the
+    /// port cannot grow the audit log without bound, and no failure goes uncounted.
+    #[serde(default = "d_auth_audit")]
+    pub auth_failure_audit_seconds: u64,
+}
+
+fn d_header_timeout() -> u64 {
+    10
+}
+fn d_body_timeout() -> u64 {
+    30
+}
+fn d_max_connections() -> usize {
+    256
+}
+fn d_auth_audit() -> u64 {
+    10
 }
 
 fn d_max_queued() -> usize {
@@ -126,6 +155,10 @@ impl Default for ServerSettings {
             allow_degraded: false,
             mcp_allowed_hosts: None,
             mcp_allowed_origins: Vec::new(),
+            header_timeout_seconds: d_header_timeout(),
+            body_timeout_seconds: d_body_timeout(),
+            max_connections: d_max_connections(),
+            auth_failure_audit_seconds: d_auth_audit(),
         }
     }
 }
@@ -382,6 +415,15 @@ impl Config {
         let s = &self.server;
         if s.max_concurrent_runs == Some(0) {
             return Err(err("server.max_concurrent_runs must be at least 1"));
+        }
+        if s.header_timeout_seconds == 0
+            || s.body_timeout_seconds == 0
+            || s.max_connections == 0
+            || s.auth_failure_audit_seconds == 0
+        {
+            return Err(err(
+                "server.header_timeout_seconds, body_timeout_seconds, max_connections and auth_failure_audit_seconds must be positive",
+            ));
         }
         if s.job_ttl_seconds == 0 || s.sweep_interval_seconds == 0 {
             return Err(err(

@@ -24,6 +24,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::sync::Semaphore;
@@ -87,6 +88,8 @@ pub(crate) struct Inner {
     pub metrics: PrometheusHandle,
     /// Compiled output schemas by task (validated at start-up).
     pub schemas: std::collections::BTreeMap<String, String>,
+    /// Authentication failures not yet audited (aggregated records).
+    pub auth_failures: api::AuthFailures,
     /// Exclusive lock on the data directory, held for the life of the process.
     _lock: std::fs::File,
 }
@@ -177,6 +180,7 @@ impl AppState {
                 admitted: AtomicUsize::new(0),
                 metrics: metrics_handle(),
                 schemas,
+                auth_failures: api::AuthFailures::default(),
                 _lock: lock,
             }),
         };
@@ -256,6 +260,7 @@ fn zero_metrics(config: &Config) {
         "agentjail_replays_total",
         "agentjail_overload_refusals_total",
         "agentjail_audit_failures_total",
+        "agentjail_connections_refused_total",
     ] {
         metrics::counter!(name).increment(0);
     }
@@ -264,6 +269,10 @@ fn zero_metrics(config: &Config) {
 
 fn describe_metrics() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "agentjail_connections_refused_total",
+        "Client connections closed at once because max_connections were open"
+    );
     describe_counter!("agentjail_runs_total", "Finished runs by task and status");
     describe_counter!("agentjail_denials_total", "Policy denials by reason");
     describe_counter!(
@@ -402,6 +411,7 @@ pub fn serve_blocking(opts: ServeOptions) -> Result<(), ServerError> {
     rt.block_on(async move {
         let state = AppState::open(config, &data_dir, runner, allow_degraded)?;
         runner::spawn_sweeper(state.clone());
+        api::spawn_auth_failure_flusher(state.clone());
         let app = router(state.clone()).await;
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -414,13 +424,59 @@ pub fn serve_blocking(opts: ServeOptions) -> Result<(), ServerError> {
             state.data_dir().display()
         );
         tracing::info!(%local, "listening");
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .map_err(|e| ServerError::Io(format!("server: {e}")))?;
+        serve_bounded(listener, app, &state.inner.config.server).await;
         tracing::info!("stopped; runs still in flight will read `unknown` at the next start");
         Ok(())
     })
+}
+
+/// Serves HTTP/1.1 on `listener` with bounds on slow and abusive clients: at most
+/// `max_connections` open connections (one beyond is closed at once), and
+/// `header_timeout_seconds` to send a request's headers, which is also how long an idle
+/// keep-alive connection stays open (hyper's header-read timer runs while it waits for the
+/// next request). The body timeout and the up-front 413 are [`api::bound_body`]'s.
+async fn serve_bounded(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    s: &config::ServerSettings,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let slots = Arc::new(Semaphore::new(s.max_connections));
+    let header_timeout = Duration::from_secs(s.header_timeout_seconds);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut stop = std::pin::pin!(shutdown_signal());
+    loop {
+        let (stream, _peer) = tokio::select! {
+            a = listener.accept() => match a {
+                Ok(a) => a,
+                Err(e) => {
+                    // EMFILE and the like: back off rather than spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut stop => break,
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            metrics::counter!("agentjail_connections_refused_total").increment(1);
+            drop(stream);
+            continue;
+        };
+        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .serve_connection(TokioIo::new(stream), svc);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    // Requests in progress may finish (a waiting run is killed with the process anyway).
+    let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
 }
 
 async fn shutdown_signal() {
