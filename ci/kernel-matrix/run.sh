@@ -11,7 +11,7 @@ REPO=$(realpath "$HERE/../..")
 AJ=$(realpath "$1"); RUNS=$(realpath -m "${2:-$REPO/target/kernel-matrix}")
 CACHE=${AJ_KERNEL_CACHE:-/var/cache/agentjail-kernels}
 # label  series  configs  extra kernel args
-MATRIX=${AJ_MATRIX:-"6.12:6.12:root,scope,leaf,deleg,nodeleg: 6.1:6.1:root,scope,leaf,deleg,nodeleg: 6.1-nolsm:6.1:root,leaf:lsm=lockdown,capability,yama,apparmor,tomoyo,bpf"}
+MATRIX=${AJ_MATRIX:-"6.12:6.12:root,scope,leaf,deleg,nodeleg: 6.1:6.1:root,scope,leaf,deleg,nodeleg: 6.1-nolsm:6.1:root:lsm=lockdown,capability,yama,apparmor,tomoyo,bpf"}
 for t in qemu-system-x86_64 busybox depmod python3 setpriv; do
   command -v $t >/dev/null || { echo "kernel-matrix: $t is missing (apt-get install qemu-system-x86 busybox-static kmod)" >&2; exit 1; }
 done
