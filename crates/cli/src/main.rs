@@ -18,6 +18,7 @@ use agentjail_manifest::{
 use clap::{Args, Parser, Subcommand};
 
 mod image_cmd;
+mod selftest;
 
 /// On musl, dlmalloc instead of musl's own allocator, whose per-block mmap/munmap cost ~0.3 ms
 /// of every run (docs/performance.md).
@@ -112,6 +113,9 @@ enum Command {
         #[arg(long)]
         allow_degraded: bool,
     },
+    /// Attack this host's sandbox with the escape corpus and report what holds
+    /// (docs/selftest.md); exit 0 only when no probe failed.
+    Selftest(selftest::SelftestArgs),
     /// Print the JSON Schema of the server configuration.
     Config {
         #[arg(long, required = true)]
@@ -526,6 +530,7 @@ fn dispatch(cli: Cli) -> Result<u8, String> {
             .map(|()| 0)
             .map_err(|e| e.to_string())
         }
+        Command::Selftest(a) => selftest::run(a),
         Command::Config { .. } => {
             print_json(&agentjail_server::config_schema());
             Ok(0)
