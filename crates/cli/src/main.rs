@@ -849,8 +849,9 @@ fn receipt_verify(
         .iter()
         .map(|p| agentjail_verify::receipt::Artifact::from_path(p).map_err(|e| e.to_string()))
         .collect::<Result<_, _>>()?;
-    match agentjail_verify::receipt::verify(&env, pem.as_deref(), &arts) {
-        Ok(v) => {
+    use agentjail_verify::receipt::VerifiedAny;
+    match agentjail_verify::receipt::verify_any(&env, pem.as_deref(), &arts) {
+        Ok(VerifiedAny::Run(v)) => {
             println!(
                 "receipt OK: signed by key {}; status {}; {} subject(s); {} artifact(s) match",
                 v.keyid,
@@ -859,6 +860,34 @@ fn receipt_verify(
                     .and_then(|s| s.as_str().map(str::to_owned))
                     .unwrap_or_default(),
                 v.statement.subject.len(),
+                arts.len()
+            );
+            Ok(0)
+        }
+        Ok(VerifiedAny::Selftest(v)) => {
+            let p = &v.statement.predicate;
+            let n = |k: &str| p["summary"][k].as_u64().unwrap_or(0);
+            println!(
+                "receipt OK: selftest attestation signed by key {}; {}: {} passed, {} failed, {} skipped; agentjail {} (binary sha256:{}) on kernel {}, {} mode, at {}; {} artifact(s) match",
+                v.keyid,
+                if p["passed"] == true {
+                    "PASSED"
+                } else {
+                    "FAILED"
+                },
+                n("passed"),
+                n("failed"),
+                n("skipped"),
+                p["agentjail_version"].as_str().unwrap_or("?"),
+                v.statement
+                    .subject
+                    .first()
+                    .and_then(|s| s.digest.get("sha256"))
+                    .map(String::as_str)
+                    .unwrap_or("?"),
+                p["host"]["kernel"].as_str().unwrap_or("?"),
+                p["mode"].as_str().unwrap_or("?"),
+                p["started_at"].as_str().unwrap_or("?"),
                 arts.len()
             );
             Ok(0)
