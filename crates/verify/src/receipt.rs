@@ -724,7 +724,7 @@ pub struct VerifiedSelftest {
 /// A verified receipt of either kind.
 #[derive(Debug, Clone, PartialEq)]
 pub enum VerifiedAny {
-    Run(VerifiedReceipt),
+    Run(Box<VerifiedReceipt>),
     Selftest(VerifiedSelftest),
 }
 
@@ -782,7 +782,7 @@ pub fn verify_any(
     let (body, keyid) = authentic_payload(envelope_json, &key)?;
     let raw = raw_statement(&body)?;
     if raw.get("predicateType").and_then(|v| v.as_str()) != Some(SELFTEST_PREDICATE_TYPE) {
-        return verified_statement(raw, keyid, artifacts).map(VerifiedAny::Run);
+        return verified_statement(raw, keyid, artifacts).map(|v| VerifiedAny::Run(Box::new(v)));
     }
     let statement: SelftestStatement =
         serde_json::from_value(raw).map_err(|e| ReceiptError::BadStatement {

@@ -54,6 +54,9 @@ pub struct SelftestArgs {
     /// List the probes (id, tier, what is attempted, what is expected) without running them.
     #[arg(long)]
     pub list: bool,
+    /// Internal: this process runs in the private network namespace of `--egress`.
+    #[arg(long, hide = true, requires = "egress")]
+    pub egress_inner: bool,
 }
 
 /// An isolation tier.
@@ -133,6 +136,8 @@ pub struct Env {
     dir: tempfile::TempDir,
     /// A strict run is refused here: every probe runs with `--allow-degraded`.
     pub degraded: bool,
+    /// This process is the `--egress` half inside a private network namespace.
+    pub egress_inner: bool,
     counter: std::cell::Cell<u32>,
 }
 
@@ -238,7 +243,7 @@ pub const PY: &str = "/usr/bin/python3";
 const RUN_GUARD: Duration = Duration::from_secs(90);
 
 impl Env {
-    fn new(degraded: bool) -> Result<Env, String> {
+    fn new(degraded: bool, egress_inner: bool) -> Result<Env, String> {
         let exe = std::fs::read_link("/proc/self/exe")
             .map_err(|e| format!("cannot find this binary (/proc/self/exe): {e}"))?;
         let dir = tempfile::Builder::new()
@@ -251,6 +256,7 @@ impl Env {
             exe,
             dir,
             degraded,
+            egress_inner,
             counter: std::cell::Cell::new(0),
         })
     }
@@ -547,7 +553,7 @@ pub fn run(a: SelftestArgs) -> Result<u8, String> {
     let started_at = jiff::Timestamp::now().to_string();
     let check = agentjail_engine::check::check();
     let host = host_facts(&check);
-    let env = Env::new(!check.strict_run_ok)?;
+    let env = Env::new(!check.strict_run_ok, a.egress_inner)?;
 
     let progress_to_stderr = a.json && std::io::stderr().is_terminal();
     let say = |line: &str| {
