@@ -1130,4 +1130,59 @@ mod tests {
             assert!(matches!(err, ReceiptError::KeyOwner { .. }), "{err}");
         }
     }
+
+    #[test]
+    fn selftest_attestations_verify_as_such_and_never_as_run_receipts() {
+        let key = ReceiptKey::generate().unwrap();
+        let pem = key.public_key_pem();
+        let result = serde_json::json!({"schema": "agentjail.selftest/v1", "passed": true});
+        let env = sign_selftest(&key, "agentjail", &"ab".repeat(32), result.clone()).unwrap();
+        let json = env.to_json();
+        match verify_any(json.as_bytes(), Some(&pem), &[]).unwrap() {
+            VerifiedAny::Selftest(v) => {
+                assert_eq!(v.statement.predicate, result);
+                assert_eq!(v.statement.predicate_type, SELFTEST_PREDICATE_TYPE);
+                assert_eq!(v.keyid, key.keyid());
+            }
+            VerifiedAny::Run(_) => panic!("verified as a run receipt"),
+        }
+        // The run-receipt check refuses it: a self-test is never taken for a run.
+        let err = verify(json.as_bytes(), Some(&pem), &[]).unwrap_err();
+        assert!(
+            matches!(err, ReceiptError::WrongPredicateType { .. }),
+            "{err}"
+        );
+        // The subject is the tested binary.
+        let other = Artifact {
+            name: "agentjail".into(),
+            sha256: "cd".repeat(32),
+        };
+        let err = verify_any(json.as_bytes(), Some(&pem), &[other]).unwrap_err();
+        assert!(
+            matches!(err, ReceiptError::ArtifactMismatch { .. }),
+            "{err}"
+        );
+        let same = Artifact {
+            name: "agentjail".into(),
+            sha256: "ab".repeat(32),
+        };
+        assert!(verify_any(json.as_bytes(), Some(&pem), &[same]).is_ok());
+        // A run receipt still verifies through verify_any as a run.
+        let run = sign(&key, &report(), &[], &[]).unwrap().to_json();
+        assert!(matches!(
+            verify_any(run.as_bytes(), Some(&pem), &[]).unwrap(),
+            VerifiedAny::Run(_)
+        ));
+        // A tampered predicate fails the signature.
+        let mut e: Envelope = serde_json::from_str(&json).unwrap();
+        let mut body: serde_json::Value =
+            serde_json::from_slice(&STANDARD.decode(&e.payload).unwrap()).unwrap();
+        body["predicate"]["passed"] = false.into();
+        e.payload = STANDARD.encode(serde_json::to_vec(&body).unwrap());
+        let err = verify_any(e.to_json().as_bytes(), Some(&pem), &[]).unwrap_err();
+        assert!(
+            matches!(err, ReceiptError::SignatureInvalid { .. }),
+            "{err}"
+        );
+    }
 }
