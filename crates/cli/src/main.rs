@@ -18,6 +18,7 @@ use agentjail_manifest::{
 use clap::{Args, Parser, Subcommand};
 
 mod image_cmd;
+mod selftest;
 
 /// On musl, dlmalloc instead of musl's own allocator, whose per-block mmap/munmap cost ~0.3 ms
 /// of every run (docs/performance.md).
@@ -112,6 +113,9 @@ enum Command {
         #[arg(long)]
         allow_degraded: bool,
     },
+    /// Attack this host's sandbox with the escape corpus and report what holds
+    /// (docs/selftest.md); exit 0 only when no probe failed.
+    Selftest(selftest::SelftestArgs),
     /// Print the JSON Schema of the server configuration.
     Config {
         #[arg(long, required = true)]
@@ -542,6 +546,7 @@ fn dispatch(cli: Cli) -> Result<u8, String> {
             .map(|()| 0)
             .map_err(|e| e.to_string())
         }
+        Command::Selftest(a) => selftest::run(a),
         Command::Config { .. } => {
             print_json(&agentjail_server::config_schema());
             Ok(0)
@@ -965,8 +970,9 @@ fn receipt_verify(
         .iter()
         .map(|p| agentjail_verify::receipt::Artifact::from_path(p).map_err(|e| e.to_string()))
         .collect::<Result<_, _>>()?;
-    match agentjail_verify::receipt::verify(&env, pem.as_deref(), &arts) {
-        Ok(v) => {
+    use agentjail_verify::receipt::VerifiedAny;
+    match agentjail_verify::receipt::verify_any(&env, pem.as_deref(), &arts) {
+        Ok(VerifiedAny::Run(v)) => {
             println!(
                 "receipt OK: signed by key {}; status {}; {} subject(s); {} artifact(s) match",
                 v.keyid,
@@ -975,6 +981,34 @@ fn receipt_verify(
                     .and_then(|s| s.as_str().map(str::to_owned))
                     .unwrap_or_default(),
                 v.statement.subject.len(),
+                arts.len()
+            );
+            Ok(0)
+        }
+        Ok(VerifiedAny::Selftest(v)) => {
+            let p = &v.statement.predicate;
+            let n = |k: &str| p["summary"][k].as_u64().unwrap_or(0);
+            println!(
+                "receipt OK: selftest attestation signed by key {}; {}: {} passed, {} failed, {} skipped; agentjail {} (binary sha256:{}) on kernel {}, {} mode, at {}; {} artifact(s) match",
+                v.keyid,
+                if p["passed"] == true {
+                    "PASSED"
+                } else {
+                    "FAILED"
+                },
+                n("passed"),
+                n("failed"),
+                n("skipped"),
+                p["agentjail_version"].as_str().unwrap_or("?"),
+                v.statement
+                    .subject
+                    .first()
+                    .and_then(|s| s.digest.get("sha256"))
+                    .map(String::as_str)
+                    .unwrap_or("?"),
+                p["host"]["kernel"].as_str().unwrap_or("?"),
+                p["mode"].as_str().unwrap_or("?"),
+                p["started_at"].as_str().unwrap_or("?"),
                 arts.len()
             );
             Ok(0)

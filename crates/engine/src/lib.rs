@@ -39,6 +39,23 @@ pub use supervisor::{
     Outcome, RunOptions, STREAM_LIMIT, Sink, discard_prespawned, prespawn, run, run_on,
 };
 
+/// Test-only weakening, honored in debug builds only (a release build compiles it to `false`):
+/// `AGENTJAIL_TEST_WEAKEN=seccomp` installs no seccomp filter, so that a test can show that
+/// `agentjail selftest`'s probes notice a missing layer (crates/cli/tests/escape.rs).
+pub(crate) fn test_weakened(step: &str) -> bool {
+    #[cfg(debug_assertions)]
+    {
+        std::env::var("AGENTJAIL_TEST_WEAKEN")
+            .map(|v| v.split(',').any(|s| s == step))
+            .unwrap_or(false)
+    }
+    #[cfg(not(debug_assertions))]
+    {
+        let _ = step;
+        false
+    }
+}
+
 /// Runs `/bin/true` with every protection required; `Err` says why that is not possible here.
 pub fn probe_strict_run() -> Result<(), String> {
     let vm = agentjail_manifest::Manifest::for_command(vec!["/bin/true".into()])

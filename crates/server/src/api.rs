@@ -1738,6 +1738,9 @@ pub struct Health {
     /// `ok`.
     pub status: String,
     pub runs_in_flight_or_queued: usize,
+    /// The start-up self-test (`server.selftest`), when it ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selftest: Option<crate::selftest::SelftestStatus>,
 }
 
 /// Health check (no authentication).
@@ -1758,6 +1761,7 @@ async fn healthz(State(state): State<AppState>) -> Result<Json<Health>, ApiError
             .inner
             .admitted
             .load(std::sync::atomic::Ordering::Acquire),
+        selftest: crate::selftest::status(),
     }))
 }
 

@@ -76,6 +76,11 @@ pub struct ServerSettings {
     /// Run even where a sandbox protection cannot be applied (listed in each report).
     #[serde(default)]
     pub allow_degraded: bool,
+    /// Run `agentjail selftest` (docs/selftest.md) before listening: `off` (default), `warn`
+    /// (log failed probes, start anyway) or `refuse` (do not start when a probe failed). The
+    /// result is on `/healthz` and in `/metrics`.
+    #[serde(default)]
+    pub selftest: crate::selftest::SelftestMode,
     /// `Host` values the `/mcp` endpoint accepts (DNS-rebinding protection), e.g.
     /// `["mcp.example.com"]` or `["localhost:8787"]`. Default: loopback only (`localhost`,
     /// `127.0.0.1`, `::1`, any port).
@@ -153,6 +158,7 @@ impl Default for ServerSettings {
             input_retention_seconds: d_week(),
             sweep_interval_seconds: d_sweep(),
             allow_degraded: false,
+            selftest: crate::selftest::SelftestMode::Off,
             mcp_allowed_hosts: None,
             mcp_allowed_origins: Vec::new(),
             header_timeout_seconds: d_header_timeout(),

@@ -19,6 +19,7 @@ pub mod config;
 pub mod db;
 pub mod mcp;
 pub mod runner;
+pub mod selftest;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -408,8 +409,10 @@ pub fn serve_blocking(opts: ServeOptions) -> Result<(), ServerError> {
         allow_degraded,
         rt,
     } = Launch::resolve(&config, opts.allow_degraded)?;
+    selftest::at_startup(&runner, config.server.selftest)?;
     rt.block_on(async move {
         let state = AppState::open(config, &data_dir, runner, allow_degraded)?;
+        selftest::publish_metrics();
         runner::spawn_sweeper(state.clone());
         api::spawn_auth_failure_flusher(state.clone());
         let app = router(state.clone()).await;

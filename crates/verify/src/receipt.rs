@@ -37,6 +37,9 @@ use crate::text::printable;
 pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
 /// `predicateType` of an agentjail run attestation.
 pub const PREDICATE_TYPE: &str = "https://agentjail.dev/attestation/run/v1";
+/// `predicateType` of an `agentjail selftest` attestation: the predicate is the self-test's JSON
+/// result (`agentjail.selftest/v1`), the subject the agentjail binary that was tested.
+pub const SELFTEST_PREDICATE_TYPE: &str = "https://agentjail.dev/attestation/selftest/v1";
 /// DSSE `payloadType` of an in-toto statement.
 pub const PAYLOAD_TYPE: &str = "application/vnd.in-toto+json";
 /// Largest envelope, key file or PEM text accepted.
@@ -549,6 +552,16 @@ pub fn verify_with_key(
     key: &VerifyingKey,
     artifacts: &[Artifact],
 ) -> Result<VerifiedReceipt, ReceiptError> {
+    let (body, keyid) = authentic_payload(envelope_json, key)?;
+    verified_statement(raw_statement(&body)?, keyid, artifacts)
+}
+
+/// Checks an envelope's size, payload type and signature with `key`; returns the authentic
+/// payload and the key id.
+fn authentic_payload(
+    envelope_json: &[u8],
+    key: &VerifyingKey,
+) -> Result<(Vec<u8>, String), ReceiptError> {
     if envelope_json.len() > MAX_ENVELOPE_BYTES {
         return Err(ReceiptError::BadEnvelope {
             reason: format!("larger than {MAX_ENVELOPE_BYTES} bytes"),
@@ -603,10 +616,13 @@ pub fn verify_with_key(
             _ => ReceiptError::SignatureInvalid { keyid },
         });
     }
+    Ok((body, keyid))
+}
 
-    // The payload is authentic from here on; still parse it defensively.
+/// The authentic payload as JSON with the in-toto statement type checked.
+fn raw_statement(body: &[u8]) -> Result<serde_json::Value, ReceiptError> {
     let raw: serde_json::Value =
-        serde_json::from_slice(&body).map_err(|_| ReceiptError::BadStatement {
+        serde_json::from_slice(body).map_err(|_| ReceiptError::BadStatement {
             reason: "payload is not JSON".into(),
         })?;
     let found_type = raw.get("_type").and_then(|v| v.as_str()).unwrap_or("");
@@ -615,6 +631,15 @@ pub fn verify_with_key(
             found: printable(found_type, 80),
         });
     }
+    Ok(raw)
+}
+
+/// A run statement from an authentic payload, with every artifact matched to a subject.
+fn verified_statement(
+    raw: serde_json::Value,
+    keyid: String,
+    artifacts: &[Artifact],
+) -> Result<VerifiedReceipt, ReceiptError> {
     let found_pred = raw
         .get("predicateType")
         .and_then(|v| v.as_str())
@@ -630,21 +655,16 @@ pub fn verify_with_key(
         })?;
 
     for a in artifacts {
-        check_artifact(&statement, a)?;
+        check_artifact(&statement.subject, a)?;
     }
     Ok(VerifiedReceipt { statement, keyid })
 }
 
-fn check_artifact(statement: &Statement, a: &Artifact) -> Result<(), ReceiptError> {
-    let exact: Vec<&Subject> = statement
-        .subject
-        .iter()
-        .filter(|s| s.name == a.name)
-        .collect();
+fn check_artifact(subjects: &[Subject], a: &Artifact) -> Result<(), ReceiptError> {
+    let exact: Vec<&Subject> = subjects.iter().filter(|s| s.name == a.name).collect();
     let candidates = if exact.is_empty() {
         let base = a.name.rsplit('/').next().unwrap_or(&a.name);
-        statement
-            .subject
+        subjects
             .iter()
             .filter(|s| s.name.rsplit('/').next() == Some(base))
             .collect()
@@ -655,11 +675,10 @@ fn check_artifact(statement: &Statement, a: &Artifact) -> Result<(), ReceiptErro
     match candidates.as_slice() {
         [] => Err(ReceiptError::ArtifactNotSubject {
             name,
-            subjects: if statement.subject.is_empty() {
+            subjects: if subjects.is_empty() {
                 "none".into()
             } else {
-                statement
-                    .subject
+                subjects
                     .iter()
                     .map(|s| printable(&s.name, 80))
                     .collect::<Vec<_>>()
@@ -680,6 +699,104 @@ fn check_artifact(statement: &Statement, a: &Artifact) -> Result<(), ReceiptErro
         }
         _ => Err(ReceiptError::ArtifactAmbiguous { name }),
     }
+}
+
+/// An in-toto statement whose predicate is an `agentjail selftest` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SelftestStatement {
+    #[serde(rename = "_type")]
+    pub type_: String,
+    /// The agentjail binary that was tested (name and sha256).
+    pub subject: Vec<Subject>,
+    #[serde(rename = "predicateType")]
+    pub predicate_type: String,
+    /// The self-test's JSON result (`agentjail.selftest/v1`).
+    pub predicate: serde_json::Value,
+}
+
+/// A self-test attestation that verified.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VerifiedSelftest {
+    pub statement: SelftestStatement,
+    pub keyid: String,
+}
+
+/// A verified receipt of either kind.
+#[derive(Debug, Clone, PartialEq)]
+pub enum VerifiedAny {
+    Run(Box<VerifiedReceipt>),
+    Selftest(VerifiedSelftest),
+}
+
+/// Signs a self-test result: subject `binary_name` with sha256 `binary_sha256_hex`, predicate
+/// `result`, predicate type [`SELFTEST_PREDICATE_TYPE`]; the same envelope and key as run
+/// receipts.
+pub fn sign_selftest(
+    key: &ReceiptKey,
+    binary_name: &str,
+    binary_sha256_hex: &str,
+    result: serde_json::Value,
+) -> Result<Envelope, ReceiptError> {
+    let statement = SelftestStatement {
+        type_: STATEMENT_TYPE.into(),
+        subject: vec![Subject {
+            name: binary_name.into(),
+            digest: BTreeMap::from([(
+                "sha256".to_string(),
+                binary_sha256_hex.to_ascii_lowercase(),
+            )]),
+        }],
+        predicate_type: SELFTEST_PREDICATE_TYPE.into(),
+        predicate: result,
+    };
+    let body = serde_jcs::to_vec(&statement).map_err(|e| ReceiptError::Encoding(e.to_string()))?;
+    let sig: Signature = key.key.sign(&pae(PAYLOAD_TYPE, &body));
+    Ok(Envelope {
+        payload: STANDARD.encode(&body),
+        payload_type: PAYLOAD_TYPE.into(),
+        signatures: vec![EnvelopeSignature {
+            keyid: key.keyid(),
+            sig: STANDARD.encode(sig.to_bytes()),
+        }],
+    })
+}
+
+/// [`verify`] for run receipts and self-test attestations alike: the same envelope, signature
+/// and statement checks; the predicate type decides which. Artifacts are matched against the
+/// subjects of either (for a self-test, the tested binary).
+pub fn verify_any(
+    envelope_json: &[u8],
+    pubkey_pem: Option<&str>,
+    artifacts: &[Artifact],
+) -> Result<VerifiedAny, ReceiptError> {
+    let key = match pubkey_pem {
+        Some(pem) => parse_public_key_pem(pem)?,
+        None => {
+            let path = default_key_path();
+            if !path.exists() {
+                return Err(ReceiptError::NoKey { path });
+            }
+            ReceiptKey::load(&path)?.verifying_key()
+        }
+    };
+    let (body, keyid) = authentic_payload(envelope_json, &key)?;
+    let raw = raw_statement(&body)?;
+    if raw.get("predicateType").and_then(|v| v.as_str()) != Some(SELFTEST_PREDICATE_TYPE) {
+        return verified_statement(raw, keyid, artifacts).map(|v| VerifiedAny::Run(Box::new(v)));
+    }
+    let statement: SelftestStatement =
+        serde_json::from_value(raw).map_err(|e| ReceiptError::BadStatement {
+            reason: printable(&e.to_string(), 200),
+        })?;
+    if !statement.predicate.is_object() {
+        return Err(ReceiptError::BadStatement {
+            reason: "the self-test predicate is not an object".into(),
+        });
+    }
+    for a in artifacts {
+        check_artifact(&statement.subject, a)?;
+    }
+    Ok(VerifiedAny::Selftest(VerifiedSelftest { statement, keyid }))
 }
 
 #[cfg(test)]
@@ -1012,5 +1129,60 @@ mod tests {
             let err = ReceiptKey::load(&path).unwrap_err();
             assert!(matches!(err, ReceiptError::KeyOwner { .. }), "{err}");
         }
+    }
+
+    #[test]
+    fn selftest_attestations_verify_as_such_and_never_as_run_receipts() {
+        let key = ReceiptKey::generate().unwrap();
+        let pem = key.public_key_pem();
+        let result = serde_json::json!({"schema": "agentjail.selftest/v1", "passed": true});
+        let env = sign_selftest(&key, "agentjail", &"ab".repeat(32), result.clone()).unwrap();
+        let json = env.to_json();
+        match verify_any(json.as_bytes(), Some(&pem), &[]).unwrap() {
+            VerifiedAny::Selftest(v) => {
+                assert_eq!(v.statement.predicate, result);
+                assert_eq!(v.statement.predicate_type, SELFTEST_PREDICATE_TYPE);
+                assert_eq!(v.keyid, key.keyid());
+            }
+            VerifiedAny::Run(_) => panic!("verified as a run receipt"),
+        }
+        // The run-receipt check refuses it: a self-test is never taken for a run.
+        let err = verify(json.as_bytes(), Some(&pem), &[]).unwrap_err();
+        assert!(
+            matches!(err, ReceiptError::WrongPredicateType { .. }),
+            "{err}"
+        );
+        // The subject is the tested binary.
+        let other = Artifact {
+            name: "agentjail".into(),
+            sha256: "cd".repeat(32),
+        };
+        let err = verify_any(json.as_bytes(), Some(&pem), &[other]).unwrap_err();
+        assert!(
+            matches!(err, ReceiptError::ArtifactMismatch { .. }),
+            "{err}"
+        );
+        let same = Artifact {
+            name: "agentjail".into(),
+            sha256: "ab".repeat(32),
+        };
+        assert!(verify_any(json.as_bytes(), Some(&pem), &[same]).is_ok());
+        // A run receipt still verifies through verify_any as a run.
+        let run = sign(&key, &report(), &[], &[]).unwrap().to_json();
+        assert!(matches!(
+            verify_any(run.as_bytes(), Some(&pem), &[]).unwrap(),
+            VerifiedAny::Run(_)
+        ));
+        // A tampered predicate fails the signature.
+        let mut e: Envelope = serde_json::from_str(&json).unwrap();
+        let mut body: serde_json::Value =
+            serde_json::from_slice(&STANDARD.decode(&e.payload).unwrap()).unwrap();
+        body["predicate"]["passed"] = false.into();
+        e.payload = STANDARD.encode(serde_json::to_vec(&body).unwrap());
+        let err = verify_any(e.to_json().as_bytes(), Some(&pem), &[]).unwrap_err();
+        assert!(
+            matches!(err, ReceiptError::SignatureInvalid { .. }),
+            "{err}"
+        );
     }
 }

@@ -1,0 +1,711 @@
+//! `agentjail selftest`: the escape corpus as a product feature (docs/selftest.md).
+//!
+//! Every probe runs the way a real run does: this very binary (`/proc/self/exe`) is started as
+//! `agentjail run` with the default limits and protections, and a small program inside the
+//! sandbox attempts an escape and prints what happened. Each probe has a sentinel, so that
+//! "refused by agentjail" cannot pass for "failed anyway": a control that must work in the same
+//! run, an errno that only the refusing layer gives, a denial that only the seccomp listener
+//! writes into the report, or an effect checked on the host afterwards.
+//!
+//! The probes run one after another (each in its own sandbox, a process of its own), so this
+//! process never enters a namespace itself and may use threads for the host-side servers.
+//!
+//! Exit status: 0 when no probe failed (skipped probes are listed, with their reason, in every
+//! output), 1 when one failed, 125 for bad arguments or when the self-test could not start.
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+mod egress;
+mod probes;
+
+/// Schema tag of the JSON result.
+pub const RESULT_SCHEMA: &str = "agentjail.selftest/v1";
+
+/// `agentjail selftest` arguments.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SelftestArgs {
+    /// Which isolation tier to attack: `native`, `gvisor` or `all` [default: native, plus
+    /// gvisor where runsc is available].
+    #[arg(long, value_name = "TIER")]
+    pub tier: Option<String>,
+    /// Also attack the egress gateway from a private network namespace with loopback-only fake
+    /// upstreams (needs root).
+    #[arg(long)]
+    pub egress: bool,
+    /// Machine-readable result on stdout (progress on stderr when it is a terminal).
+    #[arg(long)]
+    pub json: bool,
+    /// Sign the result: an in-toto statement in a DSSE envelope, written here
+    /// (`agentjail receipt verify` checks it).
+    #[arg(long, value_name = "FILE")]
+    pub receipt: Option<PathBuf>,
+    /// Receipt signing key (default: $XDG_DATA_HOME/agentjail/receipt-key.pem).
+    #[arg(long, value_name = "FILE", requires = "receipt")]
+    pub key: Option<PathBuf>,
+    /// Only the probes whose id contains PATTERN (comma-separated: any of them).
+    #[arg(long, value_name = "PATTERN")]
+    pub only: Option<String>,
+    /// List the probes (id, tier, what is attempted, what is expected) without running them.
+    #[arg(long)]
+    pub list: bool,
+    /// Internal: this process runs in the private network namespace of `--egress`.
+    #[arg(long, hide = true, requires = "egress")]
+    pub egress_inner: bool,
+}
+
+/// An isolation tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    Native,
+    Gvisor,
+}
+
+impl Tier {
+    fn name(self) -> &'static str {
+        match self {
+            Tier::Native => "native",
+            Tier::Gvisor => "gvisor",
+        }
+    }
+}
+
+/// What happened to one probe.
+#[derive(Clone, Debug)]
+pub enum Verdict {
+    Pass(String),
+    Fail(String),
+    Skip(String),
+}
+
+impl Verdict {
+    fn word(&self) -> &'static str {
+        match self {
+            Verdict::Pass(_) => "pass",
+            Verdict::Fail(_) => "fail",
+            Verdict::Skip(_) => "skip",
+        }
+    }
+    fn detail(&self) -> &str {
+        match self {
+            Verdict::Pass(d) | Verdict::Fail(d) | Verdict::Skip(d) => d,
+        }
+    }
+}
+
+/// One probe as documented: id, the layer that stops it, what it attempts, what is expected.
+#[derive(Clone, Copy, Debug)]
+pub struct Probe {
+    pub id: &'static str,
+    pub layer: &'static str,
+    pub attempt: &'static str,
+    pub expect: &'static str,
+}
+
+/// A group of probes checked from the same sandbox run(s).
+pub struct Group {
+    pub name: &'static str,
+    pub tiers: &'static [Tier],
+    pub probes: &'static [Probe],
+    /// Runs the group on a tier; returns a verdict per probe id (a probe without one fails).
+    pub run: fn(&Env, Tier) -> Vec<(&'static str, Verdict)>,
+}
+
+/// One line of the result.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProbeResult {
+    pub id: String,
+    pub tier: Tier,
+    pub layer: String,
+    pub attempt: String,
+    pub expect: String,
+    pub outcome: String,
+    pub detail: String,
+    pub ms: u64,
+}
+
+/// Where the probes run and how: the binary, a scratch folder, the mode of this host.
+pub struct Env {
+    exe: PathBuf,
+    dir: tempfile::TempDir,
+    /// A strict run is refused here: every probe runs with `--allow-degraded`.
+    pub degraded: bool,
+    /// This process is the `--egress` half inside a private network namespace.
+    pub egress_inner: bool,
+    counter: std::cell::Cell<u32>,
+}
+
+/// What one `agentjail run` did.
+pub struct RunOut {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    pub report: Value,
+    pub elapsed: Duration,
+}
+
+impl RunOut {
+    pub fn status(&self) -> &str {
+        self.report["status"].as_str().unwrap_or("")
+    }
+    /// The probe program ran to its end (it prints `PROBE-COMPLETE` last).
+    pub fn complete(&self) -> bool {
+        self.stdout.contains("PROBE-COMPLETE")
+    }
+    /// `RESULT name X` → X.
+    pub fn result(&self, name: &str) -> Option<String> {
+        let prefix = format!("RESULT {name} ");
+        self.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map(str::to_string)
+    }
+    /// The first line starting with `prefix`, without it.
+    pub fn line(&self, prefix: &str) -> Option<String> {
+        self.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .map(|s| s.trim().to_string())
+    }
+    pub fn denied(&self, kind: &str, needle: &str) -> bool {
+        self.denial(kind, |d| d.contains(needle))
+    }
+    pub fn denial(&self, kind: &str, f: impl Fn(&str) -> bool) -> bool {
+        self.report["denials"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .any(|d| d["kind"] == kind && f(d["detail"].as_str().unwrap_or("")))
+            })
+            .unwrap_or(false)
+    }
+    /// Why a probe program did not get to its end, in one line.
+    pub fn incomplete(&self) -> String {
+        let err = self
+            .stderr
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        format!(
+            "the probe did not complete (exit {}, status {:?}): {}",
+            self.code,
+            self.status(),
+            printable(err, 200)
+        )
+    }
+}
+
+/// At most `max` characters, control characters escaped.
+pub fn printable(s: &str, max: usize) -> String {
+    let mut out = String::new();
+    for c in s.chars().take(max) {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The Python preamble of every probe program: `attempt(name, fn)` prints `RESULT name ok` or
+/// `RESULT name errno=N`; `sys_call(name, nr, *args)` makes a raw syscall the same way.
+const PY_PREAMBLE: &str = r#"import os, sys, socket, ctypes, errno, time
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(name, fn):
+    try:
+        r = fn()
+        print("RESULT", name, "ok", flush=True)
+        return r
+    except OSError as e:
+        print("RESULT", name, "errno=%d" % (e.errno or 0), flush=True)
+    except Exception as e:
+        print("RESULT", name, "error=%s" % type(e).__name__, flush=True)
+def sys_call(name, nr, *args):
+    ctypes.set_errno(0)
+    libc.syscall.restype = ctypes.c_long
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    e = ctypes.get_errno()
+    print("RESULT", name, "ok" if r >= 0 else "errno=%d" % e, flush=True)
+"#;
+
+/// The interpreter the probe programs run with (inside the sandbox, from the host's /usr).
+pub const PY: &str = "/usr/bin/python3";
+
+/// Longest a single probe run may take before this process kills it (a hang is a failure).
+const RUN_GUARD: Duration = Duration::from_secs(90);
+
+impl Env {
+    fn new(degraded: bool, egress_inner: bool) -> Result<Env, String> {
+        let exe = std::fs::read_link("/proc/self/exe")
+            .map_err(|e| format!("cannot find this binary (/proc/self/exe): {e}"))?;
+        let dir = tempfile::Builder::new()
+            .prefix("agentjail-selftest-")
+            .tempdir()
+            .map_err(|e| format!("cannot create a temporary folder: {e}"))?;
+        // The sandbox user is an unprivileged host uid: it must be able to read the probes.
+        set_mode(dir.path(), 0o755)?;
+        Ok(Env {
+            exe,
+            dir,
+            degraded,
+            egress_inner,
+            counter: std::cell::Cell::new(0),
+        })
+    }
+
+    /// A fresh unique name (for files, markers, request ids).
+    pub fn unique(&self, what: &str) -> String {
+        let n = self.counter.get() + 1;
+        self.counter.set(n);
+        format!("{what}-{}-{n}", std::process::id())
+    }
+
+    /// The scratch folder (0755).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Writes a file (mode `mode`) into the scratch folder under a unique name.
+    pub fn file(&self, what: &str, content: &[u8], mode: u32) -> Result<PathBuf, String> {
+        let p = self.dir.path().join(self.unique(what));
+        std::fs::write(&p, content).map_err(|e| format!("{}: {e}", p.display()))?;
+        set_mode(&p, mode)?;
+        Ok(p)
+    }
+
+    /// A new folder (0755) in the scratch folder.
+    pub fn subdir(&self, what: &str) -> Result<PathBuf, String> {
+        let p = self.dir.path().join(self.unique(what));
+        std::fs::create_dir(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+        set_mode(&p, 0o755)?;
+        Ok(p)
+    }
+
+    /// `agentjail run --report R [--allow-degraded] [--isolation gvisor] ARGS`.
+    pub fn command(&self, tier: Tier, args: &[String]) -> (Command, PathBuf) {
+        let report = self
+            .dir
+            .path()
+            .join(format!("{}.json", self.unique("report")));
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("run").arg("--report").arg(&report);
+        if self.degraded {
+            cmd.arg("--allow-degraded");
+        }
+        if tier == Tier::Gvisor {
+            cmd.args(["--isolation", "gvisor"]);
+        }
+        cmd.args(args);
+        (cmd, report)
+    }
+
+    /// Runs `agentjail run` (see [`Env::command`]) and collects what it did.
+    pub fn run(&self, tier: Tier, args: &[String]) -> RunOut {
+        let (cmd, report) = self.command(tier, args);
+        run_command(cmd, &report)
+    }
+
+    /// Runs the Python probe `body` (with [`PY_PREAMBLE`]) at /input/probe.py.
+    pub fn py(&self, tier: Tier, body: &str, extra: &[String]) -> RunOut {
+        match self.py_command(tier, body, extra) {
+            Ok((cmd, report)) => run_command(cmd, &report),
+            Err(e) => RunOut {
+                code: -1,
+                stdout: String::new(),
+                stderr: e,
+                report: Value::Null,
+                elapsed: Duration::ZERO,
+            },
+        }
+    }
+
+    /// The command [`Env::py`] runs, for callers that adjust it (environment, launcher).
+    pub fn py_command(
+        &self,
+        tier: Tier,
+        body: &str,
+        extra: &[String],
+    ) -> Result<(Command, PathBuf), String> {
+        let src = format!("{PY_PREAMBLE}{body}\nprint(\"PROBE-COMPLETE\", flush=True)\n");
+        let p = self.file("probe.py", src.as_bytes(), 0o644)?;
+        let mut args = extra.to_vec();
+        args.push("--ro".into());
+        args.push(format!("{}:/input/probe.py", p.display()));
+        args.extend(["--".into(), PY.into(), "/input/probe.py".into()]);
+        Ok(self.command(tier, &args))
+    }
+}
+
+/// Runs a prepared `agentjail run` command with a guard deadline; reads its report.
+pub fn run_command(mut cmd: Command, report: &Path) -> RunOut {
+    let t = Instant::now();
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            return RunOut {
+                code: -1,
+                stdout: String::new(),
+                stderr: format!("cannot start agentjail: {e}"),
+                report: Value::Null,
+                elapsed: t.elapsed(),
+            };
+        }
+    };
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(r) = r {
+                let _ = r.take(8 << 20).read_to_end(&mut buf);
+            }
+            String::from_utf8_lossy(&buf).into_owned()
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let mut killed = false;
+    let code = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s.code().unwrap_or(-1),
+            Ok(None) if t.elapsed() > RUN_GUARD => {
+                let _ = child.kill();
+                killed = true;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Err(_) => break -1,
+        }
+    };
+    let elapsed = t.elapsed();
+    let stdout = out.join().unwrap_or_default();
+    let mut stderr = err.join().unwrap_or_default();
+    if killed {
+        stderr.push_str("\nselftest: agentjail run did not end within the guard deadline; killed");
+    }
+    let report = std::fs::read(report)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(Value::Null);
+    RunOut {
+        code,
+        stdout,
+        stderr,
+        report,
+        elapsed,
+    }
+}
+
+fn set_mode(p: &Path, mode: u32) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("{}: {e}", p.display()))
+}
+
+pub fn rustix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Whether `id` is selected by `--only` (comma-separated substrings).
+fn selected(only: Option<&str>, id: &str) -> bool {
+    match only {
+        None => true,
+        Some(p) => p
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .any(|p| id.contains(p)),
+    }
+}
+
+/// The host's facts, as `agentjail check` sees them.
+fn host_facts(check: &agentjail_engine::check::Report) -> Value {
+    let item = |name: &str| check.items.iter().find(|i| i.name == name);
+    let landlock_abi = item("landlock").and_then(|i| {
+        i.detail
+            .strip_prefix("ABI ")
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse::<u32>().ok())
+    });
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    json!({
+        "kernel": read("/proc/sys/kernel/osrelease"),
+        "arch": std::env::consts::ARCH,
+        "user": if rustix_is_root() { "root" } else { "unprivileged" },
+        "landlock_abi": landlock_abi,
+        "cgroup": item("cgroups").map(|i| i.detail.clone()),
+        "seccomp": item("seccomp").map(|i| i.detail.clone()),
+        "seccomp_actions": read("/proc/sys/kernel/seccomp/actions_avail"),
+        "gvisor": item("gvisor tier").map(|i| json!({"available": i.ok, "detail": i.detail})),
+        "strict_run": check.strict_run_ok,
+        "host_image": check.host_image,
+        "agentjail_version": env!("CARGO_PKG_VERSION"),
+        "agentjail_binary": binary_digest().ok(),
+        "check": check.items,
+    })
+}
+
+/// `sha256:<hex>` of this binary.
+fn binary_digest() -> Result<String, String> {
+    let a = agentjail_verify::receipt::Artifact::from_path(Path::new("/proc/self/exe"))
+        .map_err(|e| e.to_string())?;
+    Ok(format!("sha256:{}", a.sha256))
+}
+
+fn all_groups() -> Vec<&'static Group> {
+    probes::GROUPS.iter().chain(egress::GROUPS.iter()).collect()
+}
+
+/// `agentjail selftest`.
+pub fn run(a: SelftestArgs) -> Result<u8, String> {
+    let tiers: Vec<Tier> = match a.tier.as_deref() {
+        None => {
+            if agentjail_engine::gvisor::available().is_ok() {
+                vec![Tier::Native, Tier::Gvisor]
+            } else {
+                vec![Tier::Native]
+            }
+        }
+        Some("native") => vec![Tier::Native],
+        Some("gvisor") => vec![Tier::Gvisor],
+        Some("all") => vec![Tier::Native, Tier::Gvisor],
+        Some(other) => {
+            return Err(format!(
+                "--tier {other}: expected `native`, `gvisor` or `all`"
+            ));
+        }
+    };
+    let only = a.only.as_deref();
+    let groups: Vec<&Group> = all_groups()
+        .into_iter()
+        .filter(|g| a.egress || !g.name.starts_with("egress"))
+        .collect();
+    // The plan: (group, tier) pairs with at least one selected probe.
+    let mut plan: Vec<(&Group, Tier)> = Vec::new();
+    let mut total = 0;
+    for t in &tiers {
+        for g in &groups {
+            let n = g.probes.iter().filter(|p| selected(only, p.id)).count();
+            if n > 0 && g.tiers.contains(t) {
+                plan.push((g, *t));
+                total += n;
+            }
+        }
+    }
+    if a.list {
+        for (g, t) in &plan {
+            for p in g.probes.iter().filter(|p| selected(only, p.id)) {
+                println!(
+                    "{:<7} {:<28} {} — expected: {}",
+                    t.name(),
+                    p.id,
+                    p.attempt,
+                    p.expect
+                );
+            }
+        }
+        return Ok(0);
+    }
+    if total == 0 {
+        return Err(format!(
+            "--only {}: no probe matches (`agentjail selftest --list` lists them)",
+            only.unwrap_or("")
+        ));
+    }
+    if let Some(r) = &a.receipt
+        && r.exists()
+        && r.is_dir()
+    {
+        return Err(format!("--receipt {}: is a directory", r.display()));
+    }
+
+    // The host check clones a sandbox itself: it runs before any thread of ours exists.
+    let started = Instant::now();
+    let started_at = jiff::Timestamp::now().to_string();
+    let check = agentjail_engine::check::check();
+    let host = host_facts(&check);
+    let env = Env::new(!check.strict_run_ok, a.egress_inner)?;
+
+    let progress_to_stderr = a.json && std::io::stderr().is_terminal();
+    let say = |line: &str| {
+        if !a.json {
+            let mut o = std::io::stdout().lock();
+            let _ = writeln!(o, "{line}");
+            let _ = o.flush();
+        } else if progress_to_stderr {
+            eprintln!("{line}");
+        }
+    };
+    say(&format!(
+        "agentjail selftest {}: {} probe(s) on {} ({}; kernel {}; landlock ABI {}; {}){}",
+        env!("CARGO_PKG_VERSION"),
+        total,
+        tiers.iter().map(|t| t.name()).collect::<Vec<_>>().join("+"),
+        host["user"].as_str().unwrap_or(""),
+        host["kernel"].as_str().unwrap_or(""),
+        host["landlock_abi"]
+            .as_u64()
+            .map_or_else(|| "none".to_string(), |n| n.to_string()),
+        host["cgroup"].as_str().unwrap_or("no cgroups"),
+        if env.degraded {
+            "\n  a strict run is refused on this host: every probe runs with --allow-degraded, and what that mode does not enforce fails"
+        } else {
+            ""
+        }
+    ));
+    if a.tier.is_none() && !tiers.contains(&Tier::Gvisor) {
+        say(&format!(
+            "  gvisor tier not attacked: {} (`--tier all` lists its probes as skipped)",
+            agentjail_engine::gvisor::available()
+                .err()
+                .unwrap_or_default()
+        ));
+    }
+
+    let mut results: Vec<ProbeResult> = Vec::new();
+    let gvisor_missing = agentjail_engine::gvisor::available().err();
+    for (g, tier) in plan {
+        let wanted: Vec<&Probe> = g.probes.iter().filter(|p| selected(only, p.id)).collect();
+        let t = Instant::now();
+        let verdicts = match (&gvisor_missing, tier) {
+            (Some(why), Tier::Gvisor) => wanted
+                .iter()
+                .map(|p| {
+                    (
+                        p.id,
+                        Verdict::Skip(format!("gvisor tier unavailable: {why}")),
+                    )
+                })
+                .collect(),
+            _ => (g.run)(&env, tier),
+        };
+        let ms = t.elapsed().as_millis() as u64;
+        for p in wanted {
+            let v = verdicts
+                .iter()
+                .find(|(id, _)| *id == p.id)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| {
+                    Verdict::Fail("the probe produced no verdict (fail closed)".into())
+                });
+            let r = ProbeResult {
+                id: p.id.to_string(),
+                tier,
+                layer: p.layer.to_string(),
+                attempt: p.attempt.to_string(),
+                expect: p.expect.to_string(),
+                outcome: v.word().to_string(),
+                detail: v.detail().to_string(),
+                ms,
+            };
+            say(&format!(
+                "[{:>3}/{total}] {:<4} {:<7} {:<26} {} — expected: {} — {}",
+                results.len() + 1,
+                r.outcome.to_uppercase(),
+                tier.name(),
+                r.id,
+                r.attempt,
+                r.expect,
+                r.detail
+            ));
+            results.push(r);
+        }
+    }
+
+    let count = |w: &str| results.iter().filter(|r| r.outcome == w).count();
+    let (passed, failed, skipped) = (count("pass"), count("fail"), count("skip"));
+    let duration_ms = started.elapsed().as_millis() as u64;
+    let result = json!({
+        "schema": RESULT_SCHEMA,
+        "agentjail_version": env!("CARGO_PKG_VERSION"),
+        "started_at": started_at,
+        "duration_ms": duration_ms,
+        "host": host,
+        "mode": if env.degraded { "degraded" } else { "strict" },
+        "tiers": tiers,
+        "egress": a.egress,
+        "only": a.only,
+        "summary": { "total": results.len(), "passed": passed, "failed": failed, "skipped": skipped },
+        "passed": failed == 0,
+        "probes": results,
+    });
+    if let Some(path) = &a.receipt {
+        let key_path = a
+            .key
+            .clone()
+            .unwrap_or_else(agentjail_verify::receipt::default_key_path);
+        let key = agentjail_verify::receipt::ReceiptKey::load_or_create(&key_path)
+            .map_err(|e| e.to_string())?;
+        let digest = binary_digest()?;
+        let env = agentjail_verify::receipt::sign_selftest(
+            &key,
+            "agentjail",
+            digest.trim_start_matches("sha256:"),
+            result.clone(),
+        )
+        .map_err(|e| e.to_string())?;
+        agentjail::pipeline::write_atomic(path, env.to_json().as_bytes())
+            .map_err(|agentjail::pipeline::SetupFailure(m)| format!("--receipt: {m}"))?;
+    }
+    if a.json {
+        let s = serde_json::to_string_pretty(&result).unwrap_or_default();
+        let mut o = std::io::stdout().lock();
+        let _ = writeln!(o, "{s}");
+    } else {
+        let skipped_why: Vec<String> = {
+            let mut v: Vec<String> = results
+                .iter()
+                .filter(|r| r.outcome == "skip")
+                .map(|r| r.detail.clone())
+                .collect();
+            v.sort();
+            v.dedup();
+            v
+        };
+        say(&format!(
+            "agentjail selftest: {passed} passed, {failed} failed, {skipped} skipped of {} in {:.1} s{}",
+            results.len(),
+            duration_ms as f64 / 1000.0,
+            if skipped_why.is_empty() {
+                String::new()
+            } else {
+                format!(" (skipped: {})", skipped_why.join("; "))
+            }
+        ));
+        if failed > 0 {
+            say(
+                "FAILED: a guarantee listed above does not hold on this host; see docs/selftest.md",
+            );
+        }
+    }
+    Ok(if failed == 0 { 0 } else { 1 })
+}

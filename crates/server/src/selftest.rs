@@ -1,0 +1,161 @@
+//! `server.selftest`: run `agentjail selftest` (the runner binary's own escape corpus,
+//! docs/selftest.md) before the service listens; refuse to start on a failed probe in `refuse`
+//! mode, log it in `warn` mode; expose the result on `/healthz` and in `/metrics`.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::ServerError;
+
+/// What `serve` does with the self-test at start-up.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SelftestMode {
+    /// Do not run it.
+    #[default]
+    Off,
+    /// Run it; log failed probes and start anyway.
+    Warn,
+    /// Run it; refuse to start when a probe failed or it could not run.
+    Refuse,
+}
+
+/// The start-up self-test's result, as `/healthz` shows it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SelftestStatus {
+    /// `warn` or `refuse`.
+    pub mode: String,
+    /// No probe failed.
+    pub passed: bool,
+    pub probes_passed: u64,
+    pub probes_failed: u64,
+    pub probes_skipped: u64,
+    /// Ids of the failed probes.
+    pub failed_probes: Vec<String>,
+    /// `strict` or `degraded` (a strict run is refused on this host).
+    pub sandbox_mode: String,
+    /// RFC 3339.
+    pub started_at: String,
+}
+
+static STATUS: OnceLock<SelftestStatus> = OnceLock::new();
+
+/// The result of the start-up self-test, if one ran.
+pub fn status() -> Option<SelftestStatus> {
+    STATUS.get().cloned()
+}
+
+/// Runs `runner selftest --json --tier native` when `mode` asks for it.
+pub(crate) fn at_startup(runner: &Path, mode: SelftestMode) -> Result<(), ServerError> {
+    let word = match mode {
+        SelftestMode::Off => return Ok(()),
+        SelftestMode::Warn => "warn",
+        SelftestMode::Refuse => "refuse",
+    };
+    eprintln!(
+        "agentjail serve: running `{} selftest` (server.selftest = \"{word}\") …",
+        runner.display()
+    );
+    let out = Command::new(runner)
+        .args(["selftest", "--json", "--tier", "native"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output();
+    let parsed = out
+        .map_err(|e| format!("cannot run {}: {e}", runner.display()))
+        .and_then(|o| {
+            serde_json::from_slice::<serde_json::Value>(&o.stdout).map_err(|_| {
+                format!(
+                    "{} selftest printed no result (exit {:?})",
+                    runner.display(),
+                    o.status.code()
+                )
+            })
+        });
+    let v = match parsed {
+        Ok(v) => v,
+        Err(e) if mode == SelftestMode::Refuse => {
+            return Err(ServerError::Io(format!(
+                "self-test could not run: {e}; refusing to start (server.selftest = \"refuse\")"
+            )));
+        }
+        Err(e) => {
+            tracing::warn!("self-test could not run: {e}");
+            eprintln!("agentjail serve: warning: self-test could not run: {e}");
+            return Ok(());
+        }
+    };
+    let n = |k: &str| v["summary"][k].as_u64().unwrap_or(0);
+    let failed_probes: Vec<String> = v["probes"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|p| p["outcome"] == "fail")
+                .filter_map(|p| p["id"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let st = SelftestStatus {
+        mode: word.into(),
+        passed: v["passed"] == true && failed_probes.is_empty(),
+        probes_passed: n("passed"),
+        probes_failed: n("failed"),
+        probes_skipped: n("skipped"),
+        failed_probes,
+        sandbox_mode: v["mode"].as_str().unwrap_or("").into(),
+        started_at: v["started_at"].as_str().unwrap_or("").into(),
+    };
+    let line = format!(
+        "self-test: {} passed, {} failed, {} skipped{}",
+        st.probes_passed,
+        st.probes_failed,
+        st.probes_skipped,
+        if st.failed_probes.is_empty() {
+            String::new()
+        } else {
+            format!(" (failed: {})", st.failed_probes.join(", "))
+        }
+    );
+    if !st.passed && mode == SelftestMode::Refuse {
+        return Err(ServerError::Io(format!(
+            "{line}; refusing to start (server.selftest = \"refuse\"; docs/selftest.md)"
+        )));
+    }
+    if st.passed {
+        tracing::info!("{line}");
+        eprintln!("agentjail serve: {line}");
+    } else {
+        tracing::warn!("{line}");
+        eprintln!("agentjail serve: warning: {line}");
+    }
+    let _ = STATUS.set(st);
+    Ok(())
+}
+
+/// Publishes the result as gauges (after the metrics recorder is installed).
+pub(crate) fn publish_metrics() {
+    let Some(st) = STATUS.get() else {
+        return;
+    };
+    metrics::describe_gauge!(
+        "agentjail_selftest_passed",
+        "1 when every probe of the start-up self-test passed"
+    );
+    metrics::describe_gauge!(
+        "agentjail_selftest_probes",
+        "Probes of the start-up self-test by outcome"
+    );
+    metrics::gauge!("agentjail_selftest_passed").set(if st.passed { 1.0 } else { 0.0 });
+    for (outcome, n) in [
+        ("pass", st.probes_passed),
+        ("fail", st.probes_failed),
+        ("skip", st.probes_skipped),
+    ] {
+        metrics::gauge!("agentjail_selftest_probes", "outcome" => outcome).set(n as f64);
+    }
+}
