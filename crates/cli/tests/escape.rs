@@ -727,34 +727,6 @@ fn cgroups_of_killed_supervisors_are_reaped_by_the_next_run() {
     assert_eq!(o.code, 0, "{}", o.report);
     assert!(!stale.exists(), "{} was left behind", stale.display());
 }
-/// The supervisor starts the sandbox's init on another CPU than its own (so that the two work
-/// in parallel); the command must still get every CPU the caller may use, and the init too.
-#[test]
-fn the_command_may_use_every_cpu_of_the_caller() {
-    let allowed = |status: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with("Cpus_allowed_list:"))
-            .map(|l| l.split_whitespace().nth(1).unwrap_or_default().to_string())
-    };
-    let ours = allowed(&std::fs::read_to_string("/proc/self/status").unwrap()).unwrap();
-    let work = tmp();
-    let (mut cmd, report) = aj(work.path());
-    cmd.args([
-        "--",
-        "/bin/sh",
-        "-c",
-        "grep Cpus_allowed_list /proc/self/status /proc/1/status",
-    ]);
-    let o = run_raw(cmd, &report);
-    assert_eq!(o.code, 0, "{} {}", o.stderr, o.report);
-    let lines: Vec<&str> = o.stdout.lines().collect();
-    assert_eq!(lines.len(), 2, "{}", o.stdout);
-    for l in lines {
-        let (_, status_line) = l.split_once(':').unwrap();
-        assert_eq!(allowed(status_line).as_deref(), Some(ours.as_str()), "{l}");
-    }
-}
 fn rustix_is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .map(|s| {
