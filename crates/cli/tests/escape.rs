@@ -868,8 +868,8 @@ fn serve_weakened(dir: &Path, mode: &str) -> (std::process::Child, String, Optio
         .unwrap();
     let mut text = String::new();
     let mut base = None;
-    let lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    for line in lines.map_while(Result::ok) {
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    for line in lines.by_ref().map_while(Result::ok) {
         text.push_str(&line);
         text.push('\n');
         if let Some(rest) = line.split("listening on ").nth(1) {
@@ -877,6 +877,9 @@ fn serve_weakened(dir: &Path, mode: &str) -> (std::process::Child, String, Optio
             break;
         }
     }
+    // Keep reading what the service logs afterwards: a closed pipe would make its next log
+    // line fail (EPIPE) and could end it before the test has asked anything.
+    std::thread::spawn(move || lines.for_each(drop));
     (child, text, base)
 }
 

@@ -550,8 +550,8 @@ const PROC: &[Probe] = &[
     Probe {
         id: "proc.mountinfo",
         layer: "mount namespace",
-        attempt: "read the host path of an input from /proc/self/mountinfo",
-        expect: "no host path visible",
+        attempt: "read the host's mount table from /proc/self/mountinfo",
+        expect: "only the sandbox's own mounts (an input's bind root still names its host path: a documented exposure)",
     },
     Probe {
         id: "sys.hidden",
@@ -577,6 +577,9 @@ def cmdline():
 attempt("init_cmdline", cmdline)
 def mountinfo():
     s = open("/proc/self/mountinfo").read()
+    ours = ("/usr", "/bin", "/sbin", "/lib", "/etc/", "/dev", "/proc", "/tmp", "/work", "/output", "/input")
+    foreign = [l.split()[4] for l in s.splitlines() if l.split()[4] != "/" and not l.split()[4].startswith(ours)]
+    print("MOUNTINFO_FOREIGN", ",".join(foreign) or "-", flush=True)
     print("MOUNTINFO_LEAK", "@HOSTDIR@" in s, flush=True)
 attempt("mountinfo", mountinfo)
 attempt("sys", lambda: os.listdir("/sys"))
@@ -628,11 +631,22 @@ fn proc_(env: &Env, tier: Tier) -> Verdicts {
         ),
         (r, _) => fail(format!("init_cmdline: {r}")),
     };
-    let mountinfo = match (res(&o, "mountinfo").as_str(), o.line("MOUNTINFO_LEAK ")) {
-        (r, _) if r.starts_with("errno=") => pass(format!("refused ({r})")),
-        ("ok", Some(l)) if l == "False" => pass("no host path in mountinfo"),
-        ("ok", Some(_)) => fail("an input's host path is visible in /proc/self/mountinfo"),
-        (r, _) => fail(format!("mountinfo: {r}")),
+    // The kernel prints a bind's root as its path within the source file system, so an input's
+    // host path stays visible (docs/isolation.md, "Still visible"); what must not be there is
+    // any mount of the host's own table.
+    let mountinfo = match (
+        res(&o, "mountinfo").as_str(),
+        o.line("MOUNTINFO_FOREIGN "),
+        o.line("MOUNTINFO_LEAK "),
+    ) {
+        (r, _, _) if r.starts_with("errno=") => pass(format!("refused ({r})")),
+        ("ok", Some(f), Some(leak)) if f == "-" => pass(if leak == "True" {
+            "only the sandbox's mounts; an input's bind root names its host path (documented)"
+        } else {
+            "only the sandbox's mounts"
+        }),
+        ("ok", Some(f), _) => fail(format!("the host's mounts are listed: {f}")),
+        (r, _, _) => fail(format!("mountinfo: {r}")),
     };
     vec![
         ("proc.host_pids", host_pids),
@@ -1526,7 +1540,7 @@ const EXHAUST: &[Probe] = &[
         id: "limit.output_fill",
         layer: "tmpfs size",
         attempt: "fill /output (--output-max-mb 5)",
-        expect: "ENOSPC at 5 MiB",
+        expect: "ENOSPC at 5 MiB + the inode headroom (one page per inode; the collector refuses anything over 5 MiB)",
     },
     Probe {
         id: "limit.tmpfs_fill",
@@ -1651,7 +1665,20 @@ fn exhaust(env: &Env, tier: Tier) -> Verdicts {
     vec![
         ("limit.fds", bounded("fds", "errno=24", 1024)),
         ("limit.inodes", bounded("inodes", "errno=28", 16384)),
-        ("limit.output_fill", bounded("output_fill", "errno=28", 5)),
+        // /output's tmpfs is the byte bound plus one page per inode of headroom
+        // (`plan::output_tmpfs_bytes`), so that files within the bound always fit; filling
+        // it must stop there.
+        (
+            "limit.output_fill",
+            bounded(
+                "output_fill",
+                "errno=28",
+                agentjail_engine::plan::output_tmpfs_bytes(&agentjail_manifest::Limits {
+                    output_mb: 5,
+                    ..Default::default()
+                }) >> 20,
+            ),
+        ),
         ("limit.tmpfs_fill", tmp),
         ("limit.stdout", stdout_v),
     ]
