@@ -919,17 +919,177 @@ pub(crate) fn http_router(state: &AppState) -> axum::Router<AppState> {
         .enforce_origin_validation()
         .with_max_request_body_bytes(body);
     let st = state.clone();
+    let manager = Arc::new(LocalSessionManager::default());
     let svc = StreamableHttpService::new(
         move || Ok(McpServer::for_http(st.clone())),
-        Arc::new(LocalSessionManager::default()),
+        manager.clone(),
         cfg,
     );
+    let owners = Sessions {
+        state: state.clone(),
+        manager,
+        owners: Arc::new(std::sync::Mutex::new(std::collections::HashMap::new())),
+    };
     axum::Router::new()
         .route_service("/mcp", svc)
+        // Inner layer: runs after authentication, so the caller is known.
+        .layer(axum::middleware::from_fn_with_state(owners, bind_session))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             api::auth,
         ))
+}
+
+/// Upper bound on live HTTP sessions whose owner is remembered; a new session beyond it is
+/// refused (503) rather than left unbound.
+const MAX_SESSIONS: usize = 10_000;
+
+/// Which actor created each Streamable HTTP session (`Mcp-Session-Id`).
+#[derive(Clone)]
+struct Sessions {
+    state: AppState,
+    manager: Arc<rmcp::transport::streamable_http_server::session::local::LocalSessionManager>,
+    owners: Arc<std::sync::Mutex<std::collections::HashMap<String, (String, String)>>>,
+}
+
+/// Binds each MCP session to the actor (bearer token identity) that created it. A request
+/// naming a session that another actor created is answered exactly like one naming an unknown
+/// session (404), so that a session id is never confirmed to someone else, and audited as
+/// `mcp_session_refused` with the real caller. This covers POST (requests, responses and
+/// notifications such as `notifications/cancelled`), GET (the event stream) and DELETE.
+async fn bind_session(
+    axum::extract::State(s): axum::extract::State<Sessions>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    const HEADER: &str = "mcp-session-id";
+    let Some(caller) = req.extensions().get::<Caller>().cloned() else {
+        // Unreachable behind the authentication layer; refuse rather than guess.
+        return (axum::http::StatusCode::UNAUTHORIZED, "not authenticated").into_response();
+    };
+    let method = req.method().clone();
+    let route = format!("{method} /mcp");
+    let audit = |event: &'static str, decision: Option<&'static str>, reason: &str| {
+        let mut ev = caller.event(event);
+        ev.route = Some(route.clone());
+        ev.decision = decision;
+        ev.reason = Some(reason.into());
+        ev
+    };
+    let not_found = || {
+        (
+            axum::http::StatusCode::NOT_FOUND,
+            "Not Found: Session not found",
+        )
+            .into_response()
+    };
+    let sid = match req.headers().get_all(HEADER).iter().count() {
+        0 => None,
+        1 => match req.headers().get(HEADER).and_then(|v| v.to_str().ok()) {
+            Some(v) => Some(v.to_string()),
+            None => return not_found(),
+        },
+        // Two session ids are ambiguous: refuse.
+        _ => {
+            return (
+                axum::http::StatusCode::BAD_REQUEST,
+                "Bad Request: more than one Mcp-Session-Id header",
+            )
+                .into_response();
+        }
+    };
+    let Some(sid) = sid else {
+        // No session yet: an `initialize` POST. Remember who created the session it opens.
+        if s.owners.lock().map(|m| m.len()).unwrap_or(usize::MAX) >= MAX_SESSIONS {
+            s.prune().await;
+        }
+        if s.owners.lock().map(|m| m.len()).unwrap_or(usize::MAX) >= MAX_SESSIONS {
+            return (
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "Service Unavailable: too many MCP sessions",
+            )
+                .into_response();
+        }
+        let resp = next.run(req).await;
+        if let Some(new) = resp.headers().get(HEADER).and_then(|v| v.to_str().ok()) {
+            if let Ok(mut m) = s.owners.lock() {
+                m.insert(
+                    new.to_string(),
+                    (caller.actor.clone(), caller.tenant.clone()),
+                );
+            }
+            s.state
+                .inner
+                .audit
+                .append(audit("mcp_session", Some("allow"), "opened"))
+                .await;
+        }
+        return resp;
+    };
+    let owner = s.owners.lock().ok().and_then(|m| m.get(&sid).cloned());
+    match owner {
+        Some((actor, tenant)) if actor == caller.actor && tenant == caller.tenant => {}
+        Some(_) => {
+            metrics::counter!("agentjail_mcp_session_refusals_total").increment(1);
+            tracing::warn!(actor = %caller.actor, tenant = %caller.tenant, %method, "MCP request for a session of another actor refused");
+            s.state
+                .inner
+                .audit
+                .append(audit(
+                    "mcp_session_refused",
+                    Some("deny"),
+                    "the session belongs to another actor",
+                ))
+                .await;
+            return not_found();
+        }
+        None => {
+            // Unknown (or expired) to us: the same answer as the transport gives, audited too.
+            s.state
+                .inner
+                .audit
+                .append(audit(
+                    "mcp_session_refused",
+                    Some("deny"),
+                    "unknown session",
+                ))
+                .await;
+            return not_found();
+        }
+    }
+    let delete = method == axum::http::Method::DELETE;
+    let resp = next.run(req).await;
+    if delete && resp.status().is_success() {
+        if let Ok(mut m) = s.owners.lock() {
+            m.remove(&sid);
+        }
+        s.state
+            .inner
+            .audit
+            .append(audit("mcp_session", Some("allow"), "closed"))
+            .await;
+    }
+    resp
+}
+
+impl Sessions {
+    /// Forgets the owners of sessions the transport no longer has (expired or closed).
+    async fn prune(&self) {
+        use rmcp::transport::streamable_http_server::session::SessionManager;
+        let ids: Vec<String> = match self.owners.lock() {
+            Ok(m) => m.keys().cloned().collect(),
+            Err(_) => return,
+        };
+        for id in ids {
+            let sid: rmcp::transport::common::server_side_http::SessionId = id.as_str().into();
+            if !self.manager.has_session(&sid).await.unwrap_or(false)
+                && let Ok(mut m) = self.owners.lock()
+            {
+                m.remove(&id);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
