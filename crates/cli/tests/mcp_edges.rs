@@ -49,6 +49,19 @@ media_type = "application/json"
 max_bytes = 1000
 [tasks.sleepy.limits]
 seconds = 120
+
+[tasks.counted]
+description = "Counts with model-proposed Python"
+code = "allowed"
+command = ["/usr/bin/python3", "/input/code.py"]
+allowed_actors = ["alice"]
+[tasks.counted.output]
+path = "/output/o.json"
+media_type = "application/json"
+max_bytes = 1000
+schema = '{{"type": "object", "required": ["rows"], "additionalProperties": false, "properties": {{"rows": {{"type": "integer"}}}}}}'
+[tasks.counted.limits]
+seconds = 30
 "#,
         a = sha(ALICE),
         m = sha(MALLORY),
@@ -58,7 +71,6 @@ seconds = 120
 struct Serve {
     child: Child,
     base: String,
-    #[allow(dead_code)] // read by the log tests below
     log: Arc<Mutex<String>>,
 }
 
@@ -281,5 +293,217 @@ fn a_session_belongs_to_the_actor_that_created_it() {
         log.iter()
             .any(|e| e["event"] == "mcp_session" && e["actor"] == "alice"),
         "session open/close not audited"
+    );
+}
+
+fn call(url: &str, token: &str, sid: &str, id: u64, tool: &str, args: Value) -> Value {
+    let r = http(
+        "POST",
+        url,
+        token,
+        Some(sid),
+        Some(
+            json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":tool,"arguments":args}})
+                .to_string(),
+        ),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.message()
+}
+
+fn tools(url: &str, token: &str, sid: &str) -> Vec<Value> {
+    let r = http(
+        "POST",
+        url,
+        token,
+        Some(sid),
+        Some(json!({"jsonrpc":"2.0","id":3,"method":"tools/list"}).to_string()),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.message()["result"]["tools"].as_array().unwrap().clone()
+}
+
+/// Item 3: no tool has a top-level combinator in its inputSchema (hosts such as Claude Code
+/// drop such tools), and upload_input's "exactly one of text and base64" is still enforced.
+#[test]
+fn tool_input_schemas_have_no_top_level_combinators() {
+    let dir = tempdir();
+    let s = serve(dir.path());
+    let url = format!("{}/mcp", s.base);
+    let sid = open_session(&url, ALICE);
+    let list = tools(&url, ALICE, &sid);
+    assert!(list.iter().any(|t| t["name"] == "upload_input"), "{list:?}");
+    for t in &list {
+        let schema = &t["inputSchema"];
+        assert_eq!(schema["type"], "object", "{t}");
+        for k in ["oneOf", "anyOf", "allOf", "not"] {
+            assert!(
+                schema.get(k).is_none(),
+                "tool {} has a top-level {k} in its inputSchema",
+                t["name"]
+            );
+        }
+    }
+    // Both, and neither: refused with a clear -32602.
+    for (i, args) in [
+        json!({"media_type": "text/csv", "text": "a", "base64": "YQ=="}),
+        json!({"media_type": "text/csv"}),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let m = call(&url, ALICE, &sid, 10 + i as u64, "upload_input", args);
+        assert_eq!(m["error"]["code"], -32602, "{m}");
+        let msg = m["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("exactly one of `text` and `base64`"), "{msg}");
+    }
+    let ok = call(
+        &url,
+        ALICE,
+        &sid,
+        20,
+        "upload_input",
+        json!({"media_type": "text/csv", "text": "a,b\n"}),
+    );
+    assert!(
+        ok["result"]["structuredContent"]["input_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("in_"),
+        "{ok}"
+    );
+}
+
+/// Item 2: a failed run and a denied call are readable by strict clients: no
+/// structuredContent that violates the tool's outputSchema, and the cause in the text and
+/// in `_meta`.
+#[test]
+fn error_results_do_not_violate_the_output_schema() {
+    let dir = tempdir();
+    let s = serve(dir.path());
+    let url = format!("{}/mcp", s.base);
+    let sid = open_session(&url, ALICE);
+    let list = tools(&url, ALICE, &sid);
+    let out_schema = |name: &str| {
+        list.iter()
+            .find(|t| t["name"] == name)
+            .and_then(|t| t.get("outputSchema").cloned())
+            .unwrap_or_else(|| panic!("{name} has no outputSchema"))
+    };
+    let check = |m: &Value, schema: &Value, cause: &str| {
+        let r = &m["result"];
+        assert_eq!(r["isError"], true, "{m}");
+        if let Some(sc) = r.get("structuredContent") {
+            let v = jsonschema::validator_for(schema).unwrap();
+            assert!(
+                v.is_valid(sc),
+                "structuredContent {sc} violates the outputSchema {schema}"
+            );
+        }
+        let text: String = r["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["text"].as_str())
+            .collect();
+        assert!(text.contains(cause), "cause {cause:?} not in text {text:?}");
+        let meta = r["_meta"]["dev.agentjail/error"].to_string();
+        assert!(meta.contains(cause), "cause {cause:?} not in _meta {m}");
+    };
+    // A run that fails: exit status 3.
+    let m = call(
+        &url,
+        ALICE,
+        &sid,
+        30,
+        "counted",
+        json!({"code": "import sys\nsys.exit(3)\n"}),
+    );
+    check(&m, &out_schema("counted"), "exited with status 3");
+    // Output that fails verification.
+    let m = call(
+        &url,
+        ALICE,
+        &sid,
+        31,
+        "counted",
+        json!({"code": "open('/output/o.json','w').write('{\"rows\": \"many\"}')\n"}),
+    );
+    check(&m, &out_schema("counted"), "output_rejected");
+    // A denied call: get_run of a request_id that does not exist, and upload of a media type
+    // too large to store? (denials of the shared API).
+    let m = call(
+        &url,
+        ALICE,
+        &sid,
+        32,
+        "get_run",
+        json!({"request_id": "never-ran-42"}),
+    );
+    check(&m, &out_schema("get_run"), "not-found");
+    // Another tenant's actor calling alice's task: forbidden.
+    let msid = open_session(&url, MALLORY);
+    let m = call(
+        &url,
+        MALLORY,
+        &msid,
+        33,
+        "counted",
+        json!({"code": "print(1)\n"}),
+    );
+    check(&m, &out_schema("counted"), "forbidden");
+}
+
+/// Item 8: the service log does not quote invalid arguments (they can contain uploaded text
+/// or code); it names the reason only.
+#[test]
+fn logs_do_not_quote_invalid_arguments() {
+    let dir = tempdir();
+    let s = serve(dir.path());
+    let url = format!("{}/mcp", s.base);
+    let sid = open_session(&url, ALICE);
+    let marker = "SECRET-MARKER-3f9c1e";
+    let bad = [
+        (
+            "counted",
+            json!({"code": 7, "request_id": format!("{marker}/x")}),
+        ),
+        (
+            "counted",
+            json!({"code": format!("print('{marker}')"), "extra": marker}),
+        ),
+        (
+            "upload_input",
+            json!({"media_type": "text/csv", "text": marker, "name": format!("../{marker}")}),
+        ),
+        ("get_run", json!({"request_id": format!("{marker} !")})),
+        ("no_such_tool", json!({"x": marker})),
+    ];
+    for (i, (tool, args)) in bad.into_iter().enumerate() {
+        let m = call(&url, ALICE, &sid, 40 + i as u64, tool, args);
+        assert!(
+            m.get("error").is_some() || m["result"]["isError"] == true,
+            "{m}"
+        );
+        if i == 0 {
+            // The client still learns where and why.
+            let msg = m["error"]["message"].as_str().unwrap();
+            assert!(
+                msg.contains("/request_id") && msg.contains("pattern"),
+                "{msg}"
+            );
+            assert!(msg.contains("/code") && msg.contains("type"), "{msg}");
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let log = s.log.lock().unwrap().clone();
+    assert!(
+        !log.contains(marker),
+        "the service log quotes the arguments:\n{log}"
+    );
+    let audit = std::fs::read_to_string(dir.path().join("data/private/audit.jsonl")).unwrap();
+    assert!(
+        !audit.contains(marker),
+        "the audit log quotes the arguments"
     );
 }

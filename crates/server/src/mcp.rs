@@ -37,6 +37,10 @@ pub const GET_RUN: &str = "get_run";
 
 /// Key of the run summary in a tool result's `_meta`.
 pub const META_KEY: &str = "dev.agentjail/run";
+/// Key of the error of a failed or denied call (`isError: true`) in the result's `_meta`.
+/// Error results carry no `structuredContent`: it would not match the tool's `outputSchema`,
+/// and strict clients (the TypeScript SDK, Inspector) then throw and lose the cause.
+pub const ERROR_META_KEY: &str = "dev.agentjail/error";
 
 const REQUEST_ID_PATTERN: &str = "^[A-Za-z0-9._:-]{1,128}$";
 const INPUT_ID_PATTERN: &str = "^in_[0-9a-f]{32}$";
@@ -231,9 +235,10 @@ fn upload_tool(max: u64) -> Tool {
                      "description": "File name for people (never a path); default `input`"},
             "media_type": {"type": "string", "description": "e.g. text/csv; matched against the media types a task accepts"},
             "text": {"type": "string", "description": "The content as UTF-8 text (give exactly one of text and base64)"},
-            "base64": {"type": "string", "description": "The content, base64 (standard alphabet, padded)"}
-        },
-        "oneOf": [{"required": ["text"]}, {"required": ["base64"]}]
+            "base64": {"type": "string", "description": "The content, base64 (standard alphabet, padded; give exactly one of text and base64)"}
+        }
+        // No top-level oneOf/anyOf/allOf/not: some hosts (Claude Code) drop such tools. The
+        // server checks that exactly one of text and base64 is given (`upload`).
     });
     let output = json!({
         "type": "object", "required": ["input_id", "sha256", "bytes", "name", "media_type", "expires_at"],
@@ -296,14 +301,33 @@ fn check_args(schema: &Value, args: &Value) -> Result<(), McpError> {
         .iter_errors(args)
         .take(5)
         .map(|e| {
+            // Never the validator's own message: it quotes the argument (which can be uploaded
+            // text or code), and rmcp logs every error response at WARN. Name the place, the
+            // keyword and the schema's own value instead: enough to fix the call.
             let at = e.instance_path().to_string();
             let at = if at.is_empty() {
                 "arguments".into()
             } else {
                 at
             };
-            let msg: String = e.to_string().chars().take(200).collect();
-            format!("{at}: {msg}")
+            let kw = e.kind().keyword().to_string();
+            let want = schema
+                .pointer(&e.schema_path().to_string())
+                .map(Value::to_string)
+                .unwrap_or_default();
+            let want: String = want.chars().take(200).collect();
+            match kw.as_str() {
+                "additionalProperties" => {
+                    let allowed: Vec<&String> = schema
+                        .get("properties")
+                        .and_then(Value::as_object)
+                        .map(|p| p.keys().collect())
+                        .unwrap_or_default();
+                    format!("{at}: unexpected property; allowed properties: {allowed:?}")
+                }
+                "required" => format!("{at}: a required property is missing; required: {want}"),
+                _ => format!("{at}: does not satisfy `{kw}`: {want}"),
+            }
         })
         .collect();
     if errors.is_empty() {
@@ -343,7 +367,9 @@ fn denied(e: &api::ApiError, request_id: Option<&str>) -> CallToolResult {
         e.slug(),
         e.detail()
     ))]);
-    r.structured_content = Some(body);
+    let mut m = MetaObject::default();
+    m.0.insert(ERROR_META_KEY.into(), body);
+    r.meta = Some(m);
     r
 }
 
@@ -477,6 +503,7 @@ fn run_result(state: &AppState, v: &RunView, generated_id: bool) -> (CallToolRes
         meta["artifact_sha256"] = json!(a.sha256);
         meta["receipt"] = json!(v.receipt.is_some());
     }
+    let mut error_body = None;
     let (mut result, outcome) = match (&v.artifact, v.status.as_str()) {
         (Some(a), "ok") => {
             let data = match &a.json {
@@ -495,8 +522,8 @@ fn run_result(state: &AppState, v: &RunView, generated_id: bool) -> (CallToolRes
                 "The run {} is still {}; this call stopped waiting (cancelled). Call get_run with this request_id later.",
                 v.request_id, v.status
             );
-            let mut r = CallToolResult::error(vec![ContentBlock::text(msg.clone())]);
-            r.structured_content = Some(
+            let r = CallToolResult::error(vec![ContentBlock::text(msg.clone())]);
+            error_body = Some(
                 json!({"error": "not-finished", "detail": msg, "request_id": v.request_id, "status": v.status}),
             );
             (r, "cancelled")
@@ -518,8 +545,8 @@ fn run_result(state: &AppState, v: &RunView, generated_id: bool) -> (CallToolRes
                 )));
                 body["stderr_tail_untrusted"] = json!(tail);
             }
-            let mut r = CallToolResult::error(content);
-            r.structured_content = Some(body);
+            let r = CallToolResult::error(content);
+            error_body = Some(body);
             (
                 r,
                 if v.status == "cancelled" {
@@ -532,6 +559,9 @@ fn run_result(state: &AppState, v: &RunView, generated_id: bool) -> (CallToolRes
     };
     let mut m = MetaObject::default();
     m.0.insert(META_KEY.into(), meta);
+    if let Some(b) = error_body {
+        m.0.insert(ERROR_META_KEY.into(), b);
+    }
     result.meta = Some(m);
     (result, outcome)
 }
