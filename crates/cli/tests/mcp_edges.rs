@@ -507,3 +507,92 @@ fn logs_do_not_quote_invalid_arguments() {
         "the audit log quotes the arguments"
     );
 }
+
+/// Item 7 over HTTP: a POST body that is not JSON gets 400 with the JSON-RPC parse error.
+#[test]
+fn http_malformed_json_gets_400_parse_error() {
+    let dir = tempdir();
+    let s = serve(dir.path());
+    let url = format!("{}/mcp", s.base);
+    for sid in [None, Some(open_session(&url, ALICE))] {
+        let r = http(
+            "POST",
+            &url,
+            ALICE,
+            sid.as_deref(),
+            Some("{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": ".into()),
+        );
+        assert_eq!(r.status, 400, "{}", r.body);
+        let v: Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(v["error"]["code"], -32700, "{v}");
+        assert_eq!(v["id"], Value::Null);
+    }
+}
+
+/// Item 7 over stdio: a malformed line and an over-long line each get a -32700 response
+/// instead of silence, and the session goes on.
+#[test]
+fn stdio_bad_framing_gets_parse_errors() {
+    use std::io::Write;
+    let dir = tempdir();
+    let cfg = dir.path().join("config.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\nmax_input_bytes = 3000\nmax_request_bytes = 1000\n{}",
+            config()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agentjail"))
+        .args(["mcp", "--tenant", "acme", "--actor", "alice", "--config"])
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("AGENTJAIL_TOKEN", ALICE)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let mut stdin = child.stdin.take().unwrap();
+    let next = |what: &str| -> Value {
+        let l = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("no response to {what} within 30 s"));
+        serde_json::from_str(&l).unwrap()
+    };
+    stdin.write_all(b"{this is not json\n").unwrap();
+    stdin.flush().unwrap();
+    let v = next("a malformed line");
+    assert_eq!(v["error"]["code"], -32700, "{v}");
+    let long = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"ping\",\"params\":{{\"pad\":\"{}\"}}}}\n",
+        "x".repeat(20_000)
+    );
+    stdin.write_all(long.as_bytes()).unwrap();
+    stdin.flush().unwrap();
+    let v = next("an over-long line");
+    assert_eq!(v["error"]["code"], -32700, "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("limit"),
+        "{v}"
+    );
+    // The session goes on.
+    stdin
+        .write_all(format!("{}\n", json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"edges","version":"1"}}})).as_bytes())
+        .unwrap();
+    stdin.flush().unwrap();
+    let v = next("initialize");
+    assert_eq!(v["id"], 1, "{v}");
+    assert!(v["result"]["serverInfo"].is_object(), "{v}");
+    drop(stdin);
+    let _ = child.wait();
+}

@@ -908,11 +908,17 @@ pub fn serve_stdio_blocking(opts: McpOptions) -> Result<(), crate::ServerError> 
         }
         tracing::info!(actor = %caller.actor, tenant = %caller.tenant, data_dir = %state.data_dir().display(), "agentjail mcp: serving over stdio");
         let server = McpServer::for_caller(state.clone(), caller);
+        let s = &state.inner.config.server;
+        let max_line =
+            (s.max_input_bytes as usize).saturating_mul(4) / 3 + s.max_request_bytes as usize;
+        let (transport, writer) = framed_stdio(max_line);
         let running = server
-            .serve(rmcp::transport::stdio_pipes())
+            .serve(transport)
             .await
             .map_err(|e| ServerError::Io(format!("mcp: {e}")))?;
         let quit = running.waiting().await;
+        // Let the last responses reach stdout.
+        let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
         tracing::info!(?quit, "agentjail mcp: client closed the session");
         // Runs of calls still in flight were cancelled with the session; wait (bounded) until
         // they are recorded, so none is left `running` for the next start to mark `unknown`.
@@ -928,6 +934,102 @@ pub fn serve_stdio_blocking(opts: McpOptions) -> Result<(), crate::ServerError> 
         }
         Ok(())
     })
+}
+
+/// Stdio with framing errors answered: rmcp ignores a line that is not JSON and drops an
+/// over-long one silently, so the client would wait until its own timeout. Here each stdin line
+/// is read with a bound; a line over `max_line` bytes or one that is not JSON gets the JSON-RPC
+/// parse error (-32700) on stdout, and only well-formed lines reach rmcp. Stdout carries rmcp's
+/// messages and these errors, whole lines only.
+fn framed_stdio(
+    max_line: usize,
+) -> (
+    (tokio::io::DuplexStream, tokio::io::DuplexStream),
+    tokio::task::JoinHandle<()>,
+) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let (mut to_rmcp, rmcp_in) = tokio::io::duplex(64 * 1024);
+    let (rmcp_out, from_rmcp) = tokio::io::duplex(64 * 1024);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(64);
+    let errors = tx.clone();
+    tokio::spawn(async move {
+        let mut r = BufReader::new(tokio::io::stdin());
+        let mut line = Vec::new();
+        let mut oversized = false;
+        while let Ok(buf) = r.fill_buf().await {
+            if buf.is_empty() {
+                break;
+            }
+            let (chunk, end) = match buf.iter().position(|b| *b == b'\n') {
+                Some(i) => (&buf[..=i], true),
+                None => (buf, false),
+            };
+            let n = chunk.len();
+            if !oversized {
+                if line.len() + n > max_line.saturating_add(1) {
+                    oversized = true;
+                    line = Vec::new();
+                } else {
+                    line.extend_from_slice(chunk);
+                }
+            }
+            r.consume(n);
+            if !end {
+                continue;
+            }
+            let bad = oversized || {
+                let t = line.trim_ascii();
+                !t.is_empty() && serde_json::from_slice::<serde::de::IgnoredAny>(t).is_err()
+            };
+            if bad {
+                tracing::warn!(
+                    oversized,
+                    "mcp stdio: a line that is not a JSON message was answered with -32700"
+                );
+                let mut e = if oversized {
+                    let mut v = parse_error();
+                    v["error"]["message"] = json!(format!(
+                        "Parse error: the line exceeds the limit of {max_line} bytes"
+                    ));
+                    v.to_string().into_bytes()
+                } else {
+                    parse_error().to_string().into_bytes()
+                };
+                e.push(b'\n');
+                if errors.send(e).await.is_err() {
+                    break;
+                }
+            } else if to_rmcp.write_all(&line).await.is_err() {
+                break;
+            }
+            line.clear();
+            oversized = false;
+        }
+        let _ = to_rmcp.shutdown().await;
+    });
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(from_rmcp);
+        loop {
+            let mut l = Vec::new();
+            match lines.read_until(b'\n', &mut l).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if tx.send(l).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    let writer = tokio::spawn(async move {
+        let mut out = tokio::io::stdout();
+        while let Some(l) = rx.recv().await {
+            if out.write_all(&l).await.is_err() || out.flush().await.is_err() {
+                break;
+            }
+        }
+    });
+    ((rmcp_in, rmcp_out), writer)
 }
 
 /// The `/mcp` Streamable HTTP service for `agentjail serve`, behind the bearer layer.
@@ -958,6 +1060,7 @@ pub(crate) fn http_router(state: &AppState) -> axum::Router<AppState> {
     let owners = Sessions {
         state: state.clone(),
         manager,
+        max_body: body,
         owners: Arc::new(std::sync::Mutex::new(std::collections::HashMap::new())),
     };
     axum::Router::new()
@@ -970,6 +1073,12 @@ pub(crate) fn http_router(state: &AppState) -> axum::Router<AppState> {
         ))
 }
 
+/// The JSON-RPC parse error (-32700), for input that is not JSON (or not a line within the limit).
+fn parse_error() -> Value {
+    json!({"jsonrpc": "2.0", "id": null,
+           "error": {"code": -32700, "message": "Parse error: the message is not valid JSON"}})
+}
+
 /// Upper bound on live HTTP sessions whose owner is remembered; a new session beyond it is
 /// refused (503) rather than left unbound.
 const MAX_SESSIONS: usize = 10_000;
@@ -978,6 +1087,7 @@ const MAX_SESSIONS: usize = 10_000;
 #[derive(Clone)]
 struct Sessions {
     state: AppState,
+    max_body: usize,
     manager: Arc<rmcp::transport::streamable_http_server::session::local::LocalSessionManager>,
     owners: Arc<std::sync::Mutex<std::collections::HashMap<String, (String, String)>>>,
 }
@@ -999,6 +1109,31 @@ async fn bind_session(
         return (axum::http::StatusCode::UNAUTHORIZED, "not authenticated").into_response();
     };
     let method = req.method().clone();
+    // A POST body that is not JSON gets the JSON-RPC parse error (-32700) with 400, not the
+    // transport's 415 "fail to deserialize".
+    let req = if method == axum::http::Method::POST {
+        let (parts, body) = req.into_parts();
+        let bytes = match axum::body::to_bytes(body, s.max_body).await {
+            Ok(b) => b,
+            Err(_) => {
+                return (
+                    axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                    "Payload Too Large: the request body exceeds the limit",
+                )
+                    .into_response();
+            }
+        };
+        if serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_err() {
+            return (
+                axum::http::StatusCode::BAD_REQUEST,
+                axum::Json(parse_error()),
+            )
+                .into_response();
+        }
+        axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes))
+    } else {
+        req
+    };
     let route = format!("{method} /mcp");
     let audit = |event: &'static str, decision: Option<&'static str>, reason: &str| {
         let mut ev = caller.event(event);
