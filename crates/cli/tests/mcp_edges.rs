@@ -266,6 +266,16 @@ fn a_session_belongs_to_the_actor_that_created_it() {
     assert!(r.message()["result"]["tools"].is_array());
     let r = http("DELETE", &url, ALICE, Some(&sid), None);
     assert!(r.status < 300, "owner DELETE: {} {}", r.status, r.body);
+    let metrics = reqwest::blocking::get(format!("{}/metrics", s.base))
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "agentjail_mcp_session_refusals_total 4"),
+        "{metrics}"
+    );
 
     drop(s);
     let log = audit(dir.path());
