@@ -952,8 +952,11 @@ fn framed_stdio(
     let (rmcp_out, from_rmcp) = tokio::io::duplex(64 * 1024);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(64);
     let errors = tx.clone();
+    // rmcp's stdio handles: non-blocking on Linux pipes, so a pending read never holds up the
+    // runtime's shutdown (tokio's own stdin reads on a thread that cannot be cancelled).
+    let (stdin, mut out) = rmcp::transport::stdio_pipes();
     tokio::spawn(async move {
-        let mut r = BufReader::new(tokio::io::stdin());
+        let mut r = BufReader::new(stdin);
         let mut line = Vec::new();
         let mut oversized = false;
         while let Ok(buf) = r.fill_buf().await {
@@ -1022,7 +1025,6 @@ fn framed_stdio(
         }
     });
     let writer = tokio::spawn(async move {
-        let mut out = tokio::io::stdout();
         while let Some(l) = rx.recv().await {
             if out.write_all(&l).await.is_err() || out.flush().await.is_err() {
                 break;
