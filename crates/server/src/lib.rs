@@ -262,6 +262,7 @@ fn zero_metrics(config: &Config) {
         "agentjail_overload_refusals_total",
         "agentjail_audit_failures_total",
         "agentjail_connections_refused_total",
+        "agentjail_mcp_session_refusals_total",
     ] {
         metrics::counter!(name).increment(0);
     }
@@ -297,6 +298,10 @@ fn describe_metrics() {
     describe_counter!(
         "agentjail_mcp_tool_calls_total",
         "MCP tool calls by tool and outcome (ok, error, denied, invalid, cancelled)"
+    );
+    describe_counter!(
+        "agentjail_mcp_session_refusals_total",
+        "MCP requests naming a session of another actor, refused with 404"
     );
     describe_gauge!("agentjail_runs_in_flight", "Runs executing now");
     describe_histogram!(

@@ -37,6 +37,10 @@ pub const GET_RUN: &str = "get_run";
 
 /// Key of the run summary in a tool result's `_meta`.
 pub const META_KEY: &str = "dev.agentjail/run";
+/// Key of the error of a failed or denied call (`isError: true`) in the result's `_meta`.
+/// Error results carry no `structuredContent`: it would not match the tool's `outputSchema`,
+/// and strict clients (the TypeScript SDK, Inspector) then throw and lose the cause.
+pub const ERROR_META_KEY: &str = "dev.agentjail/error";
 
 const REQUEST_ID_PATTERN: &str = "^[A-Za-z0-9._:-]{1,128}$";
 const INPUT_ID_PATTERN: &str = "^in_[0-9a-f]{32}$";
@@ -231,9 +235,10 @@ fn upload_tool(max: u64) -> Tool {
                      "description": "File name for people (never a path); default `input`"},
             "media_type": {"type": "string", "description": "e.g. text/csv; matched against the media types a task accepts"},
             "text": {"type": "string", "description": "The content as UTF-8 text (give exactly one of text and base64)"},
-            "base64": {"type": "string", "description": "The content, base64 (standard alphabet, padded)"}
-        },
-        "oneOf": [{"required": ["text"]}, {"required": ["base64"]}]
+            "base64": {"type": "string", "description": "The content, base64 (standard alphabet, padded; give exactly one of text and base64)"}
+        }
+        // No top-level oneOf/anyOf/allOf/not: some hosts (Claude Code) drop such tools. The
+        // server checks that exactly one of text and base64 is given (`upload`).
     });
     let output = json!({
         "type": "object", "required": ["input_id", "sha256", "bytes", "name", "media_type", "expires_at"],
@@ -296,14 +301,33 @@ fn check_args(schema: &Value, args: &Value) -> Result<(), McpError> {
         .iter_errors(args)
         .take(5)
         .map(|e| {
+            // Never the validator's own message: it quotes the argument (which can be uploaded
+            // text or code), and rmcp logs every error response at WARN. Name the place, the
+            // keyword and the schema's own value instead: enough to fix the call.
             let at = e.instance_path().to_string();
             let at = if at.is_empty() {
                 "arguments".into()
             } else {
                 at
             };
-            let msg: String = e.to_string().chars().take(200).collect();
-            format!("{at}: {msg}")
+            let kw = e.kind().keyword().to_string();
+            let want = schema
+                .pointer(&e.schema_path().to_string())
+                .map(Value::to_string)
+                .unwrap_or_default();
+            let want: String = want.chars().take(200).collect();
+            match kw.as_str() {
+                "additionalProperties" => {
+                    let allowed: Vec<&String> = schema
+                        .get("properties")
+                        .and_then(Value::as_object)
+                        .map(|p| p.keys().collect())
+                        .unwrap_or_default();
+                    format!("{at}: unexpected property; allowed properties: {allowed:?}")
+                }
+                "required" => format!("{at}: a required property is missing; required: {want}"),
+                _ => format!("{at}: does not satisfy `{kw}`: {want}"),
+            }
         })
         .collect();
     if errors.is_empty() {
@@ -343,7 +367,9 @@ fn denied(e: &api::ApiError, request_id: Option<&str>) -> CallToolResult {
         e.slug(),
         e.detail()
     ))]);
-    r.structured_content = Some(body);
+    let mut m = MetaObject::default();
+    m.0.insert(ERROR_META_KEY.into(), body);
+    r.meta = Some(m);
     r
 }
 
@@ -477,6 +503,7 @@ fn run_result(state: &AppState, v: &RunView, generated_id: bool) -> (CallToolRes
         meta["artifact_sha256"] = json!(a.sha256);
         meta["receipt"] = json!(v.receipt.is_some());
     }
+    let mut error_body = None;
     let (mut result, outcome) = match (&v.artifact, v.status.as_str()) {
         (Some(a), "ok") => {
             let data = match &a.json {
@@ -495,8 +522,8 @@ fn run_result(state: &AppState, v: &RunView, generated_id: bool) -> (CallToolRes
                 "The run {} is still {}; this call stopped waiting (cancelled). Call get_run with this request_id later.",
                 v.request_id, v.status
             );
-            let mut r = CallToolResult::error(vec![ContentBlock::text(msg.clone())]);
-            r.structured_content = Some(
+            let r = CallToolResult::error(vec![ContentBlock::text(msg.clone())]);
+            error_body = Some(
                 json!({"error": "not-finished", "detail": msg, "request_id": v.request_id, "status": v.status}),
             );
             (r, "cancelled")
@@ -518,8 +545,8 @@ fn run_result(state: &AppState, v: &RunView, generated_id: bool) -> (CallToolRes
                 )));
                 body["stderr_tail_untrusted"] = json!(tail);
             }
-            let mut r = CallToolResult::error(content);
-            r.structured_content = Some(body);
+            let r = CallToolResult::error(content);
+            error_body = Some(body);
             (
                 r,
                 if v.status == "cancelled" {
@@ -532,6 +559,9 @@ fn run_result(state: &AppState, v: &RunView, generated_id: bool) -> (CallToolRes
     };
     let mut m = MetaObject::default();
     m.0.insert(META_KEY.into(), meta);
+    if let Some(b) = error_body {
+        m.0.insert(ERROR_META_KEY.into(), b);
+    }
     result.meta = Some(m);
     (result, outcome)
 }
@@ -878,11 +908,17 @@ pub fn serve_stdio_blocking(opts: McpOptions) -> Result<(), crate::ServerError> 
         }
         tracing::info!(actor = %caller.actor, tenant = %caller.tenant, data_dir = %state.data_dir().display(), "agentjail mcp: serving over stdio");
         let server = McpServer::for_caller(state.clone(), caller);
+        let s = &state.inner.config.server;
+        let max_line =
+            (s.max_input_bytes as usize).saturating_mul(4) / 3 + s.max_request_bytes as usize;
+        let (transport, writer) = framed_stdio(max_line);
         let running = server
-            .serve(rmcp::transport::stdio_pipes())
+            .serve(transport)
             .await
             .map_err(|e| ServerError::Io(format!("mcp: {e}")))?;
         let quit = running.waiting().await;
+        // Let the last responses reach stdout.
+        let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
         tracing::info!(?quit, "agentjail mcp: client closed the session");
         // Runs of calls still in flight were cancelled with the session; wait (bounded) until
         // they are recorded, so none is left `running` for the next start to mark `unknown`.
@@ -898,6 +934,104 @@ pub fn serve_stdio_blocking(opts: McpOptions) -> Result<(), crate::ServerError> 
         }
         Ok(())
     })
+}
+
+/// Stdio with framing errors answered: rmcp ignores a line that is not JSON and drops an
+/// over-long one silently, so the client would wait until its own timeout. Here each stdin line
+/// is read with a bound; a line over `max_line` bytes or one that is not JSON gets the JSON-RPC
+/// parse error (-32700) on stdout, and only well-formed lines reach rmcp. Stdout carries rmcp's
+/// messages and these errors, whole lines only.
+fn framed_stdio(
+    max_line: usize,
+) -> (
+    (tokio::io::DuplexStream, tokio::io::DuplexStream),
+    tokio::task::JoinHandle<()>,
+) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let (mut to_rmcp, rmcp_in) = tokio::io::duplex(64 * 1024);
+    let (rmcp_out, from_rmcp) = tokio::io::duplex(64 * 1024);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(64);
+    let errors = tx.clone();
+    // rmcp's stdio handles: non-blocking on Linux pipes, so a pending read never holds up the
+    // runtime's shutdown (tokio's own stdin reads on a thread that cannot be cancelled).
+    let (stdin, mut out) = rmcp::transport::stdio_pipes();
+    tokio::spawn(async move {
+        let mut r = BufReader::new(stdin);
+        let mut line = Vec::new();
+        let mut oversized = false;
+        while let Ok(buf) = r.fill_buf().await {
+            if buf.is_empty() {
+                break;
+            }
+            let (chunk, end) = match buf.iter().position(|b| *b == b'\n') {
+                Some(i) => (&buf[..=i], true),
+                None => (buf, false),
+            };
+            let n = chunk.len();
+            if !oversized {
+                if line.len() + n > max_line.saturating_add(1) {
+                    oversized = true;
+                    line = Vec::new();
+                } else {
+                    line.extend_from_slice(chunk);
+                }
+            }
+            r.consume(n);
+            if !end {
+                continue;
+            }
+            let bad = oversized || {
+                let t = line.trim_ascii();
+                !t.is_empty() && serde_json::from_slice::<serde::de::IgnoredAny>(t).is_err()
+            };
+            if bad {
+                tracing::warn!(
+                    oversized,
+                    "mcp stdio: a line that is not a JSON message was answered with -32700"
+                );
+                let mut e = if oversized {
+                    let mut v = parse_error();
+                    v["error"]["message"] = json!(format!(
+                        "Parse error: the line exceeds the limit of {max_line} bytes"
+                    ));
+                    v.to_string().into_bytes()
+                } else {
+                    parse_error().to_string().into_bytes()
+                };
+                e.push(b'\n');
+                if errors.send(e).await.is_err() {
+                    break;
+                }
+            } else if to_rmcp.write_all(&line).await.is_err() {
+                break;
+            }
+            line.clear();
+            oversized = false;
+        }
+        let _ = to_rmcp.shutdown().await;
+    });
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(from_rmcp);
+        loop {
+            let mut l = Vec::new();
+            match lines.read_until(b'\n', &mut l).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if tx.send(l).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    let writer = tokio::spawn(async move {
+        while let Some(l) = rx.recv().await {
+            if out.write_all(&l).await.is_err() || out.flush().await.is_err() {
+                break;
+            }
+        }
+    });
+    ((rmcp_in, rmcp_out), writer)
 }
 
 /// The `/mcp` Streamable HTTP service for `agentjail serve`, behind the bearer layer.
@@ -919,17 +1053,210 @@ pub(crate) fn http_router(state: &AppState) -> axum::Router<AppState> {
         .enforce_origin_validation()
         .with_max_request_body_bytes(body);
     let st = state.clone();
+    let manager = Arc::new(LocalSessionManager::default());
     let svc = StreamableHttpService::new(
         move || Ok(McpServer::for_http(st.clone())),
-        Arc::new(LocalSessionManager::default()),
+        manager.clone(),
         cfg,
     );
+    let owners = Sessions {
+        state: state.clone(),
+        manager,
+        max_body: body,
+        owners: Arc::new(std::sync::Mutex::new(std::collections::HashMap::new())),
+    };
     axum::Router::new()
         .route_service("/mcp", svc)
+        // Inner layer: runs after authentication, so the caller is known.
+        .layer(axum::middleware::from_fn_with_state(owners, bind_session))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             api::auth,
         ))
+}
+
+/// The JSON-RPC parse error (-32700), for input that is not JSON (or not a line within the limit).
+fn parse_error() -> Value {
+    json!({"jsonrpc": "2.0", "id": null,
+           "error": {"code": -32700, "message": "Parse error: the message is not valid JSON"}})
+}
+
+/// Upper bound on live HTTP sessions whose owner is remembered; a new session beyond it is
+/// refused (503) rather than left unbound.
+const MAX_SESSIONS: usize = 10_000;
+
+/// Which actor created each Streamable HTTP session (`Mcp-Session-Id`).
+#[derive(Clone)]
+struct Sessions {
+    state: AppState,
+    max_body: usize,
+    manager: Arc<rmcp::transport::streamable_http_server::session::local::LocalSessionManager>,
+    owners: Arc<std::sync::Mutex<std::collections::HashMap<String, (String, String)>>>,
+}
+
+/// Binds each MCP session to the actor (bearer token identity) that created it. A request
+/// naming a session that another actor created is answered exactly like one naming an unknown
+/// session (404), so that a session id is never confirmed to someone else, and audited as
+/// `mcp_session_refused` with the real caller. This covers POST (requests, responses and
+/// notifications such as `notifications/cancelled`), GET (the event stream) and DELETE.
+async fn bind_session(
+    axum::extract::State(s): axum::extract::State<Sessions>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    const HEADER: &str = "mcp-session-id";
+    let Some(caller) = req.extensions().get::<Caller>().cloned() else {
+        // Unreachable behind the authentication layer; refuse rather than guess.
+        return (axum::http::StatusCode::UNAUTHORIZED, "not authenticated").into_response();
+    };
+    let method = req.method().clone();
+    // A POST body that is not JSON gets the JSON-RPC parse error (-32700) with 400, not the
+    // transport's 415 "fail to deserialize".
+    let req = if method == axum::http::Method::POST {
+        let (parts, body) = req.into_parts();
+        let bytes = match axum::body::to_bytes(body, s.max_body).await {
+            Ok(b) => b,
+            Err(_) => {
+                return (
+                    axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                    "Payload Too Large: the request body exceeds the limit",
+                )
+                    .into_response();
+            }
+        };
+        if serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_err() {
+            return (
+                axum::http::StatusCode::BAD_REQUEST,
+                axum::Json(parse_error()),
+            )
+                .into_response();
+        }
+        axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes))
+    } else {
+        req
+    };
+    let route = format!("{method} /mcp");
+    let audit = |event: &'static str, decision: Option<&'static str>, reason: &str| {
+        let mut ev = caller.event(event);
+        ev.route = Some(route.clone());
+        ev.decision = decision;
+        ev.reason = Some(reason.into());
+        ev
+    };
+    let not_found = || {
+        (
+            axum::http::StatusCode::NOT_FOUND,
+            "Not Found: Session not found",
+        )
+            .into_response()
+    };
+    let sid = match req.headers().get_all(HEADER).iter().count() {
+        0 => None,
+        1 => match req.headers().get(HEADER).and_then(|v| v.to_str().ok()) {
+            Some(v) => Some(v.to_string()),
+            None => return not_found(),
+        },
+        // Two session ids are ambiguous: refuse.
+        _ => {
+            return (
+                axum::http::StatusCode::BAD_REQUEST,
+                "Bad Request: more than one Mcp-Session-Id header",
+            )
+                .into_response();
+        }
+    };
+    let Some(sid) = sid else {
+        // No session yet: an `initialize` POST. Remember who created the session it opens.
+        if s.owners.lock().map(|m| m.len()).unwrap_or(usize::MAX) >= MAX_SESSIONS {
+            s.prune().await;
+        }
+        if s.owners.lock().map(|m| m.len()).unwrap_or(usize::MAX) >= MAX_SESSIONS {
+            return (
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "Service Unavailable: too many MCP sessions",
+            )
+                .into_response();
+        }
+        let resp = next.run(req).await;
+        if let Some(new) = resp.headers().get(HEADER).and_then(|v| v.to_str().ok()) {
+            if let Ok(mut m) = s.owners.lock() {
+                m.insert(
+                    new.to_string(),
+                    (caller.actor.clone(), caller.tenant.clone()),
+                );
+            }
+            s.state
+                .inner
+                .audit
+                .append(audit("mcp_session", Some("allow"), "opened"))
+                .await;
+        }
+        return resp;
+    };
+    let owner = s.owners.lock().ok().and_then(|m| m.get(&sid).cloned());
+    match owner {
+        Some((actor, tenant)) if actor == caller.actor && tenant == caller.tenant => {}
+        Some(_) => {
+            metrics::counter!("agentjail_mcp_session_refusals_total").increment(1);
+            tracing::warn!(actor = %caller.actor, tenant = %caller.tenant, %method, "MCP request for a session of another actor refused");
+            s.state
+                .inner
+                .audit
+                .append(audit(
+                    "mcp_session_refused",
+                    Some("deny"),
+                    "the session belongs to another actor",
+                ))
+                .await;
+            return not_found();
+        }
+        None => {
+            // Unknown (or expired) to us: the same answer as the transport gives, audited too.
+            s.state
+                .inner
+                .audit
+                .append(audit(
+                    "mcp_session_refused",
+                    Some("deny"),
+                    "unknown session",
+                ))
+                .await;
+            return not_found();
+        }
+    }
+    let delete = method == axum::http::Method::DELETE;
+    let resp = next.run(req).await;
+    if delete && resp.status().is_success() {
+        if let Ok(mut m) = s.owners.lock() {
+            m.remove(&sid);
+        }
+        s.state
+            .inner
+            .audit
+            .append(audit("mcp_session", Some("allow"), "closed"))
+            .await;
+    }
+    resp
+}
+
+impl Sessions {
+    /// Forgets the owners of sessions the transport no longer has (expired or closed).
+    async fn prune(&self) {
+        use rmcp::transport::streamable_http_server::session::SessionManager;
+        let ids: Vec<String> = match self.owners.lock() {
+            Ok(m) => m.keys().cloned().collect(),
+            Err(_) => return,
+        };
+        for id in ids {
+            let sid: rmcp::transport::common::server_side_http::SessionId = id.as_str().into();
+            if !self.manager.has_session(&sid).await.unwrap_or(false)
+                && let Ok(mut m) = self.owners.lock()
+            {
+                m.remove(&id);
+            }
+        }
+    }
 }
 
 #[cfg(test)]

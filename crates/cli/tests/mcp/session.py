@@ -120,12 +120,14 @@ async def scenarios(client, out):
     # 5. Policy denial: the task accepts text/csv only.
     txt = await call(client, "upload_input", {"name": "notes.txt", "media_type": "text/plain", "text": "hello"})
     d = await call(client, "summarize_csv", {"input_id": txt.structured_content["input_id"], "code": SUMMARIZE})
-    check(d.is_error and d.structured_content["error"] == "input-mismatch", f"denial {d.structured_content}")
+    # Error results carry no structuredContent (it would not match the outputSchema); the
+    # cause is in the text and in _meta["dev.agentjail/error"].
+    check(d.is_error and d.structured_content is None and d.meta["dev.agentjail/error"]["error"] == "input-mismatch", f"denial {d.meta}")
     check("text/plain" in d.content[0].text and "text/csv" in d.content[0].text, "the reason names the media types")
 
     # 6. A task this actor may not use: denied by policy, as a tool error.
     f = await call(client, "admin_only", {"input_id": input_id})
-    check(f.is_error and f.structured_content["error"] == "forbidden", f"forbidden {f.structured_content}")
+    check(f.is_error and f.structured_content is None and f.meta["dev.agentjail/error"]["error"] == "forbidden", f"forbidden {f.meta}")
 
     # 7. Invalid arguments are a protocol error (-32602).
     for bad in ({"input_id": "/etc/passwd", "code": "x"}, {"input_id": input_id, "code": "x", "limits": {"seconds": 999}}):
@@ -139,7 +141,7 @@ async def scenarios(client, out):
 
     # 8. Code that runs past the task's limit: isError naming the limit.
     t = await call(client, "summarize_csv", {"input_id": input_id, "code": "import time\ntime.sleep(60)\n"})
-    check(t.is_error and t.structured_content["status"] == "timeout", f"timeout {t.structured_content}")
+    check(t.is_error and t.structured_content is None and t.meta["dev.agentjail/error"]["status"] == "timeout", f"timeout {t.meta}")
     check("time limit of 2 s" in t.content[0].text, f"timeout text {t.content[0].text}")
 
     # 9. Cancel a running call: the sandbox (every process of the run) must be gone.
