@@ -39,7 +39,6 @@ fn write(dir: &Path, name: &str, content: &str) -> PathBuf {
 
 struct Out {
     code: i32,
-    stdout: String,
     stderr: String,
     report: Value,
 }
@@ -64,7 +63,6 @@ fn run_raw(mut cmd: Command, report: &Path) -> Out {
         .unwrap_or(Value::Null);
     Out {
         code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         report,
     }
