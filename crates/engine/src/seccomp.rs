@@ -220,7 +220,9 @@ const FAMILY_NAMES: [&str; 46] = [
     "AF_MCTP",
 ];
 
-fn family_name(family: u32) -> String {
+/// The kernel's name of address family `family` (`AF_VSOCK`), or `family N` for a number it
+/// does not name.
+pub fn family_name(family: u32) -> String {
     FAMILY_NAMES
         .get(family as usize)
         .map(|s| s.to_string())
