@@ -115,7 +115,11 @@ run_config() {
   # `host.strict_run` and the cgroup-bound probes, listed in `expect`. The gVisor tier is not run
   # here: on pure cgroup v2 runsc leaves its own cgroup behind and enables controllers outside
   # agentjail's (seen in this matrix; docs/isolation.md), which `cleanup` below would report.
+  # Not in `scope` and `leaf`: they differ from `root` only in the cgroup placement, which the
+  # probes above cover; the self-test takes 50-105 s per placement under TCG.
+  case $CFG in scope|leaf) ;; *)
   place $CFG $AJ selftest --tier native > $o/selftest.out 2>&1 && result selftest PASS "$(tail -n 1 $o/selftest.out)" || result selftest FAIL "$(grep -a FAIL $o/selftest.out | cut -c1-60 | tr '\n' ';' | tail -c 400) $(tail -n 1 $o/selftest.out)"
+  ;; esac
   # Nothing left behind, no controller changed outside agentjail's own cgroups.
   local left; left=$(find $CG -name 'agentjail-*' -type d)
   [ -z "$left" ] && result cleanup PASS "no agentjail cgroups left" || result cleanup FAIL "left: $left"
