@@ -29,6 +29,10 @@ fn in_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option
     std::thread::spawn(move || {
         // SAFETY: unshare with a flag only changes this thread's network namespace.
         if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "cannot create a network namespace under CI (run as root)"
+            );
             eprintln!(
                 "SKIP: cannot create a network namespace (needs root): {}",
                 std::io::Error::last_os_error()
@@ -39,6 +43,10 @@ fn in_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option
             .args(["link", "set", "lo", "up"])
             .status();
         if !up.map(|s| s.success()).unwrap_or(false) {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "`ip link set lo up` failed under CI"
+            );
             eprintln!("SKIP: `ip link set lo up` failed");
             return None;
         }

@@ -5,7 +5,7 @@
 //! verified summary as `structuredContent`, replay, policy denials, invalid arguments
 //! (-32602), a timeout, and a cancelled call whose sandbox is gone afterwards. Here: a wrong
 //! token over HTTP (401 before any MCP processing), the Host/Origin checks, the audit records
-//! and the metrics. Without `import mcp` the test prints SKIP and passes (CI installs it).
+//! and the metrics. Without `import mcp` the test prints SKIP and passes outside CI; under CI (`CI` set) it fails.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -193,6 +193,10 @@ fn check_audit(data: &Path, route: &str) {
 #[test]
 fn mcp_over_stdio_with_the_python_sdk() {
     if !python_has_mcp() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "python3 cannot `import mcp`: CI must install it (.ci/run)"
+        );
         println!(
             "SKIP: python3 cannot `import mcp` (python3 -m pip install mcp); MCP client tests not run"
         );
@@ -329,6 +333,10 @@ fn mcp_over_streamable_http_with_the_python_sdk() {
     assert_eq!(r.status(), 200);
 
     if !python_has_mcp() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "python3 cannot `import mcp`: CI must install it (.ci/run)"
+        );
         println!(
             "SKIP: python3 cannot `import mcp` (python3 -m pip install mcp); MCP client tests not run"
         );
