@@ -526,6 +526,20 @@ fn decode_b64(s: &str) -> Option<Vec<u8>> {
         .ok()
 }
 
+/// The signer's public key: the PEM given, or the local key at [`default_key_path`].
+fn verifying_key(pubkey_pem: Option<&str>) -> Result<VerifyingKey, ReceiptError> {
+    match pubkey_pem {
+        Some(pem) => parse_public_key_pem(pem),
+        None => {
+            let path = default_key_path();
+            if !path.exists() {
+                return Err(ReceiptError::NoKey { path });
+            }
+            Ok(ReceiptKey::load(&path)?.verifying_key())
+        }
+    }
+}
+
 /// Checks a receipt. `pubkey_pem` is the signer's public key; `None` uses the local key at
 /// [`default_key_path`]. Every artifact must match a subject (see [`Artifact::name`]).
 pub fn verify(
@@ -533,16 +547,7 @@ pub fn verify(
     pubkey_pem: Option<&str>,
     artifacts: &[Artifact],
 ) -> Result<VerifiedReceipt, ReceiptError> {
-    let key = match pubkey_pem {
-        Some(pem) => parse_public_key_pem(pem)?,
-        None => {
-            let path = default_key_path();
-            if !path.exists() {
-                return Err(ReceiptError::NoKey { path });
-            }
-            ReceiptKey::load(&path)?.verifying_key()
-        }
-    };
+    let key = verifying_key(pubkey_pem)?;
     verify_with_key(envelope_json, &key, artifacts)
 }
 
@@ -769,16 +774,7 @@ pub fn verify_any(
     pubkey_pem: Option<&str>,
     artifacts: &[Artifact],
 ) -> Result<VerifiedAny, ReceiptError> {
-    let key = match pubkey_pem {
-        Some(pem) => parse_public_key_pem(pem)?,
-        None => {
-            let path = default_key_path();
-            if !path.exists() {
-                return Err(ReceiptError::NoKey { path });
-            }
-            ReceiptKey::load(&path)?.verifying_key()
-        }
-    };
+    let key = verifying_key(pubkey_pem)?;
     let (body, keyid) = authentic_payload(envelope_json, &key)?;
     let raw = raw_statement(&body)?;
     if raw.get("predicateType").and_then(|v| v.as_str()) != Some(SELFTEST_PREDICATE_TYPE) {
