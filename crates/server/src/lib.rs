@@ -18,8 +18,11 @@ pub mod audit;
 pub mod config;
 pub mod db;
 pub mod mcp;
+pub mod policy;
+pub mod run_state;
 pub mod runner;
 pub mod selftest;
+pub mod service;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -30,8 +33,17 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::sync::Semaphore;
 
-pub use api::router;
 pub use config::Config;
+
+/// The HTTP application: the API ([`api`]) and the MCP endpoint ([`mcp`], behind the same
+/// bearer authentication), composed here so that neither transport depends on the other.
+pub async fn router(state: AppState) -> axum::Router {
+    let mcp = mcp::http_router(&state).layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        api::auth,
+    ));
+    api::router_with(state, mcp).await
+}
 
 /// Options of `agentjail serve`; each overrides the configuration file.
 #[derive(Debug, Clone, Default)]
@@ -90,7 +102,7 @@ pub(crate) struct Inner {
     /// Compiled output schemas by task (validated at start-up).
     pub schemas: std::collections::BTreeMap<String, String>,
     /// Authentication failures not yet audited (aggregated records).
-    pub auth_failures: api::AuthFailures,
+    pub auth_failures: service::AuthFailures,
     /// Exclusive lock on the data directory, held for the life of the process.
     _lock: std::fs::File,
 }
@@ -181,7 +193,7 @@ impl AppState {
                 admitted: AtomicUsize::new(0),
                 metrics: metrics_handle(),
                 schemas,
-                auth_failures: api::AuthFailures::default(),
+                auth_failures: service::AuthFailures::default(),
                 _lock: lock,
             }),
         };
@@ -419,7 +431,7 @@ pub fn serve_blocking(opts: ServeOptions) -> Result<(), ServerError> {
         let state = AppState::open(config, &data_dir, runner, allow_degraded)?;
         selftest::publish_metrics();
         runner::spawn_sweeper(state.clone());
-        api::spawn_auth_failure_flusher(state.clone());
+        service::spawn_auth_failure_flusher(state.clone());
         let app = router(state.clone()).await;
         let listener = tokio::net::TcpListener::bind(listen)
             .await

@@ -8,12 +8,14 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use agentjail_manifest::report::{RunReport, Status};
-use agentjail_manifest::{Input, Manifest, Mode, Network};
+use agentjail_manifest::{Manifest, Network};
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::Event;
 use crate::config::{CodePolicy, Task};
 use crate::db::{self, Finish, InputRow};
+use crate::policy::{self, JobPaths};
+use crate::run_state::RunState;
 use crate::{AppState, ServerError, now};
 
 /// Everything a job needs, fixed at admission.
@@ -46,17 +48,17 @@ async fn cancelled(c: Option<&CancellationToken>) {
 /// How a cancelled run is recorded: `cancelled` when the task has no network access (the
 /// sandbox was killed and nothing outside can have happened), else `unknown` (an external
 /// effect may have happened before the kill; an operator reconciles it).
-fn cancelled_outcome(task: &Task, started: bool) -> (String, String) {
+fn cancelled_outcome(task: &Task, started: bool) -> (RunState, String) {
     let what = if started {
         "cancelled by the client while running; the sandbox was killed"
     } else {
         "cancelled by the client before the run started"
     };
     if !started || matches!(task.network, Network::Deny) {
-        ("cancelled".into(), what.into())
+        (RunState::Cancelled, what.into())
     } else {
         (
-            "unknown".into(),
+            RunState::Unknown,
             format!(
                 "{what}; the task has network access, so an external effect may have happened; reconcile before retrying"
             ),
@@ -103,48 +105,22 @@ pub fn object_path(state: &AppState, sha256: &str) -> PathBuf {
     state.inner.data_dir.join("objects").join(sha256)
 }
 
-/// Builds the manifest of a job. Everything comes from the task type and server-resolved ids.
+/// The manifest of a job: [`policy::manifest`] with this data directory's paths.
 pub fn build_manifest(state: &AppState, task: &Task, job: &Job, has_schema: bool) -> Manifest {
-    let mut m = Manifest::for_command(
-        task.command
-            .iter()
-            .cloned()
-            .chain(job.args.iter().cloned())
-            .collect(),
-    );
-    m.request_id = Some(job.request_id.clone());
-    for (slot, input) in task.inputs.iter().zip(&job.inputs) {
-        m.inputs.push(Input {
-            source: object_path(state, &input.sha256)
-                .to_string_lossy()
-                .into_owned(),
-            mount: slot.mount.clone(),
-            mode: Mode::ReadOnly,
-        });
-    }
-    if task.code == CodePolicy::Allowed {
-        m.inputs.push(Input {
-            source: code_path(state, &job.job_id).to_string_lossy().into_owned(),
-            mount: task.code_mount.clone(),
-            mode: Mode::ReadOnly,
-        });
-    }
-    m.output = Some(task.output.path.clone());
-    if has_schema {
-        m.output_schema = Some("output.schema.json".into());
-    }
-    m.network = task.network.clone();
-    m.isolation = task.isolation;
-    m.limits = task.limits;
-    m.limits.output_mb = m
-        .limits
-        .output_mb
-        .max(task.output.max_bytes.div_ceil(1024 * 1024));
-    m.expires_at = jiff::Timestamp::from_second(job.job_expires_at)
-        .ok()
-        .map(|t| t.to_string());
-    m.env = task.env.clone();
-    m
+    let code_file = code_path(state, &job.job_id);
+    let objects = state.inner.data_dir.join("objects");
+    policy::manifest(
+        task,
+        &job.request_id,
+        &job.args,
+        &job.inputs,
+        job.job_expires_at,
+        JobPaths {
+            objects: &objects,
+            code_file: &code_file,
+            has_schema,
+        },
+    )
 }
 
 /// Creates a file readable and writable by its owner only (0600) and writes `bytes`.
@@ -220,7 +196,7 @@ fn make_private(dir: &Path) {
 
 /// What the runner process left.
 struct Outcome {
-    status: String,
+    status: RunState,
     reason: Option<String>,
     report: Option<String>,
     receipt: Option<String>,
@@ -234,13 +210,6 @@ fn read_bounded(p: &Path, max: u64) -> Option<Vec<u8>> {
     let mut buf = Vec::new();
     f.take(max + 1).read_to_end(&mut buf).ok()?;
     (buf.len() as u64 <= max).then_some(buf)
-}
-
-fn status_word(s: Status) -> String {
-    serde_json::to_value(s)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_else(|| "unknown".into())
 }
 
 async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<u8>) -> Outcome {
@@ -350,7 +319,7 @@ async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<
     };
     let Some(exit) = exit else {
         return Outcome {
-            status: "unknown".into(),
+            status: RunState::Unknown,
             reason: Some(
                 "the runner did not finish in time and was killed; outcome unknown".into(),
             ),
@@ -373,7 +342,7 @@ async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<
     }
     let receipt = read_bounded(&dir.join("receipt.json"), 4 * 1024 * 1024)
         .and_then(|b| String::from_utf8(b).ok());
-    let mut status = status_word(report.status);
+    let mut status = RunState::from_report(report.status);
     let mut reason = None;
     let mut artifact = None;
     if report.status == Status::Ok {
@@ -381,7 +350,7 @@ async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<
         match read_bounded(&dir.join("out").join(rel), task.output.max_bytes) {
             Some(a) => artifact = Some(a),
             None => {
-                status = "output_rejected".into();
+                status = RunState::OutputRejected;
                 reason = Some(format!(
                     "the artifact is missing or larger than the task's {} bytes",
                     task.output.max_bytes
@@ -389,7 +358,7 @@ async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<
             }
         }
     } else if report.status == Status::Timeout && !matches!(task.network, Network::Deny) {
-        status = "unknown".into();
+        status = RunState::Unknown;
         reason = Some(
             "timed out with network access: an external effect may have happened; reconcile before retrying".into(),
         );
@@ -406,7 +375,7 @@ async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<
 
 fn setup_failed(reason: &str) -> Outcome {
     Outcome {
-        status: "setup_error".into(),
+        status: RunState::SetupError,
         reason: Some(reason.into()),
         report: None,
         receipt: None,
@@ -439,14 +408,14 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
         Some(Err(_)) => return,
         None => {
             let (status, reason) = cancelled_outcome(&task, false);
-            let (id, t, st, re) = (job.job_id.clone(), now(), status.clone(), reason.clone());
+            let (id, t, st, re) = (job.job_id.clone(), now(), status, reason.clone());
             let r = db
                 .call(move |c| {
                     db::finish_run(
                         c,
                         &Finish {
                             job_id: &id,
-                            status: &st,
+                            status: st,
                             reason: Some(&re),
                             now: t,
                             report: None,
@@ -460,13 +429,13 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
             if let Err(e) = r {
                 tracing::error!(error = %e, "recording a cancelled job failed");
             }
-            metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => status.clone()).increment(1);
+            metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => status.as_str()).increment(1);
             state
                 .inner
                 .audit
                 .append(Event {
                     event: "run_end",
-                    status: Some(status),
+                    status: Some(status.into()),
                     reason: Some(reason),
                     ..base
                 })
@@ -483,7 +452,7 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
                     c,
                     &Finish {
                         job_id: &id,
-                        status: "expired",
+                        status: RunState::Expired,
                         reason: Some("the job id expired before a run slot was free"),
                         now: t,
                         report: None,
@@ -497,7 +466,7 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
         if let Err(e) = r {
             tracing::error!(error = %e, "recording an expired job failed");
         }
-        metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => "expired").increment(1);
+        metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => RunState::Expired.as_str()).increment(1);
         state
             .inner
             .audit
@@ -505,7 +474,7 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
                 event: "run_refused",
                 decision: Some("deny"),
                 reason: Some("job id expired before it started".into()),
-                status: Some("expired".into()),
+                status: Some(RunState::Expired.into()),
                 ..base
             })
             .await;
@@ -545,9 +514,9 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
     metrics::gauge!("agentjail_runs_in_flight").decrement(1.0);
     metrics::histogram!("agentjail_run_duration_seconds", "task" => job.task.clone())
         .record(elapsed.as_secs_f64());
-    metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => outcome.status.clone())
+    metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => outcome.status.as_str())
         .increment(1);
-    if outcome.status == "unknown" {
+    if outcome.status == RunState::Unknown {
         metrics::counter!("agentjail_unknown_outcomes_total").increment(1);
     }
     if let Some(r) = outcome
@@ -569,7 +538,7 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
         .map(|a| format!("sha256:{}", crate::config::sha256_hex(a)));
     let (id, t) = (job.job_id.clone(), now());
     let (status, reason, report, receipt, artifact) = (
-        outcome.status.clone(),
+        outcome.status,
         outcome.reason.clone(),
         outcome.report,
         outcome.receipt,
@@ -581,7 +550,7 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
                 c,
                 &Finish {
                     job_id: &id,
-                    status: &status,
+                    status,
                     reason: reason.as_deref(),
                     now: t,
                     report: report.as_deref(),
@@ -600,7 +569,7 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
         .audit
         .append(Event {
             event: "run_end",
-            status: Some(outcome.status),
+            status: Some(outcome.status.into()),
             reason: outcome.reason,
             denials: Some(outcome.denials),
             duration_ms: Some(elapsed.as_millis() as u64),
@@ -696,7 +665,7 @@ pub fn reconcile_at_startup(state: &AppState) -> Result<(), ServerError> {
             task: Some(task),
             request_id: Some(request_id),
             job_id: Some(job_id),
-            status: Some("unknown".into()),
+            status: Some(RunState::Unknown.into()),
             reason: Some("found in flight at start-up; marked unknown, not re-run".into()),
             ..Default::default()
         })?;
@@ -866,7 +835,7 @@ mod tests {
             actor: "dev".into(),
             job_id: "job_old".into(),
             job_expires_at: t - 100,
-            status: "ok".into(),
+            status: RunState::Ok,
             reason: None,
             created_at: t - 100,
             started_at: Some(t - 100),
