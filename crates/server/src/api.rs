@@ -19,7 +19,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::AppState;
-use crate::db::{self, RunRow};
+use crate::db::RunRow;
 #[cfg(test)]
 use crate::policy::{
     valid_arg, valid_file_name, valid_input_id, valid_media_type, valid_request_id,
@@ -138,12 +138,6 @@ impl IntoResponse for ApiError {
             h.insert(header::RETRY_AFTER, v);
         }
         r
-    }
-}
-
-impl From<db::DbError> for ApiError {
-    fn from(e: db::DbError) -> Self {
-        Failure::from(e).into()
     }
 }
 
@@ -623,7 +617,7 @@ pub struct Health {
     )
 )]
 async fn healthz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
-    state.inner.db.call(|c| db::count_runs(c)).await?;
+    state.store().ping().await.map_err(Failure::from)?;
     Ok(Json(Health {
         status: "ok".into(),
         runs_in_flight_or_queued: state

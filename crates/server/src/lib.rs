@@ -23,6 +23,7 @@ pub mod run_state;
 pub mod runner;
 pub mod selftest;
 pub mod service;
+pub mod store;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -69,6 +70,8 @@ pub enum ServerError {
     Db(#[from] db::DbError),
     #[error(transparent)]
     Audit(#[from] audit::AuditError),
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
 }
 
 /// The JSON Schema of the configuration.
@@ -92,8 +95,11 @@ pub(crate) struct Inner {
     pub data_dir: PathBuf,
     pub runner: PathBuf,
     pub allow_degraded: bool,
+    /// The storage interface every operation goes through.
+    pub store: Arc<dyn store::Store>,
+    /// The SQLite handle behind `store`, for tests that inspect the records.
+    #[cfg(test)]
     pub db: db::Db,
-    pub audit: audit::AuditLog,
     pub run_slots: Semaphore,
     /// Runs admitted (queued or running); bounded by concurrency + queue.
     pub admitted: AtomicUsize,
@@ -108,6 +114,11 @@ pub(crate) struct Inner {
 }
 
 impl AppState {
+    /// The store.
+    pub(crate) fn store(&self) -> &dyn store::Store {
+        self.inner.store.as_ref()
+    }
+
     /// Opens the data directory (creating it), the database and the audit log, and reconciles
     /// runs left in flight by a previous process (they become `unknown`; never re-run).
     pub fn open(
@@ -187,8 +198,9 @@ impl AppState {
                 data_dir,
                 runner,
                 allow_degraded,
+                store: Arc::new(store::SqliteStore::new(db.clone(), audit)),
+                #[cfg(test)]
                 db,
-                audit,
                 run_slots: Semaphore::new(concurrency),
                 admitted: AtomicUsize::new(0),
                 metrics: metrics_handle(),

@@ -705,11 +705,9 @@ impl McpServer {
                 let mut tick = tokio::time::interval(Duration::from_secs(1));
                 loop {
                     tick.tick().await;
-                    let (t, r) = (tenant.clone(), rid.clone());
                     let status = state
-                        .inner
-                        .db
-                        .call(move |c| crate::db::get_run(c, &t, &r))
+                        .store()
+                        .get_run(&tenant, &rid)
                         .await
                         .ok()
                         .flatten()
@@ -793,7 +791,7 @@ impl McpServer {
                 ev.reason = Some("invalid arguments".into());
             }
         }
-        self.state.inner.audit.append(ev).await;
+        self.state.store().audit(ev).await;
     }
 }
 
@@ -892,9 +890,8 @@ pub fn serve_stdio_blocking(opts: McpOptions) -> Result<(), crate::ServerError> 
             // Counted and audited like any authentication failure.
             metrics::counter!("agentjail_auth_failures_total").increment(1);
             state
-                .inner
-                .audit
-                .append(Event {
+                .store()
+                .audit(Event {
                     event: "auth_failure",
                     decision: Some("deny"),
                     reason: Some("token belongs to another actor or tenant".into()),
@@ -1185,9 +1182,8 @@ async fn bind_session(
                 );
             }
             s.state
-                .inner
-                .audit
-                .append(audit("mcp_session", Some("allow"), "opened"))
+                .store()
+                .audit(audit("mcp_session", Some("allow"), "opened"))
                 .await;
         }
         return resp;
@@ -1199,9 +1195,8 @@ async fn bind_session(
             metrics::counter!("agentjail_mcp_session_refusals_total").increment(1);
             tracing::warn!(actor = %caller.actor, tenant = %caller.tenant, %method, "MCP request for a session of another actor refused");
             s.state
-                .inner
-                .audit
-                .append(audit(
+                .store()
+                .audit(audit(
                     "mcp_session_refused",
                     Some("deny"),
                     "the session belongs to another actor",
@@ -1212,9 +1207,8 @@ async fn bind_session(
         None => {
             // Unknown (or expired) to us: the same answer as the transport gives, audited too.
             s.state
-                .inner
-                .audit
-                .append(audit(
+                .store()
+                .audit(audit(
                     "mcp_session_refused",
                     Some("deny"),
                     "unknown session",
@@ -1230,9 +1224,8 @@ async fn bind_session(
             m.remove(&sid);
         }
         s.state
-            .inner
-            .audit
-            .append(audit("mcp_session", Some("allow"), "closed"))
+            .store()
+            .audit(audit("mcp_session", Some("allow"), "closed"))
             .await;
     }
     resp

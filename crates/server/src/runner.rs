@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -13,9 +14,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::audit::Event;
 use crate::config::{CodePolicy, Task};
-use crate::db::{self, Finish, InputRow};
+use crate::db::InputRow;
 use crate::policy::{self, JobPaths};
 use crate::run_state::RunState;
+use crate::store::{FinishRun, InFlight, RetentionFiles};
 use crate::{AppState, ServerError, now};
 
 /// Everything a job needs, fixed at admission.
@@ -402,28 +404,22 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
         job_id: Some(job.job_id.clone()),
         ..Default::default()
     };
-    let db = state.inner.db.clone();
+    let store = state.store();
     let _permit = match permit {
         Some(Ok(p)) => p,
         Some(Err(_)) => return,
         None => {
             let (status, reason) = cancelled_outcome(&task, false);
-            let (id, t, st, re) = (job.job_id.clone(), now(), status, reason.clone());
-            let r = db
-                .call(move |c| {
-                    db::finish_run(
-                        c,
-                        &Finish {
-                            job_id: &id,
-                            status: st,
-                            reason: Some(&re),
-                            now: t,
-                            report: None,
-                            receipt: None,
-                            artifact: None,
-                            artifact_sha256: None,
-                        },
-                    )
+            let r = store
+                .finish_run(FinishRun {
+                    job_id: job.job_id.clone(),
+                    status,
+                    reason: Some(reason.clone()),
+                    now: now(),
+                    report: None,
+                    receipt: None,
+                    artifact: None,
+                    artifact_sha256: None,
                 })
                 .await;
             if let Err(e) = r {
@@ -431,9 +427,8 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
             }
             metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => status.as_str()).increment(1);
             state
-                .inner
-                .audit
-                .append(Event {
+                .store()
+                .audit(Event {
                     event: "run_end",
                     status: Some(status.into()),
                     reason: Some(reason),
@@ -444,23 +439,16 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
         }
     };
     if now() >= job.job_expires_at {
-        let id = job.job_id.clone();
-        let t = now();
-        let r = db
-            .call(move |c| {
-                db::finish_run(
-                    c,
-                    &Finish {
-                        job_id: &id,
-                        status: RunState::Expired,
-                        reason: Some("the job id expired before a run slot was free"),
-                        now: t,
-                        report: None,
-                        receipt: None,
-                        artifact: None,
-                        artifact_sha256: None,
-                    },
-                )
+        let r = store
+            .finish_run(FinishRun {
+                job_id: job.job_id.clone(),
+                status: RunState::Expired,
+                reason: Some("the job id expired before a run slot was free".into()),
+                now: now(),
+                report: None,
+                receipt: None,
+                artifact: None,
+                artifact_sha256: None,
             })
             .await;
         if let Err(e) = r {
@@ -468,9 +456,8 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
         }
         metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => RunState::Expired.as_str()).increment(1);
         state
-            .inner
-            .audit
-            .append(Event {
+            .store()
+            .audit(Event {
                 event: "run_refused",
                 decision: Some("deny"),
                 reason: Some("job id expired before it started".into()),
@@ -480,9 +467,7 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
             .await;
         return;
     }
-    let id = job.job_id.clone();
-    let t = now();
-    match db.call(move |c| db::mark_running(c, &id, t)).await {
+    match store.mark_running(&job.job_id, now()).await {
         Ok(true) => {}
         Ok(false) => return,
         Err(e) => {
@@ -491,9 +476,8 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
         }
     }
     state
-        .inner
-        .audit
-        .append(Event {
+        .store()
+        .audit(Event {
             event: "run_start",
             ..base.clone()
         })
@@ -536,38 +520,24 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
         .artifact
         .as_deref()
         .map(|a| format!("sha256:{}", crate::config::sha256_hex(a)));
-    let (id, t) = (job.job_id.clone(), now());
-    let (status, reason, report, receipt, artifact) = (
-        outcome.status,
-        outcome.reason.clone(),
-        outcome.report,
-        outcome.receipt,
-        outcome.artifact,
-    );
-    let r = db
-        .call(move |c| {
-            db::finish_run(
-                c,
-                &Finish {
-                    job_id: &id,
-                    status,
-                    reason: reason.as_deref(),
-                    now: t,
-                    report: report.as_deref(),
-                    receipt: receipt.as_deref(),
-                    artifact: artifact.as_deref(),
-                    artifact_sha256: sha.as_deref(),
-                },
-            )
+    let r = store
+        .finish_run(FinishRun {
+            job_id: job.job_id.clone(),
+            status: outcome.status,
+            reason: outcome.reason.clone(),
+            now: now(),
+            report: outcome.report,
+            receipt: outcome.receipt,
+            artifact: outcome.artifact,
+            artifact_sha256: sha,
         })
         .await;
     if let Err(e) = r {
         tracing::error!(error = %e, "recording a finished run failed");
     }
     state
-        .inner
-        .audit
-        .append(Event {
+        .store()
+        .audit(Event {
             event: "run_end",
             status: Some(outcome.status.into()),
             reason: outcome.reason,
@@ -650,16 +620,19 @@ pub fn reconcile_at_startup(state: &AppState) -> Result<(), ServerError> {
         );
     }
     let t = now();
-    let rows = state
-        .inner
-        .db
-        .call_sync(|c| db::mark_in_flight_unknown(c, t))?;
-    for (tenant, request_id, task, job_id) in rows {
+    let rows = state.store().mark_in_flight_unknown(t)?;
+    for InFlight {
+        tenant,
+        request_id,
+        task,
+        job_id,
+    } in rows
+    {
         let _ = std::fs::remove_dir_all(job_dir(state, &job_id));
         let _ = std::fs::remove_file(code_path(state, &job_id));
         tracing::warn!(%tenant, %request_id, %job_id, %task, "run found in flight at start-up: marked unknown, not re-run; an operator reconciles it");
         metrics::counter!("agentjail_unknown_outcomes_total").increment(1);
-        state.inner.audit.append_blocking(&Event {
+        state.store().audit_blocking(&Event {
             event: "run_unknown",
             tenant: Some(tenant),
             task: Some(task),
@@ -675,49 +648,17 @@ pub fn reconcile_at_startup(state: &AppState) -> Result<(), ServerError> {
 
 /// One retention pass: outputs, job folders (logs) and inputs past their retention.
 pub async fn sweep(state: &AppState) {
-    let t = now();
-    let s = state.clone();
+    let files = Arc::new(JobFiles(state.inner.data_dir.clone()));
     let r = state
-        .inner
-        .db
-        .call(move |c| {
-            let expired = db::expire_outputs(c, t)?;
-            let outputs = expired.len();
-            // Retention means deletion: the copies in the job folder go too (the logs stay
-            // until `logs_seconds`).
-            for j in expired {
-                let d = job_dir(&s, &j);
-                let _ = std::fs::remove_dir_all(d.join("out"));
-                let _ = std::fs::remove_file(d.join("report.json"));
-                let _ = std::fs::remove_file(d.join("receipt.json"));
-            }
-            let jobs = db::expired_log_jobs(c, t)?;
-            let mut logs = 0;
-            for j in jobs {
-                let d = job_dir(&s, &j);
-                if d.exists() && std::fs::remove_dir_all(&d).is_ok() {
-                    logs += 1;
-                }
-            }
-            let orphans = db::expire_inputs(c, t)?;
-            let mut objects = 0;
-            for sha in orphans {
-                // Under the database lock: an upload cannot revive the object meanwhile.
-                if !db::object_referenced(c, &sha)?
-                    && std::fs::remove_file(object_path(&s, &sha)).is_ok()
-                {
-                    objects += 1;
-                }
-            }
-            Ok((outputs, logs, objects))
-        })
-        .await;
+        .store()
+        .sweep(now(), files)
+        .await
+        .map(|w| (w.outputs, w.job_folders, w.objects));
     match r {
         Ok((outputs, logs, objects)) if outputs + logs + objects > 0 => {
             state
-                .inner
-                .audit
-                .append(Event {
+        .store()
+        .audit(Event {
                     event: "retention_sweep",
                     reason: Some(format!(
                         "deleted outputs of {outputs} run(s), {logs} job folder(s), {objects} input object(s)"
@@ -728,6 +669,27 @@ pub async fn sweep(state: &AppState) {
         }
         Ok(_) => {}
         Err(e) => tracing::error!(error = %e, "retention sweep failed"),
+    }
+}
+
+/// The service's files under its data directory, as the retention sweep deletes them.
+struct JobFiles(PathBuf);
+
+impl RetentionFiles for JobFiles {
+    fn drop_outputs(&self, job_id: &str) {
+        // Retention means deletion: the copies in the job folder go too (the logs stay until
+        // `logs_seconds`).
+        let d = self.0.join("jobs").join(job_id);
+        let _ = std::fs::remove_dir_all(d.join("out"));
+        let _ = std::fs::remove_file(d.join("report.json"));
+        let _ = std::fs::remove_file(d.join("receipt.json"));
+    }
+    fn drop_job(&self, job_id: &str) -> bool {
+        let d = self.0.join("jobs").join(job_id);
+        d.exists() && std::fs::remove_dir_all(&d).is_ok()
+    }
+    fn drop_object(&self, sha256: &str) -> bool {
+        std::fs::remove_file(self.0.join("objects").join(sha256)).is_ok()
     }
 }
 
@@ -746,6 +708,7 @@ pub fn spawn_sweeper(state: AppState) {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::db;
 
     #[test]
     fn manifest_comes_from_the_task_type_only() {

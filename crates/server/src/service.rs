@@ -16,11 +16,12 @@ use utoipa::ToSchema;
 
 use crate::audit::Event;
 use crate::config::CodePolicy;
-use crate::db::{self, InputRow, Insert, RunRow};
+use crate::db::{InputRow, Insert, RunRow};
 use crate::policy;
 pub use crate::policy::{Caller, Refusal, RunRequest};
 use crate::run_state::RunState;
 use crate::runner::{self, Admission, Job};
+use crate::store::StoreError;
 use crate::{AppState, now, random_hex};
 
 /// Why a service call did not succeed.
@@ -51,9 +52,9 @@ impl Failure {
     }
 }
 
-impl From<db::DbError> for Failure {
-    fn from(e: db::DbError) -> Self {
-        tracing::error!(error = %e, "database error");
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        tracing::error!(error = %e, "store error");
         Failure::Internal
     }
 }
@@ -87,7 +88,7 @@ pub(crate) async fn authenticate(
                 .auth_failures
                 .record(token.is_some(), route, window)
             {
-                state.inner.audit.append(ev).await;
+                state.store().audit(ev).await;
             }
             None
         }
@@ -157,7 +158,7 @@ pub(crate) fn spawn_auth_failure_flusher(state: AppState) {
         loop {
             tokio::time::sleep(window.min(Duration::from_secs(1))).await;
             if let Some(ev) = state.inner.auth_failures.flush(window) {
-                state.inner.audit.append(ev).await;
+                state.store().audit(ev).await;
             }
         }
     });
@@ -172,7 +173,7 @@ pub(crate) async fn deny(state: &AppState, caller: &Caller, mut ev: Event, r: Re
         ev.actor = Some(caller.actor.clone());
         ev.tenant = Some(caller.tenant.clone());
     }
-    state.inner.audit.append(ev).await;
+    state.store().audit(ev).await;
     Failure::Refused(r)
 }
 
@@ -228,26 +229,16 @@ pub(crate) async fn upload(
         created_at: t,
     };
     let path = runner::object_path(state, &sha);
-    let tenant = caller.tenant.clone();
     let objects = state.inner.data_dir.join("objects");
+    let write = Box::new(move || store_object(&objects, &path, &body));
     state
-        .inner
-        .db
-        .call(move |c| {
-            // Under the database lock, so the retention sweep cannot delete the object between
-            // the write and the insert.
-            store_object(&objects, &path, &body).map_err(|e| {
-                tracing::error!(error = %e, "storing an input failed");
-                db::DbError::Join("store".into())
-            })?;
-            db::insert_input(c, &tenant, &row, expires)
-        })
+        .store()
+        .put_input(&caller.tenant, row, expires, write)
         .await?;
     metrics::counter!("agentjail_inputs_stored_total").increment(1);
     state
-        .inner
-        .audit
-        .append(Event {
+        .store()
+        .audit(Event {
             input_id: Some(id.clone()),
             decision: Some("allow"),
             ..ev
@@ -441,11 +432,9 @@ pub(crate) async fn submit(
     // any other check: execute-once holds even after its inputs expired or the config changed.
     let req = req.normalized();
     let body_sha = req.body_sha256();
-    let (t0, r0) = (caller.tenant.clone(), req.request_id.clone());
     if let Some(existing) = state
-        .inner
-        .db
-        .call(move |c| db::get_run(c, &t0, &r0))
+        .store()
+        .get_run(&caller.tenant, &req.request_id)
         .await?
     {
         return replay(
@@ -467,15 +456,9 @@ pub(crate) async fn submit(
         Ok(c) => c,
         Err(r) => return Err(deny(state, caller, ev, r).await),
     };
-    let (tenant, ids) = (caller.tenant.clone(), checked.input_ids().to_vec());
     let rows = state
-        .inner
-        .db
-        .call(move |c| {
-            ids.iter()
-                .map(|id| db::get_input(c, &tenant, id))
-                .collect::<Result<Vec<_>, _>>()
-        })
+        .store()
+        .get_inputs(&caller.tenant, checked.input_ids())
         .await?;
     let admitted = match checked.admit(rows) {
         Ok(a) => a,
@@ -519,24 +502,15 @@ pub(crate) async fn submit(
         args: serde_json::to_string(&admitted.args).unwrap_or_else(|_| "[]".into()),
     };
     let admitted_slot = admission.is_some();
-    let to_insert = row.clone();
-    let inserted = state
-        .inner
-        .db
-        .call(move |c| {
-            if admitted_slot {
-                db::insert_run(c, &to_insert)
-            } else {
-                // Full: still answer replays; refuse only new work.
-                Ok(
-                    match db::get_run(c, &to_insert.tenant, &to_insert.request_id)? {
-                        Some(r) => Insert::Exists(Box::new(r)),
-                        None => Insert::Inserted,
-                    },
-                )
-            }
-        })
-        .await?;
+    let inserted = if admitted_slot {
+        state.store().insert_run(row.clone()).await?
+    } else {
+        // Full: still answer replays; refuse only new work.
+        match state.store().get_run(&row.tenant, &row.request_id).await? {
+            Some(r) => Insert::Exists(Box::new(r)),
+            None => Insert::Inserted,
+        }
+    };
     match inserted {
         Insert::Exists(existing) => {
             drop(admission);
@@ -558,9 +532,8 @@ pub(crate) async fn submit(
         Insert::Inserted => {}
     }
     state
-        .inner
-        .audit
-        .append(Event {
+        .store()
+        .audit(Event {
             event: "run_accepted",
             decision: Some("allow"),
             job_id: Some(job_id.clone()),
@@ -586,11 +559,9 @@ pub(crate) async fn submit(
     if wait {
         let _ = handle.await;
     }
-    let (tenant, rid) = (caller.tenant.clone(), req.request_id.clone());
     state
-        .inner
-        .db
-        .call(move |c| db::get_run(c, &tenant, &rid))
+        .store()
+        .get_run(&caller.tenant, &req.request_id)
         .await?
         .ok_or(Failure::Internal)
 }
@@ -610,9 +581,8 @@ async fn replay(
     }
     metrics::counter!("agentjail_replays_total").increment(1);
     state
-        .inner
-        .audit
-        .append(Event {
+        .store()
+        .audit(Event {
             event: "run_replay",
             decision: Some("allow"),
             job_id: Some(existing.job_id.clone()),
@@ -638,11 +608,9 @@ async fn wait_for(
 ) -> Result<RunRow, Failure> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3600);
     loop {
-        let (t, r) = (tenant.to_string(), request_id.to_string());
         let row = state
-            .inner
-            .db
-            .call(move |c| db::get_run(c, &t, &r))
+            .store()
+            .get_run(tenant, request_id)
             .await?
             .ok_or(Failure::Internal)?;
         if row.status.is_terminal()
@@ -679,8 +647,7 @@ async fn get_checked(
         return Err(deny(state, caller, ev, Refusal::NoSuchRun).await);
     }
     ev.request_id = Some(request_id.to_string());
-    let (t, r) = (caller.tenant.clone(), request_id.to_string());
-    let row = state.inner.db.call(move |c| db::get_run(c, &t, &r)).await?;
+    let row = state.store().get_run(&caller.tenant, request_id).await?;
     match row {
         Some(r) => {
             if let Err(e) = check(&r) {
@@ -688,9 +655,8 @@ async fn get_checked(
                 return Err(deny(state, caller, ev, e).await);
             }
             state
-                .inner
-                .audit
-                .append(Event {
+                .store()
+                .audit(Event {
                     decision: Some("allow"),
                     task: Some(r.task.clone()),
                     ..ev
@@ -772,18 +738,12 @@ pub(crate) async fn reconcile(
         return Err(deny(state, caller, ev, e).await);
     }
     let task = state.inner.config.tasks.get(&r.task).cloned();
-    let (tenant, rid) = (caller.tenant.clone(), r.request_id.clone());
+    let (tenant, rid) = (caller.tenant.as_str(), r.request_id.as_str());
     if action == ReconcileAction::Abandon {
-        let t = now();
+        state.store().reconcile(tenant, rid, None, now()).await?;
         state
-            .inner
-            .db
-            .call(move |c| db::reconcile(c, &tenant, &rid, None, t))
-            .await?;
-        state
-            .inner
-            .audit
-            .append(Event {
+            .store()
+            .audit(Event {
                 decision: Some("allow"),
                 reason: Some("abandon".into()),
                 status: Some(RunState::Abandoned.into()),
@@ -796,22 +756,8 @@ pub(crate) async fn reconcile(
             Err(e) => return Err(deny(state, caller, ev, e).await),
         };
         let inputs: Vec<RunInput> = serde_json::from_str(&r.inputs).unwrap_or_default();
-        let (t2, ids) = (
-            caller.tenant.clone(),
-            inputs
-                .iter()
-                .map(|i| i.input_id.clone())
-                .collect::<Vec<_>>(),
-        );
-        let rows = state
-            .inner
-            .db
-            .call(move |c| {
-                ids.iter()
-                    .map(|id| db::get_input(c, &t2, id))
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .await?;
+        let ids: Vec<String> = inputs.iter().map(|i| i.input_id.clone()).collect();
+        let rows = state.store().get_inputs(tenant, &ids).await?;
         let rows = match policy::check_retry_inputs(rows) {
             Ok(rows) => rows,
             Err(e) => return Err(deny(state, caller, ev, e).await),
@@ -828,17 +774,14 @@ pub(crate) async fn reconcile(
         };
         let job_id = format!("job_{}", random_hex(16).map_err(|_| Failure::Internal)?);
         let expires = now() + state.inner.config.server.job_ttl_seconds as i64;
-        let (j2, t) = (job_id.clone(), now());
         let ok = state
-            .inner
-            .db
-            .call(move |c| db::reconcile(c, &tenant, &rid, Some((&j2, expires)), t))
+            .store()
+            .reconcile(tenant, rid, Some((job_id.clone(), expires)), now())
             .await?;
         if ok {
             state
-                .inner
-                .audit
-                .append(Event {
+                .store()
+                .audit(Event {
                     decision: Some("allow"),
                     reason: Some("retry".into()),
                     job_id: Some(job_id.clone()),
@@ -860,11 +803,9 @@ pub(crate) async fn reconcile(
             let _ = tokio::spawn(runner::execute(state.clone(), job, admission)).await;
         }
     }
-    let (t, rid) = (caller.tenant.clone(), r.request_id.clone());
     state
-        .inner
-        .db
-        .call(move |c| db::get_run(c, &t, &rid))
+        .store()
+        .get_run(&caller.tenant, &r.request_id)
         .await?
         .ok_or(Failure::Internal)
 }
