@@ -927,4 +927,64 @@ mod tests {
         }
         assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
     }
+
+    /// Each refusal keeps the HTTP status and problem title it had before the service layer.
+    #[test]
+    fn refusals_keep_their_http_status_and_title() {
+        use crate::run_state::RunState;
+        let s = RunState::Ok;
+        let table: Vec<(Refusal, u16, &str)> = vec![
+            (Refusal::BadRequestId, 400, "Invalid request"),
+            (Refusal::Malformed("x".into()), 400, "Invalid request"),
+            (Refusal::UnknownTask, 404, "Unknown task"),
+            (Refusal::TaskNotPermitted, 403, "Forbidden by policy"),
+            (Refusal::CodeNotAccepted, 403, "Forbidden by policy"),
+            (Refusal::NotOperator, 403, "Forbidden by policy"),
+            (Refusal::TaskGone, 403, "Forbidden by policy"),
+            (Refusal::RetryWithNetwork, 403, "Forbidden by policy"),
+            (Refusal::NoSuchInput { index: 0 }, 404, "Not found"),
+            (Refusal::NoSuchRun, 404, "Not found"),
+            (
+                Refusal::InputCount { expected: 1 },
+                422,
+                "Inputs do not match the task",
+            ),
+            (Refusal::RequestIdConflict, 409, "request_id already used"),
+            (Refusal::Overloaded, 429, "Too many runs"),
+            (Refusal::UploadTooLarge { max: 1 }, 413, "Payload too large"),
+            (
+                Refusal::RequestTooLarge { max: 1 },
+                413,
+                "Payload too large",
+            ),
+            (Refusal::OutputsExpired, 410, "Deleted by retention"),
+            (
+                Refusal::NoArtifact { state: s },
+                409,
+                "No verified artifact",
+            ),
+            (Refusal::NoReceipt { state: s }, 409, "No receipt"),
+            (Refusal::NotUnknown { state: s }, 409, "Not reconcilable"),
+            (Refusal::InputExpired, 409, "Not reconcilable"),
+            (Refusal::CodeNotKept, 409, "Not reconcilable"),
+            (Refusal::NotJson, 415, "Unsupported media type"),
+        ];
+        for (r, status, title) in table {
+            let code = r.code();
+            let e = ApiError::from(Failure::Refused(r));
+            let p = e.problem();
+            assert_eq!((p.status, p.title.as_str()), (status, title), "{code}");
+            assert_eq!(p.type_, format!("{PROBLEM_BASE}{code}"));
+            let resp = e.into_response();
+            assert_eq!(
+                resp.headers().get(header::RETRY_AFTER).is_some(),
+                status == 429
+            );
+        }
+        let p = ApiError::from(Failure::Internal).problem();
+        assert_eq!(
+            (p.status, p.type_.as_str()),
+            (500, "https://agentjail.dev/problems/internal")
+        );
+    }
 }
