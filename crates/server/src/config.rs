@@ -673,10 +673,7 @@ fn decode_hex32(s: &str) -> Option<[u8; 32]> {
 /// Lower-case hex sha256 of `data`.
 pub fn sha256_hex(data: &[u8]) -> String {
     use sha2::{Digest, Sha256};
-    Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    agentjail_manifest::hex(&Sha256::digest(data))
 }
 
 #[cfg(test)]

@@ -351,7 +351,7 @@ pub(crate) fn random_hex(n: usize) -> Result<String, std::io::Error> {
     use std::io::Read;
     let mut buf = vec![0u8; n];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(agentjail_manifest::hex(&buf))
 }
 
 /// Unix seconds now.
