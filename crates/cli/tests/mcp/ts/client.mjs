@@ -81,6 +81,11 @@ async function scenarios(client, out) {
   const s = byName.summarize_csv;
   check(s && s.outputSchema && s.outputSchema.title === "CSV summary", `summarize_csv outputSchema ${JSON.stringify(s?.outputSchema)}`);
   check(!("admin_only" in byName), "a task the actor may not use is not listed");
+  // The SDK now holds a validator for summarize_csv's outputSchema, and it rejects a summary of
+  // the wrong shape: so the successful call below really was validated.
+  const validator = client.getToolOutputValidator("summarize_csv");
+  check(typeof validator === "function", "the SDK compiled a validator for the outputSchema");
+  check(validator({ rows: "three" }).valid === false, "the SDK's validator rejects a wrong shape");
   for (const t of tools) {
     for (const k of ["oneOf", "anyOf", "allOf", "not"]) check(!(k in t.inputSchema), `${t.name} has a top-level ${k}`);
   }
