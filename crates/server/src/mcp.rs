@@ -1042,13 +1042,24 @@ pub(crate) fn http_router(state: &AppState) -> axum::Router<AppState> {
         .mcp_allowed_hosts
         .clone()
         .unwrap_or_else(|| vec!["localhost".into(), "127.0.0.1".into(), "::1".into()]);
+    let mut origins = s.mcp_allowed_origins.clone();
+    if s.mcp_allowed_hosts.is_none() {
+        // A loopback server accepts loopback origins (any port), as the MCP spec's DNS-rebinding
+        // guidance and the conformance suite's `dns-rebinding-protection` scenario require: a
+        // page on a rebound foreign name carries that name as its Origin and is refused.
+        for host in ["localhost", "127.0.0.1", "[::1]"] {
+            for scheme in ["http", "https"] {
+                origins.push(format!("{scheme}://{host}:*"));
+            }
+        }
+    }
     // Room for an upload as base64 plus the JSON around it.
     let body = (s.max_input_bytes as usize).saturating_mul(4) / 3 + s.max_request_bytes as usize;
     let cfg = StreamableHttpServerConfig::default()
         .with_allowed_hosts(hosts)
-        .with_allowed_origins(s.mcp_allowed_origins.clone())
-        // An Origin header not in the list (empty by default) is refused: browsers on other
-        // sites cannot drive the endpoint.
+        .with_allowed_origins(origins)
+        // Any other Origin header is refused: browsers on other sites cannot drive the
+        // endpoint (and still need a bearer token).
         .enforce_origin_validation()
         .with_max_request_body_bytes(body);
     let st = state.clone();
