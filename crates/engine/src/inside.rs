@@ -30,7 +30,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::plan::{Access, Op, Plan, SANDBOX_ID};
-use crate::root_sys::{Host, RootSys};
+use crate::root_sys::{Host, RootError, RootStep, RootSys, root_step};
 use crate::seccomp;
 use crate::sys;
 
@@ -159,9 +159,14 @@ pub mod timing {
 
     /// A mark for one setup step of the init or the payload.
     pub fn step_mark(label: &str) {
-        if EVERY_STEP.get().copied().unwrap_or(false) {
+        if every_step() {
             mark(label);
         }
+    }
+
+    /// Whether setup steps are marked (so that a label is only built when it is printed).
+    pub fn every_step() -> bool {
+        EVERY_STEP.get().copied().unwrap_or(false)
     }
 
     pub fn mark(label: &str) {
@@ -336,6 +341,7 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
         prefix
             .iter()
             .try_for_each(|op| apply(&mut Host, op, &mut made))
+            .map_err(RootError::into_pair)
     });
     timing::mark("init: host part of the root built");
     const WAIT: &str = "wait for the plan";
@@ -358,7 +364,7 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
         discard_root(&mut made)?;
         &a.plan.ops[..]
     };
-    finish_root(&mut Host, rest, &mut made)?;
+    finish_root(&mut Host, rest, &mut made).map_err(RootError::into_pair)?;
     timing::mark("init: root built");
     if let Some(port) = a.plan.proxy_port {
         // Created here, so it belongs to the sandbox's network namespace; served outside.
@@ -672,25 +678,28 @@ fn discard_root(made: &mut Made) -> StepResult<()> {
     new_root_tmpfs()
 }
 
+/// Result of a step of building the root.
+type RootResult<T> = Result<T, RootError>;
+
 /// Applies the rest of the plan to the new root, makes it read-only and pivots into it.
-fn finish_root<S: RootSys>(sys: &mut S, ops: &[Op], made: &mut Made) -> StepResult<()> {
+fn finish_root<S: RootSys>(sys: &mut S, ops: &[Op], made: &mut Made) -> RootResult<()> {
     for op in ops {
         apply(sys, op, made)?;
     }
     for d in ["/newroot/input", "/newroot/work", "/newroot/output"] {
         let _ = sys.mkdir(d);
     }
-    step(
-        "remount new root read-only",
+    root_step(
+        RootStep::RemountNewRoot,
         sys.remount(
             "/newroot",
             MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
         ),
     )?;
-    step("chdir /newroot", sys.chdir("/newroot"))?;
-    step("pivot_root(., .)", sys.pivot_root(".", "."))?;
-    step("detach the old root", sys.unmount_detach("."))?;
-    step("chdir /", sys.chdir("/"))?;
+    root_step(RootStep::EnterNewRoot, sys.chdir("/newroot"))?;
+    root_step(RootStep::PivotRoot, sys.pivot_root(".", "."))?;
+    root_step(RootStep::DetachOldRoot, sys.unmount_detach("."))?;
+    root_step(RootStep::ChdirRoot, sys.chdir("/"))?;
     Ok(())
 }
 
@@ -702,11 +711,11 @@ fn new(dest: &str) -> String {
 #[derive(Default)]
 struct Made(std::collections::HashSet<std::path::PathBuf>);
 
-fn mkdirs<S: RootSys>(sys: &mut S, path: &Path, made: &mut Made) -> StepResult<()> {
+fn mkdirs<S: RootSys>(sys: &mut S, path: &Path, made: &mut Made) -> RootResult<()> {
     if made.0.contains(path) {
         return Ok(());
     }
-    step(&format!("mkdir {}", path.display()), sys.mkdir_all(path))?;
+    root_step(RootStep::Mkdir(path.to_path_buf()), sys.mkdir_all(path))?;
     made.0.insert(path.to_path_buf());
     Ok(())
 }
@@ -716,7 +725,7 @@ fn mountpoint<S: RootSys>(
     dest: &str,
     dir: bool,
     made: &mut Made,
-) -> StepResult<String> {
+) -> RootResult<String> {
     let d = new(dest);
     let p = Path::new(&d);
     if dir {
@@ -725,8 +734,8 @@ fn mountpoint<S: RootSys>(
         if let Some(parent) = p.parent() {
             mkdirs(sys, parent, made)?;
         }
-        step(
-            &format!("create mount point {dest}"),
+        root_step(
+            RootStep::CreateMountPoint(dest.to_owned()),
             sys.create_mount_file(p),
         )?;
     }
@@ -735,28 +744,31 @@ fn mountpoint<S: RootSys>(
 
 /// Opens a host path (below /oldroot) without following any symlink, so that a path swapped
 /// for a symlink after validation cannot redirect the bind.
-fn open_source<S: RootSys>(sys: &mut S, src: &Path, dir: bool) -> StepResult<S::Source> {
+fn open_source<S: RootSys>(sys: &mut S, src: &Path, dir: bool) -> RootResult<S::Source> {
     let path = format!("/oldroot{}", src.display());
-    let fd = step(&format!("open {}", src.display()), sys.open_source(&path))?;
-    let is_dir = step(&format!("stat {}", src.display()), sys.source_is_dir(&fd))?;
+    let fd = root_step(RootStep::Open(src.to_owned()), sys.open_source(&path))?;
+    let is_dir = root_step(RootStep::Stat(src.to_owned()), sys.source_is_dir(&fd))?;
     if dir && !is_dir {
-        return Err((
-            format!("open {}", src.display()),
-            "is no longer a directory".into(),
-        ));
+        return Err(RootError {
+            step: RootStep::Open(src.to_owned()),
+            source: std::io::Error::other("is no longer a directory"),
+        });
     }
     Ok(fd)
 }
 
 /// Applies one op of the plan to the new root (the interpreter of [`Op`]).
-fn apply<S: RootSys>(sys: &mut S, op: &Op, made: &mut Made) -> StepResult<()> {
+fn apply<S: RootSys>(sys: &mut S, op: &Op, made: &mut Made) -> RootResult<()> {
     match op {
         Op::BindRo { src, dest, dir } => {
             let fd = open_source(sys, src, *dir)?;
             let d = mountpoint(sys, dest, *dir, made)?;
             let via = sys.source_path(&fd);
-            step(
-                &format!("bind {} -> {dest}", src.display()),
+            root_step(
+                RootStep::Bind {
+                    src: src.clone(),
+                    dest: dest.clone(),
+                },
                 sys.bind(&via, &d, true),
             )?;
             make_readonly(sys, &d, dest)?;
@@ -765,10 +777,13 @@ fn apply<S: RootSys>(sys: &mut S, op: &Op, made: &mut Made) -> StepResult<()> {
             let fd = open_source(sys, src, false)?;
             let d = mountpoint(sys, dest, false, made)?;
             let via = sys.source_path(&fd);
-            step(&format!("bind device {dest}"), sys.bind(&via, &d, false))?;
+            root_step(
+                RootStep::BindDevice(dest.clone()),
+                sys.bind(&via, &d, false),
+            )?;
             let c = cstr(&d)?;
-            step(
-                &format!("restrict device {dest}"),
+            root_step(
+                RootStep::RestrictDevice(dest.clone()),
                 sys.set_attrs(&c, libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NOEXEC),
             )?;
         }
@@ -791,15 +806,18 @@ fn apply<S: RootSys>(sys: &mut S, op: &Op, made: &mut Made) -> StepResult<()> {
             };
             let data = format!("size={size_bytes},nr_inodes={inodes},mode={mode:o}{owner}");
             let cdata = cstr(&data)?;
-            step(
-                &format!("mount tmpfs {dest} ({data})"),
+            root_step(
+                RootStep::MountTmpfs {
+                    dest: dest.clone(),
+                    data: data.clone(),
+                },
                 sys.mount("tmpfs", &d, "tmpfs", flags, Some(cdata.as_c_str())),
             )?;
         }
         Op::Proc { dest } => {
             let d = mountpoint(sys, dest, true, made)?;
-            step(
-                &format!("mount proc on {dest}"),
+            root_step(
+                RootStep::MountProc(dest.clone()),
                 sys.mount(
                     "proc",
                     &d,
@@ -814,8 +832,11 @@ fn apply<S: RootSys>(sys: &mut S, op: &Op, made: &mut Made) -> StepResult<()> {
             if let Some(parent) = Path::new(&d).parent() {
                 mkdirs(sys, parent, made)?;
             }
-            step(
-                &format!("symlink {dest} -> {target}"),
+            root_step(
+                RootStep::Symlink {
+                    dest: dest.clone(),
+                    target: target.clone(),
+                },
                 sys.symlink(target, &d),
             )?;
         }
@@ -825,8 +846,8 @@ fn apply<S: RootSys>(sys: &mut S, op: &Op, made: &mut Made) -> StepResult<()> {
                 mkdirs(sys, parent, made)?;
             }
             // A fresh file (the umask is 0 here): mode 0644 from the start.
-            step(
-                &format!("write {dest}"),
+            root_step(
+                RootStep::Write(dest.clone()),
                 sys.write_file(&d, content.as_bytes()),
             )?;
         }
@@ -834,24 +855,30 @@ fn apply<S: RootSys>(sys: &mut S, op: &Op, made: &mut Made) -> StepResult<()> {
     Ok(())
 }
 
-fn cstr(s: &str) -> StepResult<CString> {
-    CString::new(s).map_err(|e| ("path".to_string(), e.to_string()))
+fn cstr(s: &str) -> RootResult<CString> {
+    CString::new(s).map_err(|e| RootError {
+        step: RootStep::Path,
+        source: std::io::Error::other(e),
+    })
 }
 
-fn make_readonly<S: RootSys>(sys: &mut S, d: &str, dest: &str) -> StepResult<()> {
+fn make_readonly<S: RootSys>(sys: &mut S, d: &str, dest: &str) -> RootResult<()> {
     let c = cstr(d)?;
     let attrs = libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
     match sys.set_attrs(&c, attrs) {
         Ok(()) => Ok(()),
         // Kernels before 5.12: remount the top mount only.
-        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => step(
-            &format!("remount {dest} read-only"),
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => root_step(
+            RootStep::RemountReadOnly(dest.to_owned()),
             sys.remount(
                 d,
                 MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
             ),
         ),
-        Err(e) => Err((format!("make {dest} read-only"), e.to_string())),
+        Err(source) => Err(RootError {
+            step: RootStep::MakeReadOnly(dest.to_owned()),
+            source,
+        }),
     }
 }
 
@@ -1160,7 +1187,9 @@ mod tests {
 
     fn run(rec: &mut Recorder, ops: &[Op]) -> StepResult<()> {
         let mut made = Made::default();
-        ops.iter().try_for_each(|op| apply(rec, op, &mut made))
+        ops.iter()
+            .try_for_each(|op| apply(rec, op, &mut made))
+            .map_err(RootError::into_pair)
     }
 
     const RO: u64 = libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
@@ -1216,7 +1245,13 @@ mod tests {
     fn a_source_that_is_no_longer_a_directory_is_not_bound() {
         let mut rec = Recorder::default();
         let e = run(&mut rec, &[bind("/data", "/input/data", true)]).unwrap_err();
-        assert_eq!(e, ("open /data".into(), "is no longer a directory".into()));
+        assert_eq!(
+            e,
+            (
+                "open /data".into(),
+                "openat2(O_PATH, RESOLVE_NO_SYMLINKS): is no longer a directory".into()
+            )
+        );
         assert!(
             !rec.calls.iter().any(|c| c.starts_with("bind")),
             "{:?}",
@@ -1238,6 +1273,7 @@ mod tests {
         ];
         let (step, error) = run(&mut rec, &ops).unwrap_err();
         assert_eq!(step, "bind /etc/hosts -> /etc/hosts");
+        assert!(error.starts_with("mount(MS_BIND|MS_REC): "), "{error}");
         assert!(error.contains("os error 1"), "{error}");
         assert!(
             rec.calls.last().unwrap().starts_with("bind"),

@@ -7,12 +7,130 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags, ResolveFlags, openat2};
 use rustix::mount::MountFlags;
 
 use crate::sys;
+
+/// A step of building the sandbox's root: what a set-up failure names (the report's `step`,
+/// the same words as before these were typed) and the system call it makes, as nsjail and
+/// firecracker's jailer name both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RootStep {
+    Mkdir(PathBuf),
+    CreateMountPoint(String),
+    Open(PathBuf),
+    Stat(PathBuf),
+    Bind {
+        src: PathBuf,
+        dest: String,
+    },
+    BindDevice(String),
+    RestrictDevice(String),
+    MountTmpfs {
+        dest: String,
+        data: String,
+    },
+    MountProc(String),
+    Symlink {
+        dest: String,
+        target: String,
+    },
+    Write(String),
+    MakeReadOnly(String),
+    RemountReadOnly(String),
+    RemountNewRoot,
+    EnterNewRoot,
+    PivotRoot,
+    DetachOldRoot,
+    ChdirRoot,
+    /// A path or mount option that holds a NUL byte.
+    Path,
+}
+
+impl std::fmt::Display for RootStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RootStep::Mkdir(p) => write!(f, "mkdir {}", p.display()),
+            RootStep::CreateMountPoint(d) => write!(f, "create mount point {d}"),
+            RootStep::Open(p) => write!(f, "open {}", p.display()),
+            RootStep::Stat(p) => write!(f, "stat {}", p.display()),
+            RootStep::Bind { src, dest } => write!(f, "bind {} -> {dest}", src.display()),
+            RootStep::BindDevice(d) => write!(f, "bind device {d}"),
+            RootStep::RestrictDevice(d) => write!(f, "restrict device {d}"),
+            RootStep::MountTmpfs { dest, data } => write!(f, "mount tmpfs {dest} ({data})"),
+            RootStep::MountProc(d) => write!(f, "mount proc on {d}"),
+            RootStep::Symlink { dest, target } => write!(f, "symlink {dest} -> {target}"),
+            RootStep::Write(d) => write!(f, "write {d}"),
+            RootStep::MakeReadOnly(d) => write!(f, "make {d} read-only"),
+            RootStep::RemountReadOnly(d) => write!(f, "remount {d} read-only"),
+            RootStep::RemountNewRoot => f.write_str("remount new root read-only"),
+            RootStep::EnterNewRoot => f.write_str("chdir /newroot"),
+            RootStep::PivotRoot => f.write_str("pivot_root(., .)"),
+            RootStep::DetachOldRoot => f.write_str("detach the old root"),
+            RootStep::ChdirRoot => f.write_str("chdir /"),
+            RootStep::Path => f.write_str("path"),
+        }
+    }
+}
+
+impl RootStep {
+    /// The system call the step makes.
+    pub(crate) fn syscall(&self) -> &'static str {
+        match self {
+            RootStep::Mkdir(_) => "mkdir",
+            RootStep::CreateMountPoint(_) => "open(O_CREAT)",
+            RootStep::Open(_) => "openat2(O_PATH, RESOLVE_NO_SYMLINKS)",
+            RootStep::Stat(_) => "fstat",
+            RootStep::Bind { .. } => "mount(MS_BIND|MS_REC)",
+            RootStep::BindDevice(_) => "mount(MS_BIND)",
+            RootStep::RestrictDevice(_) | RootStep::MakeReadOnly(_) => {
+                "mount_setattr(AT_RECURSIVE)"
+            }
+            RootStep::MountTmpfs { .. } => "mount(tmpfs)",
+            RootStep::MountProc(_) => "mount(proc)",
+            RootStep::Symlink { .. } => "symlink",
+            RootStep::Write(_) => "open(O_CREAT|O_TRUNC), write",
+            RootStep::RemountReadOnly(_) | RootStep::RemountNewRoot => {
+                "mount(MS_REMOUNT|MS_BIND|MS_RDONLY)"
+            }
+            RootStep::EnterNewRoot | RootStep::ChdirRoot => "chdir",
+            RootStep::PivotRoot => "pivot_root",
+            RootStep::DetachOldRoot => "umount2(MNT_DETACH)",
+            RootStep::Path => "CString::new",
+        }
+    }
+}
+
+/// A failed step of building the root: the step and the OS's answer.
+#[derive(Debug, thiserror::Error)]
+#[error("{step}: {}: {source}", step.syscall())]
+pub(crate) struct RootError {
+    pub(crate) step: RootStep,
+    #[source]
+    pub(crate) source: io::Error,
+}
+
+impl RootError {
+    /// The `(step, error)` pair of the report's set-up failure: the step's words, then the
+    /// system call and the error.
+    pub(crate) fn into_pair(self) -> (String, String) {
+        (
+            self.step.to_string(),
+            format!("{}: {}", self.step.syscall(), self.source),
+        )
+    }
+}
+
+/// Runs one step: its result, or a [`RootError`] naming it.
+pub(crate) fn root_step<T>(step: RootStep, r: io::Result<T>) -> Result<T, RootError> {
+    if crate::inside::timing::every_step() {
+        crate::inside::timing::mark(&step.to_string());
+    }
+    r.map_err(|source| RootError { step, source })
+}
 
 /// The root-building system calls. Paths are as the init sees them (the new root is below
 /// `/newroot`, the host's root below `/oldroot`).
