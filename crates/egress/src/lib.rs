@@ -66,6 +66,7 @@ pub mod host;
 mod meter;
 mod policy;
 mod resolve;
+mod sni;
 
 use std::sync::Arc;
 use std::thread::JoinHandle;

@@ -232,6 +232,17 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for MeteredStream<S> {
     }
 }
 
+/// Told when a metered body fails (a malformed chunked body, a connection cut mid-body), so
+/// that the failure is recorded.
+pub(crate) trait OnBodyError {
+    fn body_error(&self, what: &str, e: &BoxError);
+}
+
+/// The request side: a failing request body fails the upstream exchange, which records it.
+impl OnBodyError for () {
+    fn body_error(&self, _what: &str, _e: &BoxError) {}
+}
+
 /// A body whose data frames are accounted in one direction. It may hold a value (the
 /// decision recorder) that must live as long as the body.
 pub(crate) struct MeteredBody<B, K> {
@@ -245,7 +256,7 @@ impl<B, K> Body for MeteredBody<B, K>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
-    K: Unpin,
+    K: OnBodyError + Unpin,
 {
     type Data = Bytes;
     type Error = BoxError;
@@ -268,7 +279,15 @@ where
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(Some(Err(e))) => {
+                let e: BoxError = e.into();
+                let what = match self.dir {
+                    Dir::Up => "request body",
+                    Dir::Down => "response body",
+                };
+                self._keep.body_error(what, &e);
+                Poll::Ready(Some(Err(e)))
+            }
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => Poll::Pending,
         }

@@ -440,7 +440,32 @@ async fn get(proxy: SocketAddr, url: &str, host: &str) -> Resp {
     .await
 }
 
-/// CONNECT; on 200 returns the tunnel.
+/// A minimal, well-formed TLS ClientHello record with `host` as server name (none for an IP).
+fn client_hello(host: &str) -> Vec<u8> {
+    let mut body = vec![3, 3];
+    body.extend_from_slice(&[7; 32]);
+    body.push(0);
+    body.extend_from_slice(&[0, 2, 0x13, 0x01, 1, 0]);
+    let mut ext = Vec::new();
+    if host.parse::<IpAddr>().is_err() {
+        let n = host.len() as u16;
+        ext.extend_from_slice(&[0, 0]);
+        ext.extend_from_slice(&(n + 5).to_be_bytes());
+        ext.extend_from_slice(&(n + 3).to_be_bytes());
+        ext.push(0);
+        ext.extend_from_slice(&n.to_be_bytes());
+        ext.extend_from_slice(host.as_bytes());
+    }
+    body.extend_from_slice(&(ext.len() as u16).to_be_bytes());
+    body.extend_from_slice(&ext);
+    let mut rec = vec![22, 3, 1];
+    rec.extend_from_slice(&((body.len() + 4) as u16).to_be_bytes());
+    rec.extend_from_slice(&[1, 0, (body.len() >> 8) as u8, body.len() as u8]);
+    rec.extend_from_slice(&body);
+    rec
+}
+
+/// CONNECT; on 200 returns the tunnel, after a ClientHello naming the target went through.
 async fn connect(proxy: SocketAddr, target: &str) -> (Resp, Option<TcpStream>) {
     let mut s = TcpStream::connect(proxy).await.unwrap();
     s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
@@ -449,6 +474,13 @@ async fn connect(proxy: SocketAddr, target: &str) -> (Resp, Option<TcpStream>) {
     let head = read_head(&mut s).await;
     let status = parse_head(&head);
     if status == 200 {
+        // Tunnels carry TLS only, with the CONNECT target as server name: open with a
+        // ClientHello (the echo upstreams send it back).
+        let host = target.rsplit_once(':').map_or(target, |(h, _)| h);
+        let hello = client_hello(host.trim_start_matches('[').trim_end_matches(']'));
+        s.write_all(&hello).await.unwrap();
+        let mut back = vec![0u8; hello.len()];
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut back)).await;
         (
             Resp {
                 status,
