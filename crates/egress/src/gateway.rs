@@ -154,6 +154,60 @@ struct Vetted {
 struct ConnCtx {
     timed_out: AtomicBool,
     tunnel: Mutex<Option<TunnelJob>>,
+    /// Idle upstream connections of this client connection's forwarded requests, each with
+    /// the destination it was vetted for. Never shared with another client connection.
+    pool: Mutex<Vec<Pooled>>,
+}
+
+/// Most idle upstream connections kept per client connection.
+const POOL_PER_CLIENT: usize = 4;
+
+type Sender = hyper::client::conn::http1::SendRequest<BoxBody<Bytes, BoxError>>;
+
+/// An upstream HTTP/1.1 connection and the destination it was opened to.
+struct Pooled {
+    host: Host,
+    port: u16,
+    addr: IpAddr,
+    sender: Sender,
+    _driver: AbortOnDrop,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+impl ConnCtx {
+    /// An idle connection to exactly `t`'s host and port whose address is among `addrs` (the
+    /// addresses just vetted for this request), ready for a request; `None` if there is none.
+    async fn checkout(&self, t: &Target, addrs: &[IpAddr]) -> Option<Pooled> {
+        loop {
+            let mut p = {
+                let mut g = lock(&self.pool);
+                let i = g.iter().position(|p| {
+                    p.host == t.host && p.port == t.port && addrs.contains(&p.addr)
+                })?;
+                g.swap_remove(i)
+            };
+            // Closed by the server or still busy: drop it and look further.
+            if let Ok(Ok(())) =
+                tokio::time::timeout(Duration::from_millis(50), p.sender.ready()).await
+            {
+                return Some(p);
+            }
+        }
+    }
+
+    fn checkin(&self, p: Pooled) {
+        let mut g = lock(&self.pool);
+        if g.len() >= POOL_PER_CLIENT {
+            g.remove(0);
+        }
+        g.push(p);
+    }
 }
 
 struct TunnelJob {
@@ -188,7 +242,11 @@ struct Pending {
     /// Set when the gateway refused the flow after it was allowed (a tunnel's first bytes, a
     /// malformed or smuggling response, a failed upstream exchange): a denial is recorded.
     refused: Mutex<Option<String>>,
-    _driver: Mutex<Option<AbortOnDrop>>,
+    /// The upstream connection of a forwarded request, returned to the client connection's
+    /// pool when the response body ended cleanly.
+    upstream: Mutex<Option<Pooled>>,
+    /// The response body reached its end.
+    complete: AtomicBool,
 }
 
 impl Pending {
@@ -207,7 +265,8 @@ impl Pending {
             start,
             note: Mutex::new(None),
             refused: Mutex::new(None),
-            _driver: Mutex::new(None),
+            upstream: Mutex::new(None),
+            complete: AtomicBool::new(false),
         }
     }
 
@@ -228,6 +287,10 @@ impl Pending {
 impl crate::meter::OnBodyError for Arc<Pending> {
     fn body_error(&self, what: &str, e: &BoxError) {
         self.refuse(sanitize(&format!("{what} failed: {e}"), 200));
+    }
+
+    fn body_end(&self) {
+        self.complete.store(true, Ordering::SeqCst);
     }
 }
 
@@ -268,6 +331,14 @@ impl Drop for Pending {
             Ok(mut g) => g.take(),
             Err(p) => p.into_inner().take(),
         };
+        let upstream = lock(&self.upstream).take();
+        if let Some(up) = upstream
+            && refused.is_none()
+            && denial.is_none()
+            && self.complete.load(Ordering::SeqCst)
+        {
+            self.ctx.checkin(up);
+        }
         if let Some(reason) = refused {
             let moved = d.bytes_up > 0 || d.bytes_down > 0;
             let r = Decision {
@@ -663,8 +734,8 @@ impl Shared {
     }
 
     /// Connects to the vetted addresses in order, within the connect timeout.
-    /// Everything between a parsed destination and a connected upstream, for CONNECT and
-    /// forwarded requests alike: the allowlist and address checks, the run's budgets, and a
+    /// Everything between a parsed destination and a connected upstream for a CONNECT (a
+    /// forwarded request does the same steps itself, to reuse a pooled connection): the allowlist and address checks, the run's budgets, and a
     /// connection to one of the vetted addresses. Returns the stream, the address and the rule.
     async fn open(&self, t: &Target) -> Result<(TcpStream, IpAddr, String), Refusal> {
         let vetted = self.vet(t).await?;
@@ -937,16 +1008,39 @@ async fn handle_forward(
         shared.deny(d, start, reason, None);
         return refusal(StatusCode::BAD_REQUEST, reason);
     }
-    let (upstream, addr, rule) = match shared.open(&target).await {
-        Ok(x) => x,
+    // Vetted for every request, pooled connection or not: a pooled connection is used only
+    // for the same host and port and when its address is among the addresses vetted now.
+    let vetted = match shared.vet(&target).await {
+        Ok(v) => v,
         Err(r) => {
             shared.deny(d, start, &r.reason, r.address);
             return refusal(r.status, &r.reason);
         }
     };
+    if let Some(what) = shared.budget.exhausted() {
+        let reason = format!("{what} budget already used up");
+        shared.deny(d, start, &reason, None);
+        return refusal(StatusCode::FORBIDDEN, &reason);
+    }
+    let reused = ctx.checkout(&target, &vetted.addrs).await;
+    let fresh = match reused {
+        Some(_) => None,
+        None => match shared.connect(&vetted.addrs, target.port).await {
+            Ok(x) => Some(x),
+            Err(r) => {
+                shared.deny(d, start, &r.reason, r.address);
+                return refusal(r.status, &r.reason);
+            }
+        },
+    };
+    let addr = match (&reused, &fresh) {
+        (Some(p), _) => p.addr,
+        (None, Some((_, a))) => *a,
+        (None, None) => return refusal(StatusCode::BAD_GATEWAY, "no upstream connection"),
+    };
     d.allowed = true;
     d.address = Some(addr);
-    d.reason = rule;
+    d.reason = vetted.reason;
     let flow = Arc::new(Flow::default());
     let meter = Meter {
         budget: shared.budget.clone(),
@@ -954,22 +1048,32 @@ async fn handle_forward(
     };
     let pending = Arc::new(Pending::new(shared.clone(), ctx, flow, d.clone(), start));
 
-    let mut client = hyper::client::conn::http1::Builder::new();
-    client.max_header_size(shared.limits.max_header_bytes.max(1024));
-    let (mut sender, conn) = match client.handshake(TokioIo::new(upstream)).await {
-        Ok(x) => x,
-        Err(e) => {
-            let reason = format!("upstream handshake failed: {e}");
-            pending.refuse(reason.clone());
-            return refusal(StatusCode::BAD_GATEWAY, &reason);
+    let mut up = match (reused, fresh) {
+        (Some(p), _) => p,
+        (None, Some((upstream, addr))) => {
+            let mut client = hyper::client::conn::http1::Builder::new();
+            client.max_header_size(shared.limits.max_header_bytes.max(1024));
+            let (sender, conn) = match client.handshake(TokioIo::new(upstream)).await {
+                Ok(x) => x,
+                Err(e) => {
+                    let reason = format!("upstream handshake failed: {e}");
+                    pending.refuse(reason.clone());
+                    return refusal(StatusCode::BAD_GATEWAY, &reason);
+                }
+            };
+            let driver = tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            Pooled {
+                host: target.host.clone(),
+                port: target.port,
+                addr,
+                sender,
+                _driver: AbortOnDrop(driver),
+            }
         }
+        (None, None) => return refusal(StatusCode::BAD_GATEWAY, "no upstream connection"),
     };
-    let driver = tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    if let Ok(mut g) = pending._driver.lock() {
-        *g = Some(AbortOnDrop(driver));
-    }
 
     let (mut parts, body) = req.into_parts();
     let origin_form = parts
@@ -1012,7 +1116,7 @@ async fn handle_forward(
     *out.version_mut() = Version::HTTP_11;
     *out.headers_mut() = parts.headers;
 
-    let resp = match sender.send_request(out).await {
+    let resp = match up.sender.send_request(out).await {
         Ok(r) => r,
         Err(e) => {
             let reason = if meter.flow.exceeded().is_some() {
@@ -1061,6 +1165,7 @@ async fn handle_forward(
         return refusal(StatusCode::FORBIDDEN, &reason);
     }
 
+    *lock(&pending.upstream) = Some(up);
     let (mut rparts, rbody) = resp.into_parts();
     strip_hop_by_hop(&mut rparts.headers);
     if !meter.take(Dir::Down, head_bytes(&rparts.headers) + 16) {

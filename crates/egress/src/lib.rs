@@ -47,8 +47,8 @@
 //!   An allowed host that is itself an open proxy, or that accepts uploads, is a channel the
 //!   operator owns.
 //! * The gateway speaks HTTP/1.1 to clients; no SOCKS5 (clients that only speak SOCKS need
-//!   `ALL_PROXY=http://...` support or an HTTP proxy). Plain-HTTP upstream connections are not
-//!   pooled (one upstream connection per forwarded request).
+//!   `ALL_PROXY=http://...` support or an HTTP proxy). Plain-HTTP upstream connections are
+//!   pooled per client connection, keyed by the vetted (host, port, address).
 //! * Byte counts for plain HTTP include an approximation of the heads.
 //! * `allow_private` exceptions apply to the address connected to, not to an IPv4 address
 //!   that an IPv6 address embeds.

@@ -236,6 +236,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for MeteredStream<S> {
 /// that the failure is recorded.
 pub(crate) trait OnBodyError {
     fn body_error(&self, what: &str, e: &BoxError);
+    /// The body reached its end cleanly.
+    fn body_end(&self) {}
 }
 
 /// The request side: a failing request body fails the upstream exchange, which records it.
@@ -277,6 +279,9 @@ where
                         return Poll::Ready(Some(Err(Box::new(limit_error(what)))));
                     }
                 }
+                if self.inner.is_end_stream() {
+                    self._keep.body_end();
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
@@ -288,13 +293,20 @@ where
                 self._keep.body_error(what, &e);
                 Poll::Ready(Some(Err(e)))
             }
-            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(None) => {
+                self._keep.body_end();
+                Poll::Ready(None)
+            }
             Poll::Pending => Poll::Pending,
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        let end = self.inner.is_end_stream();
+        if end {
+            self._keep.body_end();
+        }
+        end
     }
 
     fn size_hint(&self) -> SizeHint {

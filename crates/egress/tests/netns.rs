@@ -1047,3 +1047,72 @@ fn spawn_gateway_blocking_api_with_static_resolver() {
         },
     );
 }
+
+/// One GET on a kept-alive client connection: the status, and the body when it is 200.
+async fn keep_alive_get(s: &mut TcpStream, host: &str, port: u16) -> u16 {
+    s.write_all(
+        format!("GET http://{host}:{port}/hello HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let head = read_head(s).await;
+    let status = parse_head(&head);
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse().unwrap())
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).await.unwrap();
+    if status == 200 {
+        assert_eq!(body, b"hello from upstream");
+    }
+    status
+}
+
+#[test]
+fn pooled_upstream_connections_serve_only_the_destination_they_were_vetted_for() {
+    in_netns(
+        "pooled_upstream_connections_serve_only_the_destination_they_were_vetted_for",
+        || async {
+            let w = world().await;
+            let gw = w.gateway(GatewayLimits::default()).await;
+            let port = w.up.http.port();
+            let mut s = TcpStream::connect(gw.addr).await.unwrap();
+            // Kept-alive requests to one destination reuse one upstream connection.
+            for _ in 0..3 {
+                assert_eq!(keep_alive_get(&mut s, "allowed.test", port).await, 200);
+            }
+            assert_eq!(w.up.http_conns.load(Ordering::SeqCst), 1);
+            // Another name on the same address and port gets its own connection, never the
+            // one vetted for allowed.test.
+            assert_eq!(keep_alive_get(&mut s, "other.test", port).await, 200);
+            assert_eq!(w.up.http_conns.load(Ordering::SeqCst), 2);
+            // rebind.test answers 127.0.0.1, then 10.0.0.1: the second request is vetted again
+            // and refused, although a connection to 127.0.0.1 for rebind.test is pooled.
+            assert_eq!(keep_alive_get(&mut s, "rebind.test", port).await, 200);
+            assert_eq!(w.up.http_conns.load(Ordering::SeqCst), 3);
+            assert_eq!(keep_alive_get(&mut s, "rebind.test", port).await, 403);
+            assert_eq!(w.up.http_conns.load(Ordering::SeqCst), 3);
+            // And the pooled allowed.test connection is still the one used.
+            assert_eq!(keep_alive_get(&mut s, "allowed.test", port).await, 200);
+            assert_eq!(w.up.http_conns.load(Ordering::SeqCst), 3);
+            drop(s);
+            let log = gw.stop().await;
+            let seen = w.up.seen_headers.lock().unwrap().join("\n");
+            assert!(seen.contains(&format!("host: other.test:{port}")), "{seen}");
+            assert!(
+                !find(&log, |d| !d.allowed
+                    && d.host == "rebind.test"
+                    && d.reason.contains("10.0.0.1"))
+                .is_empty(),
+                "{log:#?}"
+            );
+            assert_eq!(find(&log, |d| d.allowed && d.method == "GET").len(), 6);
+        },
+    );
+}
