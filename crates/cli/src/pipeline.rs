@@ -1,5 +1,6 @@
 //! One run end to end: image check, engine, collection, verification, delivery, receipt and
-//! report. The CLI calls it; the orchestrator will call the same function.
+//! report. `agentjail run` calls it (the orchestrator too, through a child `agentjail run
+//! --lifeline`).
 //!
 //! Nothing is half-written: output is collected into a private staging folder next to the
 //! destination, verified there, and moved into the destination only when the run passed; the
@@ -29,8 +30,6 @@ pub struct Delivery {
 #[derive(Debug)]
 pub struct Finished {
     pub report: RunReport,
-    /// Verified files, as delivered (host paths), in report order.
-    pub delivered: Vec<PathBuf>,
     /// The named output's verified content, when the manifest names one and it passed.
     pub artifact: Option<Vec<u8>>,
     pub exit_code: i32,
@@ -204,7 +203,6 @@ pub fn execute_in(
     annotate_image(&mut report, &root);
 
     let mut artifact = None;
-    let mut delivered = Vec::new();
     if let Some(fd) = output_dir.as_ref() {
         let fd = std::os::fd::AsFd::as_fd(fd);
         if staging.is_none() && agentjail_verify::collect::has_entries(fd) {
@@ -231,7 +229,7 @@ pub fn execute_in(
             || (report.status == Status::OutputRejected && vm.manifest.output.is_none())
         {
             if let (Some(d), Some(stage)) = (&delivery.output_dir, stage) {
-                delivered = deliver(stage, d, &report.output.files)?;
+                deliver(stage, d, &report.output.files)?;
             }
         } else {
             artifact = None;
@@ -241,11 +239,16 @@ pub fn execute_in(
     if let (Some(path), Some(key)) = (&delivery.receipt, &key)
         && report.status != Status::SetupError
     {
-        let inputs: Vec<(String, String)> = vm
+        // What is signed must be true: an input that cannot be hashed fails the run.
+        let inputs = vm
             .inputs
             .iter()
-            .map(|i| (i.mount.clone(), digest_input(&i.host_path)))
-            .collect();
+            .map(|i| {
+                agentjail_verify::digest::input_digest(&i.host_path)
+                    .map(|d| (i.mount.clone(), d))
+                    .map_err(|e| SetupFailure(format!("input {}: {e}; no receipt", i.mount)))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let env = receipt::sign(key, &report, &inputs, &report.output.files)
             .map_err(|e| SetupFailure(e.to_string()))?;
         write_atomic(path, env.to_json().as_bytes())?;
@@ -259,7 +262,6 @@ pub fn execute_in(
     let exit_code = report.status.exit_code(report.exit_code, report.signal);
     Ok(Finished {
         report,
-        delivered,
         artifact,
         exit_code,
     })
@@ -272,63 +274,6 @@ fn load_schema(p: &Path) -> Result<agentjail_verify::schema::SchemaChecker, Setu
         .map_err(|e| SetupFailure(format!("output_schema {}: not JSON: {e}", p.display())))?;
     agentjail_verify::schema::SchemaChecker::compile(&v)
         .map_err(|e| SetupFailure(format!("output_schema {}: {e}", p.display())))
-}
-
-/// sha256 of an input: a file's content, or for a directory a digest over its sorted entries'
-/// relative paths and contents (symlinks recorded by target, not followed).
-fn digest_input(p: &Path) -> String {
-    use sha2::{Digest, Sha256};
-    fn walk(base: &Path, dir: &Path, h: &mut Sha256, depth: usize) {
-        let Ok(rd) = std::fs::read_dir(dir) else {
-            return;
-        };
-        let mut entries: Vec<_> = rd.filter_map(Result::ok).collect();
-        entries.sort_by_key(|e| e.file_name());
-        for e in entries {
-            let path = e.path();
-            let rel = path
-                .strip_prefix(base)
-                .unwrap_or(&path)
-                .to_string_lossy()
-                .into_owned();
-            let Ok(m) = std::fs::symlink_metadata(&path) else {
-                continue;
-            };
-            if m.file_type().is_symlink() {
-                let t = std::fs::read_link(&path).unwrap_or_default();
-                h.update(format!("L {rel} {}\n", t.display()).as_bytes());
-            } else if m.is_dir() && depth < 64 {
-                h.update(format!("D {rel}\n").as_bytes());
-                walk(base, &path, h, depth + 1);
-            } else if m.is_file() {
-                let d = file_digest(&path);
-                h.update(format!("F {rel} {d}\n").as_bytes());
-            }
-        }
-    }
-    if p.is_dir() {
-        let mut h = Sha256::new();
-        walk(p, p, &mut h, 0);
-        format!("sha256:{}", agentjail_manifest::hex(&h.finalize()))
-    } else {
-        file_digest(p)
-    }
-}
-
-fn file_digest(p: &Path) -> String {
-    use sha2::{Digest, Sha256};
-    use std::io::Read;
-    let mut h = Sha256::new();
-    if let Ok(mut f) = std::fs::File::open(p) {
-        let mut buf = vec![0u8; 1 << 16];
-        while let Ok(n) = f.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-        }
-    }
-    format!("sha256:{}", agentjail_manifest::hex(&h.finalize()))
 }
 
 fn verify_output(
@@ -518,11 +463,10 @@ fn make_staging(dest: &Path) -> Result<tempfile::TempDir, SetupFailure> {
 }
 
 /// Moves verified files from the staging folder into the destination (same file system).
-fn deliver(stage: &Path, dest: &Path, files: &[OutputFile]) -> Result<Vec<PathBuf>, SetupFailure> {
+fn deliver(stage: &Path, dest: &Path, files: &[OutputFile]) -> Result<(), SetupFailure> {
     let fail =
         |e: std::io::Error| SetupFailure(format!("delivering output to {}: {e}", dest.display()));
     std::fs::create_dir_all(dest).map_err(fail)?;
-    let mut out = Vec::new();
     for f in files {
         let to = dest.join(&f.path);
         if let Some(p) = to.parent() {
@@ -531,9 +475,8 @@ fn deliver(stage: &Path, dest: &Path, files: &[OutputFile]) -> Result<Vec<PathBu
         std::fs::rename(stage.join(&f.path), &to).map_err(fail)?;
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o644));
-        out.push(to);
     }
-    Ok(out)
+    Ok(())
 }
 
 fn write_report(delivery: &Delivery, r: &RunReport) -> Result<(), SetupFailure> {
