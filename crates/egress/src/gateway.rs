@@ -481,8 +481,9 @@ impl Gateway {
     }
 }
 
-/// Records what hyper refused on its own (it answers `431` or `400` itself, or just closes on a
-/// head timeout): every refusal leaves a denial. A client that merely went away does not.
+/// Records what hyper refused on its own (it answers `431` or `400` itself): every refusal
+/// leaves a denial. A client that merely went away, or an idle connection that timed out,
+/// does not.
 fn record_conn_error(shared: &Shared, e: &hyper::Error) {
     let reason = if e.is_parse_too_large() {
         format!(
@@ -494,9 +495,9 @@ fn record_conn_error(shared: &Shared, e: &hyper::Error) {
             "malformed request: {}: answered 400",
             sanitize(&e.to_string(), 100)
         )
-    } else if e.is_timeout() {
-        "request head not received in time: connection closed".to_owned()
     } else {
+        // Includes the header read timeout: hyper runs it on idle kept-alive connections too,
+        // where closing is housekeeping, not a refusal.
         return;
     };
     shared.log.push(Decision {
