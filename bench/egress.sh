@@ -1,42 +1,99 @@
 #!/usr/bin/env bash
-# Egress gateway benchmark: a large download and many small requests, direct on loopback vs
-# through the gateway (curl inside an agentjail sandbox whose only way out is the proxy).
+# Egress gateway benchmark, direct on loopback vs through the gateway (curl inside an agentjail
+# sandbox whose only way out is the proxy), side by side in one run:
+#   - a large plain-HTTP download from a slow upstream (Python's http.server) and from a fast one
+#     (a small Python server that answers with sendfile(2) and keeps connections alive);
+#   - a large download over TLS through a CONNECT tunnel (openssl s_server -WWW), the path every
+#     https:// client takes;
+#   - many small requests, one curl process each (new connection per request), and the same
+#     number on one kept-alive connection (one curl process, many URLs).
 # Runs entirely inside a network namespace made for it (loopback only). Needs root.
-# Usage: bench/egress.sh [SIZE_MB] [REQUESTS]
+# Usage: bench/egress.sh [SIZE_MB] [REQUESTS]   (AGENTJAIL_BIN=path: use that binary, no build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 size_mb=${1:-1024}
 requests=${2:-200}
-cargo build --release -q -p agentjail
+[ -n "${AGENTJAIL_BIN:-}" ] || cargo build --release -q -p agentjail
 if [ "${AGENTJAIL_BENCH_IN_NETNS:-}" != 1 ]; then
   exec env AGENTJAIL_BENCH_IN_NETNS=1 unshare -n -- "$0" "$@"
 fi
 ip link set lo up
-aj="$PWD/target/x86_64-unknown-linux-gnu/release/agentjail"
+aj="${AGENTJAIL_BIN:-$PWD/target/x86_64-unknown-linux-gnu/release/agentjail}"
 work=$(mktemp -d /tmp/agentjail-egress-bench-XXXXXX)
 chmod 755 "$work"
-trap 'kill $server 2>/dev/null || true; rm -rf "$work"' EXIT
+pids=()
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
 head -c $((size_mb << 20)) /dev/zero > "$work/big.bin"
 echo ok > "$work/small.txt"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+  -subj /CN=bench.test -keyout "$work/key.pem" -out "$work/cert.pem" >/dev/null 2>&1
+cat > "$work/fast.py" <<'PY'
+# HTTP/1.1 with keep-alive; bodies sent with socket.sendfile (sendfile(2)).
+import os, socket, sys, threading
+root = sys.argv[1]
+def handle(c):
+    f = c.makefile("rb")
+    try:
+        while True:
+            line = f.readline()
+            if not line:
+                return
+            path = line.split()[1].decode()
+            while f.readline() not in (b"\r\n", b""):
+                pass
+            fn = os.path.join(root, os.path.basename(path))
+            with open(fn, "rb") as fh:
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % os.fstat(fh.fileno()).st_size)
+                c.sendfile(fh)
+    except OSError:
+        pass
+    finally:
+        c.close()
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 8081))
+s.listen(128)
+while True:
+    c, _ = s.accept()
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    threading.Thread(target=handle, args=(c,), daemon=True).start()
+PY
 chmod 644 "$work"/*
 /usr/bin/python3 -m http.server 8080 --bind 127.0.0.1 --directory "$work" >/dev/null 2>&1 &
-server=$!
+pids+=($!)
+/usr/bin/python3 "$work/fast.py" "$work" >/dev/null 2>&1 &
+pids+=($!)
+(cd "$work" && exec openssl s_server -quiet -WWW -accept 127.0.0.1:8443 -cert cert.pem -key key.pem) >/dev/null 2>&1 &
+pids+=($!)
 sleep 1
+# The workload, the same text run directly and inside the sandbox.
+many=""
+for _ in $(seq "$requests"); do many="$many -o /dev/null http://127.0.0.1:8081/small.txt"; done
+cat > "$work/load.sh" <<SH
+curl -s -o /dev/null -w 'slow %{speed_download}\n' http://127.0.0.1:8080/big.bin
+curl -s -o /dev/null -w 'fast %{speed_download}\n' http://127.0.0.1:8081/big.bin
+curl -sk -o /dev/null -w 'tls %{speed_download}\n' https://127.0.0.1:8443/big.bin
+for i in \$(seq $requests); do curl -s -o /dev/null -w 'time %{time_total}\n' http://127.0.0.1:8081/small.txt; done
+curl -s -w 'ka %{time_total}\n'$many
+SH
+chmod 644 "$work/load.sh"
 manifest="$work/m.json"
 cat > "$manifest" <<JSON
-{"command": ["/bin/sh", "-c", "curl -s -o /dev/null -w 'speed %{speed_download}\\\\n' http://127.0.0.1:8080/big.bin; for i in \$(seq $requests); do curl -s -o /dev/null -w 'time %{time_total}\\\\n' http://127.0.0.1:8080/small.txt; done"],
- "network": {"allow": [{"host": "127.0.0.1", "ports": [8080]}], "allow_private": ["127.0.0.1/32"]},
- "limits": {"seconds": 600, "memory_mb": 512, "processes": 16, "network_down_mb": 65536, "network_connections": 10000}}
+{"command": ["/bin/sh", "/input/load.sh"],
+ "inputs": [{"source": "$work/load.sh", "mount": "/input/load.sh"}],
+ "network": {"allow": [{"host": "127.0.0.1", "ports": [8080, 8081, 8443]}], "allow_private": ["127.0.0.1/32"]},
+ "limits": {"seconds": 600, "memory_mb": 512, "processes": 16, "network_up_mb": 1024, "network_down_mb": 65536, "network_connections": 10000}}
 JSON
-direct=$(sh -c "curl -s -o /dev/null -w 'speed %{speed_download}\n' http://127.0.0.1:8080/big.bin; for i in \$(seq $requests); do curl -s -o /dev/null -w 'time %{time_total}\n' http://127.0.0.1:8080/small.txt; done")
+direct=$(sh "$work/load.sh")
 proxied=$("$aj" run --manifest "$manifest")
-summarize() {
-  local input speed median
-  input=$(cat)
-  speed=$(echo "$input" | awk '/^speed/ {printf "%.0f", $2/1048576}')
-  median=$(echo "$input" | awk '/^time/ {print $2*1000}' | sort -n | awk '{a[NR]=$1} END {printf "%.3f", a[int((NR+1)/2)]}')
-  echo "$speed MB/s, median request ${median} ms"
-}
-echo "download ${size_mb} MiB and ${requests} small requests on loopback"
-echo "direct:  $(echo "$direct" | summarize)"
-echo "gateway: $(echo "$proxied" | summarize)"
+mbs() { awk -v k="$1" '$1 == k {printf "%.0f", $2/1048576}'; }
+median() { awk '/^time/ {print $2*1000}' | sort -n | awk '{a[NR]=$1} END {printf "%.3f", a[int((NR+1)/2)]}'; }
+ka() { awk -v n="$requests" '/^ka/ {s += $2} END {printf "%.3f", s*1000/n}'; }
+echo "download ${size_mb} MiB three ways and ${requests} small requests on loopback"
+printf '%-28s %12s %12s %8s\n' "" direct gateway share
+for k in slow fast tls; do
+  d=$(echo "$direct" | mbs $k); g=$(echo "$proxied" | mbs $k)
+  printf '%-28s %9s MB/s %7s MB/s %7s%%\n' "download ($k upstream)" "$d" "$g" "$(awk -v d="$d" -v g="$g" 'BEGIN {printf "%.0f", d ? 100*g/d : 0}')"
+done
+printf '%-28s %10s ms %10s ms\n' "new connection per request" "$(echo "$direct" | median)" "$(echo "$proxied" | median)"
+printf '%-28s %10s ms %10s ms\n' "kept-alive, per request" "$(echo "$direct" | ka)" "$(echo "$proxied" | ka)"

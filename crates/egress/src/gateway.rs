@@ -28,6 +28,7 @@ use crate::host::{Host, Target, TargetError, parse_authority};
 use crate::meter::{BoxError, Budget, Dir, Flow, Meter, MeteredBody, MeteredStream, reserve};
 use crate::policy::{CompiledPolicy, PolicyError, compile_policy};
 use crate::resolve::Resolve;
+use crate::sni::{First, check_client_hello, read_client_hello};
 
 /// The header that carries a refusal's reason to the client.
 pub const DENIED_HEADER: &str = "x-agentjail-denied";
@@ -153,10 +154,68 @@ struct Vetted {
 struct ConnCtx {
     timed_out: AtomicBool,
     tunnel: Mutex<Option<TunnelJob>>,
+    /// Idle upstream connections of this client connection's forwarded requests, each with
+    /// the destination it was vetted for. Never shared with another client connection.
+    pool: Mutex<Vec<Pooled>>,
+}
+
+/// Most idle upstream connections kept per client connection.
+const POOL_PER_CLIENT: usize = 4;
+
+type Sender = hyper::client::conn::http1::SendRequest<BoxBody<Bytes, BoxError>>;
+
+/// An upstream HTTP/1.1 connection and the destination it was opened to.
+struct Pooled {
+    host: Host,
+    port: u16,
+    addr: IpAddr,
+    sender: Sender,
+    _driver: AbortOnDrop,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+impl ConnCtx {
+    /// An idle connection to exactly `t`'s host and port whose address is among `addrs` (the
+    /// addresses just vetted for this request), ready for a request; `None` if there is none.
+    async fn checkout(&self, t: &Target, addrs: &[IpAddr]) -> Option<Pooled> {
+        loop {
+            let mut p = {
+                let mut g = lock(&self.pool);
+                let i = g.iter().position(|p| {
+                    p.host == t.host && p.port == t.port && addrs.contains(&p.addr)
+                })?;
+                g.swap_remove(i)
+            };
+            // Closed by the server or still busy: drop it and look further.
+            if let Ok(Ok(())) =
+                tokio::time::timeout(Duration::from_millis(50), p.sender.ready()).await
+            {
+                return Some(p);
+            }
+        }
+    }
+
+    fn checkin(&self, p: Pooled) {
+        let mut g = lock(&self.pool);
+        if g.len() >= POOL_PER_CLIENT {
+            g.remove(0);
+        }
+        g.push(p);
+    }
 }
 
 struct TunnelJob {
     on_upgrade: hyper::upgrade::OnUpgrade,
+    /// The CONNECT target's host: the TLS server name must be this.
+    host: Host,
+    /// How long the client has to send its ClientHello.
+    hello_timeout: Duration,
     upstream: TcpStream,
     meter: Meter,
     pending: Arc<Pending>,
@@ -180,14 +239,58 @@ struct Pending {
     base: Decision,
     start: Instant,
     note: Mutex<Option<String>>,
-    _driver: Mutex<Option<AbortOnDrop>>,
+    /// Set when the gateway refused the flow after it was allowed (a tunnel's first bytes, a
+    /// malformed or smuggling response, a failed upstream exchange): a denial is recorded.
+    refused: Mutex<Option<String>>,
+    /// The upstream connection of a forwarded request, returned to the client connection's
+    /// pool when the response body ended cleanly.
+    upstream: Mutex<Option<Pooled>>,
+    /// The response body reached its end.
+    complete: AtomicBool,
 }
 
 impl Pending {
+    fn new(
+        shared: Arc<Shared>,
+        ctx: Arc<ConnCtx>,
+        flow: Arc<Flow>,
+        base: Decision,
+        start: Instant,
+    ) -> Pending {
+        Pending {
+            shared,
+            ctx,
+            flow,
+            base,
+            start,
+            note: Mutex::new(None),
+            refused: Mutex::new(None),
+            upstream: Mutex::new(None),
+            complete: AtomicBool::new(false),
+        }
+    }
+
     fn note(&self, n: String) {
         if let Ok(mut g) = self.note.lock() {
             g.get_or_insert(n);
         }
+    }
+
+    /// Records a refusal of this flow (the first one counts).
+    fn refuse(&self, reason: String) {
+        if let Ok(mut g) = self.refused.lock() {
+            g.get_or_insert(reason);
+        }
+    }
+}
+
+impl crate::meter::OnBodyError for Arc<Pending> {
+    fn body_error(&self, what: &str, e: &BoxError) {
+        self.refuse(sanitize(&format!("{what} failed: {e}"), 200));
+    }
+
+    fn body_end(&self) {
+        self.complete.store(true, Ordering::SeqCst);
     }
 }
 
@@ -224,7 +327,33 @@ impl Drop for Pending {
             reason,
             ..d.clone()
         });
-        self.shared.log.push(d);
+        let refused = match self.refused.lock() {
+            Ok(mut g) => g.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        let upstream = lock(&self.upstream).take();
+        if let Some(up) = upstream
+            && refused.is_none()
+            && denial.is_none()
+            && self.complete.load(Ordering::SeqCst)
+        {
+            self.ctx.checkin(up);
+        }
+        if let Some(reason) = refused {
+            let moved = d.bytes_up > 0 || d.bytes_down > 0;
+            let r = Decision {
+                allowed: false,
+                reason,
+                ..d.clone()
+            };
+            // Nothing moved: the flow never became a connection; only the refusal is recorded.
+            if moved {
+                self.shared.log.push(d);
+            }
+            self.shared.log.push(r);
+        } else {
+            self.shared.log.push(d);
+        }
         if let Some(x) = denial {
             self.shared.log.push(x);
         }
@@ -352,6 +481,40 @@ impl Gateway {
     }
 }
 
+/// Records what hyper refused on its own (it answers `431` or `400` itself): every refusal
+/// leaves a denial. A client that merely went away, or an idle connection that timed out,
+/// does not.
+fn record_conn_error(shared: &Shared, e: &hyper::Error) {
+    let reason = if e.is_parse_too_large() {
+        format!(
+            "request head too large (over max_header_bytes {}): answered 431",
+            shared.limits.max_header_bytes.max(1024)
+        )
+    } else if e.is_parse() {
+        format!(
+            "malformed request: {}: answered 400",
+            sanitize(&e.to_string(), 100)
+        )
+    } else {
+        // Includes the header read timeout: hyper runs it on idle kept-alive connections too,
+        // where closing is housekeeping, not a refusal.
+        return;
+    };
+    shared.log.push(Decision {
+        allowed: false,
+        method: String::new(),
+        host: String::new(),
+        port: 0,
+        address: None,
+        reason,
+        bytes_up: 0,
+        bytes_down: 0,
+        started_ms: now_ms(),
+        duration_ms: 0,
+        count: 1,
+    });
+}
+
 /// Answers a connection we will not serve with a 503 and closes it.
 async fn reject_conn(mut stream: TcpStream, reason: String) {
     let reason = sanitize(&reason, 200);
@@ -400,7 +563,11 @@ async fn serve_conn(
         .serve_connection(TokioIo::new(stream), svc)
         .with_upgrades();
     tokio::select! {
-        _ = conn => {}
+        res = conn => {
+            if let Err(e) = res {
+                record_conn_error(&shared, &e);
+            }
+        }
         () = &mut timer => return,
     }
     let job = match ctx.tunnel.lock() {
@@ -418,6 +585,8 @@ async fn serve_conn(
 async fn run_tunnel(job: TunnelJob) {
     let TunnelJob {
         on_upgrade,
+        host,
+        hello_timeout,
         upstream,
         meter,
         pending,
@@ -430,10 +599,39 @@ async fn run_tunnel(job: TunnelJob) {
         }
     };
     let mut client = TokioIo::new(upgraded);
+    // Only TLS is tunnelled, and its server name must be the CONNECT target: no domain
+    // fronting, no plain HTTP with another Host inside an allowed tunnel.
+    let first = match tokio::time::timeout(hello_timeout, read_client_hello(&mut client)).await {
+        Err(_) => {
+            pending.refuse(format!(
+                "not_tls: no TLS ClientHello within {}s",
+                hello_timeout.as_secs()
+            ));
+            return;
+        }
+        Ok(Err(r)) => {
+            pending.refuse(r.to_string());
+            return;
+        }
+        Ok(Ok(First::Closed)) => {
+            pending.note("client closed the tunnel before a TLS ClientHello".into());
+            return;
+        }
+        Ok(Ok(First::Hello { raw, hello })) => {
+            if let Err(r) = check_client_hello(&hello, &host) {
+                pending.refuse(r.to_string());
+                return;
+            }
+            raw
+        }
+    };
     let mut upstream = MeteredStream {
         inner: upstream,
         meter,
     };
+    if upstream.write_all(&first).await.is_err() {
+        return;
+    }
     let _ =
         tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, 64 << 10, 64 << 10)
             .await;
@@ -505,9 +703,11 @@ impl Shared {
                 address: None,
             });
         }
+        // The host's own addresses, enumerated now (they can change while the gateway runs).
+        let own = own_addresses();
         let mut note = None;
         for ip in &addrs {
-            match self.policy.check_address(*ip) {
+            match self.policy.check_address_own(*ip, &own) {
                 Ok(None) => {}
                 Ok(Some(n)) => {
                     note.get_or_insert(n);
@@ -535,8 +735,8 @@ impl Shared {
     }
 
     /// Connects to the vetted addresses in order, within the connect timeout.
-    /// Everything between a parsed destination and a connected upstream, for CONNECT and
-    /// forwarded requests alike: the allowlist and address checks, the run's budgets, and a
+    /// Everything between a parsed destination and a connected upstream for a CONNECT (a
+    /// forwarded request does the same steps itself, to reuse a pooled connection): the allowlist and address checks, the run's budgets, and a
     /// connection to one of the vetted addresses. Returns the stream, the address and the rule.
     async fn open(&self, t: &Target) -> Result<(TcpStream, IpAddr, String), Refusal> {
         let vetted = self.vet(t).await?;
@@ -578,6 +778,28 @@ impl Shared {
             }
         }
         Err(last)
+    }
+}
+
+/// Every address assigned to an interface in the gateway's network namespace, canonical.
+/// If they cannot be listed, the loopback addresses only (those are blocked anyway), and the
+/// failure is logged.
+fn own_addresses() -> Vec<IpAddr> {
+    match nix::ifaddrs::getifaddrs() {
+        Ok(list) => list
+            .filter_map(|i| i.address)
+            .filter_map(|a| {
+                if let Some(v4) = a.as_sockaddr_in() {
+                    Some(IpAddr::V4(v4.ip()))
+                } else {
+                    a.as_sockaddr_in6().map(|v6| canonical(IpAddr::V6(v6.ip())))
+                }
+            })
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "egress gateway could not list its own addresses");
+            Vec::new()
+        }
     }
 }
 
@@ -679,17 +901,17 @@ async fn handle_connect(
     d.address = Some(addr);
     d.reason = rule;
     let flow = Arc::new(Flow::default());
-    let pending = Arc::new(Pending {
-        shared: shared.clone(),
-        ctx: ctx.clone(),
-        flow: flow.clone(),
-        base: d,
+    let pending = Arc::new(Pending::new(
+        shared.clone(),
+        ctx.clone(),
+        flow.clone(),
+        d,
         start,
-        note: Mutex::new(None),
-        _driver: Mutex::new(None),
-    });
+    ));
     let job = TunnelJob {
         on_upgrade: hyper::upgrade::on(&mut req),
+        host: target.host.clone(),
+        hello_timeout: shared.limits.connect_timeout,
         upstream,
         meter: Meter {
             budget: shared.budget.clone(),
@@ -787,47 +1009,72 @@ async fn handle_forward(
         shared.deny(d, start, reason, None);
         return refusal(StatusCode::BAD_REQUEST, reason);
     }
-    let (upstream, addr, rule) = match shared.open(&target).await {
-        Ok(x) => x,
+    // Vetted for every request, pooled connection or not: a pooled connection is used only
+    // for the same host and port and when its address is among the addresses vetted now.
+    let vetted = match shared.vet(&target).await {
+        Ok(v) => v,
         Err(r) => {
             shared.deny(d, start, &r.reason, r.address);
             return refusal(r.status, &r.reason);
         }
     };
+    if let Some(what) = shared.budget.exhausted() {
+        let reason = format!("{what} budget already used up");
+        shared.deny(d, start, &reason, None);
+        return refusal(StatusCode::FORBIDDEN, &reason);
+    }
+    let reused = ctx.checkout(&target, &vetted.addrs).await;
+    let fresh = match reused {
+        Some(_) => None,
+        None => match shared.connect(&vetted.addrs, target.port).await {
+            Ok(x) => Some(x),
+            Err(r) => {
+                shared.deny(d, start, &r.reason, r.address);
+                return refusal(r.status, &r.reason);
+            }
+        },
+    };
+    let addr = match (&reused, &fresh) {
+        (Some(p), _) => p.addr,
+        (None, Some((_, a))) => *a,
+        (None, None) => return refusal(StatusCode::BAD_GATEWAY, "no upstream connection"),
+    };
     d.allowed = true;
     d.address = Some(addr);
-    d.reason = rule;
+    d.reason = vetted.reason;
     let flow = Arc::new(Flow::default());
     let meter = Meter {
         budget: shared.budget.clone(),
         flow: flow.clone(),
     };
-    let pending = Arc::new(Pending {
-        shared: shared.clone(),
-        ctx,
-        flow,
-        base: d.clone(),
-        start,
-        note: Mutex::new(None),
-        _driver: Mutex::new(None),
-    });
+    let pending = Arc::new(Pending::new(shared.clone(), ctx, flow, d.clone(), start));
 
-    let mut client = hyper::client::conn::http1::Builder::new();
-    client.max_header_size(shared.limits.max_header_bytes.max(1024));
-    let (mut sender, conn) = match client.handshake(TokioIo::new(upstream)).await {
-        Ok(x) => x,
-        Err(e) => {
-            let reason = format!("upstream handshake failed: {e}");
-            pending.note(reason.clone());
-            return refusal(StatusCode::BAD_GATEWAY, &reason);
+    let mut up = match (reused, fresh) {
+        (Some(p), _) => p,
+        (None, Some((upstream, addr))) => {
+            let mut client = hyper::client::conn::http1::Builder::new();
+            client.max_header_size(shared.limits.max_header_bytes.max(1024));
+            let (sender, conn) = match client.handshake(TokioIo::new(upstream)).await {
+                Ok(x) => x,
+                Err(e) => {
+                    let reason = format!("upstream handshake failed: {e}");
+                    pending.refuse(reason.clone());
+                    return refusal(StatusCode::BAD_GATEWAY, &reason);
+                }
+            };
+            let driver = tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            Pooled {
+                host: target.host.clone(),
+                port: target.port,
+                addr,
+                sender,
+                _driver: AbortOnDrop(driver),
+            }
         }
+        (None, None) => return refusal(StatusCode::BAD_GATEWAY, "no upstream connection"),
     };
-    let driver = tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    if let Ok(mut g) = pending._driver.lock() {
-        *g = Some(AbortOnDrop(driver));
-    }
 
     let (mut parts, body) = req.into_parts();
     let origin_form = parts
@@ -839,7 +1086,7 @@ async fn handle_forward(
         .to_owned();
     let Ok(path) = origin_form.parse::<Uri>() else {
         let reason = "request path could not be forwarded";
-        pending.note(reason.into());
+        pending.refuse(reason.into());
         return refusal(StatusCode::BAD_REQUEST, reason);
     };
     strip_hop_by_hop(&mut parts.headers);
@@ -849,7 +1096,7 @@ async fn handle_forward(
         }
         Err(_) => {
             let reason = "request authority could not be forwarded";
-            pending.note(reason.into());
+            pending.refuse(reason.into());
             return refusal(StatusCode::BAD_REQUEST, reason);
         }
     }
@@ -870,7 +1117,7 @@ async fn handle_forward(
     *out.version_mut() = Version::HTTP_11;
     *out.headers_mut() = parts.headers;
 
-    let resp = match sender.send_request(out).await {
+    let resp = match up.sender.send_request(out).await {
         Ok(r) => r,
         Err(e) => {
             let reason = if meter.flow.exceeded().is_some() {
@@ -878,46 +1125,48 @@ async fn handle_forward(
             } else {
                 format!("upstream request failed: {e}")
             };
-            pending.note(reason.clone());
+            pending.refuse(reason.clone());
             return refusal(StatusCode::BAD_GATEWAY, &reason);
         }
     };
 
-    // Redirects: the target must pass the same checks before the client may follow it.
-    if matches!(resp.status().as_u16(), 301 | 302 | 303 | 307 | 308)
-        && let Some(loc) = resp.headers().get(header::LOCATION)
+    // A response that frames its body twice is a smuggling attempt toward the client.
+    if resp.headers().contains_key(header::CONTENT_LENGTH)
+        && resp.headers().contains_key(header::TRANSFER_ENCODING)
     {
-        let refused = match redirect_target(loc.as_bytes()) {
-            Ok(None) => None,
-            Ok(Some(t)) if t == target => None,
-            Ok(Some(t)) => match shared.vet(&t).await {
-                Ok(_) => None,
-                Err(r) => Some((t.host.to_string(), t.port, r.reason, r.address)),
-            },
-            Err(reason) => Some((String::new(), 0, reason.to_owned(), None)),
-        };
-        if let Some((host, port, why, address)) = refused {
-            let reason = format!("redirect from {target} refused: {why}");
-            let denial = Decision {
-                allowed: false,
-                method: d.method.clone(),
-                host,
-                port,
-                address,
-                reason: reason.clone(),
-                bytes_up: 0,
-                bytes_down: 0,
-                started_ms: d.started_ms,
-                duration_ms: ms(start.elapsed()),
-                count: 1,
-            };
-            shared.log.push(denial);
-            pending.note("redirect not forwarded".into());
-            drop(resp);
-            return refusal(StatusCode::FORBIDDEN, &reason);
-        }
+        let reason =
+            format!("response from {target} has both Content-Length and Transfer-Encoding");
+        pending.refuse(reason.clone());
+        drop(resp);
+        return refusal(StatusCode::BAD_GATEWAY, &reason);
     }
 
+    // Location and Content-Location, on every status: the target must pass the same checks
+    // before the client may follow it.
+    if let Some((host, port, why, address)) =
+        check_locations(&shared, &target, resp.headers()).await
+    {
+        let reason = format!("redirect from {target} refused: {why}");
+        let denial = Decision {
+            allowed: false,
+            method: d.method.clone(),
+            host,
+            port,
+            address,
+            reason: reason.clone(),
+            bytes_up: 0,
+            bytes_down: 0,
+            started_ms: d.started_ms,
+            duration_ms: ms(start.elapsed()),
+            count: 1,
+        };
+        shared.log.push(denial);
+        pending.note("redirect not forwarded".into());
+        drop(resp);
+        return refusal(StatusCode::FORBIDDEN, &reason);
+    }
+
+    *lock(&pending.upstream) = Some(up);
     let (mut rparts, rbody) = resp.into_parts();
     strip_hop_by_hop(&mut rparts.headers);
     if !meter.take(Dir::Down, head_bytes(&rparts.headers) + 16) {
@@ -930,6 +1179,39 @@ async fn handle_forward(
         _keep: pending,
     };
     Response::from_parts(rparts, body.boxed())
+}
+
+/// Checks every `Location` and `Content-Location` header of a response from `target`: each
+/// must be unique, parse, and stay on `target` or pass [`Shared::vet`]. Returns the refused
+/// destination (host, port), why, and the address that caused it.
+async fn check_locations(
+    shared: &Shared,
+    target: &Target,
+    headers: &HeaderMap,
+) -> Option<(String, u16, String, Option<IpAddr>)> {
+    for name in [header::LOCATION, header::CONTENT_LOCATION] {
+        let values: Vec<&HeaderValue> = headers.get_all(&name).iter().collect();
+        if values.len() > 1 {
+            return Some((String::new(), 0, format!("several {name} headers"), None));
+        }
+        let Some(loc) = values.first() else { continue };
+        match redirect_target(loc.as_bytes()) {
+            Ok(None) => {}
+            Ok(Some(t)) if t == *target => {}
+            Ok(Some(t)) => {
+                if let Err(r) = shared.vet(&t).await {
+                    return Some((
+                        t.host.to_string(),
+                        t.port,
+                        format!("{name}: {}", r.reason),
+                        r.address,
+                    ));
+                }
+            }
+            Err(reason) => return Some((String::new(), 0, format!("{name}: {reason}"), None)),
+        }
+    }
+    None
 }
 
 /// Where a `Location` value points, when it leaves the current origin.

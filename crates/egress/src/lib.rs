@@ -5,7 +5,8 @@
 //! inside that namespace, whose listening socket is handed to the supervisor, which serves it
 //! with this crate's [`Gateway`]. The gateway speaks
 //!
-//! * **HTTP CONNECT** (any TCP, e.g. TLS, tunnelled byte for byte without terminating it), and
+//! * **HTTP CONNECT** (TLS only, tunnelled byte for byte without terminating it, once the
+//!   ClientHello named the CONNECT target), and
 //! * **plain HTTP forward proxying** (absolute-form `GET http://host:port/path`),
 //!
 //! and for every request it
@@ -22,9 +23,13 @@
 //!    metadata addresses, ULA, multicast, documentation, reserved, and IPv6 embeddings of
 //!    those), unless an `allow_private` CIDR covers it;
 //! 4. connects to the exact address it vetted (no second lookup, so no DNS rebinding);
-//! 5. for plain HTTP, checks a redirect's `Location` target the same way and answers
-//!    `403` instead of forwarding a redirect to a disallowed destination; refuses
-//!    absolute-form requests whose `Host` header names another destination (`400`);
+//! 5. for CONNECT, tunnels only TLS whose ClientHello names the CONNECT target as server name
+//!    (`sni_mismatch`, `sni_missing`, `sni_ech`, `not_tls` otherwise), and for plain HTTP
+//!    checks every `Location` / `Content-Location` target the same way, on any status, and
+//!    answers `403` instead of forwarding it; refuses absolute-form requests whose `Host`
+//!    header names another destination (`400`) and responses framed by both
+//!    `Content-Length` and `Transfer-Encoding` (`502`). The gateway host's own addresses are
+//!    blocked like loopback;
 //! 6. bounds bytes (run-wide), connections (concurrent and total), requests, connect time,
 //!    connection lifetime and header size ([`GatewayLimits`]);
 //! 7. records a [`Decision`] for every allowed or refused request: method, normalised host,
@@ -37,13 +42,13 @@
 //!
 //! ## Limitations
 //!
-//! * TLS is not inspected: an allowed CONNECT target can carry anything, including
-//!   domain-fronted traffic to other services behind the same front, or DNS-over-HTTPS.
+//! * TLS is not terminated: the server name is checked, what follows is not (a front that
+//!   routes by the `Host` header inside TLS, DNS-over-HTTPS, uploads to an allowed host).
 //!   An allowed host that is itself an open proxy, or that accepts uploads, is a channel the
 //!   operator owns.
 //! * The gateway speaks HTTP/1.1 to clients; no SOCKS5 (clients that only speak SOCKS need
-//!   `ALL_PROXY=http://...` support or an HTTP proxy). Plain-HTTP upstream connections are not
-//!   pooled (one upstream connection per forwarded request).
+//!   `ALL_PROXY=http://...` support or an HTTP proxy). Plain-HTTP upstream connections are
+//!   pooled per client connection, keyed by the vetted (host, port, address).
 //! * Byte counts for plain HTTP include an approximation of the heads.
 //! * `allow_private` exceptions apply to the address connected to, not to an IPv4 address
 //!   that an IPv6 address embeds.
@@ -66,6 +71,7 @@ pub mod host;
 mod meter;
 mod policy;
 mod resolve;
+mod sni;
 
 use std::sync::Arc;
 use std::thread::JoinHandle;

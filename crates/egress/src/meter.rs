@@ -232,6 +232,19 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for MeteredStream<S> {
     }
 }
 
+/// Told when a metered body fails (a malformed chunked body, a connection cut mid-body), so
+/// that the failure is recorded.
+pub(crate) trait OnBodyError {
+    fn body_error(&self, what: &str, e: &BoxError);
+    /// The body reached its end cleanly.
+    fn body_end(&self) {}
+}
+
+/// The request side: a failing request body fails the upstream exchange, which records it.
+impl OnBodyError for () {
+    fn body_error(&self, _what: &str, _e: &BoxError) {}
+}
+
 /// A body whose data frames are accounted in one direction. It may hold a value (the
 /// decision recorder) that must live as long as the body.
 pub(crate) struct MeteredBody<B, K> {
@@ -245,7 +258,7 @@ impl<B, K> Body for MeteredBody<B, K>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
-    K: Unpin,
+    K: OnBodyError + Unpin,
 {
     type Data = Bytes;
     type Error = BoxError;
@@ -266,16 +279,34 @@ where
                         return Poll::Ready(Some(Err(Box::new(limit_error(what)))));
                     }
                 }
+                if self.inner.is_end_stream() {
+                    self._keep.body_end();
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
-            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(Some(Err(e))) => {
+                let e: BoxError = e.into();
+                let what = match self.dir {
+                    Dir::Up => "request body",
+                    Dir::Down => "response body",
+                };
+                self._keep.body_error(what, &e);
+                Poll::Ready(Some(Err(e)))
+            }
+            Poll::Ready(None) => {
+                self._keep.body_end();
+                Poll::Ready(None)
+            }
             Poll::Pending => Poll::Pending,
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        let end = self.inner.is_end_stream();
+        if end {
+            self._keep.body_end();
+        }
+        end
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -257,6 +257,24 @@ impl CompiledPolicy {
         }
     }
 
+    /// Like [`CompiledPolicy::check_address`], and an address in `own` (the gateway host's
+    /// own addresses) counts as blocked like loopback, even when it is public: it would reach
+    /// the host's own services. An `allow_private` CIDR can let it through, as for loopback.
+    pub fn check_address_own(&self, ip: IpAddr, own: &[IpAddr]) -> Result<Option<String>, String> {
+        let ip = canonical(ip);
+        if classify(ip).is_none() && own.contains(&ip) {
+            return match self.allow_private.iter().find(|n| n.contains(&ip)) {
+                Some(net) => Ok(Some(format!(
+                    "own address of the gateway host allowed by allow_private {net}"
+                ))),
+                None => Err(format!(
+                    "address {ip} is an own address of the gateway host"
+                )),
+            };
+        }
+        self.check_address(ip)
+    }
+
     /// The `allow_private` CIDRs, normalised.
     pub fn allow_private(&self) -> &[IpNet] {
         &self.allow_private

@@ -442,7 +442,32 @@ async fn get(proxy: SocketAddr, url: &str, host: &str) -> Resp {
     .await
 }
 
-/// CONNECT; on 200 returns the tunnel.
+/// A minimal, well-formed TLS ClientHello record with `host` as server name (none for an IP).
+fn client_hello(host: &str) -> Vec<u8> {
+    let mut body = vec![3, 3];
+    body.extend_from_slice(&[7; 32]);
+    body.push(0);
+    body.extend_from_slice(&[0, 2, 0x13, 0x01, 1, 0]);
+    let mut ext = Vec::new();
+    if host.parse::<IpAddr>().is_err() {
+        let n = host.len() as u16;
+        ext.extend_from_slice(&[0, 0]);
+        ext.extend_from_slice(&(n + 5).to_be_bytes());
+        ext.extend_from_slice(&(n + 3).to_be_bytes());
+        ext.push(0);
+        ext.extend_from_slice(&n.to_be_bytes());
+        ext.extend_from_slice(host.as_bytes());
+    }
+    body.extend_from_slice(&(ext.len() as u16).to_be_bytes());
+    body.extend_from_slice(&ext);
+    let mut rec = vec![22, 3, 1];
+    rec.extend_from_slice(&((body.len() + 4) as u16).to_be_bytes());
+    rec.extend_from_slice(&[1, 0, (body.len() >> 8) as u8, body.len() as u8]);
+    rec.extend_from_slice(&body);
+    rec
+}
+
+/// CONNECT; on 200 returns the tunnel, after a ClientHello naming the target went through.
 async fn connect(proxy: SocketAddr, target: &str) -> (Resp, Option<TcpStream>) {
     let mut s = TcpStream::connect(proxy).await.unwrap();
     s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
@@ -451,6 +476,13 @@ async fn connect(proxy: SocketAddr, target: &str) -> (Resp, Option<TcpStream>) {
     let head = read_head(&mut s).await;
     let status = parse_head(&head);
     if status == 200 {
+        // Tunnels carry TLS only, with the CONNECT target as server name: open with a
+        // ClientHello (the echo upstreams send it back).
+        let host = target.rsplit_once(':').map_or(target, |(h, _)| h);
+        let hello = client_hello(host.trim_start_matches('[').trim_end_matches(']'));
+        s.write_all(&hello).await.unwrap();
+        let mut back = vec![0u8; hello.len()];
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut back)).await;
         (
             Resp {
                 status,
@@ -1014,6 +1046,75 @@ fn spawn_gateway_blocking_api_with_static_resolver() {
                 .unwrap();
             assert_eq!(log.iter().filter(|d| d.allowed).count(), 1, "{log:#?}");
             assert_eq!(log.iter().filter(|d| !d.allowed).count(), 1, "{log:#?}");
+        },
+    );
+}
+
+/// One GET on a kept-alive client connection: the status, and the body when it is 200.
+async fn keep_alive_get(s: &mut TcpStream, host: &str, port: u16) -> u16 {
+    s.write_all(
+        format!("GET http://{host}:{port}/hello HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let head = read_head(s).await;
+    let status = parse_head(&head);
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse().unwrap())
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).await.unwrap();
+    if status == 200 {
+        assert_eq!(body, b"hello from upstream");
+    }
+    status
+}
+
+#[test]
+fn pooled_upstream_connections_serve_only_the_destination_they_were_vetted_for() {
+    in_netns(
+        "pooled_upstream_connections_serve_only_the_destination_they_were_vetted_for",
+        || async {
+            let w = world().await;
+            let gw = w.gateway(GatewayLimits::default()).await;
+            let port = w.up.http.port();
+            let mut s = TcpStream::connect(gw.addr).await.unwrap();
+            // Kept-alive requests to one destination reuse one upstream connection.
+            for _ in 0..3 {
+                assert_eq!(keep_alive_get(&mut s, "allowed.test", port).await, 200);
+            }
+            assert_eq!(w.up.http_conns.load(Ordering::SeqCst), 1);
+            // Another name on the same address and port gets its own connection, never the
+            // one vetted for allowed.test.
+            assert_eq!(keep_alive_get(&mut s, "other.test", port).await, 200);
+            assert_eq!(w.up.http_conns.load(Ordering::SeqCst), 2);
+            // rebind.test answers 127.0.0.1, then 10.0.0.1: the second request is vetted again
+            // and refused, although a connection to 127.0.0.1 for rebind.test is pooled.
+            assert_eq!(keep_alive_get(&mut s, "rebind.test", port).await, 200);
+            assert_eq!(w.up.http_conns.load(Ordering::SeqCst), 3);
+            assert_eq!(keep_alive_get(&mut s, "rebind.test", port).await, 403);
+            assert_eq!(w.up.http_conns.load(Ordering::SeqCst), 3);
+            // And the pooled allowed.test connection is still the one used.
+            assert_eq!(keep_alive_get(&mut s, "allowed.test", port).await, 200);
+            assert_eq!(w.up.http_conns.load(Ordering::SeqCst), 3);
+            drop(s);
+            let log = gw.stop().await;
+            let seen = w.up.seen_headers.lock().unwrap().join("\n");
+            assert!(seen.contains(&format!("host: other.test:{port}")), "{seen}");
+            assert!(
+                !find(&log, |d| !d.allowed
+                    && d.host == "rebind.test"
+                    && d.reason.contains("10.0.0.1"))
+                .is_empty(),
+                "{log:#?}"
+            );
+            assert_eq!(find(&log, |d| d.allowed && d.method == "GET").len(), 6);
         },
     );
 }
