@@ -18,7 +18,7 @@ use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::AppState;
+use crate::app::AppState;
 use crate::db::RunRow;
 #[cfg(test)]
 use crate::policy::{

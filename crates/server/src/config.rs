@@ -36,6 +36,19 @@ pub struct Config {
     pub tasks: BTreeMap<String, Task>,
 }
 
+/// What `serve` does with the self-test at start-up.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SelftestMode {
+    /// Do not run it.
+    #[default]
+    Off,
+    /// Run it; log failed probes and start anyway.
+    Warn,
+    /// Run it; refuse to start when a probe failed or it could not run.
+    Refuse,
+}
+
 /// Server settings.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -80,7 +93,7 @@ pub struct ServerSettings {
     /// (log failed probes, start anyway) or `refuse` (do not start when a probe failed). The
     /// result is on `/healthz` and in `/metrics`.
     #[serde(default)]
-    pub selftest: crate::selftest::SelftestMode,
+    pub selftest: SelftestMode,
     /// `Host` values the `/mcp` endpoint accepts (DNS-rebinding protection), e.g.
     /// `["mcp.example.com"]` or `["localhost:8787"]`. Default: loopback only (`localhost`,
     /// `127.0.0.1`, `::1`, any port).
@@ -159,7 +172,7 @@ impl Default for ServerSettings {
             input_retention_seconds: d_week(),
             sweep_interval_seconds: d_sweep(),
             allow_degraded: false,
-            selftest: crate::selftest::SelftestMode::Off,
+            selftest: SelftestMode::Off,
             mcp_allowed_hosts: None,
             mcp_allowed_origins: Vec::new(),
             header_timeout_seconds: d_header_timeout(),

@@ -25,11 +25,11 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 
+use crate::app::{AppState, random_hex};
 use crate::audit::Event;
 use crate::config::{CodePolicy, Task};
 use crate::run_state::RunState;
 use crate::service::{self, Caller, Failure, RunRequest, RunView};
-use crate::{AppState, random_hex};
 
 /// Names of the built-in tools; a task with one of these names is not offered over MCP.
 pub const UPLOAD_INPUT: &str = "upload_input";
@@ -849,8 +849,8 @@ pub struct McpOptions {
 
 /// Runs the MCP server over stdio until the client closes it. Stdout carries only the
 /// protocol; every log line goes to stderr.
-pub fn serve_stdio_blocking(opts: McpOptions) -> Result<(), crate::ServerError> {
-    use crate::ServerError;
+pub fn serve_stdio_blocking(opts: McpOptions) -> Result<(), crate::app::ServerError> {
+    use crate::app::ServerError;
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(false)
@@ -861,9 +861,9 @@ pub fn serve_stdio_blocking(opts: McpOptions) -> Result<(), crate::ServerError> 
         )
         .try_init();
     let mut config = match &opts.config {
-        Some(p) => crate::Config::load(p)?,
+        Some(p) => crate::config::Config::load(p)?,
         None => {
-            let mut c = crate::Config::example()?;
+            let mut c = crate::config::Config::example()?;
             if let Some(a) = c.actors.get_mut("dev") {
                 a.token_sha256 = crate::config::sha256_hex(opts.token.as_bytes());
             }
@@ -873,12 +873,12 @@ pub fn serve_stdio_blocking(opts: McpOptions) -> Result<(), crate::ServerError> 
     if let Some(d) = &opts.data_dir {
         config.server.data_dir = Some(d.clone());
     }
-    let crate::Launch {
+    let crate::app::Launch {
         data_dir,
         runner,
         allow_degraded,
         rt,
-    } = crate::Launch::resolve(&config, opts.allow_degraded)?;
+    } = crate::app::Launch::resolve(&config, opts.allow_degraded)?;
     rt.block_on(async move {
         use rmcp::ServiceExt;
         let state = AppState::open(config, &data_dir, runner, allow_degraded)?;

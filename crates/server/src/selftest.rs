@@ -6,24 +6,13 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::ServerError;
+use crate::app::ServerError;
 
-/// What `serve` does with the self-test at start-up.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum SelftestMode {
-    /// Do not run it.
-    #[default]
-    Off,
-    /// Run it; log failed probes and start anyway.
-    Warn,
-    /// Run it; refuse to start when a probe failed or it could not run.
-    Refuse,
-}
+/// What `serve` does with the self-test at start-up (a configuration type, `server.selftest`).
+pub use crate::config::SelftestMode;
 
 /// The start-up self-test's result, as `/healthz` shows it.
 #[derive(Debug, Clone, Serialize, ToSchema)]

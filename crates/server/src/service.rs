@@ -6,23 +6,31 @@
 //! ([`crate::api`]) and MCP ([`crate::mcp`]) map these to their own forms (status + problem
 //! details; tool results and JSON-RPC errors); neither depends on the other.
 
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 
-use crate::audit::Event;
-use crate::config::CodePolicy;
+use crate::app::{
+    AppState, AuthFailures, Inner, ServerError, metrics_handle, now, random_hex,
+    warn_untraversable, zero_metrics,
+};
+use crate::audit::{self, Event};
+use crate::config::{self, CodePolicy, Config};
 use crate::db::{InputRow, Insert, RunRow};
 use crate::policy;
 pub use crate::policy::{Caller, Refusal, RunRequest};
 use crate::run_state::RunState;
 use crate::runner::{self, Admission, Job};
 use crate::store::StoreError;
-use crate::{AppState, now, random_hex};
+use crate::{db, store};
 
 /// Why a service call did not succeed.
 #[derive(Debug)]
@@ -60,6 +68,106 @@ impl From<StoreError> for Failure {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Start-up
+
+impl AppState {
+    /// Opens the data directory (creating it), the database and the audit log, and reconciles
+    /// runs left in flight by a previous process (they become `unknown`; never re-run).
+    pub fn open(
+        config: Config,
+        data_dir: &Path,
+        runner: PathBuf,
+        allow_degraded: bool,
+    ) -> Result<AppState, ServerError> {
+        use std::os::unix::fs::PermissionsExt;
+        let io = |what: &str, p: &Path, e: std::io::Error| {
+            ServerError::Io(format!("{what} {}: {e}", p.display()))
+        };
+        for d in [
+            data_dir.to_path_buf(),
+            data_dir.join("objects"),
+            data_dir.join("jobs"),
+        ] {
+            std::fs::create_dir_all(&d).map_err(|e| io("cannot create", &d, e))?;
+            // The sandbox user (an unprivileged host uid in root mode) must traverse these.
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755))
+                .map_err(|e| io("cannot set permissions of", &d, e))?;
+        }
+        let data_dir = data_dir
+            .canonicalize()
+            .map_err(|e| io("cannot resolve", data_dir, e))?;
+        warn_untraversable(&data_dir);
+        // Code files wait here for their runs: traversable (the sandbox user reads its code
+        // by its unguessable name) but not listable.
+        let code = data_dir.join("code");
+        std::fs::create_dir_all(&code).map_err(|e| io("cannot create", &code, e))?;
+        std::fs::set_permissions(&code, std::fs::Permissions::from_mode(0o711))
+            .map_err(|e| io("cannot set permissions of", &code, e))?;
+        let private = data_dir.join("private");
+        std::fs::create_dir_all(&private).map_err(|e| io("cannot create", &private, e))?;
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| io("cannot set permissions of", &private, e))?;
+        // One process per data directory: start-up reconciliation marks every in-flight run
+        // `unknown`, and the audit chain is kept in memory, so a second `serve` or `mcp` on the
+        // same directory would corrupt both.
+        let lock_path = private.join("lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| io("cannot open", &lock_path, e))?;
+        if lock.try_lock().is_err() {
+            return Err(ServerError::Io(format!(
+                "the data directory {} is in use by another agentjail serve or mcp process; use another --data-dir, or connect to that server's /mcp endpoint",
+                data_dir.display()
+            )));
+        }
+        // Create the receipt key now, so concurrent runs never race to create it.
+        agentjail_verify::receipt::ReceiptKey::load_or_create(&private.join("receipt-key.pem"))
+            .map_err(|e| ServerError::Io(format!("receipt key: {e}")))?;
+        let db = db::Db::open(&private.join("agentjail.db"))?;
+        let audit = audit::AuditLog::open(&private.join("audit.jsonl"))?;
+        let mut schemas = std::collections::BTreeMap::new();
+        for (name, t) in &config.tasks {
+            if let Some(s) = &t.output.schema {
+                let v = s.value().map_err(config::ConfigError)?;
+                schemas.insert(
+                    name.clone(),
+                    serde_json::to_string_pretty(&v).unwrap_or_default(),
+                );
+            }
+        }
+        let concurrency = config.server.max_concurrent_runs.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2)
+        });
+        let state = AppState {
+            inner: Arc::new(Inner {
+                max_admitted: concurrency + config.server.max_queued_runs,
+                config,
+                data_dir,
+                runner,
+                allow_degraded,
+                store: Arc::new(store::SqliteStore::new(db.clone(), audit)),
+                #[cfg(test)]
+                db,
+                run_slots: Semaphore::new(concurrency),
+                admitted: AtomicUsize::new(0),
+                metrics: metrics_handle(),
+                schemas,
+                auth_failures: AuthFailures::default(),
+                _lock: lock,
+            }),
+        };
+        zero_metrics(&state.inner.config);
+        runner::reconcile_at_startup(&state)?;
+        Ok(state)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Authentication
 
 /// Checks a bearer token against the configured token hashes (constant time, every actor). A
@@ -92,62 +200,6 @@ pub(crate) async fn authenticate(
             }
             None
         }
-    }
-}
-
-/// Authentication failures, audited in aggregate: at most one `auth_failure` record per
-/// window, whose `reason` counts every failure since the previous record (none is lost: a
-/// flusher writes what is pending once the window has passed). Anyone who can reach the port
-/// can make failures, so one record each would let them grow the audit log without bound.
-#[derive(Default)]
-pub(crate) struct AuthFailures(std::sync::Mutex<PendingFailures>);
-
-#[derive(Default)]
-pub(crate) struct PendingFailures {
-    missing: u64,
-    unknown: u64,
-    route: String,
-    last_record: Option<std::time::Instant>,
-}
-
-impl AuthFailures {
-    /// Counts one failure; returns the record to write when the window allows one.
-    fn record(&self, had_token: bool, route: String, window: Duration) -> Option<Event> {
-        let mut p = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if had_token {
-            p.unknown += 1;
-        } else {
-            p.missing += 1;
-        }
-        p.route = route;
-        Self::take_due(&mut p, window)
-    }
-
-    /// The pending failures as one record, if any are pending and the window has passed.
-    pub(crate) fn flush(&self, window: Duration) -> Option<Event> {
-        let mut p = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        Self::take_due(&mut p, window)
-    }
-
-    fn take_due(p: &mut PendingFailures, window: Duration) -> Option<Event> {
-        let n = p.missing + p.unknown;
-        if n == 0 || p.last_record.is_some_and(|t| t.elapsed() < window) {
-            return None;
-        }
-        let ev = Event {
-            event: "auth_failure",
-            decision: Some("deny"),
-            reason: Some(format!(
-                "{n} authentication failure(s) since the previous record: {} missing bearer token, {} unknown bearer token",
-                p.missing, p.unknown
-            )),
-            route: Some(std::mem::take(&mut p.route)),
-            ..Default::default()
-        };
-        p.missing = 0;
-        p.unknown = 0;
-        p.last_record = Some(std::time::Instant::now());
-        Some(ev)
     }
 }
 
