@@ -180,7 +180,7 @@ fn an_input_the_sandbox_user_cannot_read_is_refused_before_the_run_with_the_fix(
                 "--",
                 "/bin/sh",
                 "-c",
-                "echo COMMAND-RAN; cat /input/data.csv /input/private/data.csv 2>/dev/null",
+                "echo COMMAND-RAN; cat /input/data.csv /input/private/data.csv 2>/dev/null; true",
             ],
             &[],
         )
@@ -510,4 +510,58 @@ fn serve_and_mcp_refuse_to_start_where_a_strict_run_is_refused_and_name_the_fix(
         );
         assert!(!err.contains("listening on"), "{args:?}:\n{err}");
     }
+}
+
+#[test]
+fn flag_built_runs_name_the_flag_the_user_typed() {
+    let d = tmp();
+    std::fs::write(d.path().join("s.json"), "{}").unwrap();
+    for (args, want) in [
+        (
+            &[
+                "run",
+                "--ro",
+                "missing.csv",
+                "--",
+                "/bin/echo",
+                "COMMAND-RAN",
+            ][..],
+            "agentjail: error: --ro missing.csv: ",
+        ),
+        (
+            &[
+                "run",
+                "--ro",
+                "s.json:/etc/x",
+                "--",
+                "/bin/echo",
+                "COMMAND-RAN",
+            ][..],
+            "agentjail: error: --ro s.json:/etc/x: /etc/x is outside /input and /work",
+        ),
+        (
+            &["run", "--timeout", "0", "--", "/bin/echo", "COMMAND-RAN"][..],
+            "agentjail: error: --timeout: 0 is outside",
+        ),
+    ] {
+        let o = agentjail(d.path(), false, args, &[]);
+        assert_eq!(o.code, 125, "{args:?}: {}", o.dump());
+        assert!(!o.stdout.contains("COMMAND-RAN"), "{}", o.dump());
+        assert_eq!(o.stderr.lines().count(), 1, "{}", o.dump());
+        assert!(o.stderr.starts_with(want), "{args:?}: {}", o.dump());
+        assert!(!o.stderr.contains("manifest field"), "{}", o.dump());
+    }
+    // A manifest file's errors still name its fields.
+    std::fs::write(
+        d.path().join("m.yaml"),
+        "inputs: [{source: missing.csv, mount: /input/m.csv}]\ncommand: [/bin/true]\n",
+    )
+    .unwrap();
+    let o = agentjail(d.path(), false, &["run", "--manifest", "m.yaml"], &[]);
+    assert_eq!(o.code, 125, "{}", o.dump());
+    assert!(
+        o.stderr.contains("manifest field `inputs[0].source`"),
+        "{}",
+        o.dump()
+    );
 }
