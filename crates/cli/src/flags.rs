@@ -243,8 +243,11 @@ pub fn flag_for_field(field: &str, ro: &[String]) -> Option<String> {
 /// A manifest error of a flag-built run, with the flag in place of the field where one set it.
 pub fn flag_error(e: &ManifestError, ro: &[String]) -> String {
     match e {
+        // `--ro data.csv` stands for its input; other flags keep the field they set, which
+        // docs/manifest.md describes with its bounds: `--timeout (limits.seconds): …`.
         ManifestError::Field { field, reason } => match flag_for_field(field, ro) {
-            Some(flag) => format!("{flag}: {reason}"),
+            Some(flag) if field.starts_with("inputs[") => format!("{flag}: {reason}"),
+            Some(flag) => format!("{flag} ({field}): {reason}"),
             None => e.to_string(),
         },
         _ => e.to_string(),
@@ -280,5 +283,13 @@ mod field_name_tests {
             reason: "r".into(),
         };
         assert_eq!(flag_error(&e, &ro), "manifest field `image_digest`: r");
+        let e = ManifestError::Field {
+            field: "limits.seconds".into(),
+            reason: "0 is outside 1..=86400".into(),
+        };
+        assert_eq!(
+            flag_error(&e, &ro),
+            "--timeout (limits.seconds): 0 is outside 1..=86400"
+        );
     }
 }

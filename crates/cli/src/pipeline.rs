@@ -274,7 +274,8 @@ pub fn execute_in(
 /// `isolation.degraded` has each reason in full.
 pub fn degraded_line(report: &RunReport) -> Option<String> {
     let d = &report.isolation.degraded;
-    if d.is_empty() {
+    // A refused run (no `--allow-degraded`) lists what it lacked too, but ran without nothing.
+    if d.is_empty() || report.status == Status::SetupError {
         return None;
     }
     let mut parts: Vec<String> = Vec::new();

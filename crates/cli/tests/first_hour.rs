@@ -447,6 +447,9 @@ fn serve_and_mcp_refuse_to_start_where_a_strict_run_is_refused_and_name_the_fix(
         skip_or_panic("a strict run works for uid 65534 here");
         return;
     }
+    // A refused run ran without nothing: no degraded line, only the refusal.
+    assert_eq!(probe.stderr.lines().count(), 1, "{}", probe.dump());
+    assert!(!probe.stderr.contains("degraded:"), "{}", probe.dump());
     for args in [
         &[
             "serve",
@@ -509,6 +512,11 @@ fn serve_and_mcp_refuse_to_start_where_a_strict_run_is_refused_and_name_the_fix(
             "{args:?}:\n{err}"
         );
         assert!(!err.contains("listening on"), "{args:?}:\n{err}");
+        // The reason is the refusal's, not a degraded line.
+        assert!(
+            err.contains("every run would end in setup_error (refusing to run without: cgroup"),
+            "{args:?}:\n{err}"
+        );
     }
 }
 
@@ -541,7 +549,7 @@ fn flag_built_runs_name_the_flag_the_user_typed() {
         ),
         (
             &["run", "--timeout", "0", "--", "/bin/echo", "COMMAND-RAN"][..],
-            "agentjail: error: --timeout: 0 is outside",
+            "agentjail: error: --timeout (limits.seconds): 0 is outside",
         ),
     ] {
         let o = agentjail(d.path(), false, args, &[]);
