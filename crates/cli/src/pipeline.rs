@@ -164,15 +164,17 @@ pub fn execute_in(
     };
     let refusal = match selected {
         Err(msg) => Some(msg),
-        Ok(_) if euid_is_root() && vm.manifest.isolation == agentjail_manifest::Tier::Native => {
-            vm.inputs.iter().find_map(|i| unreadable_input(i).err())
-        }
         Ok(_) => match &vm.manifest.network {
             agentjail_manifest::Network::Allow(p) => agentjail_egress::compile_policy(p)
                 .err()
                 .map(|e| format!("manifest field `network`: {e}")),
             agentjail_manifest::Network::Deny => None,
-        },
+        }
+        .or_else(|| {
+            (euid_is_root() && vm.manifest.isolation == agentjail_manifest::Tier::Native)
+                .then(|| vm.inputs.iter().find_map(|i| unreadable_input(i).err()))
+                .flatten()
+        }),
     };
     let (Some(image), Some(root), None) = (image.clone(), root.clone(), refusal.clone()) else {
         let msg = refusal.unwrap_or_default();
