@@ -1,10 +1,14 @@
 //! The flags that describe a run (`agentjail run` and `agentjail manifest --print`) and their
-//! translation into a [`Manifest`], the one description of a run.
+//! translation into a [`Manifest`], the one description of a run; and back: errors of
+//! flag-built runs name the flag the user typed (`--ro data.csv`), not the manifest field they
+//! never wrote (`inputs[0].source`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use agentjail_manifest::{AllowRule, EgressPolicy, Input, Limits, Manifest, Mode, Network};
+use agentjail_manifest::{
+    AllowRule, EgressPolicy, Input, Limits, Manifest, ManifestError, Mode, Network,
+};
 use clap::Args;
 
 /// `--net`: the one mode; with `--allow-host`, the egress gateway is the only way out.
@@ -182,5 +186,93 @@ impl ManifestFlags {
         m.request_id = self.request_id.clone();
         m.expires_at = self.expires_at.clone();
         Ok(m)
+    }
+}
+
+// Manifest fields named by the flags that set them.
+
+/// The flag (as typed, for `--ro`) that set a manifest `field`, if a flag sets it.
+pub fn flag_for_field(field: &str, ro: &[String]) -> Option<String> {
+    if let Some(rest) = field.strip_prefix("inputs[") {
+        let i: usize = rest.split(']').next()?.parse().ok()?;
+        return ro.get(i).map(|r| format!("--ro {r}"));
+    }
+    if let Some(k) = field.strip_prefix("env.") {
+        return Some(format!("--env {k}=…"));
+    }
+    if field == "command" || field.starts_with("command[") {
+        return Some("-- PROGRAM [ARGS]".into());
+    }
+    if field.starts_with("network") {
+        return Some("--allow-host".into());
+    }
+    let flag = match field {
+        "limits.seconds" => "--timeout",
+        "limits.memory_mb" => "--memory-mb",
+        "limits.processes" => "--pids",
+        "limits.cpus" => "--cpus",
+        "limits.output_mb" => "--output-max-mb",
+        "env" => "--env",
+        "output" => "--output",
+        "output_schema" => "--output-schema",
+        "request_id" => "--request-id",
+        "expires_at" => "--expires-at",
+        "isolation" => "--isolation",
+        _ => return None,
+    };
+    Some(flag.into())
+}
+
+/// A manifest error of a flag-built run, with the flag in place of the field where one set it.
+pub fn flag_error(e: &ManifestError, ro: &[String]) -> String {
+    match e {
+        // `--ro data.csv` stands for its input; other flags keep the field they set, which
+        // docs/manifest.md describes with its bounds: `--timeout (limits.seconds): …`.
+        ManifestError::Field { field, reason } => match flag_for_field(field, ro) {
+            Some(flag) if field.starts_with("inputs[") => format!("{flag}: {reason}"),
+            Some(flag) => format!("{flag} ({field}): {reason}"),
+            None => e.to_string(),
+        },
+        _ => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod field_name_tests {
+    use super::*;
+
+    #[test]
+    fn fields_are_named_by_the_flag_typed() {
+        let ro = vec!["data.csv".to_string(), "lib/:/work/lib".to_string()];
+        let e = ManifestError::Field {
+            field: "inputs[1].source".into(),
+            reason: "/x/lib: not found".into(),
+        };
+        assert_eq!(
+            flag_error(&e, &ro),
+            "--ro lib/:/work/lib: /x/lib: not found"
+        );
+        assert_eq!(
+            flag_for_field("inputs[0].mount", &ro).as_deref(),
+            Some("--ro data.csv")
+        );
+        assert_eq!(
+            flag_for_field("limits.memory_mb", &ro).as_deref(),
+            Some("--memory-mb")
+        );
+        assert_eq!(flag_for_field("image_digest", &ro), None);
+        let e = ManifestError::Field {
+            field: "image_digest".into(),
+            reason: "r".into(),
+        };
+        assert_eq!(flag_error(&e, &ro), "manifest field `image_digest`: r");
+        let e = ManifestError::Field {
+            field: "limits.seconds".into(),
+            reason: "0 is outside 1..=86400".into(),
+        };
+        assert_eq!(
+            flag_error(&e, &ro),
+            "--timeout (limits.seconds): 0 is outside 1..=86400"
+        );
     }
 }

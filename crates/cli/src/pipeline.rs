@@ -169,7 +169,12 @@ pub fn execute_in(
                 .err()
                 .map(|e| format!("manifest field `network`: {e}")),
             agentjail_manifest::Network::Deny => None,
-        },
+        }
+        .or_else(|| {
+            (euid_is_root() && vm.manifest.isolation == agentjail_manifest::Tier::Native)
+                .then(|| vm.inputs.iter().find_map(|i| unreadable_input(i).err()))
+                .flatten()
+        }),
     };
     let (Some(image), Some(root), None) = (image.clone(), root.clone(), refusal.clone()) else {
         let msg = refusal.unwrap_or_default();
@@ -201,6 +206,10 @@ pub fn execute_in(
     } = agentjail_engine::run_on(vm, opts, Some(image), &root);
     timing::mark("pipeline: engine returned");
     annotate_image(&mut report, &root);
+    // `--allow-degraded` ran without something: said every time, not only in the report.
+    if let Some(line) = degraded_line(&report) {
+        eprintln!("agentjail: degraded: {line}");
+    }
 
     let mut artifact = None;
     if let Some(fd) = output_dir.as_ref() {
@@ -265,6 +274,98 @@ pub fn execute_in(
         artifact,
         exit_code,
     })
+}
+
+/// What a `--allow-degraded` run went without, in one line (`None` when nothing): e.g.
+/// `no cgroup (memory and pids bounded by rlimits only)`. The report's
+/// `isolation.degraded` has each reason in full.
+pub fn degraded_line(report: &RunReport) -> Option<String> {
+    let d = &report.isolation.degraded;
+    // A refused run (no `--allow-degraded`) lists what it lacked too, but ran without nothing.
+    if d.is_empty() || report.status == Status::SetupError {
+        return None;
+    }
+    let mut parts: Vec<String> = Vec::new();
+    for e in d {
+        let part = if e.starts_with("cgroup") {
+            "no cgroup (memory and pids bounded by rlimits only)".to_string()
+        } else if e.starts_with("cpu:") {
+            "no CPU limit (CPU time bounded by the wall-clock limit only)".to_string()
+        } else if e.starts_with("landlock") {
+            "no Landlock (file access bounded by the mount namespace only)".to_string()
+        } else {
+            e.clone()
+        };
+        if !parts.contains(&part) {
+            parts.push(part);
+        }
+    }
+    Some(parts.join("; "))
+}
+
+/// Whether the effective uid is root (the `Uid:` line's second field).
+fn euid_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+/// As root, the sandbox user is a dedicated unprivileged host uid, to which only the "other"
+/// permission bits of an input apply (the bind mount itself is made with the init's
+/// privileges, so the folders above the input do not matter): an input it cannot read would
+/// fail inside the sandbox with a bare "Permission denied". Refused here instead, naming the
+/// file and the fix. A folder is checked with what it holds (up to 10 000 entries).
+fn unreadable_input(i: &agentjail_manifest::ResolvedInput) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let refuse = |p: &Path, is_dir: bool, mode: u32| {
+        let (what, fix) = if is_dir {
+            ("the folder", "o+rx")
+        } else {
+            ("the file", "o+r")
+        };
+        Err(format!(
+            "input {} ({}): the sandbox user cannot read {what} {} (mode {:04o}): as root, agentjail runs the sandbox as an unprivileged uid, to which only the permissions for others apply; fix: chmod {fix} {}",
+            i.mount,
+            i.host_path.display(),
+            p.display(),
+            mode & 0o7777,
+            p.display()
+        ))
+    };
+    let mut stack = vec![(i.host_path.clone(), i.is_dir)];
+    let mut seen = 0usize;
+    while let Some((p, is_dir)) = stack.pop() {
+        seen += 1;
+        if seen > 10_000 {
+            break;
+        }
+        let Ok(m) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        let mode = m.permissions().mode();
+        if is_dir {
+            if mode & 0o005 != 0o005 {
+                return refuse(&p, true, mode);
+            }
+            if let Ok(rd) = std::fs::read_dir(&p) {
+                for e in rd.flatten() {
+                    if let Ok(t) = e.file_type() {
+                        if t.is_dir() {
+                            stack.push((e.path(), true));
+                        } else if t.is_file() {
+                            stack.push((e.path(), false));
+                        }
+                    }
+                }
+            }
+        } else if m.is_file() && mode & 0o004 == 0 {
+            return refuse(&p, false, mode);
+        }
+    }
+    Ok(())
 }
 
 fn load_schema(p: &Path) -> Result<agentjail_verify::schema::SchemaChecker, SetupFailure> {
@@ -368,7 +469,7 @@ fn verify_output(
                         report.output.files.push(f);
                     } else {
                         failed = true;
-                        report.deny(DenialKind::Output, format!("{name}: failed verification"));
+                        report.deny(DenialKind::Output, verification_denial(&name, &errors));
                         list_rejected(
                             report,
                             f.path,
@@ -384,6 +485,27 @@ fn verify_output(
     if failed && command_ok {
         report.status = Status::OutputRejected;
     }
+}
+
+/// The denial for an output that failed verification: its first error, located, and how many
+/// more there are (all of them are in the report's `output.errors`), so that the one line
+/// `agentjail run` prints says what is wrong:
+/// `summary.json: /rows: expected integer, got string (and 2 more errors in output.errors)`.
+fn verification_denial(name: &str, errors: &[OutputError]) -> String {
+    let Some(first) = errors.first() else {
+        return format!("{name}: failed verification");
+    };
+    let at = if first.instance_path.is_empty() {
+        String::new()
+    } else {
+        format!("{}: ", first.instance_path)
+    };
+    let more = match errors.len() - 1 {
+        0 => String::new(),
+        1 => " (and 1 more error in output.errors)".to_string(),
+        n => format!(" (and {n} more errors in output.errors)"),
+    };
+    format!("{name}: {at}{}{more}", first.message)
 }
 
 /// Adds an entry to `output.rejected`, or counts it once that list is full.

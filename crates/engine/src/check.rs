@@ -21,6 +21,46 @@ pub struct Report {
     /// A strict run (no `--allow-degraded`) works here.
     pub strict_run_ok: bool,
     pub host_image: String,
+    /// When a strict run is refused: what would make it work here, and what
+    /// `--allow-degraded` costs instead; one sentence each.
+    pub fixes: Vec<String>,
+}
+
+/// The end of the engine's refusal message, addressed to someone who has not run `check` yet.
+const RUN_HINT: &str = "; hint: `agentjail check` explains";
+
+/// How to get what a failed strict run lacked, from the items that failed.
+fn fixes_for(items: &[Item], root: bool) -> Vec<String> {
+    let failed = |name: &str| items.iter().any(|i| i.name == name && !i.ok);
+    let mut fixes = Vec::new();
+    let mut costs = Vec::new();
+    if failed("cgroups") {
+        fixes.push(if root {
+            "fix: mount cgroup v2 with the memory, pids and cpu controllers enabled (or cgroup v1 memory, pids and cpu hierarchies)".to_string()
+        } else {
+            "fix: run agentjail in a cgroup delegated to you: `systemd-run --user --scope -p Delegate=yes agentjail run …` (systemd's user manager delegates memory, pids and cpu), or run it as root".to_string()
+        });
+        costs.push("memory and processes bounded per process by rlimits only (RLIMIT_AS, RLIMIT_NPROC), not for the whole tree, and no CPU limit");
+    }
+    if failed("landlock") {
+        fixes.push("fix: a kernel ≥ 5.13 with `landlock` among the active LSMs (`lsm=…,landlock` on the kernel command line)".to_string());
+        costs.push("the file system bounded by the mount namespace alone, without Landlock");
+    }
+    if failed("user namespaces") {
+        fixes.push(
+            "fix: allow user namespaces for this user (see the `user namespaces` line above)"
+                .to_string(),
+        );
+    }
+    if costs.is_empty() {
+        fixes.push("or: `agentjail run --allow-degraded …` runs with what is available and lists the rest in the report's isolation.degraded".to_string());
+    } else {
+        fixes.push(format!(
+            "or: `agentjail run --allow-degraded …` runs anyway, with {} (the report's isolation.degraded lists it)",
+            costs.join("; ")
+        ));
+    }
+    fixes
 }
 
 fn read(p: &str) -> Option<String> {
@@ -235,13 +275,27 @@ pub fn check() -> Report {
         });
     }
     let strict = crate::probe_strict_run();
+    // A strict run refused before the sandbox was built (a missing cgroup, Landlock) says
+    // nothing about mounts: a run that allows what is missing proves or disproves them.
+    let refused_before_start =
+        matches!(&strict, Err(e) if e.starts_with("refusing to run without"));
+    let mounts = match &strict {
+        Ok(()) => Ok(()),
+        Err(_) if refused_before_start => crate::probe_run(true),
+        Err(_) => Err(String::new()),
+    };
+    const MOUNTS_OK: &str =
+        "tmpfs, proc and read-only bind mounts work in a new user namespace (no overlayfs is used)";
     items.push(Item {
         name: "mounts in userns".into(),
-        ok: strict.is_ok(),
-        detail: if strict.is_ok() {
-            "tmpfs, proc and read-only bind mounts work in a new user namespace (no overlayfs is used)".into()
-        } else {
-            "not proved: the strict run below failed".into()
+        ok: mounts.is_ok(),
+        detail: match (&strict, &mounts) {
+            (Ok(()), _) => MOUNTS_OK.into(),
+            (Err(_), Ok(())) => format!(
+                "{MOUNTS_OK}; proved by a run with --allow-degraded (the strict run below was refused for another reason)"
+            ),
+            (Err(_), Err(e)) if refused_before_start => format!("failed: {e}"),
+            (Err(_), Err(_)) => "not proved: the strict run below failed".into(),
         },
     });
     items.push(Item {
@@ -249,13 +303,23 @@ pub fn check() -> Report {
         ok: strict.is_ok(),
         detail: match &strict {
             Ok(()) => "/bin/true ran with every protection applied".into(),
-            Err(e) => e.clone(),
+            // This is `check`: no hint to run it.
+            Err(e) => match e.find(RUN_HINT) {
+                Some(i) => e[..i].to_string(),
+                None => e.clone(),
+            },
         },
     });
+    let fixes = if strict.is_ok() {
+        Vec::new()
+    } else {
+        fixes_for(&items, rustix::process::geteuid().is_root())
+    };
     Report {
         strict_run_ok: strict.is_ok(),
         items,
         host_image: crate::image::host_image_identity(),
+        fixes,
     }
 }
 

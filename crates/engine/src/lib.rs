@@ -60,6 +60,11 @@ pub(crate) fn test_weakened(step: &str) -> bool {
 
 /// Runs `/bin/true` with every protection required; `Err` says why that is not possible here.
 pub fn probe_strict_run() -> Result<(), String> {
+    probe_run(false)
+}
+
+/// Runs `/bin/true`, with `allow_degraded` as `--allow-degraded` would; `Err` says why it failed.
+pub fn probe_run(allow_degraded: bool) -> Result<(), String> {
     let vm = agentjail_manifest::Manifest::for_command(vec!["/bin/true".into()])
         .validate(
             &agentjail_manifest::SourcePolicy {
@@ -70,7 +75,7 @@ pub fn probe_strict_run() -> Result<(), String> {
         )
         .map_err(|e| e.to_string())?;
     let opts = RunOptions {
-        allow_degraded: false,
+        allow_degraded,
         stdout: Sink::Capture,
         stderr: Sink::Capture,
         egress_dns: Vec::new(),

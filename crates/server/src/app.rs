@@ -75,23 +75,6 @@ impl AppState {
     }
 }
 
-/// Logs a warning when some ancestor of the data directory cannot be traversed by other users
-/// (the sandbox user could then not reach inputs in root mode).
-pub(crate) fn warn_untraversable(dir: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    for a in dir.ancestors().skip(1) {
-        if let Ok(m) = std::fs::metadata(a)
-            && m.permissions().mode() & 0o001 == 0
-        {
-            tracing::warn!(
-                dir = %a.display(),
-                "an ancestor of the data directory is not traversable by other users; sandboxed runs may not reach their inputs"
-            );
-            return;
-        }
-    }
-}
-
 /// The process-wide Prometheus recorder (installed once).
 pub(crate) fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -231,6 +214,10 @@ impl Launch {
             None => std::env::current_exe()
                 .map_err(|e| ServerError::Io(format!("cannot find the agentjail binary: {e}")))?,
         };
+        let allow_degraded = allow_degraded || config.server.allow_degraded;
+        if !allow_degraded {
+            strict_preflight(&runner)?;
+        }
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
@@ -238,10 +225,57 @@ impl Launch {
         Ok(Launch {
             data_dir,
             runner,
-            allow_degraded: allow_degraded || config.server.allow_degraded,
+            allow_degraded,
             rt,
         })
     }
+}
+
+/// Before `serve` or `mcp` accepts work: a strict run of `/bin/true` through the runner, as
+/// every job will be run. When a strict run is refused here (an ordinary user without a
+/// delegated cgroup, no Landlock), every run would come back `setup_error` and burn its
+/// request id; the service refuses to start instead, with the reason and the fix (from
+/// `agentjail check`).
+fn strict_preflight(runner: &Path) -> Result<(), ServerError> {
+    use std::process::{Command, Stdio};
+    let o = Command::new(runner)
+        .args(["run", "--", "/bin/true"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .output()
+        .map_err(|e| ServerError::Io(format!("cannot run {}: {e}", runner.display())))?;
+    if o.status.success() {
+        return Ok(());
+    }
+    let why = String::from_utf8_lossy(&o.stderr);
+    let why = why.lines().next().unwrap_or("").trim();
+    let why = why.strip_prefix("agentjail: ").unwrap_or(why);
+    let why = why.strip_prefix("error: ").unwrap_or(why);
+    let why = why
+        .split("; hint: `agentjail check` explains")
+        .next()
+        .unwrap_or(why);
+    let fixes = Command::new(runner)
+        .args(["check", "--json"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+        .and_then(|v| {
+            v["fixes"].as_array().map(|a| {
+                a.iter()
+                    .filter_map(|f| f.as_str())
+                    .filter(|f| f.starts_with("fix:"))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+        })
+        .filter(|f| !f.is_empty())
+        .unwrap_or_else(|| "`agentjail check` says what this host lacks".into());
+    Err(ServerError::Io(format!(
+        "refusing to start: a strict sandbox run fails here, so every run would end in setup_error ({why}); {fixes}; to start anyway with what is available, pass --allow-degraded (or set server.allow_degraded)"
+    )))
 }
 
 /// Authentication failures, audited in aggregate: at most one `auth_failure` record per

@@ -19,8 +19,7 @@ use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 
 use crate::app::{
-    AppState, AuthFailures, Inner, ServerError, metrics_handle, now, random_hex,
-    warn_untraversable, zero_metrics,
+    AppState, AuthFailures, Inner, ServerError, metrics_handle, now, random_hex, zero_metrics,
 };
 use crate::audit::{self, Event};
 use crate::config::{self, CodePolicy, Config};
@@ -96,7 +95,9 @@ impl AppState {
         let data_dir = data_dir
             .canonicalize()
             .map_err(|e| io("cannot resolve", data_dir, e))?;
-        warn_untraversable(&data_dir);
+        // No check of the data directory's ancestors: inputs and code are bound into the
+        // sandbox by its init, with the init's privileges, so a 0700 ancestor (root's home)
+        // does not keep the sandbox user from them; only their own modes matter.
         // Code files wait here for their runs: traversable (the sandbox user reads its code
         // by its unguessable name) but not listable.
         let code = data_dir.join("code");

@@ -193,10 +193,28 @@ fn push_errors(e: &ValidationError<'_>, out: &mut Vec<OutputError>) {
                 });
             }
         }
+        kind @ ValidationErrorKind::Type { .. } => out.push(OutputError {
+            instance_path: sanitize_pointer(base),
+            // The instance's JSON type is named, never its value.
+            message: format!("{}, got {}", describe(kind), json_type(e.instance())),
+        }),
         kind => out.push(OutputError {
             instance_path: sanitize_pointer(base),
             message: describe(kind),
         }),
+    }
+}
+
+/// The JSON Schema type name of a value (`integer` for a whole number).
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
     }
 }
 
@@ -283,7 +301,7 @@ fn describe(kind: &ValidationErrorKind) -> String {
             other => format!("missing required property {}", quote_schema_value(other)),
         },
         K::Type { kind } => match kind {
-            TypeKind::Single(t) => format!("expected type {t}"),
+            TypeKind::Single(t) => format!("expected {t}"),
             TypeKind::Multiple(set) => {
                 let names: Vec<String> = set.iter().map(|t| t.to_string()).collect();
                 format!("expected one of the types {}", names.join(", "))
@@ -338,7 +356,7 @@ mod tests {
             e,
             vec![OutputError {
                 instance_path: "/rows".into(),
-                message: "expected type integer".into()
+                message: "expected integer, got string".into()
             }]
         );
 
@@ -370,7 +388,7 @@ mod tests {
             "{pairs:?}"
         );
         assert!(
-            pairs.contains(&("/columns/1", "expected type string")),
+            pairs.contains(&("/columns/1", "expected string, got integer")),
             "{pairs:?}"
         );
     }

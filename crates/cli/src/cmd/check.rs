@@ -17,9 +17,10 @@ pub fn run(json: bool) -> Result<u8, String> {
         }
         println!("{:<16} {:<4} {}", "host image", "", r.host_image);
         if !r.strict_run_ok {
-            println!(
-                "a strict run is refused here; `agentjail run --allow-degraded` runs with what is available and lists the rest in the report"
-            );
+            println!("a strict run is refused here:");
+            for f in &r.fixes {
+                println!("  {f}");
+            }
         }
     }
     Ok(if r.strict_run_ok { 0 } else { 1 })

@@ -104,6 +104,11 @@ pub fn dispatch(c: ImageCmd) -> Result<u8, String> {
                     })
                     .collect();
                 println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            } else if all.is_empty() {
+                println!(
+                    "no images (in {}; add one with `agentjail image import`)",
+                    s.root().display()
+                );
             } else {
                 for r in all {
                     match r {

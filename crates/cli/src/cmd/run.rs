@@ -174,8 +174,14 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
     let vm = match manifest.validate(&policy, jiff::Timestamp::now()) {
         Ok(vm) => vm,
         Err(e) => {
-            report_setup_error(a.report.as_deref(), limits, &e.to_string());
-            return Err(e.to_string());
+            // A flag-built run's error names the flag the user typed, not the field.
+            let msg = if a.manifest.is_none() && !a.lifeline {
+                crate::flags::flag_error(&e, &a.flags.ro)
+            } else {
+                e.to_string()
+            };
+            report_setup_error(a.report.as_deref(), limits, &msg);
+            return Err(msg);
         }
     };
     if a.dry_run {

@@ -1,0 +1,423 @@
+//! The documentation is executable: every ```` ```console ```` block of README.md and docs/*.md
+//! is run, and what it shows is checked against what the commands print.
+//!
+//! - A `console` block is a transcript: lines starting with `$ ` are commands (a command goes on
+//!   while its line ends with `\` or `|`), the lines after a command are its expected output
+//!   (stdout and stderr together; a last line without a newline counts as a line), matched with snapbox: `[..]` matches any text within a line,
+//!   `...` on a line of its own any number of lines. A command must exit 0 unless its last line
+//!   ends with the comment `# exit status N`.
+//! - All commands of a block run, in order, in one `bash` (variables carry over), in a fresh
+//!   folder holding a copy of `examples/` and a `data.csv` (a copy of
+//!   `examples/csv-summary/report.csv`, the file the README's examples name), with this build's
+//!   `agentjail` first on `PATH`, `crates/verify/tests/receipt_verify.py`, and `HOME` inside that folder (the receipt key, the image
+//!   store and the service's data land there). As root, every block runs in a network
+//!   namespace of its own with only loopback (the server quick start listens on 8787 without
+//!   meeting anything else on this machine).
+//! - A block marked `<!-- doc-test: twice -->` (on the line before its fence) runs a second
+//!   time in the same folder: a quick start must survive being run again.
+//! - A `sh` block is a list of commands with placeholders (`sha256:…`, a remote host, a
+//!   `cargo build`): it must be marked `<!-- doc-test: skip: REASON -->` on the line before its
+//!   fence, and is listed in this test's output as skipped, with its reason. An unmarked `sh`
+//!   block fails the test, so no new command block escapes unnoticed.
+//!
+//! Needs bash, python3 (the examples) with the `cryptography` package (docs/receipts.md's
+//! third-party verifier), curl and jq (the server quick start). Missing one is a
+//! failure under CI (`CI` set) and a visible `SKIP` otherwise.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+const MARK: &str = "<!-- doc-test:";
+
+#[derive(Debug)]
+struct Cmd {
+    text: String,
+    expected: String,
+    status: i32,
+    line: usize,
+}
+
+#[derive(Debug)]
+struct Block {
+    file: String,
+    line: usize,
+    cmds: Vec<Cmd>,
+    twice: bool,
+}
+
+#[derive(Debug, Default)]
+struct Parsed {
+    run: Vec<Block>,
+    skipped: Vec<(String, usize, String)>,
+    unmarked: Vec<(String, usize)>,
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn doc_files() -> Vec<PathBuf> {
+    let root = repo();
+    let mut files = vec![root.join("README.md")];
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    files.extend(docs);
+    files
+}
+
+/// The exit status a command's last line declares with `# exit status N` (0 otherwise).
+fn declared_status(last_line: &str) -> i32 {
+    let Some(i) = last_line.rfind("# exit status ") else {
+        return 0;
+    };
+    last_line[i + "# exit status ".len()..]
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("bad `# exit status` in {last_line:?}"))
+}
+
+fn parse(name: &str, text: &str, out: &mut Parsed) {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut i = 0;
+    while i < lines.len() {
+        let l = lines[i];
+        let Some(info) = l.strip_prefix("```") else {
+            i += 1;
+            continue;
+        };
+        let info = info.trim().to_string();
+        let start = i + 1;
+        let mut end = start;
+        while end < lines.len() && !lines[end].starts_with("```") {
+            end += 1;
+        }
+        let body = &lines[start..end.min(lines.len())];
+        let mark = (i > 0)
+            .then(|| lines[i - 1].trim())
+            .and_then(|p| p.strip_prefix(MARK))
+            .and_then(|p| p.strip_suffix("-->"))
+            .map(|p| p.trim().to_string());
+        i = end + 1;
+        let skip = mark.as_deref().and_then(|m| m.strip_prefix("skip:"));
+        match (info.as_str(), skip) {
+            ("console" | "sh", Some(reason)) => {
+                out.skipped
+                    .push((name.to_string(), start, reason.trim().to_string()))
+            }
+            ("console", None) => {
+                let mut cmds: Vec<Cmd> = Vec::new();
+                let mut k = 0;
+                while k < body.len() {
+                    let line = body[k];
+                    if let Some(c) = line.strip_prefix("$ ") {
+                        let cmd_line = start + k + 1;
+                        let mut text = c.to_string();
+                        let mut last = c.to_string();
+                        while (last.trim_end().ends_with('\\') || last.trim_end().ends_with('|'))
+                            && k + 1 < body.len()
+                        {
+                            k += 1;
+                            last = body[k].to_string();
+                            text.push('\n');
+                            text.push_str(body[k]);
+                        }
+                        cmds.push(Cmd {
+                            status: declared_status(&last),
+                            text,
+                            expected: String::new(),
+                            line: cmd_line,
+                        });
+                    } else if let Some(c) = cmds.last_mut() {
+                        c.expected.push_str(line);
+                        c.expected.push('\n');
+                    } else {
+                        panic!(
+                            "{name}:{}: a console block must start with a `$ ` command",
+                            start + k + 1
+                        );
+                    }
+                    k += 1;
+                }
+                out.run.push(Block {
+                    file: name.to_string(),
+                    line: start,
+                    cmds,
+                    twice: mark.as_deref() == Some("twice"),
+                });
+            }
+            ("sh", None) => out.unmarked.push((name.to_string(), start)),
+            _ => {}
+        }
+    }
+}
+
+fn have(tool: &str) -> bool {
+    Command::new("bash")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn have_python_module(m: &str) -> bool {
+    Command::new("python3")
+        .args(["-c", &format!("import {m}")])
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let t = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &t);
+        } else {
+            std::fs::copy(e.path(), &t).unwrap();
+        }
+    }
+}
+
+/// A folder the sandbox user can traverse (as root, runs use an unprivileged host uid).
+fn workdir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::Builder::new()
+        .prefix("agentjail-doctest-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    copy_dir(&repo().join("examples"), &d.path().join("examples"));
+    std::fs::copy(
+        repo().join("examples/csv-summary/report.csv"),
+        d.path().join("data.csv"),
+    )
+    .unwrap();
+    // docs/receipts.md runs the third-party verifier as a user would, from a checkout.
+    let v = d.path().join("crates/verify/tests");
+    std::fs::create_dir_all(&v).unwrap();
+    std::fs::copy(
+        repo().join("crates/verify/tests/receipt_verify.py"),
+        v.join("receipt_verify.py"),
+    )
+    .unwrap();
+    std::fs::create_dir(d.path().join("home")).unwrap();
+    d
+}
+
+/// Runs a block's commands in one bash; returns each command's (output, exit status).
+fn run_block(b: &Block, dir: &Path, results: &Path) -> Vec<(String, i32)> {
+    let mut script = String::from("exec </dev/null\n");
+    if is_root() {
+        script.push_str("ip link set lo up || exit 99\n");
+    }
+    for (n, c) in b.cmds.iter().enumerate() {
+        let o = results.join(format!("{n}.out"));
+        let r = results.join(format!("{n}.rc"));
+        script.push_str(&format!(
+            "{{ {}\n}} >'{}' 2>&1; echo $? >'{}'\n",
+            c.text,
+            o.display(),
+            r.display()
+        ));
+    }
+    let bin = Path::new(env!("CARGO_BIN_EXE_agentjail")).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = if is_root() {
+        let mut c = Command::new("unshare");
+        c.args(["--net", "--", "bash", "-c", &script]);
+        c
+    } else {
+        let mut c = Command::new("bash");
+        c.args(["-c", &script]);
+        c
+    };
+    use std::os::unix::process::CommandExt;
+    let status = cmd
+        .current_dir(dir)
+        .env("PATH", path)
+        .env("HOME", dir.join("home"))
+        .env_remove("XDG_DATA_HOME")
+        .env_remove("AGENTJAIL_IMAGE_STORE")
+        .env_remove("AGENTJAIL_TOKEN")
+        .process_group(0)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .and_then(|mut c| {
+            let pid = c.id();
+            let s = c.wait();
+            // Whatever the block left running in the background (a server) ends with it.
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pid}")])
+                .stderr(Stdio::null())
+                .status();
+            s
+        })
+        .unwrap();
+    assert_ne!(
+        status.code(),
+        Some(99),
+        "{}:{}: cannot bring up loopback in the test's network namespace",
+        b.file,
+        b.line
+    );
+    (0..b.cmds.len())
+        .map(|n| {
+            let out = std::fs::read_to_string(results.join(format!("{n}.out"))).unwrap_or_default();
+            let rc = std::fs::read_to_string(results.join(format!("{n}.rc")))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(-1);
+            (out, rc)
+        })
+        .collect()
+}
+
+/// Checks a block's results; returns one message per mismatch.
+fn check(b: &Block, got: &[(String, i32)], round: &str) -> Vec<String> {
+    let assert = snapbox::Assert::new().normalize_paths(false);
+    let mut failures = Vec::new();
+    for (c, (out, rc)) in b.cmds.iter().zip(got) {
+        // A last line without its newline is shown as a line.
+        let mut out = out.clone();
+        if !out.is_empty() && !out.ends_with('\n') {
+            out.push('\n');
+        }
+        let at = format!("{}:{}{round}: $ {}", b.file, c.line, c.text);
+        if *rc != c.status {
+            failures.push(format!(
+                "{at}\n  exit status {rc}, documented {}\n  output:\n{out}",
+                c.status
+            ));
+            continue;
+        }
+        if let Err(e) = assert.try_eq(
+            Some(&"the command's output"),
+            snapbox::Data::text(out.clone()),
+            snapbox::Data::text(c.expected.clone()),
+        ) {
+            failures.push(format!("{at}\n{e}"));
+        }
+    }
+    failures
+}
+
+#[test]
+fn the_documented_commands_work_as_written() {
+    let mut missing: Vec<&str> = ["bash", "python3", "curl", "jq"]
+        .into_iter()
+        .filter(|t| !have(t))
+        .collect();
+    if is_root() {
+        missing.extend(["unshare", "ip"].into_iter().filter(|t| !have(t)));
+    }
+    if !have_python_module("cryptography") {
+        missing.push("the Python package cryptography");
+    }
+    if !missing.is_empty() {
+        let msg = format!("the documentation tests need {}", missing.join(", "));
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{msg} (CI must install them)"
+        );
+        eprintln!("SKIP: {msg}");
+        return;
+    }
+    let mut parsed = Parsed::default();
+    for f in doc_files() {
+        let name = f.strip_prefix(repo()).unwrap_or(&f).display().to_string();
+        parse(&name, &std::fs::read_to_string(&f).unwrap(), &mut parsed);
+    }
+    assert!(
+        parsed.unmarked.is_empty(),
+        "command blocks that are neither run (```console) nor marked `<!-- doc-test: skip: REASON -->`: {:?}",
+        parsed.unmarked
+    );
+    assert!(
+        parsed.run.len() >= 5,
+        "too few console blocks found: {:?}",
+        parsed.run
+    );
+    let mut failures = Vec::new();
+    for b in &parsed.run {
+        let dir = workdir();
+        let results = tempfile::tempdir().unwrap();
+        let t = std::time::Instant::now();
+        let got = run_block(b, dir.path(), results.path());
+        failures.extend(check(b, &got, ""));
+        if b.twice {
+            let results = tempfile::tempdir().unwrap();
+            let got = run_block(b, dir.path(), results.path());
+            failures.extend(check(b, &got, " (second run)"));
+        }
+        eprintln!(
+            "ran {}:{} ({} command(s){}, {} ms)",
+            b.file,
+            b.line,
+            b.cmds.len(),
+            if b.twice { ", twice" } else { "" },
+            t.elapsed().as_millis()
+        );
+    }
+    for (f, l, why) in &parsed.skipped {
+        eprintln!("skipped {f}:{l}: {why}");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} documented command(s) do not work as written:\n\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+}
+
+#[test]
+fn the_block_parser_reads_commands_outputs_and_marks() {
+    let md = "x\n```console\n$ echo a \\\n  b   # exit status 3\na b\n$ true\n```\n<!-- doc-test: skip: remote host -->\n```sh\nssh x\n```\n```sh\nls\n```\n<!-- doc-test: twice -->\n```console\n$ printf 'x\\n' |\n  cat\nx\n```\n";
+    let mut p = Parsed::default();
+    parse("t.md", md, &mut p);
+    assert_eq!(p.run.len(), 2);
+    assert_eq!(p.run[0].cmds.len(), 2);
+    assert_eq!(p.run[0].cmds[0].text, "echo a \\\n  b   # exit status 3");
+    assert_eq!(p.run[0].cmds[0].status, 3);
+    assert_eq!(p.run[0].cmds[0].expected, "a b\n");
+    assert_eq!(p.run[0].cmds[1].expected, "");
+    assert!(!p.run[0].twice);
+    assert!(p.run[1].twice);
+    assert_eq!(p.run[1].cmds[0].text, "printf 'x\\n' |\n  cat");
+    assert_eq!(p.skipped, vec![("t.md".into(), 9, "remote host".into())]);
+    assert_eq!(p.unmarked, vec![("t.md".into(), 12)]);
+}
+
+/// The demo embeds this manifest: a fixed expiry would break `agentjail demo` (and every block
+/// above that runs it) on that day.
+#[test]
+fn the_example_manifest_carries_no_expiry() {
+    let m = agentjail_manifest::Manifest::load(&repo().join("examples/csv-summary/manifest.yaml"))
+        .unwrap();
+    assert_eq!(m.expires_at, None);
+}

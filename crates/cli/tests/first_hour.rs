@@ -1,0 +1,575 @@
+//! Failures explain themselves, on stderr, in one line (issue 17): the real `agentjail` binary
+//! is driven into each failure a new user meets in the first hour, and the line it prints must
+//! name the cause and the fix.
+//!
+//! Sentinels: a command that must not start prints `COMMAND-RAN` first, so "refused by
+//! agentjail before the run" cannot be confused with "started and failed"; a command that must
+//! run prints it too. Tests that need an ordinary user drop to uid 65534 with `setpriv` (as
+//! root); without root or setpriv they fail under CI and print `SKIP` otherwise.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_agentjail"))
+}
+
+fn skip_or_panic(why: &str) {
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "prerequisite missing in CI: {why}"
+    );
+    eprintln!("SKIP: {why}");
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+/// A folder anyone may traverse (as root, the sandbox user is an unprivileged host uid).
+fn tmp() -> tempfile::TempDir {
+    let d = tempfile::Builder::new()
+        .prefix("agentjail-firsthour-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    fn dump(&self) -> String {
+        format!(
+            "exit {}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs the binary in `dir`, as uid 65534 when `nobody` (through setpriv), with `HOME` in
+/// `dir` and the caller's data settings removed.
+fn agentjail(dir: &Path, nobody: bool, args: &[&str], env: &[(&str, &str)]) -> Out {
+    let mut c = if nobody {
+        let mut c = Command::new("setpriv");
+        c.args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "--",
+        ]);
+        c.arg(bin());
+        c
+    } else {
+        Command::new(bin())
+    };
+    c.args(args)
+        .current_dir(dir)
+        .env("HOME", dir)
+        .env_remove("XDG_DATA_HOME")
+        .env_remove("AGENTJAIL_IMAGE_STORE")
+        .stdin(Stdio::null());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let o = c.output().unwrap();
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+fn have_setpriv() -> bool {
+    Command::new("setpriv")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// A folder uid 65534 may write (its HOME, its report).
+fn nobody_dir() -> tempfile::TempDir {
+    let d = tmp();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    d
+}
+
+#[test]
+fn rejected_output_prints_the_first_schema_error_and_how_many_more() {
+    let d = tmp();
+    let schema = d.path().join("summary.schema.json");
+    std::fs::write(
+        &schema,
+        r#"{"type":"object","properties":{"rows":{"type":"integer"},"sum":{"type":"number"},"title":{"type":"string"}}}"#,
+    )
+    .unwrap();
+    let o = agentjail(
+        d.path(),
+        false,
+        &[
+            "run",
+            "--output",
+            "/output/summary.json",
+            "--output-schema",
+            schema.to_str().unwrap(),
+            "--report",
+            "report.json",
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            "import json; print('COMMAND-RAN'); json.dump({'rows': '8', 'sum': 'x', 'title': 3}, open('/output/summary.json', 'w'))",
+        ],
+        &[],
+    );
+    assert_eq!(o.code, 65, "{}", o.dump());
+    assert!(o.stdout.contains("COMMAND-RAN"), "{}", o.dump());
+    let lines: Vec<&str> = o.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line on stderr: {}", o.dump());
+    assert!(
+        lines[0].contains(
+            "summary.json: /rows: expected integer, got string (and 2 more errors in output.errors)"
+        ),
+        "{}",
+        o.dump()
+    );
+    // The report has all three.
+    let r: Value =
+        serde_json::from_slice(&std::fs::read(d.path().join("report.json")).unwrap()).unwrap();
+    assert_eq!(r["output"]["errors"].as_array().unwrap().len(), 3, "{r}");
+}
+
+#[test]
+fn an_input_the_sandbox_user_cannot_read_is_refused_before_the_run_with_the_fix() {
+    if !is_root() {
+        skip_or_panic("needs root (only root runs the sandbox as another uid)");
+        return;
+    }
+    let d = tmp();
+    let private = d.path().join("private");
+    std::fs::create_dir(&private).unwrap();
+    let file = private.join("data.csv");
+    std::fs::write(&file, "a,b\n1,2\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let run = |ro: &str| {
+        agentjail(
+            d.path(),
+            false,
+            &[
+                "run",
+                "--ro",
+                ro,
+                "--",
+                "/bin/sh",
+                "-c",
+                "echo COMMAND-RAN; cat /input/data.csv /input/private/data.csv 2>/dev/null; true",
+            ],
+            &[],
+        )
+    };
+    let o = run("private/data.csv");
+    assert_eq!(o.code, 125, "{}", o.dump());
+    assert!(!o.stdout.contains("COMMAND-RAN"), "{}", o.dump());
+    assert_eq!(o.stderr.lines().count(), 1, "{}", o.dump());
+    assert!(
+        o.stderr.contains("input /input/data.csv")
+            && o.stderr.contains("(mode 0600)")
+            && o.stderr
+                .contains(&format!("fix: chmod o+r {}", file.display())),
+        "{}",
+        o.dump()
+    );
+    // Control: readable by others, the file is read, though its folder is 0700 (the bind is
+    // made with the init's privileges; the folders above an input do not matter).
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = run("private/data.csv");
+    assert_eq!(o.code, 0, "{}", o.dump());
+    assert!(
+        o.stdout.contains("COMMAND-RAN") && o.stdout.contains("1,2"),
+        "{}",
+        o.dump()
+    );
+    // A folder input is checked with what it holds.
+    let o = run("private");
+    assert_eq!(o.code, 125, "{}", o.dump());
+    assert!(
+        !o.stdout.contains("COMMAND-RAN")
+            && o.stderr
+                .contains(&format!("fix: chmod o+rx {}", private.display())),
+        "{}",
+        o.dump()
+    );
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = run("private");
+    assert_eq!(o.code, 0, "{}", o.dump());
+    assert!(o.stdout.contains("1,2"), "{}", o.dump());
+}
+
+#[test]
+fn a_degraded_run_says_what_was_not_applied_every_time() {
+    if !is_root() || !have_setpriv() {
+        skip_or_panic("needs root and setpriv (to run as uid 65534 without delegated cgroups)");
+        return;
+    }
+    let d = nobody_dir();
+    let o = agentjail(
+        d.path(),
+        true,
+        &[
+            "run",
+            "--allow-degraded",
+            "--report",
+            "report.json",
+            "--",
+            "/bin/echo",
+            "COMMAND-RAN",
+        ],
+        &[],
+    );
+    let r: Value = serde_json::from_slice(&std::fs::read(d.path().join("report.json")).unwrap())
+        .unwrap_or_else(|e| panic!("no report ({e}): {}", o.dump()));
+    if r["isolation"]["cgroup"].is_string() {
+        skip_or_panic("uid 65534 gets a cgroup on this host: nothing is degraded");
+        return;
+    }
+    assert_eq!(o.code, 0, "{}", o.dump());
+    assert_eq!(o.stdout, "COMMAND-RAN\n", "{}", o.dump());
+    assert_eq!(
+        o.stderr,
+        "agentjail: degraded: no cgroup (memory and pids bounded by rlimits only)\n",
+        "{}",
+        o.dump()
+    );
+
+    // As root, without Landlock (the debug build's cap): the line names it.
+    let d = tmp();
+    let o = agentjail(
+        d.path(),
+        false,
+        &["run", "--allow-degraded", "--", "/bin/echo", "COMMAND-RAN"],
+        &[("AGENTJAIL_TEST_LANDLOCK_ABI", "0")],
+    );
+    assert_eq!(o.code, 0, "{}", o.dump());
+    assert_eq!(o.stdout, "COMMAND-RAN\n", "{}", o.dump());
+    assert_eq!(
+        o.stderr,
+        "agentjail: degraded: no Landlock (file access bounded by the mount namespace only)\n",
+        "{}",
+        o.dump()
+    );
+}
+
+#[test]
+fn check_as_an_ordinary_user_blames_the_cgroup_and_prints_the_fix() {
+    if !is_root() || !have_setpriv() {
+        skip_or_panic("needs root and setpriv (to run as uid 65534 without delegated cgroups)");
+        return;
+    }
+    let d = nobody_dir();
+    let o = agentjail(d.path(), true, &["check"], &[]);
+    let line = |name: &str| {
+        o.stdout
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no `{name}` line: {}", o.dump()))
+            .to_string()
+    };
+    if line("cgroups").contains(" ok ") {
+        skip_or_panic("uid 65534 gets a cgroup on this host");
+        return;
+    }
+    assert_eq!(o.code, 1, "{}", o.dump());
+    // The mounts work; the cgroup is what is missing.
+    assert!(line("mounts in userns").contains(" ok "), "{}", o.dump());
+    assert!(line("strict run").contains("cgroup"), "{}", o.dump());
+    assert!(
+        !o.stdout.contains("`agentjail check` explains"),
+        "check tells the user to run check: {}",
+        o.dump()
+    );
+    assert!(
+        o.stdout
+            .contains("systemd-run --user --scope -p Delegate=yes agentjail run"),
+        "{}",
+        o.dump()
+    );
+    assert!(
+        o.stdout.contains("--allow-degraded")
+            && o.stdout.contains("rlimits only")
+            && o.stdout.contains("no CPU limit"),
+        "{}",
+        o.dump()
+    );
+    let j = agentjail(d.path(), true, &["check", "--json"], &[]);
+    let v: Value = serde_json::from_str(&j.stdout).unwrap();
+    assert!(v["fixes"].as_array().is_some_and(|f| f.len() == 2), "{v}");
+}
+
+#[test]
+fn image_ls_on_an_empty_store_says_so() {
+    let d = tmp();
+    let store = d.path().join("store");
+    let o = agentjail(
+        d.path(),
+        false,
+        &["image", "ls", "--store", store.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(o.code, 0, "{}", o.dump());
+    assert!(o.stdout.starts_with("no images"), "{}", o.dump());
+}
+
+/// Starts `serve` (built-in example configuration) as root on an ephemeral port; returns the
+/// child, its base URL, the dev token and its stderr so far (read on by a thread).
+fn start_serve(
+    data_dir: &Path,
+) -> (
+    std::process::Child,
+    String,
+    String,
+    std::sync::Arc<std::sync::Mutex<String>>,
+) {
+    use std::io::BufRead;
+    let mut child = Command::new(bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data_dir)
+        .env("AGENTJAIL_LOG", "info")
+        .env_remove("XDG_DATA_HOME")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let (mut base, mut token) = (None, None);
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        log.lock().unwrap().push_str(&(line.clone() + "\n"));
+        if let Some(t) = line.split("export AGENTJAIL_TOKEN=").nth(1) {
+            token = Some(t.trim().to_string());
+        }
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            base = Some(rest.split_whitespace().next().unwrap().to_string());
+            break;
+        }
+    }
+    let l2 = log.clone();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            l2.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
+    let base = base.unwrap_or_else(|| panic!("serve did not start:\n{}", log.lock().unwrap()));
+    (child, base, token.unwrap(), log)
+}
+
+#[test]
+fn serve_as_root_under_a_private_folder_runs_without_a_false_alarm() {
+    if !is_root() {
+        skip_or_panic("needs root (the false alarm was root's)");
+        return;
+    }
+    let d = tempfile::Builder::new()
+        .prefix("agentjail-firsthour-")
+        .tempdir()
+        .unwrap();
+    // Like /root: the data directory's ancestor is 0700.
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let (mut child, base, token, log) = start_serve(&d.path().join("data"));
+    let http = reqwest::blocking::Client::builder()
+        .timeout(std::time::Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let up: Value = http
+        .post(format!(
+            "{base}/v1/inputs?name=data.csv&media_type=text/csv"
+        ))
+        .bearer_auth(&token)
+        .body("a,b\n1,2\n3,4\n")
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let run: Value = http
+        .post(format!("{base}/v1/runs"))
+        .bearer_auth(&token)
+        .json(&serde_json::json!({
+            "request_id": "private-1",
+            "task": "csv_line_count",
+            "inputs": [up["input_id"]],
+        }))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = log.lock().unwrap().clone();
+    // The run reached its input through the 0700 ancestor: the warning would be false.
+    assert_eq!(run["status"], "ok", "{run}\n{log}");
+    assert_eq!(run["artifact"]["json"]["lines"], 3, "{run}");
+    assert!(
+        !log.contains("not traversable"),
+        "false alarm in the log:\n{log}"
+    );
+}
+
+/// `serve` and `mcp` as a user who cannot run strict: they refuse to start, with the fix,
+/// instead of answering every run with `setup_error`.
+#[test]
+fn serve_and_mcp_refuse_to_start_where_a_strict_run_is_refused_and_name_the_fix() {
+    if !is_root() || !have_setpriv() {
+        skip_or_panic("needs root and setpriv (to run as uid 65534 without delegated cgroups)");
+        return;
+    }
+    let d = nobody_dir();
+    let probe = agentjail(d.path(), true, &["run", "--", "/bin/true"], &[]);
+    if probe.code == 0 {
+        skip_or_panic("a strict run works for uid 65534 here");
+        return;
+    }
+    // A refused run ran without nothing: no degraded line, only the refusal.
+    assert_eq!(probe.stderr.lines().count(), 1, "{}", probe.dump());
+    assert!(!probe.stderr.contains("degraded:"), "{}", probe.dump());
+    for args in [
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            "data-serve",
+        ][..],
+        &[
+            "mcp",
+            "--tenant",
+            "dev",
+            "--actor",
+            "dev",
+            "--data-dir",
+            "data-mcp",
+        ][..],
+    ] {
+        let mut c = Command::new("setpriv")
+            .args([
+                "--reuid",
+                "65534",
+                "--regid",
+                "65534",
+                "--clear-groups",
+                "--",
+            ])
+            .arg(bin())
+            .args(args)
+            .current_dir(d.path())
+            .env("HOME", d.path())
+            .env("AGENTJAIL_TOKEN", "ajt_0000")
+            .env_remove("XDG_DATA_HOME")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t = std::time::Instant::now();
+        let status = loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                break Some(s);
+            }
+            if t.elapsed() > std::time::Duration::from_secs(60) {
+                let _ = c.kill();
+                let _ = c.wait();
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut c.stderr.take().unwrap(), &mut err).unwrap();
+        let status = status.unwrap_or_else(|| panic!("{args:?} started anyway:\n{err}"));
+        assert!(!status.success(), "{args:?}: {err}");
+        assert!(
+            err.contains("refusing to start")
+                && err.contains("cgroup")
+                && err.contains("systemd-run --user --scope -p Delegate=yes")
+                && err.contains("--allow-degraded"),
+            "{args:?}:\n{err}"
+        );
+        assert!(!err.contains("listening on"), "{args:?}:\n{err}");
+        // The reason is the refusal's, not a degraded line.
+        assert!(
+            err.contains("every run would end in setup_error (refusing to run without: cgroup"),
+            "{args:?}:\n{err}"
+        );
+    }
+}
+
+#[test]
+fn flag_built_runs_name_the_flag_the_user_typed() {
+    let d = tmp();
+    std::fs::write(d.path().join("s.json"), "{}").unwrap();
+    for (args, want) in [
+        (
+            &[
+                "run",
+                "--ro",
+                "missing.csv",
+                "--",
+                "/bin/echo",
+                "COMMAND-RAN",
+            ][..],
+            "agentjail: error: --ro missing.csv: ",
+        ),
+        (
+            &[
+                "run",
+                "--ro",
+                "s.json:/etc/x",
+                "--",
+                "/bin/echo",
+                "COMMAND-RAN",
+            ][..],
+            "agentjail: error: --ro s.json:/etc/x: /etc/x is outside /input and /work",
+        ),
+        (
+            &["run", "--timeout", "0", "--", "/bin/echo", "COMMAND-RAN"][..],
+            "agentjail: error: --timeout (limits.seconds): 0 is outside",
+        ),
+    ] {
+        let o = agentjail(d.path(), false, args, &[]);
+        assert_eq!(o.code, 125, "{args:?}: {}", o.dump());
+        assert!(!o.stdout.contains("COMMAND-RAN"), "{}", o.dump());
+        assert_eq!(o.stderr.lines().count(), 1, "{}", o.dump());
+        assert!(o.stderr.starts_with(want), "{args:?}: {}", o.dump());
+        assert!(!o.stderr.contains("manifest field"), "{}", o.dump());
+    }
+    // A manifest file's errors still name its fields.
+    std::fs::write(
+        d.path().join("m.yaml"),
+        "inputs: [{source: missing.csv, mount: /input/m.csv}]\ncommand: [/bin/true]\n",
+    )
+    .unwrap();
+    let o = agentjail(d.path(), false, &["run", "--manifest", "m.yaml"], &[]);
+    assert_eq!(o.code, 125, "{}", o.dump());
+    assert!(
+        o.stderr.contains("manifest field `inputs[0].source`"),
+        "{}",
+        o.dump()
+    );
+}
