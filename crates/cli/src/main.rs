@@ -112,6 +112,10 @@ enum Command {
         /// Run even where a protection cannot be applied (listed in each report).
         #[arg(long)]
         allow_degraded: bool,
+        /// A host directory from which `upload_input` may read a file by `path` (repeatable;
+        /// read as this process's user, never following a symlink out; docs/mcp.md).
+        #[arg(long = "input-root", value_name = "DIR")]
+        input_roots: Vec<PathBuf>,
     },
     /// Attack this host's sandbox with the escape corpus and report what holds
     /// (docs/selftest.md); exit 0 only when no probe failed.
@@ -527,6 +531,7 @@ fn dispatch(cli: Cli) -> Result<u8, String> {
             actor,
             token_file,
             allow_degraded,
+            input_roots,
         } => {
             let token = match &token_file {
                 Some(f) => std::fs::read_to_string(f)
@@ -542,6 +547,7 @@ fn dispatch(cli: Cli) -> Result<u8, String> {
                 actor,
                 token: token.trim().to_string(),
                 allow_degraded,
+                input_roots,
             })
             .map(|()| 0)
             .map_err(|e| e.to_string())
