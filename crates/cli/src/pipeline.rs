@@ -1,5 +1,6 @@
 //! One run end to end: image check, engine, collection, verification, delivery, receipt and
-//! report. The CLI calls it; the orchestrator will call the same function.
+//! report. `agentjail run` calls it (the orchestrator too, through a child `agentjail run
+//! --lifeline`).
 //!
 //! Nothing is half-written: output is collected into a private staging folder next to the
 //! destination, verified there, and moved into the destination only when the run passed; the
@@ -29,8 +30,6 @@ pub struct Delivery {
 #[derive(Debug)]
 pub struct Finished {
     pub report: RunReport,
-    /// Verified files, as delivered (host paths), in report order.
-    pub delivered: Vec<PathBuf>,
     /// The named output's verified content, when the manifest names one and it passed.
     pub artifact: Option<Vec<u8>>,
     pub exit_code: i32,
@@ -204,7 +203,6 @@ pub fn execute_in(
     annotate_image(&mut report, &root);
 
     let mut artifact = None;
-    let mut delivered = Vec::new();
     if let Some(fd) = output_dir.as_ref() {
         let fd = std::os::fd::AsFd::as_fd(fd);
         if staging.is_none() && agentjail_verify::collect::has_entries(fd) {
@@ -231,7 +229,7 @@ pub fn execute_in(
             || (report.status == Status::OutputRejected && vm.manifest.output.is_none())
         {
             if let (Some(d), Some(stage)) = (&delivery.output_dir, stage) {
-                delivered = deliver(stage, d, &report.output.files)?;
+                deliver(stage, d, &report.output.files)?;
             }
         } else {
             artifact = None;
@@ -259,7 +257,6 @@ pub fn execute_in(
     let exit_code = report.status.exit_code(report.exit_code, report.signal);
     Ok(Finished {
         report,
-        delivered,
         artifact,
         exit_code,
     })
@@ -518,11 +515,10 @@ fn make_staging(dest: &Path) -> Result<tempfile::TempDir, SetupFailure> {
 }
 
 /// Moves verified files from the staging folder into the destination (same file system).
-fn deliver(stage: &Path, dest: &Path, files: &[OutputFile]) -> Result<Vec<PathBuf>, SetupFailure> {
+fn deliver(stage: &Path, dest: &Path, files: &[OutputFile]) -> Result<(), SetupFailure> {
     let fail =
         |e: std::io::Error| SetupFailure(format!("delivering output to {}: {e}", dest.display()));
     std::fs::create_dir_all(dest).map_err(fail)?;
-    let mut out = Vec::new();
     for f in files {
         let to = dest.join(&f.path);
         if let Some(p) = to.parent() {
@@ -531,9 +527,8 @@ fn deliver(stage: &Path, dest: &Path, files: &[OutputFile]) -> Result<Vec<PathBu
         std::fs::rename(stage.join(&f.path), &to).map_err(fail)?;
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o644));
-        out.push(to);
     }
-    Ok(out)
+    Ok(())
 }
 
 fn write_report(delivery: &Delivery, r: &RunReport) -> Result<(), SetupFailure> {

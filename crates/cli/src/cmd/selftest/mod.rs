@@ -673,8 +673,8 @@ pub fn run(a: SelftestArgs) -> Result<u8, String> {
             result.clone(),
         )
         .map_err(|e| e.to_string())?;
-        agentjail::pipeline::write_atomic(path, env.to_json().as_bytes())
-            .map_err(|agentjail::pipeline::SetupFailure(m)| format!("--receipt: {m}"))?;
+        crate::pipeline::write_atomic(path, env.to_json().as_bytes())
+            .map_err(|crate::pipeline::SetupFailure(m)| format!("--receipt: {m}"))?;
     }
     if a.json {
         let s = serde_json::to_string_pretty(&result).unwrap_or_default();

@@ -1,0 +1,14 @@
+//! One module per subcommand: its arguments (when it has more than a flag or two) and the
+//! function that carries it out, returning the exit status or the one-line error (exit 125).
+
+pub mod check;
+pub mod config;
+pub mod demo;
+pub mod image;
+pub mod manifest;
+pub mod mcp;
+pub mod receipt;
+pub mod report;
+pub mod run;
+pub mod selftest;
+pub mod serve;

@@ -1,0 +1,340 @@
+//! `agentjail run`: one run from flags, a manifest file, or (for `agentjail serve`) a manifest on
+//! the lifeline; the pipeline does the rest.
+
+use std::path::{Path, PathBuf};
+
+use agentjail_engine::{RunOptions, Sink};
+use agentjail_manifest::report::RunReport;
+use agentjail_manifest::{Limits, Manifest, SourcePolicy};
+use clap::Args;
+
+use crate::flags::ManifestFlags;
+use crate::pipeline::{self, Delivery, SetupFailure};
+use crate::print_json;
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// Run what this manifest file (YAML or JSON) describes.
+    #[arg(long, value_name = "FILE")]
+    pub manifest: Option<PathBuf>,
+    /// Allow manifest sources below this folder too (repeatable; default: the manifest's folder).
+    #[arg(long, value_name = "DIR")]
+    pub source_root: Vec<PathBuf>,
+    /// Copy verified output here (created if absent; refused if not empty).
+    #[arg(long, value_name = "DIR")]
+    pub output_dir: Option<PathBuf>,
+    /// Write the run report (JSON) here.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+    /// Write a signed receipt (DSSE envelope, in-toto statement) here.
+    #[arg(long, value_name = "FILE")]
+    pub receipt: Option<PathBuf>,
+    /// Receipt signing key (default: $XDG_DATA_HOME/agentjail/receipt-key.pem).
+    #[arg(long, value_name = "FILE")]
+    pub key: Option<PathBuf>,
+    /// Run even where a protection cannot be applied; the report lists what was not.
+    #[arg(long)]
+    pub allow_degraded: bool,
+    /// Print the setup plan (mounts, Landlock rules, environment names) and exit.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Pass the command's stdout/stderr through byte for byte even to a terminal (by default,
+    /// on a terminal its control characters are shown escaped, e.g. `\x1b`).
+    #[arg(long)]
+    pub raw_output: bool,
+    /// Name server (IP:PORT) the egress gateway resolves destinations with, instead of the
+    /// host's /etc/hosts and /etc/resolv.conf (repeatable).
+    #[arg(long = "egress-dns", value_name = "IP:PORT")]
+    pub egress_dns: Vec<std::net::SocketAddr>,
+    /// For `agentjail serve`: stdin carries the manifest (one line of JSON; sources relative to
+    /// the working directory) and then stays open; when it hangs up (the service died), the
+    /// sandbox is killed and the run ends.
+    #[arg(long, hide = true, conflicts_with = "manifest")]
+    pub lifeline: bool,
+    /// Image store that a manifest's `image: sha256:…` is taken from (docs/images.md).
+    #[arg(long, value_name = "DIR", env = "AGENTJAIL_IMAGE_STORE")]
+    pub image_store: Option<PathBuf>,
+    #[command(flatten)]
+    pub flags: ManifestFlags,
+}
+
+/// Removes a report left at `path` by an earlier run, so that after the pipeline a file at
+/// `path` is always this run's report (the pipeline's own, or the setup-error report written
+/// when the pipeline failed without one). Refuses when an existing entry cannot be removed.
+pub fn clear_stale_report(path: Option<&Path>) -> Result<(), String> {
+    match path.map(std::fs::remove_file) {
+        None | Some(Ok(())) => Ok(()),
+        Some(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Some(Err(e)) => Err(format!(
+            "--report {}: cannot replace the existing file: {e}",
+            path.map(|p| p.display().to_string()).unwrap_or_default()
+        )),
+    }
+}
+
+/// Writes a setup-error report when the run never got to the engine.
+fn report_setup_error(path: Option<&Path>, limits: Limits, msg: &str) {
+    if let Some(p) = path {
+        let r = RunReport::setup_error(limits, msg.to_string());
+        if let Ok(mut bytes) = serde_json::to_vec_pretty(&r) {
+            bytes.push(b'\n');
+            let _ = pipeline::write_atomic(p, &bytes);
+        }
+    }
+}
+
+pub fn run(a: RunArgs) -> Result<u8, String> {
+    agentjail_engine::timing::mark("run: arguments parsed");
+    let mut lifeline = None;
+    let (manifest, policy) = match &a.manifest {
+        None if a.lifeline => {
+            let text = read_manifest_line().inspect_err(|e| {
+                report_setup_error(a.report.as_deref(), Limits::default(), e);
+            })?;
+            let m = Manifest::parse(&text).map_err(|e| {
+                report_setup_error(a.report.as_deref(), Limits::default(), &e.to_string());
+                e.to_string()
+            })?;
+            let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+            let mut roots = vec![cwd.clone()];
+            for r in &a.source_root {
+                roots.push(
+                    r.canonicalize()
+                        .map_err(|e| format!("--source-root {}: {e}", r.display()))?,
+                );
+            }
+            use std::os::fd::AsFd;
+            lifeline = Some(std::sync::Arc::new(
+                std::io::stdin()
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map_err(|e| format!("lifeline: {e}"))?,
+            ));
+            (
+                m,
+                SourcePolicy {
+                    base_dir: cwd,
+                    roots: Some(roots),
+                },
+            )
+        }
+        Some(path) => {
+            if !a.flags.is_empty() {
+                let msg = "--manifest cannot be combined with flags that describe the run (the manifest is the one description); hint: `agentjail manifest --print` shows what flags produce";
+                report_setup_error(a.report.as_deref(), Limits::default(), msg);
+                return Err(msg.into());
+            }
+            let m = match Manifest::load(path) {
+                Ok(m) => m,
+                Err(e) => {
+                    report_setup_error(a.report.as_deref(), Limits::default(), &e.to_string());
+                    return Err(e.to_string());
+                }
+            };
+            let base = path
+                .parent()
+                .map(|p| {
+                    if p.as_os_str().is_empty() {
+                        Path::new(".")
+                    } else {
+                        p
+                    }
+                })
+                .unwrap_or(Path::new("."))
+                .canonicalize()
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let mut roots = vec![base.clone()];
+            for r in &a.source_root {
+                roots.push(
+                    r.canonicalize()
+                        .map_err(|e| format!("--source-root {}: {e}", r.display()))?,
+                );
+            }
+            (
+                m,
+                SourcePolicy {
+                    base_dir: base,
+                    roots: Some(roots),
+                },
+            )
+        }
+        None => {
+            let m = a.flags.to_manifest().inspect_err(|e| {
+                report_setup_error(a.report.as_deref(), Limits::default(), e);
+            })?;
+            let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+            // The caller names host paths on its own command line: any path it can read.
+            (
+                m,
+                SourcePolicy {
+                    base_dir: cwd,
+                    roots: None,
+                },
+            )
+        }
+    };
+    let limits = manifest.limits;
+    agentjail_engine::timing::mark("run: manifest built");
+    let vm = match manifest.validate(&policy, jiff::Timestamp::now()) {
+        Ok(vm) => vm,
+        Err(e) => {
+            report_setup_error(a.report.as_deref(), limits, &e.to_string());
+            return Err(e.to_string());
+        }
+    };
+    if a.dry_run {
+        // The plan on the image the run would use; a refusal is shown, not hidden.
+        let (image, root) = match pipeline::select_root(&vm, a.image_store.as_deref()) {
+            Ok((d, r)) => (serde_json::json!(d), r),
+            Err(e) => (
+                serde_json::json!({ "refused": e }),
+                agentjail_engine::RootImage::Host,
+            ),
+        };
+        let plan = agentjail_engine::plan::Plan::for_root(&vm, &root);
+        let env_names: Vec<&str> = plan.env.iter().map(|(k, _)| k.as_str()).collect();
+        print_json(&serde_json::json!({
+            "manifest_digest": vm.digest,
+            "image": image,
+            "ops": plan.ops,
+            "landlock": plan.rules,
+            "argv": plan.argv,
+            "env": env_names,
+            "cwd": plan.cwd,
+        }));
+        return Ok(0);
+    }
+    clear_stale_report(a.report.as_deref())?;
+    let terminal = Terminal::of_our_streams(a.raw_output);
+    let opts = RunOptions {
+        allow_degraded: a.allow_degraded,
+        stdout: terminal.stdout_sink(),
+        stderr: terminal.stderr_sink(),
+        egress_dns: a.egress_dns.clone(),
+        lifeline,
+    };
+    let delivery = Delivery {
+        output_dir: a.output_dir.clone(),
+        report: a.report.clone(),
+        receipt: a.receipt.clone(),
+        key: a.key.clone(),
+    };
+    let finished = match pipeline::execute_in(&vm, &opts, &delivery, a.image_store.as_deref()) {
+        Ok(f) => f,
+        Err(SetupFailure(msg)) => {
+            if a.report.as_ref().map(|p| !p.exists()).unwrap_or(false) {
+                report_setup_error(a.report.as_deref(), limits, &msg);
+            }
+            return Err(msg);
+        }
+    };
+    summarize(&finished.report, terminal.stderr);
+    Ok(finished.exit_code.clamp(0, 255) as u8)
+}
+
+/// Which of our own streams are terminals that the sandbox's output must not drive
+/// (`agentjail_engine::term`); none with `--raw-output`.
+#[derive(Clone, Copy)]
+pub struct Terminal {
+    pub stdout: bool,
+    pub stderr: bool,
+}
+
+impl Terminal {
+    pub fn of_our_streams(raw: bool) -> Terminal {
+        use std::io::IsTerminal;
+        Terminal {
+            stdout: !raw && std::io::stdout().is_terminal(),
+            stderr: !raw && std::io::stderr().is_terminal(),
+        }
+    }
+    pub fn stdout_sink(self) -> Sink {
+        if self.stdout {
+            Sink::StdoutInert
+        } else {
+            Sink::Stdout
+        }
+    }
+    pub fn stderr_sink(self) -> Sink {
+        if self.stderr {
+            Sink::StderrInert
+        } else {
+            Sink::Stderr
+        }
+    }
+}
+
+/// Reads the manifest that `--lifeline` passes on stdin: bytes up to the first newline (the
+/// service writes compact JSON and a newline, and keeps the pipe open as the lifeline).
+fn read_manifest_line() -> Result<String, String> {
+    use std::io::Read;
+    const MAX: usize = 4 * 1024 * 1024;
+    let mut stdin = std::io::stdin().lock();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    while !buf.ends_with(b"\n") {
+        let n = stdin
+            .read(&mut chunk)
+            .map_err(|e| format!("lifeline: reading the manifest: {e}"))?;
+        if n == 0 {
+            return Err("lifeline: stdin ended before the manifest's newline".into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.len() > MAX {
+            return Err("lifeline: the manifest is larger than 4 MiB".into());
+        }
+    }
+    String::from_utf8(buf).map_err(|_| "lifeline: the manifest is not UTF-8".into())
+}
+
+/// A status as the report spells it (`ok`, `exit_nonzero`, …).
+pub fn status_word(s: agentjail_manifest::report::Status) -> String {
+    serde_json::to_value(s)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// One line on stderr for a person: what happened, and why when it was not `ok`.
+///
+/// When stderr is a terminal (and the sandbox's output is filtered), the line is printed for
+/// every status, `ok` included, and starts with [`agentjail_engine::term::OUR_TAG`]: an escape
+/// sequence that the filtered output of the sandbox cannot contain, so it cannot be forged.
+pub fn summarize(r: &RunReport, terminal: bool) {
+    use agentjail_manifest::report::Status;
+    let mut line = match r.status {
+        Status::Ok if !terminal => return,
+        Status::Ok => "run ended: ok".to_string(),
+        Status::SetupError => format!(
+            "error: {}",
+            r.error.as_deref().unwrap_or("the run could not be set up")
+        ),
+        s => format!("run ended: {}", status_word(s)),
+    };
+    if r.status != Status::SetupError
+        && let Some(d) = r.denials.first()
+    {
+        line.push_str(&format!(
+            " ({} denial(s); first: {})",
+            r.denial_total(),
+            d.detail
+        ));
+    }
+    if terminal {
+        eprintln!(
+            "{} {}",
+            agentjail_engine::term::OUR_TAG,
+            agentjail_engine::term::inert_line(&line)
+        );
+    } else {
+        eprintln!("agentjail: {line}");
+    }
+    if r.status == Status::SetupError
+        && r.error
+            .as_deref()
+            .map(|e| e.contains("refusing to run without"))
+            .unwrap_or(false)
+    {
+        // The message already carries its hint.
+    }
+}
