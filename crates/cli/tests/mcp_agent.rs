@@ -409,6 +409,21 @@ json.dump({"rows": "3", "columns": ["a"], "numeric": {}}, open(sys.argv[2], "w")
         "{r}"
     );
 
+    // Output over the task's max_bytes (1000) is named as the output limit.
+    let r = s.call(
+        "slow",
+        json!({"code": "open('/output/o.json', 'w').write('[' + '1,' * 3000 + '1]')\n", "request_id": "big-1"}),
+    );
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    let hit = &r["result"]["_meta"]["dev.agentjail/error"]["limits_hit"];
+    assert!(
+        hit.as_array()
+            .unwrap_or_else(|| panic!("{r}"))
+            .iter()
+            .any(|h| h["limit"] == "output"),
+        "{r}"
+    );
+
     // A fixed program's stderr is not the model's: never returned (no opt-in configured).
     let r = s.call("fixed_fail", json!({"request_id": "fixed-1"}));
     assert_eq!(r["result"]["isError"], true, "{r}");

@@ -1095,6 +1095,26 @@ fn limits_hit(v: &RunView) -> Vec<Value> {
         };
         push(limit, detail);
     }
+    // Output over a size limit: refused by the collector (the run's output limit) or by the
+    // service (the task's artifact `max_bytes`).
+    let rejected = v
+        .report
+        .as_ref()
+        .and_then(|r| r.pointer("/output/rejected"))
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for r in &rejected {
+        let why = r.get("reason").and_then(Value::as_str).unwrap_or("");
+        if why.contains("exceeds its limit") {
+            push("output", why);
+        }
+    }
+    if let Some(r) = v.reason.as_deref()
+        && r.contains("larger than the task's")
+    {
+        push("output", r);
+    }
     match v.status.as_str() {
         "timeout" => push("time", "the time limit was reached"),
         "memory_limit" => push("memory", "the memory limit was reached"),
