@@ -340,7 +340,11 @@ fn bounded(s: &str, max: usize) -> String {
 /// compact shape of its schema, the limits, and what a failed run returns. Bounded.
 pub fn task_description(t: &Task) -> String {
     let network = !matches!(t.network, agentjail_manifest::Network::Deny);
-    let mut parts = vec![bounded(t.description.trim_end(), 600)];
+    let mut own = bounded(t.description.trim_end(), 600);
+    if !own.ends_with(['.', '!', '?', '…']) {
+        own.push('.');
+    }
+    let mut parts = vec![own];
     if let Some(r) = runtime_line(t) {
         parts.push(format!("Runtime: {}.", bounded(&r, 300)));
     }
