@@ -7,6 +7,19 @@ use std::path::Path;
 use agentjail_manifest::{AllowRule, EgressPolicy, Input, Limits, Manifest, Mode, Network};
 use clap::Args;
 
+/// `--net`: the one mode; with `--allow-host`, the egress gateway is the only way out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum NetMode {
+    Deny,
+}
+
+/// `--isolation`: the tier (`agentjail_manifest::Tier`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum IsolationArg {
+    Native,
+    Gvisor,
+}
+
 /// Flags that build a manifest (the same type a manifest file holds).
 #[derive(Args, Clone, Default)]
 pub struct ManifestFlags {
@@ -33,15 +46,15 @@ pub struct ManifestFlags {
     pub env: Vec<String>,
     /// Network mode: `deny` (the default: loopback only). With --allow-host, the only way out
     /// is the egress gateway's proxy inside the sandbox.
-    #[arg(long, value_name = "MODE")]
-    pub net: Option<String>,
+    #[arg(long, value_name = "MODE", hide_possible_values = true)]
+    pub net: Option<NetMode>,
     /// Allow connections through the egress gateway to HOST (exact name, `*.domain`, or an
     /// IP) on PORT (default 443), e.g. api.example.com:443 (repeatable).
     #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
     pub allow_host: Vec<String>,
     /// Isolation tier: `native` (default) or `gvisor` (runs on gVisor's runsc).
-    #[arg(long, value_name = "TIER")]
-    pub isolation: Option<String>,
+    #[arg(long, value_name = "TIER", hide_possible_values = true)]
+    pub isolation: Option<IsolationArg>,
     /// Let the gateway reach this private/loopback CIDR, e.g. 127.0.0.1/32 (repeatable).
     #[arg(long = "allow-private", value_name = "CIDR")]
     pub allow_private: Vec<String>,
@@ -86,25 +99,6 @@ fn split_host_port(s: &str) -> Result<(String, u16), String> {
 }
 
 impl ManifestFlags {
-    pub fn is_empty(&self) -> bool {
-        self.ro.is_empty()
-            && self.output_max_mb.is_none()
-            && self.timeout.is_none()
-            && self.memory_mb.is_none()
-            && self.pids.is_none()
-            && self.cpus.is_none()
-            && self.env.is_empty()
-            && self.net.is_none()
-            && self.allow_host.is_empty()
-            && self.isolation.is_none()
-            && self.allow_private.is_empty()
-            && self.output.is_none()
-            && self.output_schema.is_none()
-            && self.request_id.is_none()
-            && self.expires_at.is_none()
-            && self.command.is_empty()
-    }
-
     pub fn to_manifest(&self) -> Result<Manifest, String> {
         if self.command.is_empty() {
             return Err(
@@ -121,22 +115,11 @@ impl ManifestFlags {
             output_mb: self.output_max_mb.unwrap_or(d.output_mb),
             ..d
         };
-        match self.net.as_deref() {
-            None | Some("deny") => {}
-            Some(other) => {
-                return Err(format!(
-                    "--net {other}: `deny` is the only mode; allow destinations with --allow-host"
-                ));
-            }
-        }
-        m.isolation = match self.isolation.as_deref() {
-            None | Some("native") => agentjail_manifest::Tier::Native,
-            Some("gvisor") => agentjail_manifest::Tier::Gvisor,
-            Some(other) => {
-                return Err(format!(
-                    "--isolation {other}: expected `native` or `gvisor`"
-                ));
-            }
+        // `--net deny` is the only mode (clap refuses any other): destinations come from
+        // --allow-host.
+        m.isolation = match self.isolation {
+            None | Some(IsolationArg::Native) => agentjail_manifest::Tier::Native,
+            Some(IsolationArg::Gvisor) => agentjail_manifest::Tier::Gvisor,
         };
         if !self.allow_host.is_empty() {
             let mut allow: Vec<AllowRule> = Vec::new();

@@ -19,6 +19,7 @@ use clap::{Parser, Subcommand};
 mod cmd;
 mod flags;
 mod pipeline;
+mod usage;
 
 use cmd::run::RunArgs;
 
@@ -118,13 +119,32 @@ fn main_inner() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind;
-            let code = match e.kind() {
-                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => 0,
-                ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => EXIT_SETUP,
-                _ => EXIT_SETUP,
+            return match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                    let _ = e.print();
+                    ExitCode::SUCCESS
+                }
+                ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                    let _ = e.print();
+                    ExitCode::from(EXIT_SETUP)
+                }
+                _ => {
+                    let line = usage::one_line(&e);
+                    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+                    if args.get(1).and_then(|a| a.to_str()) == Some("run") {
+                        let report = usage::report_path(&args);
+                        if cmd::run::clear_stale_report(report.as_deref()).is_ok() {
+                            cmd::run::report_setup_error(
+                                report.as_deref(),
+                                agentjail_manifest::Limits::default(),
+                                &line,
+                            );
+                        }
+                    }
+                    eprintln!("agentjail: error: {line}");
+                    ExitCode::from(EXIT_SETUP)
+                }
             };
-            let _ = e.print();
-            return ExitCode::from(code);
         }
     };
     match dispatch(cli) {

@@ -239,11 +239,16 @@ pub fn execute_in(
     if let (Some(path), Some(key)) = (&delivery.receipt, &key)
         && report.status != Status::SetupError
     {
-        let inputs: Vec<(String, String)> = vm
+        // What is signed must be true: an input that cannot be hashed fails the run.
+        let inputs = vm
             .inputs
             .iter()
-            .map(|i| (i.mount.clone(), digest_input(&i.host_path)))
-            .collect();
+            .map(|i| {
+                agentjail_verify::digest::input_digest(&i.host_path)
+                    .map(|d| (i.mount.clone(), d))
+                    .map_err(|e| SetupFailure(format!("input {}: {e}; no receipt", i.mount)))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let env = receipt::sign(key, &report, &inputs, &report.output.files)
             .map_err(|e| SetupFailure(e.to_string()))?;
         write_atomic(path, env.to_json().as_bytes())?;
@@ -269,63 +274,6 @@ fn load_schema(p: &Path) -> Result<agentjail_verify::schema::SchemaChecker, Setu
         .map_err(|e| SetupFailure(format!("output_schema {}: not JSON: {e}", p.display())))?;
     agentjail_verify::schema::SchemaChecker::compile(&v)
         .map_err(|e| SetupFailure(format!("output_schema {}: {e}", p.display())))
-}
-
-/// sha256 of an input: a file's content, or for a directory a digest over its sorted entries'
-/// relative paths and contents (symlinks recorded by target, not followed).
-fn digest_input(p: &Path) -> String {
-    use sha2::{Digest, Sha256};
-    fn walk(base: &Path, dir: &Path, h: &mut Sha256, depth: usize) {
-        let Ok(rd) = std::fs::read_dir(dir) else {
-            return;
-        };
-        let mut entries: Vec<_> = rd.filter_map(Result::ok).collect();
-        entries.sort_by_key(|e| e.file_name());
-        for e in entries {
-            let path = e.path();
-            let rel = path
-                .strip_prefix(base)
-                .unwrap_or(&path)
-                .to_string_lossy()
-                .into_owned();
-            let Ok(m) = std::fs::symlink_metadata(&path) else {
-                continue;
-            };
-            if m.file_type().is_symlink() {
-                let t = std::fs::read_link(&path).unwrap_or_default();
-                h.update(format!("L {rel} {}\n", t.display()).as_bytes());
-            } else if m.is_dir() && depth < 64 {
-                h.update(format!("D {rel}\n").as_bytes());
-                walk(base, &path, h, depth + 1);
-            } else if m.is_file() {
-                let d = file_digest(&path);
-                h.update(format!("F {rel} {d}\n").as_bytes());
-            }
-        }
-    }
-    if p.is_dir() {
-        let mut h = Sha256::new();
-        walk(p, p, &mut h, 0);
-        format!("sha256:{}", agentjail_manifest::hex(&h.finalize()))
-    } else {
-        file_digest(p)
-    }
-}
-
-fn file_digest(p: &Path) -> String {
-    use sha2::{Digest, Sha256};
-    use std::io::Read;
-    let mut h = Sha256::new();
-    if let Ok(mut f) = std::fs::File::open(p) {
-        let mut buf = vec![0u8; 1 << 16];
-        while let Ok(n) = f.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-        }
-    }
-    format!("sha256:{}", agentjail_manifest::hex(&h.finalize()))
 }
 
 fn verify_output(

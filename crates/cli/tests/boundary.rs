@@ -12,6 +12,9 @@
 #![cfg(target_arch = "x86_64")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+use common::skip;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -25,14 +28,6 @@ const PY: &str = "/usr/bin/python3";
 
 fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_agentjail"))
-}
-
-/// A missing prerequisite: a failure in CI, a note and a skip elsewhere.
-fn skip(why: &str) {
-    if std::env::var_os("CI").is_some() {
-        panic!("prerequisite missing in CI: {why}");
-    }
-    eprintln!("SKIP: {why}");
 }
 
 /// A world-readable temporary folder (the sandbox user is an unprivileged host uid).

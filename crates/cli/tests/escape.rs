@@ -13,6 +13,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+use common::skip;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -305,7 +308,7 @@ fn output_collection_attacks_are_refused_and_the_host_file_untouched() {
 #[test]
 fn a_strict_run_works_here_as_root() {
     if !rustix_is_root() {
-        eprintln!("SKIP: not root");
+        skip("not root");
         return;
     }
     selftest("host.strict_run").assert_pass("native", &["host.strict_run"]);
@@ -334,11 +337,7 @@ fn the_boundary_edges_of_issue_12_hold() {
 #[test]
 fn a_build_without_seccomp_fails_the_syscall_probes() {
     if !cfg!(debug_assertions) {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the weakening switch exists only in debug builds; CI runs them"
-        );
-        eprintln!("SKIP: release build: the weakening switch is compiled out");
+        skip("release build: the weakening switch is compiled out (CI runs debug builds)");
         return;
     }
     let mut cmd = Command::new(bin());
@@ -532,11 +531,7 @@ fn gvisor_tier_holds_the_same_attacks() {
         .all(|p| p["outcome"] == "skip");
     if skipped_all {
         let why = st.json["probes"][0]["detail"].clone();
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI needs the gvisor tier (root and runsc): {why}"
-        );
-        eprintln!("SKIP: {why}");
+        skip(&format!("the gvisor tier (root and runsc): {why}"));
         return;
     }
     // What gVisor does differently is said as a skip with its reason, never hidden.
@@ -696,7 +691,7 @@ fn each_run_has_its_own_host_uid_sees_its_cgroup_as_root_and_the_cgroup_is_clean
 #[test]
 fn cgroups_of_killed_supervisors_are_reaped_by_the_next_run() {
     if !rustix_is_root() {
-        eprintln!("SKIP: needs root to create cgroups");
+        skip("needs root to create cgroups");
         return;
     }
     // A supervisor killed with SIGKILL cannot remove its cgroup; the next run does.
@@ -706,7 +701,7 @@ fn cgroups_of_killed_supervisors_are_reaped_by_the_next_run() {
         let (_, c, p) = (it.next()?, it.next()?, it.next()?);
         (c.split(',').any(|x| x == "pids")).then(|| p.to_string())
     }) else {
-        eprintln!("SKIP: no cgroup v1 pids hierarchy");
+        skip("no cgroup v1 pids hierarchy");
         return;
     };
     let parent = Path::new("/sys/fs/cgroup/pids").join(pids_path.trim_start_matches('/'));
@@ -715,7 +710,7 @@ fn cgroups_of_killed_supervisors_are_reaped_by_the_next_run() {
     dead.wait().unwrap();
     let stale = parent.join(format!("agentjail-{dead_pid}-0"));
     if std::fs::create_dir(&stale).is_err() {
-        eprintln!("SKIP: cannot create {}", stale.display());
+        skip(&format!("cannot create {}", stale.display()));
         return;
     }
     let work = tmp();
@@ -763,7 +758,7 @@ fn as_nobody(work: &Path) -> Option<(Command, PathBuf)> {
     std::fs::copy(bin(), &b).ok()?;
     std::fs::set_permissions(&b, std::fs::Permissions::from_mode(0o755)).ok()?;
     if !Path::new("/usr/bin/setpriv").exists() {
-        eprintln!("note: setpriv missing; skipping the unprivileged run");
+        skip("/usr/bin/setpriv is missing (util-linux); the unprivileged run needs it");
         return None;
     }
     let mut c = Command::new("/usr/bin/setpriv");
@@ -884,11 +879,7 @@ fn serve_weakened(dir: &Path, mode: &str) -> (std::process::Child, String, Optio
 #[test]
 fn serve_refuses_to_start_when_a_selftest_probe_fails_and_reports_it_in_warn_mode() {
     if !cfg!(debug_assertions) {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the weakening switch exists only in debug builds; CI runs them"
-        );
-        eprintln!("SKIP: release build: the weakening switch is compiled out");
+        skip("release build: the weakening switch is compiled out (CI runs debug builds)");
         return;
     }
     let work = tmp();
@@ -950,11 +941,7 @@ fn egress_gateway_refusals_hold_in_a_private_network_namespace() {
     assert!(ids.len() >= 9, "{ids:?}");
     let (outcome, why) = st.outcome("native", "egress.allowed");
     if outcome == "skip" {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI needs the egress probes (root, unshare, ip): {why}"
-        );
-        eprintln!("SKIP: {why}");
+        skip(&format!("the egress probes (root, unshare, ip): {why}"));
         return;
     }
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();

@@ -7,6 +7,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+use common::skip;
+
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -23,18 +26,10 @@ fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_agentjail"))
 }
 
-/// Fails under CI, skips (with the reason on stderr) elsewhere.
-fn missing(reason: &str) {
-    if std::env::var_os("CI").is_some() {
-        panic!("prerequisite missing under CI: {reason}");
-    }
-    eprintln!("SKIP: {reason}");
-}
-
-/// runsc's path, or None (after `missing`) when the gVisor tier cannot run here.
+/// runsc's path, or None (after `skip`) when the gVisor tier cannot run here.
 fn runsc() -> Option<PathBuf> {
     if !rustix_root() {
-        missing("the gvisor tier needs root");
+        skip("the gvisor tier needs root");
         return None;
     }
     let found = std::env::var_os("AGENTJAIL_RUNSC")
@@ -45,10 +40,10 @@ fn runsc() -> Option<PathBuf> {
                 .find(|p| p.is_file())
         });
     if found.is_none() {
-        missing("runsc not found (apt-get install runsc)");
+        skip("runsc not found (apt-get install runsc)");
     }
     if !Path::new(PY).is_file() {
-        missing("/usr/bin/python3 not found");
+        skip("/usr/bin/python3 not found");
         return None;
     }
     found

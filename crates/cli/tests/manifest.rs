@@ -1451,3 +1451,62 @@ fn a_refused_run_replaces_an_earlier_report() {
     assert_eq!(r["status"], "setup_error", "stale report: {r:#}");
     assert!(r["error"].as_str().unwrap().contains("not empty"), "{r:#}");
 }
+
+#[test]
+fn a_usage_error_is_one_line_and_replaces_an_earlier_report() {
+    let g = GoodRun::new();
+    assert_eq!(g.report["status"], "ok");
+    let report = g.path("report.json");
+    let manifest = g.path("manifest.yaml");
+    let (m, r) = (manifest.to_str().unwrap(), report.to_str().unwrap());
+    let report_eq = format!("--report={r}");
+    // Each refused by the argument parser: exit 125, one line on stderr naming what is wrong,
+    // and the report at --report is this refusal, not the earlier run's `ok`.
+    for (args, needle) in [
+        (
+            vec!["--timeout", "soon", "--report", r, "--", "true"],
+            "--timeout",
+        ),
+        (
+            vec!["--manifest", m, "--timeout", "3", "--report", r],
+            "--manifest",
+        ),
+        (
+            vec![report_eq.as_str(), "--net", "allow", "--", "true"],
+            "--net allow",
+        ),
+        (
+            vec!["--isolation", "vm", "--report", r, "--", "true"],
+            "`native` or `gvisor`",
+        ),
+    ] {
+        std::fs::write(&report, br#"{"status": "ok"}"#).unwrap();
+        let mut argv = vec!["run"];
+        argv.extend(args.iter().copied());
+        let out = agentjail(&argv);
+        assert_eq!(out.code, 125, "{argv:?}: {}", out.dump());
+        assert_eq!(out.stderr.lines().count(), 1, "{argv:?}: {}", out.dump());
+        assert!(
+            out.stderr.starts_with("agentjail: error: "),
+            "{}",
+            out.dump()
+        );
+        assert!(out.stderr.contains(needle), "{argv:?}: {}", out.dump());
+        let rep = read_json(&report);
+        assert_eq!(
+            rep["status"], "setup_error",
+            "{argv:?}: stale report {rep:#}"
+        );
+    }
+    // The same for the other subcommands' usage errors (no report there).
+    for argv in [
+        vec!["manifest", "--schema", "--print"],
+        vec!["report"],
+        vec!["selftest", "--tier", "vm"],
+        vec!["no-such-subcommand"],
+    ] {
+        let out = agentjail(&argv);
+        assert_eq!(out.code, 125, "{argv:?}: {}", out.dump());
+        assert_eq!(out.stderr.lines().count(), 1, "{argv:?}: {}", out.dump());
+    }
+}

@@ -7,6 +7,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+use common::skip;
+
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
@@ -31,10 +34,9 @@ impl Drop for Kill {
 fn openapi_document_is_valid_and_the_service_conforms_to_it() {
     for m in ["openapi_spec_validator", "schemathesis"] {
         if !have(m) {
-            if std::env::var_os("CI").is_some() {
-                panic!("python module {m} is missing (.ci/run installs it from PyPI)");
-            }
-            eprintln!("SKIP: python module {m} is missing");
+            skip(&format!(
+                "python module {m} is missing (.ci/run installs it from PyPI)"
+            ));
             return;
         }
     }

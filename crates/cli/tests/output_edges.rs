@@ -8,6 +8,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+use common::skip;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -29,14 +32,6 @@ fn tmp() -> tempfile::TempDir {
         .unwrap();
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     d
-}
-
-/// A prerequisite is missing: fail in CI, skip elsewhere.
-fn skip(why: &str) {
-    if std::env::var_os("CI").is_some() {
-        panic!("prerequisite missing in CI: {why}");
-    }
-    eprintln!("SKIP: {why}");
 }
 
 struct Out {

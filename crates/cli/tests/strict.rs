@@ -13,6 +13,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+use common::skip;
+
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -25,13 +28,6 @@ const CAP: &str = "AGENTJAIL_TEST_LANDLOCK_ABI";
 
 fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_agentjail"))
-}
-
-fn skip_or_panic(why: &str) {
-    if std::env::var_os("CI").is_some() {
-        panic!("prerequisite missing in CI: {why}");
-    }
-    eprintln!("SKIP: {why}");
 }
 
 /// The host kernel must offer at least ABI 6 for the cap to simulate every lower ABI.
@@ -252,9 +248,7 @@ const EACCES: &str = "errno=13";
 #[test]
 fn strict_run_on_every_landlock_abi_refuses_what_it_must() {
     if kernel_abi() < 6 {
-        return skip_or_panic(
-            "the host kernel has Landlock ABI < 6: lower ABIs cannot all be simulated",
-        );
+        return skip("the host kernel has Landlock ABI < 6: lower ABIs cannot all be simulated");
     }
     let t = Targets::new();
     let work = tmp();
@@ -323,7 +317,7 @@ fn strict_run_on_every_landlock_abi_refuses_what_it_must() {
 #[test]
 fn without_landlock_strict_is_refused_and_degraded_says_what_is_missing() {
     if kernel_abi() < 1 {
-        return skip_or_panic("no Landlock on this host");
+        return skip("no Landlock on this host");
     }
     let t = Targets::new();
     let work = tmp();
@@ -369,7 +363,7 @@ fn without_landlock_strict_is_refused_and_degraded_says_what_is_missing() {
 #[test]
 fn check_names_landlock_rights_and_substitutes() {
     if kernel_abi() < 6 {
-        return skip_or_panic("the host kernel has Landlock ABI < 6");
+        return skip("the host kernel has Landlock ABI < 6");
     }
     let o = Command::new(bin())
         .env(CAP, "2")
@@ -403,10 +397,10 @@ fn check_names_landlock_rights_and_substitutes() {
 #[test]
 fn unprivileged_command_signalling_the_init_below_abi_6_changes_nothing() {
     if kernel_abi() < 6 {
-        return skip_or_panic("the host kernel has Landlock ABI < 6");
+        return skip("the host kernel has Landlock ABI < 6");
     }
     if !rustix_is_root() || !Path::new("/usr/bin/setpriv").exists() {
-        return skip_or_panic("needs root and setpriv to become an ordinary user");
+        return skip("needs root and setpriv to become an ordinary user");
     }
     let work = tmp();
     let b = work.path().join("agentjail");
@@ -495,7 +489,7 @@ fn rustix_is_root() -> bool {
 #[test]
 fn max_user_namespaces_zero_is_named_with_its_fix_at_run_time() {
     if !Path::new("/usr/bin/unshare").exists() {
-        return skip_or_panic("unshare (util-linux) missing");
+        return skip("unshare (util-linux) missing");
     }
     let script = format!(
         "echo 0 > /proc/sys/user/max_user_namespaces || exit 99; exec {} run -- /bin/true",
@@ -508,7 +502,7 @@ fn max_user_namespaces_zero_is_named_with_its_fix_at_run_time() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     if out.status.code() == Some(99) {
-        return skip_or_panic("cannot lower max_user_namespaces in a user namespace here");
+        return skip("cannot lower max_user_namespaces in a user namespace here");
     }
     assert_eq!(out.status.code(), Some(125), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
@@ -553,7 +547,7 @@ fn max_user_namespaces_zero_is_named_with_its_fix_at_run_time() {
 fn apparmor_profile_parses() {
     let parser = Path::new("/usr/sbin/apparmor_parser");
     if !parser.exists() {
-        return skip_or_panic("apparmor_parser missing (apt-get install apparmor)");
+        return skip("apparmor_parser missing (apt-get install apparmor)");
     }
     let profile = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/apparmor/agentjail");
     let text = std::fs::read_to_string(&profile).unwrap();

@@ -34,8 +34,8 @@ use agentjail_manifest::report::{DenialKind, RunReport, Status};
 use rustix::event::{PollFd, PollFlags, poll};
 use serde_json::json;
 
+use crate::outcome::{Ended, Ending, Outcome, RunOptions, Stream, classify, fail};
 use crate::plan::{Op, Plan, RootImage, SANDBOX_ID};
-use crate::supervisor::{Outcome, RunOptions, Stream, fail};
 
 /// Finds `runsc`: `$AGENTJAIL_RUNSC`, else on PATH.
 pub fn runsc_path() -> Option<PathBuf> {
@@ -362,41 +362,28 @@ pub fn run(
     if orphaned {
         report.status = Status::SetupError;
         report.error = Some("the caller (lifeline) is gone; the sandbox was killed".into());
-    } else if timed_out {
-        report.status = Status::Timeout;
-        report.signal = Some(libc::SIGKILL);
-        report.deny(
-            DenialKind::Limit,
-            format!(
-                "time: wall-clock limit of {} s reached, every process killed",
-                limits.seconds
-            ),
-        );
     } else {
-        match status.and_then(|s| s.code()) {
-            Some(0) => {
-                report.status = Status::Ok;
-                report.exit_code = Some(0);
-            }
+        let ended = status.and_then(|s| s.code()).map(|c| match c {
             // runsc reports a container killed by signal N as 128+N.
-            Some(c) if c > 128 && c < 128 + 65 => {
-                report.status = Status::Signaled;
-                report.signal = Some(c - 128);
-                if c - 128 == libc::SIGKILL {
-                    report.deny(
-                        DenialKind::Limit,
-                        format!("memory: the sandbox was killed (SIGKILL); with gVisor this is most likely the memory limit of {} MiB", limits.memory_mb),
-                    );
-                }
-            }
-            Some(c) => {
-                report.status = Status::ExitNonzero;
-                report.exit_code = Some(c);
-            }
-            None => {
-                report.status = Status::SetupError;
-                report.error = Some("runsc ended without an exit status".into());
-            }
+            c if c > 128 && c < 128 + 65 => Ended::Signaled(c - 128),
+            c => Ended::Exited(c),
+        });
+        classify(
+            &mut report,
+            &limits,
+            Ending {
+                timed_out,
+                failure: None,
+                ended,
+                oom_killed: false,
+                unknown_end: "runsc ended without an exit status",
+            },
+        );
+        if !timed_out && report.signal == Some(libc::SIGKILL) {
+            report.deny(
+                DenialKind::Limit,
+                format!("memory: the sandbox was killed (SIGKILL); with gVisor this is most likely the memory limit of {} MiB", limits.memory_mb),
+            );
         }
     }
     let output_dir = rustix::fs::open(

@@ -1,7 +1,10 @@
-//! What runs inside the new namespaces: the sandbox's init (pid 1) and, forked from it, the
+//! What runs inside the new namespaces: the sandbox's init (pid 1) and, cloned from it, the
 //! payload that becomes the command.
 //!
-//! The init builds the root file system from the plan, then forks the payload, serves the
+//! The init makes its network namespace, waits for its id maps ([`ToInit::Maps`]), builds the
+//! host part of the root, then the rest from the plan ([`ToInit::Go`]), receives the run's
+//! cgroups ([`ToInit::Cgroups`]; it stays outside them), says [`ToSupervisor::Ready`], then
+//! clones the payload (into the cgroup with v2; sharing its memory until exec), serves the
 //! seccomp listener (recording each refused syscall), reaps every process, and when the payload
 //! ends kills whatever it left behind (double-forked daemons included) before reporting. It never
 //! runs untrusted code, is not dumpable, and holds its own creds (uid 0 of the user namespace in
@@ -14,73 +17,86 @@ use std::ffi::CString;
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
 
 use rustix::event::{PollFd, PollFlags, poll};
-use rustix::fs::{Mode, OFlags, ResolveFlags, openat2};
+use rustix::fs::{Mode, OFlags};
 use rustix::mount::MountFlags;
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags, recvmsg, sendmsg,
 };
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::plan::{Access, Op, Plan, SANDBOX_ID};
+use crate::root_sys::{Host, RootSys};
 use crate::seccomp;
 use crate::sys;
 
-/// Messages on the control sockets (init → supervisor, payload → init, supervisor → init).
+/// Supervisor → init, on the control socket, in this order.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "t", rename_all = "snake_case")]
-pub enum Msg {
-    /// Supervisor → init: the uid/gid maps are written (right after the clone): the init may
-    /// create files and start on the parts of the root every host-image run has.
+pub enum ToInit {
+    /// The uid/gid maps are written (right after the clone): the init may create files and
+    /// start on the parts of the root every host-image run has.
     Maps,
-    /// Supervisor → init: carries a memfd holding the [`Plan`] (JSON).
-    Go {
-        allow_degraded: bool,
-    },
-    /// Supervisor → init: the run's cgroups. `applied` false: none could be made (a degraded
-    /// run; the rlimits are the only bound). With v1, carries the `tasks` files of the
-    /// hierarchies, opened for writing, through which the init moves itself (see
-    /// `Cgroup::self_join_files`); with v2 the supervisor has already moved it.
-    /// With v2, carries the `cgroup.procs` file and then the cgroup's directory, into which
-    /// the init clones the payload (`CLONE_INTO_CGROUP`, `into_dir` true); the file is the
-    /// fallback where the kernel lacks that.
+    /// Carries a memfd holding the [`Plan`] (JSON).
+    Go { allow_degraded: bool },
+    /// The run's cgroups, which the init keeps open for the payload (the init itself stays
+    /// outside them). `applied` false: none could be made (a degraded run; the rlimits are
+    /// the only bound). With v1, carries the `tasks` file of each hierarchy, opened for
+    /// writing, through which the payload moves itself in (see `Cgroup::self_join_files`).
+    /// With v2, carries the `cgroup.procs` file and then (`into_dir` true) the cgroup's
+    /// directory, into which the init clones the payload (`CLONE_INTO_CGROUP`); the payload
+    /// writes itself into the file only where the kernel lacks that.
     Cgroups {
         applied: bool,
         name: Option<String>,
         #[serde(default)]
         into_dir: bool,
     },
-    /// Init → supervisor: the root is built and the init is in its cgroups; carries the
-    /// /output fd. The payload is forked next.
-    Ready,
-    /// Init → supervisor: carries the egress proxy's listening socket (inside the sandbox's
-    /// network namespace), which the supervisor serves from outside.
+}
+
+/// Init → supervisor, on the control socket.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "t", rename_all = "snake_case")]
+pub enum ToSupervisor {
+    /// Carries the egress proxy's listening socket (inside the sandbox's network namespace),
+    /// which the supervisor serves from outside. Sent after the root is built, only when the
+    /// plan has a proxy port.
     Listener,
-    /// Payload → init (with the seccomp listener fd) and init → supervisor: what was applied.
+    /// The root is built and the run's cgroups received; carries the /output fd. The payload
+    /// is cloned next (into the cgroup, with v2).
+    Ready,
+    /// What the payload applied (forwarded from [`FromPayload::Applied`]).
     Applied(Applied),
     /// The command was executed.
     Started,
-    ExecFailed {
-        program: String,
-        error: String,
-    },
-    SetupFailed {
-        step: String,
-        error: String,
-    },
-    Denial {
-        syscall: String,
-    },
-    /// Init → supervisor: the payload ended with this raw wait status.
+    /// The command could not be executed (forwarded from the payload).
+    ExecFailed { program: String, error: String },
+    /// A set-up step failed, in the init or (forwarded) in the payload.
+    SetupFailed { step: String, error: String },
+    /// The seccomp filter refused this syscall.
+    Denial { syscall: String },
+    /// The payload ended with this raw wait status.
     Exit {
         status: i32,
         cpu_us: u64,
         maxrss_kb: u64,
     },
+}
+
+/// Payload → init, on the payload's socket, before it execs.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "t", rename_all = "snake_case")]
+pub enum FromPayload {
+    /// What was applied, with the seccomp listener fd when there is one.
+    Applied(Applied),
+    /// `execve` failed.
+    ExecFailed { program: String, error: String },
+    /// A set-up step failed.
+    SetupFailed { step: String, error: String },
 }
 
 /// Protections the payload applied to itself.
@@ -94,7 +110,7 @@ pub struct Applied {
 
 /// How the init was started.
 pub struct InitArgs {
-    /// Received from the supervisor with [`Msg::Go`].
+    /// Received from the supervisor with [`ToInit::Go`].
     pub plan: Plan,
     pub ctl: OwnedFd,
     pub stdout_w: Option<OwnedFd>,
@@ -172,7 +188,11 @@ pub mod timing {
 }
 
 /// Sends a message, with at most one fd attached.
-pub fn send(sock: BorrowedFd<'_>, msg: &Msg, fd: Option<BorrowedFd<'_>>) -> std::io::Result<()> {
+pub fn send<M: Serialize>(
+    sock: BorrowedFd<'_>,
+    msg: &M,
+    fd: Option<BorrowedFd<'_>>,
+) -> std::io::Result<()> {
     match fd {
         Some(fd) => send_fds(sock, msg, &[fd]),
         None => send_fds(sock, msg, &[]),
@@ -185,7 +205,11 @@ const MAX_FDS: usize = 4;
 const MAX_MSG: usize = 16 * 1024;
 
 /// Sends a message with up to [`MAX_FDS`] fds attached.
-pub fn send_fds(sock: BorrowedFd<'_>, msg: &Msg, fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
+pub fn send_fds<M: Serialize>(
+    sock: BorrowedFd<'_>,
+    msg: &M,
+    fds: &[BorrowedFd<'_>],
+) -> std::io::Result<()> {
     if fds.len() > MAX_FDS {
         return Err(std::io::Error::other("too many fds for one message"));
     }
@@ -208,13 +232,17 @@ pub fn send_fds(sock: BorrowedFd<'_>, msg: &Msg, fds: &[BorrowedFd<'_>]) -> std:
 }
 
 /// Receives a message and the first fd attached. `Ok(None)` at end of stream.
-pub fn recv(sock: BorrowedFd<'_>) -> std::io::Result<Option<(Msg, Option<OwnedFd>)>> {
+pub fn recv<M: DeserializeOwned>(
+    sock: BorrowedFd<'_>,
+) -> std::io::Result<Option<(M, Option<OwnedFd>)>> {
     Ok(recv_fds(sock)?.map(|(m, fds)| (m, fds.into_iter().next())))
 }
 
 /// Receives a message and every fd attached (at most [`MAX_FDS`]; the kernel closes any
 /// beyond what the buffer holds). `Ok(None)` at end of stream.
-pub fn recv_fds(sock: BorrowedFd<'_>) -> std::io::Result<Option<(Msg, Vec<OwnedFd>)>> {
+pub fn recv_fds<M: DeserializeOwned>(
+    sock: BorrowedFd<'_>,
+) -> std::io::Result<Option<(M, Vec<OwnedFd>)>> {
     let mut buf = [0u8; MAX_MSG];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut cmsg = RecvAncillaryBuffer::new(&mut space);
@@ -245,7 +273,11 @@ pub fn init_main(mut a: InitArgs) -> ! {
     let code = match init(&mut a) {
         Ok(()) => 0,
         Err((step, error)) => {
-            let _ = send(a.ctl.as_fd(), &Msg::SetupFailed { step, error }, None);
+            let _ = send(
+                a.ctl.as_fd(),
+                &ToSupervisor::SetupFailed { step, error },
+                None,
+            );
             1
         }
     };
@@ -275,8 +307,8 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
     // Before the plan, a closed socket is the normal end of an init cloned for a run that
     // did not happen (refused, a dry run, another tier): leave quietly.
     const MAPS: &str = "wait for the id maps";
-    match step(MAPS, recv(a.ctl.as_fd()))? {
-        Some((Msg::Maps, _)) => {}
+    match step(MAPS, recv::<ToInit>(a.ctl.as_fd()))? {
+        Some((ToInit::Maps, _)) => {}
         None => sys::exit_now(0),
         _ => return Err((MAPS.into(), "unexpected message".into())),
     }
@@ -300,13 +332,15 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
     let mut made = Made::default();
     let prefix = crate::plan::host_prefix();
     let started = start_root();
-    let early = started
-        .clone()
-        .and_then(|()| prefix.iter().try_for_each(|op| apply(op, &mut made)));
+    let early = started.clone().and_then(|()| {
+        prefix
+            .iter()
+            .try_for_each(|op| apply(&mut Host, op, &mut made))
+    });
     timing::mark("init: host part of the root built");
     const WAIT: &str = "wait for the plan";
-    match step(WAIT, recv(a.ctl.as_fd()))? {
-        Some((Msg::Go { allow_degraded }, Some(plan))) => {
+    match step(WAIT, recv::<ToInit>(a.ctl.as_fd()))? {
+        Some((ToInit::Go { allow_degraded }, Some(plan))) => {
             a.allow_degraded = allow_degraded;
             a.plan = step("read the plan", read_plan(plan))?;
         }
@@ -324,7 +358,7 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
         discard_root(&mut made)?;
         &a.plan.ops[..]
     };
-    finish_root(rest, &mut made)?;
+    finish_root(&mut Host, rest, &mut made)?;
     timing::mark("init: root built");
     if let Some(port) = a.plan.proxy_port {
         // Created here, so it belongs to the sandbox's network namespace; served outside.
@@ -334,7 +368,7 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
         )?;
         step(
             "hand the proxy socket over",
-            send(a.ctl.as_fd(), &Msg::Listener, Some(l.as_fd())),
+            send(a.ctl.as_fd(), &ToSupervisor::Listener, Some(l.as_fd())),
         )?;
     }
     let sigchld = step("block SIGCHLD", sys::sigchld_fd())?;
@@ -350,7 +384,7 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
     receive_cgroups(a)?;
     step(
         "report ready",
-        send(a.ctl.as_fd(), &Msg::Ready, Some(out.as_fd())),
+        send(a.ctl.as_fd(), &ToSupervisor::Ready, Some(out.as_fd())),
     )?;
     drop(out);
 
@@ -394,21 +428,25 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
     // closes (exec succeeded: the fd was close-on-exec) or an error follows.
     let mut listener: Option<OwnedFd> = None;
     loop {
-        match recv(to_payload.as_fd()) {
-            Ok(Some((Msg::Applied(ap), fd))) => {
+        match recv::<FromPayload>(to_payload.as_fd()) {
+            Ok(Some((FromPayload::Applied(ap), fd))) => {
                 listener = fd;
-                let _ = send(a.ctl.as_fd(), &Msg::Applied(ap), None);
+                let _ = send(a.ctl.as_fd(), &ToSupervisor::Applied(ap), None);
             }
-            Ok(Some((m @ (Msg::ExecFailed { .. } | Msg::SetupFailed { .. }), _))) => {
+            Ok(Some((FromPayload::ExecFailed { program, error }, _))) => {
+                let m = ToSupervisor::ExecFailed { program, error };
                 let _ = send(a.ctl.as_fd(), &m, None);
             }
-            Ok(Some(_)) => {}
+            Ok(Some((FromPayload::SetupFailed { step, error }, _))) => {
+                let m = ToSupervisor::SetupFailed { step, error };
+                let _ = send(a.ctl.as_fd(), &m, None);
+            }
             Ok(None) | Err(_) => break,
         }
     }
     drop(to_payload);
     timing::mark("init: command started");
-    let _ = send(a.ctl.as_fd(), &Msg::Started, None);
+    let _ = send(a.ctl.as_fd(), &ToSupervisor::Started, None);
 
     let mut payload_status: Option<i32> = None;
     while payload_status.is_none() {
@@ -467,7 +505,7 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
     timing::mark("init: reaped all");
     let _ = send(
         a.ctl.as_fd(),
-        &Msg::Exit {
+        &ToSupervisor::Exit {
             status: payload_status.unwrap_or(0),
             cpu_us,
             maxrss_kb: ru.ru_maxrss as u64,
@@ -491,9 +529,9 @@ fn read_plan(fd: OwnedFd) -> std::io::Result<Plan> {
 /// Receives the run's cgroups from the supervisor (the files stay open for the payload).
 fn receive_cgroups(a: &mut InitArgs) -> StepResult<()> {
     const STEP: &str = "receive the run's cgroups";
-    match step(STEP, recv_fds(a.ctl.as_fd()))? {
+    match step(STEP, recv_fds::<ToInit>(a.ctl.as_fd()))? {
         Some((
-            Msg::Cgroups {
+            ToInit::Cgroups {
                 applied,
                 name,
                 into_dir,
@@ -554,7 +592,7 @@ fn serve_notification(listener: &OwnedFd, ctl: BorrowedFd<'_>) -> std::io::Resul
     };
     let nr = n.nr as i64;
     let name = seccomp::syscall_name(nr, &n.args);
-    let _ = send(ctl, &Msg::Denial { syscall: name }, None);
+    let _ = send(ctl, &ToSupervisor::Denial { syscall: name }, None);
     match sys::notif_deny(listener, n.id, seccomp::refusal_errno(nr, &n.args)) {
         // The caller was killed before the answer: nothing to answer.
         Err(e) if e.raw_os_error() != Some(libc::ENOENT) => Err(e),
@@ -635,26 +673,24 @@ fn discard_root(made: &mut Made) -> StepResult<()> {
 }
 
 /// Applies the rest of the plan to the new root, makes it read-only and pivots into it.
-fn finish_root(ops: &[Op], made: &mut Made) -> StepResult<()> {
-    use rustix::mount::*;
+fn finish_root<S: RootSys>(sys: &mut S, ops: &[Op], made: &mut Made) -> StepResult<()> {
     for op in ops {
-        apply(op, made)?;
+        apply(sys, op, made)?;
     }
     for d in ["/newroot/input", "/newroot/work", "/newroot/output"] {
-        let _ = std::fs::DirBuilder::new().mode(0o755).create(d);
+        let _ = sys.mkdir(d);
     }
     step(
         "remount new root read-only",
-        mount_remount(
+        sys.remount(
             "/newroot",
             MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
-            "",
         ),
     )?;
-    step("chdir /newroot", std::env::set_current_dir("/newroot"))?;
-    step("pivot_root(., .)", rustix::process::pivot_root(".", "."))?;
-    step("detach the old root", unmount(".", UnmountFlags::DETACH))?;
-    step("chdir /", std::env::set_current_dir("/"))?;
+    step("chdir /newroot", sys.chdir("/newroot"))?;
+    step("pivot_root(., .)", sys.pivot_root(".", "."))?;
+    step("detach the old root", sys.unmount_detach("."))?;
+    step("chdir /", sys.chdir("/"))?;
     Ok(())
 }
 
@@ -666,38 +702,32 @@ fn new(dest: &str) -> String {
 #[derive(Default)]
 struct Made(std::collections::HashSet<std::path::PathBuf>);
 
-fn mkdirs(path: &Path, made: &mut Made) -> StepResult<()> {
+fn mkdirs<S: RootSys>(sys: &mut S, path: &Path, made: &mut Made) -> StepResult<()> {
     if made.0.contains(path) {
         return Ok(());
     }
-    step(
-        &format!("mkdir {}", path.display()),
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(path),
-    )?;
+    step(&format!("mkdir {}", path.display()), sys.mkdir_all(path))?;
     made.0.insert(path.to_path_buf());
     Ok(())
 }
 
-fn mountpoint(dest: &str, dir: bool, made: &mut Made) -> StepResult<String> {
+fn mountpoint<S: RootSys>(
+    sys: &mut S,
+    dest: &str,
+    dir: bool,
+    made: &mut Made,
+) -> StepResult<String> {
     let d = new(dest);
     let p = Path::new(&d);
     if dir {
-        mkdirs(p, made)?;
+        mkdirs(sys, p, made)?;
     } else {
         if let Some(parent) = p.parent() {
-            mkdirs(parent, made)?;
+            mkdirs(sys, parent, made)?;
         }
         step(
             &format!("create mount point {dest}"),
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o444)
-                .open(p),
+            sys.create_mount_file(p),
         )?;
     }
     Ok(d)
@@ -705,20 +735,10 @@ fn mountpoint(dest: &str, dir: bool, made: &mut Made) -> StepResult<String> {
 
 /// Opens a host path (below /oldroot) without following any symlink, so that a path swapped
 /// for a symlink after validation cannot redirect the bind.
-fn open_source(src: &Path, dir: bool) -> StepResult<OwnedFd> {
+fn open_source<S: RootSys>(sys: &mut S, src: &Path, dir: bool) -> StepResult<S::Source> {
     let path = format!("/oldroot{}", src.display());
-    let fd = step(
-        &format!("open {}", src.display()),
-        openat2(
-            rustix::fs::CWD,
-            path.as_str(),
-            OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-            Mode::empty(),
-            ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-        ),
-    )?;
-    let st = step(&format!("stat {}", src.display()), rustix::fs::fstat(&fd))?;
-    let is_dir = rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory;
+    let fd = step(&format!("open {}", src.display()), sys.open_source(&path))?;
+    let is_dir = step(&format!("stat {}", src.display()), sys.source_is_dir(&fd))?;
     if dir && !is_dir {
         return Err((
             format!("open {}", src.display()),
@@ -728,31 +748,28 @@ fn open_source(src: &Path, dir: bool) -> StepResult<OwnedFd> {
     Ok(fd)
 }
 
-fn apply(op: &Op, made: &mut Made) -> StepResult<()> {
-    use rustix::mount::*;
+/// Applies one op of the plan to the new root (the interpreter of [`Op`]).
+fn apply<S: RootSys>(sys: &mut S, op: &Op, made: &mut Made) -> StepResult<()> {
     match op {
         Op::BindRo { src, dest, dir } => {
-            let fd = open_source(src, *dir)?;
-            let d = mountpoint(dest, *dir, made)?;
-            let via = format!("/oldroot/proc/self/fd/{}", fd.as_raw_fd());
+            let fd = open_source(sys, src, *dir)?;
+            let d = mountpoint(sys, dest, *dir, made)?;
+            let via = sys.source_path(&fd);
             step(
                 &format!("bind {} -> {dest}", src.display()),
-                mount_bind_recursive(via.as_str(), d.as_str()),
+                sys.bind(&via, &d, true),
             )?;
-            make_readonly(&d, dest)?;
+            make_readonly(sys, &d, dest)?;
         }
         Op::Device { src, dest } => {
-            let fd = open_source(src, false)?;
-            let d = mountpoint(dest, false, made)?;
-            let via = format!("/oldroot/proc/self/fd/{}", fd.as_raw_fd());
-            step(
-                &format!("bind device {dest}"),
-                mount_bind(via.as_str(), d.as_str()),
-            )?;
+            let fd = open_source(sys, src, false)?;
+            let d = mountpoint(sys, dest, false, made)?;
+            let via = sys.source_path(&fd);
+            step(&format!("bind device {dest}"), sys.bind(&via, &d, false))?;
             let c = cstr(&d)?;
             step(
                 &format!("restrict device {dest}"),
-                sys::mount_setattr_recursive(&c, libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NOEXEC),
+                sys.set_attrs(&c, libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NOEXEC),
             )?;
         }
         Op::Tmpfs {
@@ -762,7 +779,7 @@ fn apply(op: &Op, made: &mut Made) -> StepResult<()> {
             mode,
             exec,
         } => {
-            let d = mountpoint(dest, true, made)?;
+            let d = mountpoint(sys, dest, true, made)?;
             let mut flags = MountFlags::NOSUID | MountFlags::NODEV;
             if !exec {
                 flags |= MountFlags::NOEXEC;
@@ -776,16 +793,16 @@ fn apply(op: &Op, made: &mut Made) -> StepResult<()> {
             let cdata = cstr(&data)?;
             step(
                 &format!("mount tmpfs {dest} ({data})"),
-                mount("tmpfs", d.as_str(), "tmpfs", flags, Some(cdata.as_c_str())),
+                sys.mount("tmpfs", &d, "tmpfs", flags, Some(cdata.as_c_str())),
             )?;
         }
         Op::Proc { dest } => {
-            let d = mountpoint(dest, true, made)?;
+            let d = mountpoint(sys, dest, true, made)?;
             step(
                 &format!("mount proc on {dest}"),
-                mount(
+                sys.mount(
                     "proc",
-                    d.as_str(),
+                    &d,
                     "proc",
                     MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
                     Some(crate::plan::PROC_OPTIONS),
@@ -795,28 +812,22 @@ fn apply(op: &Op, made: &mut Made) -> StepResult<()> {
         Op::Symlink { target, dest } => {
             let d = new(dest);
             if let Some(parent) = Path::new(&d).parent() {
-                mkdirs(parent, made)?;
+                mkdirs(sys, parent, made)?;
             }
             step(
                 &format!("symlink {dest} -> {target}"),
-                std::os::unix::fs::symlink(target, &d),
+                sys.symlink(target, &d),
             )?;
         }
         Op::File { dest, content } => {
             let d = new(dest);
             if let Some(parent) = Path::new(&d).parent() {
-                mkdirs(parent, made)?;
+                mkdirs(sys, parent, made)?;
             }
             // A fresh file (the umask is 0 here): mode 0644 from the start.
             step(
                 &format!("write {dest}"),
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .mode(0o644)
-                    .open(&d)
-                    .and_then(|mut f| std::io::Write::write_all(&mut f, content.as_bytes())),
+                sys.write_file(&d, content.as_bytes()),
             )?;
         }
     }
@@ -827,18 +838,17 @@ fn cstr(s: &str) -> StepResult<CString> {
     CString::new(s).map_err(|e| ("path".to_string(), e.to_string()))
 }
 
-fn make_readonly(d: &str, dest: &str) -> StepResult<()> {
+fn make_readonly<S: RootSys>(sys: &mut S, d: &str, dest: &str) -> StepResult<()> {
     let c = cstr(d)?;
     let attrs = libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
-    match sys::mount_setattr_recursive(&c, attrs) {
+    match sys.set_attrs(&c, attrs) {
         Ok(()) => Ok(()),
         // Kernels before 5.12: remount the top mount only.
         Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => step(
             &format!("remount {dest} read-only"),
-            rustix::mount::mount_remount(
+            sys.remount(
                 d,
                 MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
-                "",
             ),
         ),
         Err(e) => Err((format!("make {dest} read-only"), e.to_string())),
@@ -851,8 +861,8 @@ fn make_readonly(d: &str, dest: &str) -> StepResult<()> {
 fn payload_main(a: &InitArgs, sock: BorrowedFd<'_>) -> ! {
     let program = a.plan.argv.first().cloned().unwrap_or_default();
     let msg = match payload(a, sock) {
-        Ok(e) => Msg::ExecFailed { program, error: e },
-        Err((step, error)) => Msg::SetupFailed { step, error },
+        Ok(e) => FromPayload::ExecFailed { program, error: e },
+        Err((step, error)) => FromPayload::SetupFailed { step, error },
     };
     let _ = send(sock.as_fd(), &msg, None);
     sys::exit_now(127)
@@ -930,7 +940,7 @@ fn payload(a: &InitArgs, sock: BorrowedFd<'_>) -> StepResult<String> {
         "report applied protections",
         send(
             sock.as_fd(),
-            &Msg::Applied(applied),
+            &FromPayload::Applied(applied),
             listener.as_ref().map(|l| l.as_fd()),
         ),
     )?;
@@ -1131,5 +1141,170 @@ fn apply_landlock(a: &InitArgs, degraded: &mut Vec<String>) -> StepResult<Option
         (RulesetStatus::FullyEnforced | RulesetStatus::PartiallyEnforced, Ok(_)) => {
             Ok(Some(enforced))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::root_sys::Recorder;
+    use agentjail_manifest::{Manifest, SourcePolicy};
+
+    fn bind(src: &str, dest: &str, dir: bool) -> Op {
+        Op::BindRo {
+            src: src.into(),
+            dest: dest.into(),
+            dir,
+        }
+    }
+
+    fn run(rec: &mut Recorder, ops: &[Op]) -> StepResult<()> {
+        let mut made = Made::default();
+        ops.iter().try_for_each(|op| apply(rec, op, &mut made))
+    }
+
+    const RO: u64 = libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+
+    #[test]
+    fn a_bind_opens_without_symlinks_then_mounts_then_makes_read_only() {
+        let mut rec = Recorder::default();
+        rec.dirs.insert("/oldroot/usr".into());
+        run(&mut rec, &[bind("/usr", "/usr", true)]).unwrap();
+        assert_eq!(
+            rec.calls,
+            [
+                "open_source /oldroot/usr".to_string(),
+                "fstat /oldroot/usr".into(),
+                "mkdir_all /newroot/usr".into(),
+                "bind fd:/oldroot/usr /newroot/usr recursive=true".into(),
+                format!("set_attrs /newroot/usr {RO:#x}"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_file_bind_gets_a_mount_file_and_parents_are_made_once() {
+        let mut rec = Recorder::default();
+        run(
+            &mut rec,
+            &[
+                bind("/etc/hosts", "/etc/hosts", false),
+                Op::File {
+                    dest: "/etc/passwd".into(),
+                    content: "x".into(),
+                },
+            ],
+        )
+        .unwrap();
+        let mkdirs: Vec<_> = rec
+            .calls
+            .iter()
+            .filter(|c| c.starts_with("mkdir"))
+            .collect();
+        assert_eq!(mkdirs, ["mkdir_all /newroot/etc"]);
+        assert!(
+            rec.calls
+                .contains(&"create_mount_file /newroot/etc/hosts".into())
+        );
+        assert_eq!(
+            rec.calls.last().unwrap(),
+            "write_file /newroot/etc/passwd 1"
+        );
+    }
+
+    #[test]
+    fn a_source_that_is_no_longer_a_directory_is_not_bound() {
+        let mut rec = Recorder::default();
+        let e = run(&mut rec, &[bind("/data", "/input/data", true)]).unwrap_err();
+        assert_eq!(e, ("open /data".into(), "is no longer a directory".into()));
+        assert!(
+            !rec.calls.iter().any(|c| c.starts_with("bind")),
+            "{:?}",
+            rec.calls
+        );
+    }
+
+    #[test]
+    fn a_failed_call_ends_the_plan_naming_its_step_and_the_errno() {
+        let mut rec = Recorder {
+            fail_on: Some("bind".into()),
+            ..Recorder::default()
+        };
+        let ops = [
+            bind("/etc/hosts", "/etc/hosts", false),
+            Op::Proc {
+                dest: "/proc".into(),
+            },
+        ];
+        let (step, error) = run(&mut rec, &ops).unwrap_err();
+        assert_eq!(step, "bind /etc/hosts -> /etc/hosts");
+        assert!(error.contains("os error 1"), "{error}");
+        assert!(
+            rec.calls.last().unwrap().starts_with("bind"),
+            "{:?}",
+            rec.calls
+        );
+        // Read-only failure: named as such.
+        let mut rec = Recorder {
+            fail_on: Some("set_attrs".into()),
+            ..Recorder::default()
+        };
+        let (step, _) = run(&mut rec, &ops).unwrap_err();
+        assert_eq!(step, "make /etc/hosts read-only");
+    }
+
+    #[test]
+    fn the_whole_host_plan_mounts_only_below_the_new_root_and_binds_read_only() {
+        let d = tempfile::tempdir().unwrap();
+        let vm = Manifest::for_command(vec!["true".into()])
+            .validate(
+                &SourcePolicy {
+                    base_dir: d.path().into(),
+                    roots: None,
+                },
+                jiff::Timestamp::now(),
+            )
+            .unwrap();
+        let plan = Plan::new(&vm);
+        let mut rec = Recorder::default();
+        for op in &plan.ops {
+            if let Op::BindRo { src, dir: true, .. } = op {
+                rec.dirs.insert(format!("/oldroot{}", src.display()));
+            }
+        }
+        finish_root(&mut rec, &plan.ops, &mut Made::default()).unwrap();
+        let calls = &rec.calls;
+        for (i, c) in calls.iter().enumerate() {
+            let w: Vec<&str> = c.split(' ').collect();
+            match w[0] {
+                "bind" => {
+                    assert!(w[2].starts_with("/newroot/"), "{c}");
+                    if w[3] == "recursive=true" {
+                        assert_eq!(calls[i + 1], format!("set_attrs {} {RO:#x}", w[2]));
+                    }
+                }
+                "mount" => assert!(w[2].starts_with("/newroot/"), "{c}"),
+                "open_source" => assert!(w[1].starts_with("/oldroot/"), "{c}"),
+                _ => {}
+            }
+        }
+        let n = calls.len();
+        assert_eq!(
+            calls[n - 5..],
+            [
+                format!(
+                    "remount /newroot {:#x}",
+                    (MountFlags::BIND
+                        | MountFlags::RDONLY
+                        | MountFlags::NOSUID
+                        | MountFlags::NODEV)
+                        .bits()
+                ),
+                "chdir /newroot".into(),
+                "pivot_root . .".into(),
+                "unmount_detach .".into(),
+                "chdir /".into(),
+            ]
+        );
     }
 }

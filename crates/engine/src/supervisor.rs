@@ -1,10 +1,18 @@
-//! The supervisor: the process that starts one sandbox and watches it from outside.
+//! The supervisor: the process that starts one sandbox (native tier) and watches it from
+//! outside.
 //!
-//! In kernel-required order: create the cgroup; clone the init into new user, mount, pid, net,
-//! ipc, uts and cgroup namespaces; write its id maps and move it into the cgroup; release it;
-//! then wait on its messages, the command's output pipes and its pidfd until it ends or the
-//! deadline passes (SIGKILL to the init ends the whole pid namespace, daemons included); read
-//! the cgroup's figures; remove the cgroup.
+//! In order: clone the init into new user, mount, pid, ipc and uts namespaces (ahead of the
+//! run when [`prespawn`] was called) and write its id maps at once ([`ToInit::Maps`]); the init
+//! then makes its own network namespace and the host part of its root. Plan the root and send
+//! the plan ([`ToInit::Go`]); while the init builds the root, create the run's cgroup and hand
+//! it over ([`ToInit::Cgroups`]; the init stays outside it, the payload is born in it or joins
+//! it, then unshares a cgroup namespace). Serve the egress gateway on the socket the init made
+//! inside ([`ToSupervisor::Listener`], allowlist runs only); take the /output fd
+//! ([`ToSupervisor::Ready`]); then wait on the init's messages, the command's output pipes and
+//! the init's pidfd until it ends or the deadline passes (SIGKILL to the init ends the whole
+//! pid namespace, daemons included); read the cgroup's figures; classify the end
+//! (`outcome::classify`, shared with the gVisor tier). The init is reaped and the cgroup
+//! removed when the [`Outcome`]'s [`Cleanup`] is dropped.
 //!
 //! Must run in a single-threaded process (the CLI's main thread, or a helper process the
 //! server spawns): user namespaces cannot be created from a multi-threaded one.
@@ -13,216 +21,21 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use agentjail_manifest::ValidatedManifest;
-use agentjail_manifest::report::{DenialKind, Isolation, RunReport, Status, StreamReport};
+use agentjail_manifest::report::{DenialKind, Isolation, RunReport};
 use rustix::event::{PollFd, PollFlags, poll};
 
 use crate::cgroup::{Cgroup, Stats};
-use crate::inside::{self, Applied, InitArgs, Msg};
+use crate::inside::{self, Applied, InitArgs, ToInit, ToSupervisor};
+pub use crate::outcome::{Cleanup, Outcome, RunOptions, STREAM_LIMIT, Sink};
+use crate::outcome::{Ended, Ending, Stream, classify, fail, kill_and_reap, with_userns_hint};
 use crate::plan::{Plan, RootImage, SANDBOX_ID};
 use crate::sys::{self, Cloned};
 
-/// Bound on what passes through of the command's stdout and of its stderr.
-pub const STREAM_LIMIT: u64 = 1024 * 1024;
+/// Most characters of a program name quoted in an error (the rest is cut, ending in `…`).
+const PROGRAM_CHARS: usize = 1024;
 
 /// Base of the host uids that sandbox users map to in root mode (one per run: base + pid).
 pub const HOST_UID_BASE: u32 = 1_000_000_000;
-
-/// Where a stream of the command goes.
-#[derive(Debug, Clone, Copy)]
-pub enum Sink {
-    /// Written through to our own stdout, up to [`STREAM_LIMIT`].
-    Stdout,
-    /// Written through to our own stderr, up to [`STREAM_LIMIT`].
-    Stderr,
-    /// Kept in memory, up to [`STREAM_LIMIT`].
-    Capture,
-    /// Like `Stdout`, with control characters shown escaped ([`crate::term`]): for a terminal.
-    StdoutInert,
-    /// Like `Stderr`, with control characters shown escaped ([`crate::term`]): for a terminal.
-    StderrInert,
-}
-
-/// Options of one run that are not part of the manifest (they concern the caller's side).
-#[derive(Debug, Clone)]
-pub struct RunOptions {
-    /// Run even when a protection cannot be applied; the report lists what was not.
-    pub allow_degraded: bool,
-    pub stdout: Sink,
-    pub stderr: Sink,
-    /// Name servers the egress gateway asks; empty means the host's resolver configuration
-    /// (/etc/hosts, /etc/resolv.conf).
-    pub egress_dns: Vec<std::net::SocketAddr>,
-    /// The read end of a pipe whose write end only the caller (the service) holds: when it
-    /// hangs up (the caller died), the sandbox is killed and the run ends as a setup error.
-    pub lifeline: Option<std::sync::Arc<OwnedFd>>,
-}
-
-impl Default for RunOptions {
-    fn default() -> Self {
-        RunOptions {
-            allow_degraded: false,
-            stdout: Sink::Stdout,
-            stderr: Sink::Stderr,
-            egress_dns: Vec::new(),
-            lifeline: None,
-        }
-    }
-}
-
-/// The result of a run, before its output is verified.
-#[derive(Debug)]
-pub struct Outcome {
-    /// Status is final except that `ok` still depends on output verification.
-    pub report: RunReport,
-    /// The sandbox's /output, readable after every process of the sandbox is gone.
-    pub output_dir: Option<OwnedFd>,
-    /// /output reached its size limit: files in it may be truncated.
-    pub output_full: bool,
-    pub stdout: Vec<u8>,
-    pub stderr: Vec<u8>,
-    /// Reaps the sandbox's init and removes the run's cgroup when dropped. Every process of
-    /// the command is already dead when `run` returns; only the init's own exit (the kernel
-    /// tearing the namespaces down) may still be in progress, and the caller can verify and
-    /// report meanwhile. Keep it until the report is written.
-    pub cleanup: Cleanup,
-}
-
-/// See [`Outcome::cleanup`].
-#[derive(Debug, Default)]
-pub struct Cleanup {
-    init: Option<OwnedFd>,
-    /// The init reported the command's end after reaping every process of it: the cgroups
-    /// are empty, and the init has nothing left to do but exit.
-    init_finished: bool,
-    cgroup: Option<Cgroup>,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        match self.init.take() {
-            Some(pidfd) if self.init_finished => {
-                // The cgroups are empty already (the init is outside them): remove them first,
-                // then reap the init. Always reap it: an init left to whoever adopts it would
-                // stay a zombie under a parent that does not reap adopted children (a
-                // container's pid 1, a server). Its exit (the kernel tearing the namespaces
-                // down) costs ~0.4 ms more per run than not waiting (docs/performance.md).
-                drop(self.cgroup.take());
-                let _ = rustix::process::waitid(
-                    rustix::process::WaitId::PidFd(pidfd.as_fd()),
-                    rustix::process::WaitIdOptions::EXITED,
-                );
-            }
-            // Killed or failed: its pid namespace may still hold processes of the command,
-            // which leave the cgroups only as the namespace dies.
-            Some(pidfd) => kill_and_reap(&pidfd),
-            None => {}
-        }
-        inside::timing::mark("cleanup: init reaped");
-        drop(self.cgroup.take());
-    }
-}
-
-/// One output stream of the command (a pipe), passed through to its sink within
-/// [`STREAM_LIMIT`]. Shared by both tiers.
-pub(crate) struct Stream {
-    pub(crate) fd: Option<OwnedFd>,
-    sink: Sink,
-    pub(crate) report: StreamReport,
-    pub(crate) captured: Vec<u8>,
-    inert: Option<crate::term::Inert>,
-}
-
-impl Stream {
-    /// Wraps the read end of a pipe, made non-blocking so that draining it never hangs on a
-    /// writer that is still alive somewhere.
-    pub(crate) fn new(fd: Option<OwnedFd>, sink: Sink) -> Stream {
-        if let Some(f) = &fd {
-            let _ = rustix::io::ioctl_fionbio(f, true);
-        }
-        Stream {
-            fd,
-            sink,
-            report: StreamReport::default(),
-            captured: Vec::new(),
-            inert: matches!(sink, Sink::StdoutInert | Sink::StderrInert)
-                .then(crate::term::Inert::default),
-        }
-    }
-
-    /// Hands bytes of the command's stream to the sink.
-    fn deliver(&mut self, bytes: &[u8]) {
-        let mut shown = Vec::new();
-        let bytes = match &mut self.inert {
-            Some(f) => {
-                f.feed(bytes, &mut shown);
-                shown.as_slice()
-            }
-            None => bytes,
-        };
-        match self.sink {
-            Sink::Stdout | Sink::StdoutInert => {
-                let _ = write_all(std::io::stdout().as_fd(), bytes);
-            }
-            Sink::Stderr | Sink::StderrInert => {
-                let _ = write_all(std::io::stderr().as_fd(), bytes);
-            }
-            Sink::Capture => self.captured.extend_from_slice(bytes),
-        }
-    }
-
-    /// The stream ended: a terminal filter gives out what it held and closes an open line.
-    fn end(&mut self) {
-        self.fd = None;
-        if let Some(mut f) = self.inert.take() {
-            let mut tail = Vec::new();
-            f.finish(&mut tail);
-            if !tail.is_empty() {
-                self.deliver(&tail);
-            }
-        }
-    }
-
-    /// Reads what is available now; false when nothing more is (end of stream, or no data).
-    pub(crate) fn pump(&mut self) -> bool {
-        let Some(fd) = &self.fd else { return false };
-        let mut buf = [0u8; 65536];
-        match rustix::io::read(fd, &mut buf) {
-            Ok(0) => {
-                self.end();
-                false
-            }
-            Ok(n) => {
-                let room = STREAM_LIMIT.saturating_sub(self.report.bytes) as usize;
-                let keep = n.min(room);
-                if keep < n {
-                    self.report.truncated = true;
-                }
-                if keep > 0 {
-                    self.deliver(&buf[..keep]);
-                }
-                self.report.bytes += n as u64;
-                true
-            }
-            Err(rustix::io::Errno::INTR) => true,
-            Err(rustix::io::Errno::AGAIN) => false,
-            Err(_) => {
-                self.end();
-                false
-            }
-        }
-    }
-}
-
-fn write_all(fd: BorrowedFd<'_>, mut b: &[u8]) -> rustix::io::Result<()> {
-    while !b.is_empty() {
-        match rustix::io::write(fd, b) {
-            Ok(n) => b = &b[n..],
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
 
 fn base_report(vm: &ValidatedManifest) -> RunReport {
     let mut r = RunReport::setup_error(vm.manifest.limits, String::new());
@@ -231,31 +44,6 @@ fn base_report(vm: &ValidatedManifest) -> RunReport {
     r.manifest_digest = Some(vm.digest.clone());
     r.isolation.kind = "native".into();
     r
-}
-
-/// A kernel refusal (EPERM, EACCES, ENOSPC) on a host that restricts user namespaces for this
-/// caller: the message, then the setting and its one-line fix. Under Ubuntu's AppArmor
-/// restriction the clone succeeds and the init's first mount fails, so both paths use this.
-fn with_userns_hint(msg: String) -> String {
-    match crate::check::userns_hint_for(&msg) {
-        Some(h) => format!("{msg}; {h}"),
-        None => msg,
-    }
-}
-
-/// An outcome for a run that could not start: `setup_error` with a one-line reason.
-pub(crate) fn fail(mut r: RunReport, msg: String) -> Outcome {
-    let msg = with_userns_hint(msg);
-    r.status = Status::SetupError;
-    r.error = Some(msg);
-    Outcome {
-        report: r,
-        output_dir: None,
-        output_full: false,
-        stdout: Vec::new(),
-        stderr: Vec::new(),
-        cleanup: Cleanup::default(),
-    }
 }
 
 /// Runs a validated manifest on the host image. Never panics; failures to start are reported
@@ -316,7 +104,7 @@ pub fn run_on(
     if let Err(e) = plan_memfd(&plan).and_then(|memfd| {
         send_or_died(
             &ctl_s,
-            &Msg::Go {
+            &ToInit::Go {
                 allow_degraded: opts.allow_degraded,
             },
             &[memfd.as_fd()],
@@ -644,7 +432,7 @@ fn prespawn_now(root_mode: bool) -> Result<Prespawned, String> {
                 rustix::process::getuid().as_raw()
             };
             if let Err(e) = write_id_maps(pid, root_mode, host_uid)
-                .and_then(|()| send_or_died(&ctl_s, &Msg::Maps, &[]))
+                .and_then(|()| send_or_died(&ctl_s, &ToInit::Maps, &[]))
             {
                 kill_and_reap(&pidfd);
                 return Err(e);
@@ -681,16 +469,7 @@ fn refuse(mut report: RunReport, degraded: Vec<String>) -> Outcome {
     fail(report, msg)
 }
 
-/// Ends a sandbox whose set-up went wrong (its init is pid 1: the whole namespace goes).
-fn kill_and_reap(pidfd: &OwnedFd) {
-    let _ = rustix::process::pidfd_send_signal(pidfd, rustix::process::Signal::KILL);
-    let _ = rustix::process::waitid(
-        rustix::process::WaitId::PidFd(pidfd.as_fd()),
-        rustix::process::WaitIdOptions::EXITED,
-    );
-}
-
-fn send_or_died(ctl: &OwnedFd, msg: &Msg, fds: &[BorrowedFd<'_>]) -> Result<(), String> {
+fn send_or_died(ctl: &OwnedFd, msg: &ToInit, fds: &[BorrowedFd<'_>]) -> Result<(), String> {
     inside::send_fds(ctl.as_fd(), msg, fds).map_err(|_| {
         // The init reports its own failure first when it can; this is the fallback.
         "the sandbox init died during setup".to_string()
@@ -725,7 +504,7 @@ fn hand_over_cgroups(cg: Option<&Cgroup>, ctl: &OwnedFd) -> Result<(), String> {
     let Some(cg) = cg else {
         return send_or_died(
             ctl,
-            &Msg::Cgroups {
+            &ToInit::Cgroups {
                 applied: false,
                 name: None,
                 into_dir: false,
@@ -765,7 +544,7 @@ fn hand_over_cgroups(cg: Option<&Cgroup>, ctl: &OwnedFd) -> Result<(), String> {
     let fds: Vec<BorrowedFd<'_>> = files.iter().map(|f| f.as_fd()).collect();
     send_or_died(
         ctl,
-        &Msg::Cgroups {
+        &ToInit::Cgroups {
             applied: true,
             name: Some(cg.name().to_string()),
             into_dir,
@@ -880,23 +659,25 @@ struct State {
 impl State {
     /// Handles one control message; false when the socket is closed.
     fn take(&mut self, ctl: &OwnedFd, report: &mut RunReport) -> bool {
-        match inside::recv(ctl.as_fd()) {
+        match inside::recv::<ToSupervisor>(ctl.as_fd()) {
             Ok(Some((msg, fd))) => {
                 match msg {
-                    Msg::Ready => self.output = fd,
-                    Msg::Listener => self.listener = fd,
-                    Msg::Applied(a) => self.applied = Some(a),
-                    Msg::Started => self.started = true,
-                    Msg::ExecFailed { program, error } => {
-                        self.exec_failed =
-                            Some(format!("cannot execute `{}`: {error}", printable(&program)))
+                    ToSupervisor::Ready => self.output = fd,
+                    ToSupervisor::Listener => self.listener = fd,
+                    ToSupervisor::Applied(a) => self.applied = Some(a),
+                    ToSupervisor::Started => self.started = true,
+                    ToSupervisor::ExecFailed { program, error } => {
+                        self.exec_failed = Some(format!(
+                            "cannot execute `{}`: {error}",
+                            agentjail_manifest::text::printable(&program, PROGRAM_CHARS)
+                        ))
                     }
-                    Msg::SetupFailed { step, error } => {
+                    ToSupervisor::SetupFailed { step, error } => {
                         self.setup_failed
                             .get_or_insert(format!("sandbox setup failed at `{step}`: {error}"));
                     }
-                    Msg::Denial { syscall } => report.deny(DenialKind::Syscall, syscall),
-                    Msg::Exit {
+                    ToSupervisor::Denial { syscall } => report.deny(DenialKind::Syscall, syscall),
+                    ToSupervisor::Exit {
                         status,
                         cpu_us,
                         maxrss_kb,
@@ -904,7 +685,6 @@ impl State {
                         inside::timing::mark("supervisor: exit message");
                         self.exit = Some((status, cpu_us, maxrss_kb))
                     }
-                    Msg::Maps | Msg::Go { .. } | Msg::Cgroups { .. } => {}
                 }
                 true
             }
@@ -912,11 +692,6 @@ impl State {
             Err(_) => false,
         }
     }
-}
-
-/// Escapes control characters of a string taken from a manifest (it may reach a terminal).
-fn printable(s: &str) -> String {
-    s.chars().flat_map(char::escape_debug).collect::<String>()
 }
 
 fn finish(
@@ -974,50 +749,29 @@ fn finish(
             ),
         );
     }
-    if timed_out {
-        r.status = Status::Timeout;
-        r.signal = Some(libc::SIGKILL);
-        r.deny(
-            DenialKind::Limit,
-            format!(
-                "time: wall-clock limit of {} s reached, every process killed",
-                limits.seconds
-            ),
-        );
-        return;
-    }
-    if let Some(e) = &st.setup_failed {
-        r.status = Status::SetupError;
-        r.error = Some(with_userns_hint(e.clone()));
-        return;
-    }
-    if let Some(e) = &st.exec_failed {
-        r.status = Status::SetupError;
-        r.error = Some(e.clone());
-        return;
-    }
-    let Some((status, _, _)) = st.exit else {
-        r.status = Status::SetupError;
-        r.error = Some("the sandbox ended before the command did (init died)".into());
-        return;
-    };
-    if libc::WIFEXITED(status) {
-        let code = libc::WEXITSTATUS(status);
-        r.exit_code = Some(code);
-        r.status = if code == 0 {
-            Status::Ok
-        } else if stats.oom_kills > 0 {
-            Status::MemoryLimit
+    let ended = st.exit.and_then(|(status, _, _)| {
+        if libc::WIFEXITED(status) {
+            Some(Ended::Exited(libc::WEXITSTATUS(status)))
+        } else if libc::WIFSIGNALED(status) {
+            Some(Ended::Signaled(libc::WTERMSIG(status)))
         } else {
-            Status::ExitNonzero
-        };
-    } else if libc::WIFSIGNALED(status) {
-        let sig = libc::WTERMSIG(status);
-        r.signal = Some(sig);
-        r.status = if stats.oom_kills > 0 && sig == libc::SIGKILL {
-            Status::MemoryLimit
-        } else {
-            Status::Signaled
-        };
-    }
+            None
+        }
+    });
+    let failure = st
+        .setup_failed
+        .clone()
+        .map(with_userns_hint)
+        .or_else(|| st.exec_failed.clone());
+    classify(
+        r,
+        limits,
+        Ending {
+            timed_out,
+            failure,
+            ended,
+            oom_killed: stats.oom_kills > 0,
+            unknown_end: "the sandbox ended before the command did (init died)",
+        },
+    );
 }

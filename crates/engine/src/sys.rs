@@ -1,5 +1,6 @@
 //! The raw system calls that neither rustix nor a maintained crate wraps, or that must run at
-//! exactly one point (clone3, seccomp with a listener, the notification ioctls, fork, execve).
+//! exactly one point (clone3 into new namespaces, a clone sharing memory or born in a cgroup,
+//! seccomp with a listener, the notification ioctls, execve). Nothing here forks.
 //! Every `unsafe` block of the engine lives in this module, each with the invariant it relies on.
 
 use std::ffi::CString;

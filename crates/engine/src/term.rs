@@ -46,11 +46,11 @@ impl Default for Inert {
     }
 }
 
-/// Characters shown escaped: controls (C0 but `\t` `\n` `\r`, DEL, C1) and the bidi controls
-/// that reorder what a terminal shows.
+/// Characters shown escaped: the ones `agentjail_manifest::text` never lets through (controls,
+/// bidi overrides and isolates, zero-width and line-separator characters), except the `\t`,
+/// `\n` and `\r` a stream of lines needs.
 fn unsafe_char(c: char) -> bool {
-    (c.is_control() && !matches!(c, '\n' | '\t' | '\r'))
-        || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    agentjail_manifest::text::is_unsafe_char(c) && !matches!(c, '\n' | '\t' | '\r')
 }
 
 impl Inert {

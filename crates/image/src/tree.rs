@@ -26,12 +26,12 @@ pub struct Summary {
     pub bytes: u64,
 }
 
-pub fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
+/// Lower-case hex: the workspace's one encoder.
+pub use agentjail_manifest::hex;
 
+/// `sha256:<hex>` of bytes.
 pub fn sha256_str(b: &[u8]) -> String {
-    format!("sha256:{}", hex(&Sha256::digest(b)))
+    agentjail_manifest::sha256_digest(b)
 }
 
 /// Describes the tree below `root` (the root directory itself is not part of it).

@@ -17,6 +17,7 @@
 //! Tested by unit tests in this crate and by the CLI's integration tests, which run real manifests.
 
 pub mod report;
+pub mod text;
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};

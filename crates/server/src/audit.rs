@@ -78,11 +78,8 @@ pub enum AuditError {
 }
 
 fn hash_record(rec: &Map<String, Value>) -> String {
-    use sha2::{Digest, Sha256};
     let bytes = serde_jcs::to_vec(rec).unwrap_or_default();
-    let d = Sha256::digest(&bytes);
-    let hex: String = d.iter().map(|b| format!("{b:02x}")).collect();
-    format!("sha256:{hex}")
+    agentjail_manifest::sha256_digest(&bytes)
 }
 
 impl AuditLog {

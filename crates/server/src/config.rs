@@ -87,8 +87,9 @@ pub struct ServerSettings {
     #[serde(default)]
     pub mcp_allowed_hosts: Option<Vec<String>>,
     /// Browser origins the `/mcp` endpoint accepts, with scheme (e.g. `https://app.example.com:443`).
-    /// Default: none; a request carrying any `Origin` header is refused. Agents that are not
-    /// browsers send no `Origin`.
+    /// Default: none; a request carrying any other `Origin` header is refused (agents that are
+    /// not browsers send none). While `mcp_allowed_hosts` is the loopback default, loopback
+    /// origins (`http(s)://localhost|127.0.0.1|[::1]`, any port) are accepted too.
     #[serde(default)]
     pub mcp_allowed_origins: Vec<String>,
     /// Seconds a client has to send a request's headers; also how long an idle keep-alive
@@ -702,10 +703,7 @@ fn decode_hex32(s: &str) -> Option<[u8; 32]> {
 /// Lower-case hex sha256 of `data`.
 pub fn sha256_hex(data: &[u8]) -> String {
     use sha2::{Digest, Sha256};
-    Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    agentjail_manifest::hex(&Sha256::digest(data))
 }
 
 #[cfg(test)]

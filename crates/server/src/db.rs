@@ -5,7 +5,10 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
 use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::run_state::RunState;
 
 /// Schema migrations, applied in order; `user_version` is the number applied.
 const MIGRATIONS: &[&str] = &[
@@ -85,7 +88,7 @@ pub struct RunRow {
     pub actor: String,
     pub job_id: String,
     pub job_expires_at: i64,
-    pub status: String,
+    pub status: RunState,
     pub reason: Option<String>,
     pub created_at: i64,
     pub started_at: Option<i64>,
@@ -108,6 +111,23 @@ pub enum Insert {
     Inserted,
     /// A run with this (tenant, request_id) exists.
     Exists(Box<RunRow>),
+}
+
+/// A run state is stored as its word (`queued`, `ok`, …); a word that names no state is a
+/// conversion error, never a guess.
+impl ToSql for RunState {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::from(self.as_str()))
+    }
+}
+
+impl FromSql for RunState {
+    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+        value
+            .as_str()?
+            .parse()
+            .map_err(|e| FromSqlError::Other(Box::new(e)))
+    }
 }
 
 const RUN_COLS: &str = "tenant, request_id, body_sha256, task, actor, job_id, job_expires_at, status, reason, created_at, started_at, finished_at, inputs, report, receipt, artifact, artifact_sha256, outputs_expire_at, logs_expire_at, outputs_deleted, args";
@@ -260,7 +280,7 @@ pub fn mark_running(c: &Connection, job_id: &str, now: i64) -> Result<bool, DbEr
 /// What a finished run left.
 pub struct Finish<'a> {
     pub job_id: &'a str,
-    pub status: &'a str,
+    pub status: RunState,
     pub reason: Option<&'a str>,
     pub now: i64,
     pub report: Option<&'a str>,

@@ -18,8 +18,12 @@ pub mod audit;
 pub mod config;
 pub mod db;
 pub mod mcp;
+pub mod policy;
+pub mod run_state;
 pub mod runner;
 pub mod selftest;
+pub mod service;
+pub mod store;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -30,8 +34,17 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::sync::Semaphore;
 
-pub use api::router;
 pub use config::Config;
+
+/// The HTTP application: the API ([`api`]) and the MCP endpoint ([`mcp`], behind the same
+/// bearer authentication), composed here so that neither transport depends on the other.
+pub async fn router(state: AppState) -> axum::Router {
+    let mcp = mcp::http_router(&state).layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        api::auth,
+    ));
+    api::router_with(state, mcp).await
+}
 
 /// Options of `agentjail serve`; each overrides the configuration file.
 #[derive(Debug, Clone, Default)]
@@ -57,6 +70,8 @@ pub enum ServerError {
     Db(#[from] db::DbError),
     #[error(transparent)]
     Audit(#[from] audit::AuditError),
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
 }
 
 /// The JSON Schema of the configuration.
@@ -80,8 +95,11 @@ pub(crate) struct Inner {
     pub data_dir: PathBuf,
     pub runner: PathBuf,
     pub allow_degraded: bool,
+    /// The storage interface every operation goes through.
+    pub store: Arc<dyn store::Store>,
+    /// The SQLite handle behind `store`, for tests that inspect the records.
+    #[cfg(test)]
     pub db: db::Db,
-    pub audit: audit::AuditLog,
     pub run_slots: Semaphore,
     /// Runs admitted (queued or running); bounded by concurrency + queue.
     pub admitted: AtomicUsize,
@@ -90,12 +108,17 @@ pub(crate) struct Inner {
     /// Compiled output schemas by task (validated at start-up).
     pub schemas: std::collections::BTreeMap<String, String>,
     /// Authentication failures not yet audited (aggregated records).
-    pub auth_failures: api::AuthFailures,
+    pub auth_failures: service::AuthFailures,
     /// Exclusive lock on the data directory, held for the life of the process.
     _lock: std::fs::File,
 }
 
 impl AppState {
+    /// The store.
+    pub(crate) fn store(&self) -> &dyn store::Store {
+        self.inner.store.as_ref()
+    }
+
     /// Opens the data directory (creating it), the database and the audit log, and reconciles
     /// runs left in flight by a previous process (they become `unknown`; never re-run).
     pub fn open(
@@ -175,13 +198,14 @@ impl AppState {
                 data_dir,
                 runner,
                 allow_degraded,
+                store: Arc::new(store::SqliteStore::new(db.clone(), audit)),
+                #[cfg(test)]
                 db,
-                audit,
                 run_slots: Semaphore::new(concurrency),
                 admitted: AtomicUsize::new(0),
                 metrics: metrics_handle(),
                 schemas,
-                auth_failures: api::AuthFailures::default(),
+                auth_failures: service::AuthFailures::default(),
                 _lock: lock,
             }),
         };
@@ -327,7 +351,7 @@ pub(crate) fn random_hex(n: usize) -> Result<String, std::io::Error> {
     use std::io::Read;
     let mut buf = vec![0u8; n];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(agentjail_manifest::hex(&buf))
 }
 
 /// Unix seconds now.
@@ -419,7 +443,7 @@ pub fn serve_blocking(opts: ServeOptions) -> Result<(), ServerError> {
         let state = AppState::open(config, &data_dir, runner, allow_degraded)?;
         selftest::publish_metrics();
         runner::spawn_sweeper(state.clone());
-        api::spawn_auth_failure_flusher(state.clone());
+        service::spawn_auth_failure_flusher(state.clone());
         let app = router(state.clone()).await;
         let listener = tokio::net::TcpListener::bind(listen)
             .await

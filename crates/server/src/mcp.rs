@@ -4,7 +4,7 @@
 //!
 //! Tools come from the task catalogue as the calling actor sees it (`GET /v1/tasks`): one tool
 //! per task type, plus `upload_input` and `get_run`. Every call goes through the functions the
-//! HTTP handlers call ([`api::store_input`], [`api::submit_run`], [`api::load_run`]), so policy,
+//! HTTP handlers call ([`service::upload`], [`service::submit`], [`service::get`]), so policy,
 //! the input store, execute-once, the runner, the audit log and the metrics are the same code.
 //! Each call is also audited as `mcp_tool_call` and counted in `agentjail_mcp_tool_calls_total`.
 //!
@@ -25,9 +25,10 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 
-use crate::api::{self, Caller, RunRequest, RunView};
 use crate::audit::Event;
 use crate::config::{CodePolicy, Task};
+use crate::run_state::RunState;
+use crate::service::{self, Caller, Failure, RunRequest, RunView};
 use crate::{AppState, random_hex};
 
 /// Names of the built-in tools; a task with one of these names is not offered over MCP.
@@ -216,7 +217,7 @@ impl McpServer {
         let mut tools: Vec<Tool> = cfg
             .tasks
             .iter()
-            .filter(|(_, t)| cfg.may_use(&caller.actor, &caller.tenant, t))
+            .filter(|(_, t)| crate::policy::may_use(cfg, caller, t))
             .filter(|(name, _)| {
                 let reserved = matches!(name.as_str(), UPLOAD_INPUT | GET_RUN);
                 if reserved {
@@ -856,16 +857,16 @@ fn text_json(v: &Value) -> ContentBlock {
     ContentBlock::text(serde_json::to_string_pretty(v).unwrap_or_default())
 }
 
-/// A policy denial as a tool error (`isError`), from the shared API error.
-fn denied(e: &api::ApiError, request_id: Option<&str>) -> CallToolResult {
+/// A refusal (or internal failure) as a tool error (`isError`), with its stable code.
+fn denied(e: &Failure, request_id: Option<&str>) -> CallToolResult {
     let body = json!({
-        "error": e.slug(),
+        "error": e.code(),
         "detail": e.detail(),
         "request_id": request_id,
     });
     let mut r = CallToolResult::error(vec![ContentBlock::text(format!(
         "Denied ({}): {}",
-        e.slug(),
+        e.code(),
         e.detail()
     ))]);
     let mut m = MetaObject::default();
@@ -892,30 +893,30 @@ fn failure_reason(v: &RunView, task: Option<&Task>) -> String {
             })
             .unwrap_or(0)
     };
-    let mut s = match v.status.as_str() {
-        "timeout" => format!(
+    let mut s = match v.status {
+        RunState::Timeout => format!(
             "timeout: the code ran longer than the task's time limit of {} s (limits.seconds) and the sandbox was killed; make it faster or process less data",
             lim("seconds")
         ),
-        "memory_limit" => format!(
+        RunState::MemoryLimit => format!(
             "memory_limit: the code exceeded the task's memory limit of {} MiB (limits.memory_mb)",
             lim("memory_mb")
         ),
-        "exit_nonzero" => format!(
+        RunState::ExitNonzero => format!(
             "exit_nonzero: the code exited with status {}",
             report
                 .and_then(|r| r.get("exit_code"))
                 .map(Value::to_string)
                 .unwrap_or_else(|| "?".into())
         ),
-        "signaled" => format!(
+        RunState::Signaled => format!(
             "signaled: the code was killed by signal {}",
             report
                 .and_then(|r| r.get("signal"))
                 .map(Value::to_string)
                 .unwrap_or_else(|| "?".into())
         ),
-        "output_rejected" => {
+        RunState::OutputRejected => {
             let mut parts = Vec::new();
             if let Some(out) = report.and_then(|r| r.get("output")) {
                 for e in out
@@ -1141,8 +1142,8 @@ fn run_result(state: &AppState, v: &RunView, generated_id: bool) -> (CallToolRes
         meta["receipt"] = json!(v.receipt.is_some());
     }
     let mut error_body = None;
-    let (mut result, outcome) = match (&v.artifact, v.status.as_str()) {
-        (Some(a), "ok") => {
+    let (mut result, outcome) = match (&v.artifact, v.status) {
+        (Some(a), RunState::Ok) => {
             let data = match &a.json {
                 Some(j) if j.is_object() => j.clone(),
                 // A JSON artifact that is not an object cannot be structuredContent as such.
@@ -1154,7 +1155,7 @@ fn run_result(state: &AppState, v: &RunView, generated_id: bool) -> (CallToolRes
             r.structured_content = Some(data);
             (r, "ok")
         }
-        (_, "queued" | "running") => {
+        (_, RunState::Queued | RunState::Running) => {
             let msg = format!(
                 "The run {} is still {}; this call stopped waiting (cancelled). Call get_run with this request_id later.",
                 v.request_id, v.status
@@ -1188,7 +1189,7 @@ fn run_result(state: &AppState, v: &RunView, generated_id: bool) -> (CallToolRes
             error_body = Some(body);
             (
                 r,
-                if v.status == "cancelled" {
+                if v.status == RunState::Cancelled {
                     "cancelled"
                 } else {
                     "error"
@@ -1239,7 +1240,7 @@ impl McpServer {
             .or(file_name)
             .unwrap_or_else(|| "input".into());
         let media_type = s("media_type").unwrap_or_default().to_string();
-        match api::store_input(&self.state, caller, name, media_type, content).await {
+        match service::upload(&self.state, caller, name, media_type, content).await {
             Ok(created) => {
                 let v = serde_json::to_value(&created).unwrap_or_default();
                 let mut r = CallToolResult::success(vec![text_json(&v)]);
@@ -1253,11 +1254,11 @@ impl McpServer {
                     reason: None,
                 })
             }
-            Err(e) if e.slug() == "invalid-request" => {
-                Err(McpError::invalid_params(e.detail().to_string(), None))
+            Err(Failure::Refused(r)) if r.is_invalid_request() => {
+                Err(McpError::invalid_params(r.detail(), None))
             }
             Err(e) => Ok(Done {
-                reason: Some(format!("{}: {}", e.slug(), e.detail())),
+                reason: Some(format!("{}: {}", e.code(), e.detail())),
                 result: denied(&e, None),
                 outcome: "denied",
                 task: None,
@@ -1307,9 +1308,9 @@ impl McpServer {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
-        match api::load_run(&self.state, caller, &rid, "run_read").await {
+        match service::get(&self.state, caller, &rid, "run_read").await {
             Ok(row) => {
-                let v = api::view(&self.state, &row);
+                let v = service::view(&self.state, &row);
                 let body = serde_json::to_value(&v).unwrap_or_default();
                 let mut r = CallToolResult::success(vec![text_json(&body)]);
                 r.structured_content = Some(body);
@@ -1318,12 +1319,12 @@ impl McpServer {
                     outcome: "ok",
                     task: Some(v.task.clone()),
                     request_id: Some(rid),
-                    status: Some(v.status),
+                    status: Some(v.status.into()),
                     reason: None,
                 })
             }
             Err(e) => Ok(Done {
-                reason: Some(format!("{}: {}", e.slug(), e.detail())),
+                reason: Some(format!("{}: {}", e.code(), e.detail())),
                 result: denied(&e, Some(&rid)),
                 outcome: "denied",
                 task: None,
@@ -1391,16 +1392,14 @@ impl McpServer {
                 let mut tick = tokio::time::interval(Duration::from_secs(1));
                 loop {
                     tick.tick().await;
-                    let (t, r) = (tenant.clone(), rid.clone());
                     let status = state
-                        .inner
-                        .db
-                        .call(move |c| crate::db::get_run(c, &t, &r))
+                        .store()
+                        .get_run(&tenant, &rid)
                         .await
                         .ok()
                         .flatten()
                         .map(|r| r.status)
-                        .unwrap_or_else(|| "queued".into());
+                        .unwrap_or(RunState::Queued);
                     let secs = started.elapsed().as_secs_f64();
                     let p = ProgressNotificationParam::new(token.clone(), secs)
                         .with_total(limit as f64)
@@ -1413,13 +1412,13 @@ impl McpServer {
                 }
             })
         });
-        let r = api::submit_run(&self.state, caller, req, true, Some(ctx.ct.clone())).await;
+        let r = service::submit(&self.state, caller, req, true, Some(ctx.ct.clone())).await;
         if let Some(p) = progress {
             p.abort();
         }
         match r {
             Ok(row) => {
-                let v = api::view(&self.state, &row);
+                let v = service::view(&self.state, &row);
                 let (result, outcome) = run_result(&self.state, &v, generated);
                 Ok(Done {
                     reason: v.reason.clone(),
@@ -1427,16 +1426,16 @@ impl McpServer {
                     outcome,
                     task: Some(name.to_string()),
                     request_id: Some(request_id),
-                    status: Some(v.status),
+                    status: Some(v.status.into()),
                 })
             }
             // Malformed arguments the schema could not express (NUL in code, byte length,
             // arguments that look like paths): the request is invalid, not denied.
-            Err(e) if e.slug() == "invalid-request" => {
-                Err(McpError::invalid_params(e.detail().to_string(), None))
+            Err(Failure::Refused(r)) if r.is_invalid_request() => {
+                Err(McpError::invalid_params(r.detail(), None))
             }
             Err(e) => Ok(Done {
-                reason: Some(format!("{}: {}", e.slug(), e.detail())),
+                reason: Some(format!("{}: {}", e.code(), e.detail())),
                 result: denied(&e, Some(&request_id)),
                 outcome: "denied",
                 task: Some(name.to_string()),
@@ -1479,7 +1478,7 @@ impl McpServer {
                 ev.reason = Some("invalid arguments".into());
             }
         }
-        self.state.inner.audit.append(ev).await;
+        self.state.store().audit(ev).await;
     }
 }
 
@@ -1580,16 +1579,15 @@ pub fn serve_stdio_blocking(opts: McpOptions) -> Result<(), crate::ServerError> 
         use rmcp::ServiceExt;
         let state = AppState::open(config, &data_dir, runner, allow_degraded)?;
         crate::runner::spawn_sweeper(state.clone());
-        let caller = api::authenticate(&state, Some(&opts.token), "mcp stdio".into())
+        let caller = service::authenticate(&state, Some(&opts.token), "mcp stdio".into())
             .await
             .ok_or_else(|| ServerError::Io("the token matches no configured actor".into()))?;
         if caller.actor != opts.actor || caller.tenant != opts.tenant {
             // Counted and audited like any authentication failure.
             metrics::counter!("agentjail_auth_failures_total").increment(1);
             state
-                .inner
-                .audit
-                .append(Event {
+                .store()
+                .audit(Event {
                     event: "auth_failure",
                     decision: Some("deny"),
                     reason: Some("token belongs to another actor or tenant".into()),
@@ -1734,7 +1732,8 @@ fn framed_stdio(
     ((rmcp_in, rmcp_out), writer)
 }
 
-/// The `/mcp` Streamable HTTP service for `agentjail serve`, behind the bearer layer.
+/// The `/mcp` Streamable HTTP service for `agentjail serve`. [`crate::router`] puts it behind
+/// the bearer-authentication layer (outermost), so the caller is known here.
 pub(crate) fn http_router(state: &AppState) -> axum::Router<AppState> {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
     use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
@@ -1743,13 +1742,24 @@ pub(crate) fn http_router(state: &AppState) -> axum::Router<AppState> {
         .mcp_allowed_hosts
         .clone()
         .unwrap_or_else(|| vec!["localhost".into(), "127.0.0.1".into(), "::1".into()]);
+    let mut origins = s.mcp_allowed_origins.clone();
+    if s.mcp_allowed_hosts.is_none() {
+        // A loopback server accepts loopback origins (any port), as the MCP spec's DNS-rebinding
+        // guidance and the conformance suite's `dns-rebinding-protection` scenario require: a
+        // page on a rebound foreign name carries that name as its Origin and is refused.
+        for host in ["localhost", "127.0.0.1", "[::1]"] {
+            for scheme in ["http", "https"] {
+                origins.push(format!("{scheme}://{host}:*"));
+            }
+        }
+    }
     // Room for an upload as base64 plus the JSON around it.
     let body = (s.max_input_bytes as usize).saturating_mul(4) / 3 + s.max_request_bytes as usize;
     let cfg = StreamableHttpServerConfig::default()
         .with_allowed_hosts(hosts)
-        .with_allowed_origins(s.mcp_allowed_origins.clone())
-        // An Origin header not in the list (empty by default) is refused: browsers on other
-        // sites cannot drive the endpoint.
+        .with_allowed_origins(origins)
+        // Any other Origin header is refused: browsers on other sites cannot drive the
+        // endpoint (and still need a bearer token).
         .enforce_origin_validation()
         .with_max_request_body_bytes(body);
     probe_runtimes(&state.inner.config);
@@ -1770,10 +1780,6 @@ pub(crate) fn http_router(state: &AppState) -> axum::Router<AppState> {
         .route_service("/mcp", svc)
         // Inner layer: runs after authentication, so the caller is known.
         .layer(axum::middleware::from_fn_with_state(owners, bind_session))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            api::auth,
-        ))
 }
 
 /// The JSON-RPC parse error (-32700), for input that is not JSON (or not a line within the limit).
@@ -1888,9 +1894,8 @@ async fn bind_session(
                 );
             }
             s.state
-                .inner
-                .audit
-                .append(audit("mcp_session", Some("allow"), "opened"))
+                .store()
+                .audit(audit("mcp_session", Some("allow"), "opened"))
                 .await;
         }
         return resp;
@@ -1902,9 +1907,8 @@ async fn bind_session(
             metrics::counter!("agentjail_mcp_session_refusals_total").increment(1);
             tracing::warn!(actor = %caller.actor, tenant = %caller.tenant, %method, "MCP request for a session of another actor refused");
             s.state
-                .inner
-                .audit
-                .append(audit(
+                .store()
+                .audit(audit(
                     "mcp_session_refused",
                     Some("deny"),
                     "the session belongs to another actor",
@@ -1915,9 +1919,8 @@ async fn bind_session(
         None => {
             // Unknown (or expired) to us: the same answer as the transport gives, audited too.
             s.state
-                .inner
-                .audit
-                .append(audit(
+                .store()
+                .audit(audit(
                     "mcp_session_refused",
                     Some("deny"),
                     "unknown session",
@@ -1933,9 +1936,8 @@ async fn bind_session(
             m.remove(&sid);
         }
         s.state
-            .inner
-            .audit
-            .append(audit("mcp_session", Some("allow"), "closed"))
+            .store()
+            .audit(audit("mcp_session", Some("allow"), "closed"))
             .await;
     }
     resp

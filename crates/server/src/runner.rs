@@ -4,16 +4,20 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use agentjail_manifest::report::{RunReport, Status};
-use agentjail_manifest::{Input, Manifest, Mode, Network};
+use agentjail_manifest::{Manifest, Network};
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::Event;
 use crate::config::{CodePolicy, Task};
-use crate::db::{self, Finish, InputRow};
+use crate::db::InputRow;
+use crate::policy::{self, JobPaths};
+use crate::run_state::RunState;
+use crate::store::{FinishRun, InFlight, RetentionFiles};
 use crate::{AppState, ServerError, now};
 
 /// Everything a job needs, fixed at admission.
@@ -46,17 +50,17 @@ async fn cancelled(c: Option<&CancellationToken>) {
 /// How a cancelled run is recorded: `cancelled` when the task has no network access (the
 /// sandbox was killed and nothing outside can have happened), else `unknown` (an external
 /// effect may have happened before the kill; an operator reconciles it).
-fn cancelled_outcome(task: &Task, started: bool) -> (String, String) {
+fn cancelled_outcome(task: &Task, started: bool) -> (RunState, String) {
     let what = if started {
         "cancelled by the client while running; the sandbox was killed"
     } else {
         "cancelled by the client before the run started"
     };
     if !started || matches!(task.network, Network::Deny) {
-        ("cancelled".into(), what.into())
+        (RunState::Cancelled, what.into())
     } else {
         (
-            "unknown".into(),
+            RunState::Unknown,
             format!(
                 "{what}; the task has network access, so an external effect may have happened; reconcile before retrying"
             ),
@@ -103,48 +107,22 @@ pub fn object_path(state: &AppState, sha256: &str) -> PathBuf {
     state.inner.data_dir.join("objects").join(sha256)
 }
 
-/// Builds the manifest of a job. Everything comes from the task type and server-resolved ids.
+/// The manifest of a job: [`policy::manifest`] with this data directory's paths.
 pub fn build_manifest(state: &AppState, task: &Task, job: &Job, has_schema: bool) -> Manifest {
-    let mut m = Manifest::for_command(
-        task.command
-            .iter()
-            .cloned()
-            .chain(job.args.iter().cloned())
-            .collect(),
-    );
-    m.request_id = Some(job.request_id.clone());
-    for (slot, input) in task.inputs.iter().zip(&job.inputs) {
-        m.inputs.push(Input {
-            source: object_path(state, &input.sha256)
-                .to_string_lossy()
-                .into_owned(),
-            mount: slot.mount.clone(),
-            mode: Mode::ReadOnly,
-        });
-    }
-    if task.code == CodePolicy::Allowed {
-        m.inputs.push(Input {
-            source: code_path(state, &job.job_id).to_string_lossy().into_owned(),
-            mount: task.code_mount.clone(),
-            mode: Mode::ReadOnly,
-        });
-    }
-    m.output = Some(task.output.path.clone());
-    if has_schema {
-        m.output_schema = Some("output.schema.json".into());
-    }
-    m.network = task.network.clone();
-    m.isolation = task.isolation;
-    m.limits = task.limits;
-    m.limits.output_mb = m
-        .limits
-        .output_mb
-        .max(task.output.max_bytes.div_ceil(1024 * 1024));
-    m.expires_at = jiff::Timestamp::from_second(job.job_expires_at)
-        .ok()
-        .map(|t| t.to_string());
-    m.env = task.env.clone();
-    m
+    let code_file = code_path(state, &job.job_id);
+    let objects = state.inner.data_dir.join("objects");
+    policy::manifest(
+        task,
+        &job.request_id,
+        &job.args,
+        &job.inputs,
+        job.job_expires_at,
+        JobPaths {
+            objects: &objects,
+            code_file: &code_file,
+            has_schema,
+        },
+    )
 }
 
 /// Creates a file readable and writable by its owner only (0600) and writes `bytes`.
@@ -220,7 +198,7 @@ fn make_private(dir: &Path) {
 
 /// What the runner process left.
 struct Outcome {
-    status: String,
+    status: RunState,
     reason: Option<String>,
     report: Option<String>,
     receipt: Option<String>,
@@ -234,13 +212,6 @@ fn read_bounded(p: &Path, max: u64) -> Option<Vec<u8>> {
     let mut buf = Vec::new();
     f.take(max + 1).read_to_end(&mut buf).ok()?;
     (buf.len() as u64 <= max).then_some(buf)
-}
-
-fn status_word(s: Status) -> String {
-    serde_json::to_value(s)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_else(|| "unknown".into())
 }
 
 async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<u8>) -> Outcome {
@@ -350,7 +321,7 @@ async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<
     };
     let Some(exit) = exit else {
         return Outcome {
-            status: "unknown".into(),
+            status: RunState::Unknown,
             reason: Some(
                 "the runner did not finish in time and was killed; outcome unknown".into(),
             ),
@@ -373,7 +344,7 @@ async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<
     }
     let receipt = read_bounded(&dir.join("receipt.json"), 4 * 1024 * 1024)
         .and_then(|b| String::from_utf8(b).ok());
-    let mut status = status_word(report.status);
+    let mut status = RunState::from_report(report.status);
     let mut reason = None;
     let mut artifact = None;
     if report.status == Status::Ok {
@@ -381,7 +352,7 @@ async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<
         match read_bounded(&dir.join("out").join(rel), task.output.max_bytes) {
             Some(a) => artifact = Some(a),
             None => {
-                status = "output_rejected".into();
+                status = RunState::OutputRejected;
                 reason = Some(format!(
                     "the artifact is missing or larger than the task's {} bytes",
                     task.output.max_bytes
@@ -389,7 +360,7 @@ async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<
             }
         }
     } else if report.status == Status::Timeout && !matches!(task.network, Network::Deny) {
-        status = "unknown".into();
+        status = RunState::Unknown;
         reason = Some(
             "timed out with network access: an external effect may have happened; reconcile before retrying".into(),
         );
@@ -406,7 +377,7 @@ async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<
 
 fn setup_failed(reason: &str) -> Outcome {
     Outcome {
-        status: "setup_error".into(),
+        status: RunState::SetupError,
         reason: Some(reason.into()),
         report: None,
         receipt: None,
@@ -433,40 +404,33 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
         job_id: Some(job.job_id.clone()),
         ..Default::default()
     };
-    let db = state.inner.db.clone();
+    let store = state.store();
     let _permit = match permit {
         Some(Ok(p)) => p,
         Some(Err(_)) => return,
         None => {
             let (status, reason) = cancelled_outcome(&task, false);
-            let (id, t, st, re) = (job.job_id.clone(), now(), status.clone(), reason.clone());
-            let r = db
-                .call(move |c| {
-                    db::finish_run(
-                        c,
-                        &Finish {
-                            job_id: &id,
-                            status: &st,
-                            reason: Some(&re),
-                            now: t,
-                            report: None,
-                            receipt: None,
-                            artifact: None,
-                            artifact_sha256: None,
-                        },
-                    )
+            let r = store
+                .finish_run(FinishRun {
+                    job_id: job.job_id.clone(),
+                    status,
+                    reason: Some(reason.clone()),
+                    now: now(),
+                    report: None,
+                    receipt: None,
+                    artifact: None,
+                    artifact_sha256: None,
                 })
                 .await;
             if let Err(e) = r {
                 tracing::error!(error = %e, "recording a cancelled job failed");
             }
-            metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => status.clone()).increment(1);
+            metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => status.as_str()).increment(1);
             state
-                .inner
-                .audit
-                .append(Event {
+                .store()
+                .audit(Event {
                     event: "run_end",
-                    status: Some(status),
+                    status: Some(status.into()),
                     reason: Some(reason),
                     ..base
                 })
@@ -475,45 +439,35 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
         }
     };
     if now() >= job.job_expires_at {
-        let id = job.job_id.clone();
-        let t = now();
-        let r = db
-            .call(move |c| {
-                db::finish_run(
-                    c,
-                    &Finish {
-                        job_id: &id,
-                        status: "expired",
-                        reason: Some("the job id expired before a run slot was free"),
-                        now: t,
-                        report: None,
-                        receipt: None,
-                        artifact: None,
-                        artifact_sha256: None,
-                    },
-                )
+        let r = store
+            .finish_run(FinishRun {
+                job_id: job.job_id.clone(),
+                status: RunState::Expired,
+                reason: Some("the job id expired before a run slot was free".into()),
+                now: now(),
+                report: None,
+                receipt: None,
+                artifact: None,
+                artifact_sha256: None,
             })
             .await;
         if let Err(e) = r {
             tracing::error!(error = %e, "recording an expired job failed");
         }
-        metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => "expired").increment(1);
+        metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => RunState::Expired.as_str()).increment(1);
         state
-            .inner
-            .audit
-            .append(Event {
+            .store()
+            .audit(Event {
                 event: "run_refused",
                 decision: Some("deny"),
                 reason: Some("job id expired before it started".into()),
-                status: Some("expired".into()),
+                status: Some(RunState::Expired.into()),
                 ..base
             })
             .await;
         return;
     }
-    let id = job.job_id.clone();
-    let t = now();
-    match db.call(move |c| db::mark_running(c, &id, t)).await {
+    match store.mark_running(&job.job_id, now()).await {
         Ok(true) => {}
         Ok(false) => return,
         Err(e) => {
@@ -522,9 +476,8 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
         }
     }
     state
-        .inner
-        .audit
-        .append(Event {
+        .store()
+        .audit(Event {
             event: "run_start",
             ..base.clone()
         })
@@ -545,9 +498,9 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
     metrics::gauge!("agentjail_runs_in_flight").decrement(1.0);
     metrics::histogram!("agentjail_run_duration_seconds", "task" => job.task.clone())
         .record(elapsed.as_secs_f64());
-    metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => outcome.status.clone())
+    metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => outcome.status.as_str())
         .increment(1);
-    if outcome.status == "unknown" {
+    if outcome.status == RunState::Unknown {
         metrics::counter!("agentjail_unknown_outcomes_total").increment(1);
     }
     if let Some(r) = outcome
@@ -567,40 +520,26 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
         .artifact
         .as_deref()
         .map(|a| format!("sha256:{}", crate::config::sha256_hex(a)));
-    let (id, t) = (job.job_id.clone(), now());
-    let (status, reason, report, receipt, artifact) = (
-        outcome.status.clone(),
-        outcome.reason.clone(),
-        outcome.report,
-        outcome.receipt,
-        outcome.artifact,
-    );
-    let r = db
-        .call(move |c| {
-            db::finish_run(
-                c,
-                &Finish {
-                    job_id: &id,
-                    status: &status,
-                    reason: reason.as_deref(),
-                    now: t,
-                    report: report.as_deref(),
-                    receipt: receipt.as_deref(),
-                    artifact: artifact.as_deref(),
-                    artifact_sha256: sha.as_deref(),
-                },
-            )
+    let r = store
+        .finish_run(FinishRun {
+            job_id: job.job_id.clone(),
+            status: outcome.status,
+            reason: outcome.reason.clone(),
+            now: now(),
+            report: outcome.report,
+            receipt: outcome.receipt,
+            artifact: outcome.artifact,
+            artifact_sha256: sha,
         })
         .await;
     if let Err(e) = r {
         tracing::error!(error = %e, "recording a finished run failed");
     }
     state
-        .inner
-        .audit
-        .append(Event {
+        .store()
+        .audit(Event {
             event: "run_end",
-            status: Some(outcome.status),
+            status: Some(outcome.status.into()),
             reason: outcome.reason,
             denials: Some(outcome.denials),
             duration_ms: Some(elapsed.as_millis() as u64),
@@ -681,22 +620,25 @@ pub fn reconcile_at_startup(state: &AppState) -> Result<(), ServerError> {
         );
     }
     let t = now();
-    let rows = state
-        .inner
-        .db
-        .call_sync(|c| db::mark_in_flight_unknown(c, t))?;
-    for (tenant, request_id, task, job_id) in rows {
+    let rows = state.store().mark_in_flight_unknown(t)?;
+    for InFlight {
+        tenant,
+        request_id,
+        task,
+        job_id,
+    } in rows
+    {
         let _ = std::fs::remove_dir_all(job_dir(state, &job_id));
         let _ = std::fs::remove_file(code_path(state, &job_id));
         tracing::warn!(%tenant, %request_id, %job_id, %task, "run found in flight at start-up: marked unknown, not re-run; an operator reconciles it");
         metrics::counter!("agentjail_unknown_outcomes_total").increment(1);
-        state.inner.audit.append_blocking(&Event {
+        state.store().audit_blocking(&Event {
             event: "run_unknown",
             tenant: Some(tenant),
             task: Some(task),
             request_id: Some(request_id),
             job_id: Some(job_id),
-            status: Some("unknown".into()),
+            status: Some(RunState::Unknown.into()),
             reason: Some("found in flight at start-up; marked unknown, not re-run".into()),
             ..Default::default()
         })?;
@@ -706,49 +648,17 @@ pub fn reconcile_at_startup(state: &AppState) -> Result<(), ServerError> {
 
 /// One retention pass: outputs, job folders (logs) and inputs past their retention.
 pub async fn sweep(state: &AppState) {
-    let t = now();
-    let s = state.clone();
+    let files = Arc::new(JobFiles(state.inner.data_dir.clone()));
     let r = state
-        .inner
-        .db
-        .call(move |c| {
-            let expired = db::expire_outputs(c, t)?;
-            let outputs = expired.len();
-            // Retention means deletion: the copies in the job folder go too (the logs stay
-            // until `logs_seconds`).
-            for j in expired {
-                let d = job_dir(&s, &j);
-                let _ = std::fs::remove_dir_all(d.join("out"));
-                let _ = std::fs::remove_file(d.join("report.json"));
-                let _ = std::fs::remove_file(d.join("receipt.json"));
-            }
-            let jobs = db::expired_log_jobs(c, t)?;
-            let mut logs = 0;
-            for j in jobs {
-                let d = job_dir(&s, &j);
-                if d.exists() && std::fs::remove_dir_all(&d).is_ok() {
-                    logs += 1;
-                }
-            }
-            let orphans = db::expire_inputs(c, t)?;
-            let mut objects = 0;
-            for sha in orphans {
-                // Under the database lock: an upload cannot revive the object meanwhile.
-                if !db::object_referenced(c, &sha)?
-                    && std::fs::remove_file(object_path(&s, &sha)).is_ok()
-                {
-                    objects += 1;
-                }
-            }
-            Ok((outputs, logs, objects))
-        })
-        .await;
+        .store()
+        .sweep(now(), files)
+        .await
+        .map(|w| (w.outputs, w.job_folders, w.objects));
     match r {
         Ok((outputs, logs, objects)) if outputs + logs + objects > 0 => {
             state
-                .inner
-                .audit
-                .append(Event {
+        .store()
+        .audit(Event {
                     event: "retention_sweep",
                     reason: Some(format!(
                         "deleted outputs of {outputs} run(s), {logs} job folder(s), {objects} input object(s)"
@@ -759,6 +669,27 @@ pub async fn sweep(state: &AppState) {
         }
         Ok(_) => {}
         Err(e) => tracing::error!(error = %e, "retention sweep failed"),
+    }
+}
+
+/// The service's files under its data directory, as the retention sweep deletes them.
+struct JobFiles(PathBuf);
+
+impl RetentionFiles for JobFiles {
+    fn drop_outputs(&self, job_id: &str) {
+        // Retention means deletion: the copies in the job folder go too (the logs stay until
+        // `logs_seconds`).
+        let d = self.0.join("jobs").join(job_id);
+        let _ = std::fs::remove_dir_all(d.join("out"));
+        let _ = std::fs::remove_file(d.join("report.json"));
+        let _ = std::fs::remove_file(d.join("receipt.json"));
+    }
+    fn drop_job(&self, job_id: &str) -> bool {
+        let d = self.0.join("jobs").join(job_id);
+        d.exists() && std::fs::remove_dir_all(&d).is_ok()
+    }
+    fn drop_object(&self, sha256: &str) -> bool {
+        std::fs::remove_file(self.0.join("objects").join(sha256)).is_ok()
     }
 }
 
@@ -777,6 +708,7 @@ pub fn spawn_sweeper(state: AppState) {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::db;
 
     #[test]
     fn manifest_comes_from_the_task_type_only() {
@@ -866,7 +798,7 @@ mod tests {
             actor: "dev".into(),
             job_id: "job_old".into(),
             job_expires_at: t - 100,
-            status: "ok".into(),
+            status: RunState::Ok,
             reason: None,
             created_at: t - 100,
             started_at: Some(t - 100),

@@ -53,6 +53,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 pub mod collect;
+pub mod digest;
 pub mod json;
 pub mod receipt;
 pub mod schema;

@@ -234,16 +234,7 @@ impl Artifact {
         };
         let mut f = File::open(path).map_err(err)?;
         let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = match f.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(err(e)),
-            };
-            hasher.update(buf.get(..n).unwrap_or_default());
-        }
+        crate::digest::hash_reader(&mut f, &mut hasher).map_err(err)?;
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())

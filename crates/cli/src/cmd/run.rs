@@ -15,7 +15,7 @@ use crate::print_json;
 #[derive(Args)]
 pub struct RunArgs {
     /// Run what this manifest file (YAML or JSON) describes.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "ManifestFlags")]
     pub manifest: Option<PathBuf>,
     /// Allow manifest sources below this folder too (repeatable; default: the manifest's folder).
     #[arg(long, value_name = "DIR")]
@@ -73,7 +73,7 @@ pub fn clear_stale_report(path: Option<&Path>) -> Result<(), String> {
 }
 
 /// Writes a setup-error report when the run never got to the engine.
-fn report_setup_error(path: Option<&Path>, limits: Limits, msg: &str) {
+pub fn report_setup_error(path: Option<&Path>, limits: Limits, msg: &str) {
     if let Some(p) = path {
         let r = RunReport::setup_error(limits, msg.to_string());
         if let Ok(mut bytes) = serde_json::to_vec_pretty(&r) {
@@ -119,11 +119,7 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
             )
         }
         Some(path) => {
-            if !a.flags.is_empty() {
-                let msg = "--manifest cannot be combined with flags that describe the run (the manifest is the one description); hint: `agentjail manifest --print` shows what flags produce";
-                report_setup_error(a.report.as_deref(), Limits::default(), msg);
-                return Err(msg.into());
-            }
+            // Flags that describe the run conflict with --manifest (clap refuses them).
             let m = match Manifest::load(path) {
                 Ok(m) => m,
                 Err(e) => {

@@ -5,6 +5,10 @@
 
 use std::process::Command;
 
+mod skip;
+#[allow(unused_imports)]
+pub use skip::skip;
+
 /// What one invocation of the binary produced.
 pub struct Out {
     pub code: i32,

@@ -27,13 +27,21 @@ mod probes;
 /// Schema tag of the JSON result.
 pub const RESULT_SCHEMA: &str = "agentjail.selftest/v1";
 
+/// `--tier`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TierArg {
+    Native,
+    Gvisor,
+    All,
+}
+
 /// `agentjail selftest` arguments.
 #[derive(clap::Args, Clone, Debug)]
 pub struct SelftestArgs {
     /// Which isolation tier to attack: `native`, `gvisor` or `all` [default: native, plus
     /// gvisor where runsc is available].
-    #[arg(long, value_name = "TIER")]
-    pub tier: Option<String>,
+    #[arg(long, value_name = "TIER", hide_possible_values = true)]
+    pub tier: Option<TierArg>,
     /// Also attack the egress gateway from a private network namespace with loopback-only fake
     /// upstreams (needs root).
     #[arg(long)]
@@ -487,7 +495,7 @@ fn all_groups() -> Vec<&'static Group> {
 
 /// `agentjail selftest`.
 pub fn run(a: SelftestArgs) -> Result<u8, String> {
-    let tiers: Vec<Tier> = match a.tier.as_deref() {
+    let tiers: Vec<Tier> = match a.tier {
         None => {
             if agentjail_engine::gvisor::available().is_ok() {
                 vec![Tier::Native, Tier::Gvisor]
@@ -495,14 +503,9 @@ pub fn run(a: SelftestArgs) -> Result<u8, String> {
                 vec![Tier::Native]
             }
         }
-        Some("native") => vec![Tier::Native],
-        Some("gvisor") => vec![Tier::Gvisor],
-        Some("all") => vec![Tier::Native, Tier::Gvisor],
-        Some(other) => {
-            return Err(format!(
-                "--tier {other}: expected `native`, `gvisor` or `all`"
-            ));
-        }
+        Some(TierArg::Native) => vec![Tier::Native],
+        Some(TierArg::Gvisor) => vec![Tier::Gvisor],
+        Some(TierArg::All) => vec![Tier::Native, Tier::Gvisor],
     };
     let only = a.only.as_deref();
     let groups: Vec<&Group> = all_groups()

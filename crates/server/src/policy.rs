@@ -1,0 +1,1142 @@
+//! The policy step of request → policy → manifest, in one place and free of I/O: who may use
+//! which task, what a run request may carry, which inputs fit the task, what an upload and a
+//! reconcile may do, and the manifest an admitted run implies. Every "no" is a [`Refusal`]: a
+//! typed reason with a stable machine code ([`Refusal::code`], the suffix of the HTTP problem
+//! type) and a text for people ([`Refusal::detail`]). The service layer ([`crate::service`])
+//! asks the store for what policy needs (a recorded run, the inputs' records) and applies the
+//! answers; the transports (HTTP in [`crate::api`], MCP in [`crate::mcp`]) map refusals to
+//! their own form. Table-tested below: every refusal is reached by some request.
+
+use std::path::Path;
+
+use agentjail_manifest::{Input, Manifest, Mode, Network};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::audit::Event;
+use crate::config::{CodePolicy, Config, Task, is_name};
+use crate::db::InputRow;
+use crate::run_state::RunState;
+
+/// The authenticated caller.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub actor: String,
+    pub tenant: String,
+    pub operator: bool,
+}
+
+impl Caller {
+    /// An audit record of `event` by this caller.
+    pub(crate) fn event(&self, event: &'static str) -> Event {
+        Event {
+            event,
+            actor: Some(self.actor.clone()),
+            tenant: Some(self.tenant.clone()),
+            ..Default::default()
+        }
+    }
+}
+
+/// A run request. Unknown fields are refused: the request cannot name a host path, image,
+/// mount, limit or network destination; those come from the task type.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    /// The caller's idempotency key: 1-128 of `A-Z a-z 0-9 . _ : -`. A request_id executes at most
+    /// once per tenant.
+    #[schema(
+        pattern = r"^(?:[A-Za-z0-9._:-]*[A-Za-z0-9_:-][A-Za-z0-9._:-]*|\.{3,})$",
+        min_length = 1,
+        max_length = 128
+    )]
+    pub request_id: String,
+    /// Task type name (see `GET /v1/tasks`).
+    #[schema(pattern = r"^[a-z0-9_-]{1,64}$")]
+    pub task: String,
+    /// Input ids from `POST /v1/inputs`, in the task's input order.
+    pub inputs: Vec<String>,
+    /// Model-proposed code (tasks with `code: allowed` only; required there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    /// Extra command arguments (only as many as the task's `max_args`; no paths).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<Vec<String>>,
+}
+
+impl RunRequest {
+    /// The request in its canonical form: `"args": []` is the same request as no `args`.
+    pub fn normalized(mut self) -> RunRequest {
+        if self.args.as_ref().is_some_and(Vec::is_empty) {
+            self.args = None;
+        }
+        self
+    }
+
+    /// The digest that makes a repeated request_id a replay (same body) or a conflict:
+    /// sha256 of the canonical JSON (RFC 8785) of the normalized request.
+    pub fn body_sha256(&self) -> String {
+        crate::config::sha256_hex(&serde_jcs::to_vec(self).unwrap_or_default())
+    }
+}
+
+/// Why the service says no. [`Refusal::code`] is stable (clients and the audit log match on
+/// it); [`Refusal::detail`] is for people and never carries internal detail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    // ----- a run request
+    /// The request_id is not 1-128 of `A-Z a-z 0-9 . _ : -`, or is `.`/`..`.
+    BadRequestId,
+    /// No such task (or not a task name at all).
+    UnknownTask,
+    /// The actor (and its tenant) is not among the task's allowed actors/tenants.
+    TaskNotPermitted,
+    /// Code for a task that runs a fixed program.
+    CodeNotAccepted,
+    /// A task that runs model-proposed code, without code.
+    CodeRequired,
+    /// Code longer than the task allows, or with a NUL byte.
+    CodeTooLarge { max: usize },
+    /// More args than the task's `max_args`.
+    TooManyArgs { max: usize },
+    /// args[index] looks like a path, has a control character or is too long.
+    BadArg { index: usize },
+    /// Not as many inputs as the task has slots.
+    InputCount { expected: usize },
+    /// inputs[index] is not an input id.
+    BadInputId { index: usize },
+    /// inputs[index] does not exist in the caller's tenant (missing and foreign are alike).
+    NoSuchInput { index: usize },
+    /// inputs[index] has a media type the slot does not accept.
+    InputMediaType {
+        index: usize,
+        media_type: String,
+        accepted: Vec<String>,
+    },
+    /// inputs[index] is larger than the slot allows.
+    InputTooLarge { index: usize, max: u64 },
+    /// The request_id was recorded with a different body.
+    RequestIdConflict,
+    /// Every run slot and the queue are full.
+    Overloaded,
+    // ----- an upload
+    /// The file name is not 1-128 of `A-Z a-z 0-9 . _ -` or starts with `.`.
+    BadFileName,
+    /// The media type does not look like type/subtype.
+    BadMediaType,
+    /// The content is larger than `server.max_input_bytes`.
+    UploadTooLarge { max: u64 },
+    // ----- a recorded run
+    /// No such run in the caller's tenant.
+    NoSuchRun,
+    /// Retention deleted the run's outputs.
+    OutputsExpired,
+    /// The run has no verified artifact (its state is not `ok`).
+    NoArtifact { state: RunState },
+    /// The run has no receipt.
+    NoReceipt { state: RunState },
+    // ----- reconcile
+    /// Only operators reconcile.
+    NotOperator,
+    /// Only `unknown` runs are reconciled.
+    NotUnknown { state: RunState },
+    /// The run's task was removed from the configuration.
+    TaskGone,
+    /// A task with network access cannot be retried (an external effect may have happened).
+    RetryWithNetwork,
+    /// An input of the run was deleted by retention.
+    InputExpired,
+    /// The run's code is not kept, so it cannot run again.
+    CodeNotKept,
+    // ----- transport-level refusals, audited like the rest
+    /// The request is malformed in a way the transport found (query, body, JSON).
+    Malformed(String),
+    /// The body was not sent as `application/json`.
+    NotJson,
+    /// The request body is larger than `server.max_request_bytes`.
+    RequestTooLarge { max: u64 },
+}
+
+impl Refusal {
+    /// The stable machine code (the suffix of the problem type URI over HTTP, `error` in an
+    /// MCP error result, the prefix of the audit record's `reason`, the metric's `reason`).
+    pub fn code(&self) -> &'static str {
+        use Refusal::*;
+        match self {
+            BadRequestId
+            | CodeRequired
+            | CodeTooLarge { .. }
+            | TooManyArgs { .. }
+            | BadArg { .. }
+            | BadInputId { .. }
+            | BadFileName
+            | BadMediaType
+            | Malformed(_) => "invalid-request",
+            UnknownTask => "unknown-task",
+            TaskNotPermitted | CodeNotAccepted | NotOperator | TaskGone | RetryWithNetwork => {
+                "forbidden"
+            }
+            NoSuchInput { .. } | NoSuchRun => "not-found",
+            InputCount { .. } | InputMediaType { .. } | InputTooLarge { .. } => "input-mismatch",
+            RequestIdConflict => "request-id-conflict",
+            Overloaded => "overloaded",
+            UploadTooLarge { .. } | RequestTooLarge { .. } => "too-large",
+            OutputsExpired => "outputs-expired",
+            NoArtifact { .. } => "no-verified-artifact",
+            NoReceipt { .. } => "no-receipt",
+            NotUnknown { .. } | InputExpired | CodeNotKept => "not-reconcilable",
+            NotJson => "unsupported-media-type",
+        }
+    }
+
+    /// What went wrong, for a person (one line; never internal detail).
+    pub fn detail(&self) -> String {
+        use Refusal::*;
+        match self {
+            BadRequestId => {
+                "`request_id` must be 1-128 of A-Z a-z 0-9 . _ : -, and not `.` or `..`".into()
+            }
+            UnknownTask => "no such task".into(),
+            TaskNotPermitted => "the actor may not use this task".into(),
+            CodeNotAccepted => "this task runs a fixed program and accepts no code".into(),
+            CodeRequired => "this task needs `code`".into(),
+            CodeTooLarge { max } => format!("`code` must be at most {max} bytes without NUL"),
+            TooManyArgs { max } => format!("this task takes at most {max} args"),
+            BadArg { index } => format!(
+                "args[{index}]: at most 256 characters, no control characters, not a path (no leading `/`, no `..`)"
+            ),
+            InputCount { expected } => format!("this task takes exactly {expected} input(s)"),
+            BadInputId { index } => {
+                format!("inputs[{index}]: not an input id (ids come from POST /v1/inputs)")
+            }
+            NoSuchInput { index } => format!("inputs[{index}]: no such input"),
+            InputMediaType {
+                index,
+                media_type,
+                accepted,
+            } => format!("inputs[{index}]: media type {media_type} is not one of {accepted:?}"),
+            InputTooLarge { index, max } => format!("inputs[{index}]: larger than {max} bytes"),
+            RequestIdConflict => {
+                "this request_id was used with a different request; use a new request_id".into()
+            }
+            Overloaded => "all run slots and the queue are full; retry later".into(),
+            BadFileName => {
+                "`name` must be 1-128 of A-Z a-z 0-9 . _ - and not start with `.`; it is never a path"
+                    .into()
+            }
+            BadMediaType => "`media_type` must look like type/subtype".into(),
+            UploadTooLarge { max } => format!("inputs are at most {max} bytes"),
+            NoSuchRun => "no such run".into(),
+            OutputsExpired => "the run's outputs were deleted by the task's retention".into(),
+            NoArtifact { state } => format!(
+                "the run's status is `{state}`; only a run with status `ok` has a verified artifact"
+            ),
+            NoReceipt { state } => format!("the run's status is `{state}` and it has no receipt"),
+            NotOperator => "only an operator may reconcile runs".into(),
+            NotUnknown { state } => format!(
+                "only runs with status `unknown` are reconciled; this one is `{state}`"
+            ),
+            TaskGone => "the task no longer exists".into(),
+            RetryWithNetwork => "the task has network access: an external effect may have happened, so it cannot be retried; abandon it".into(),
+            InputExpired => "an input of the run was deleted by retention; abandon it".into(),
+            CodeNotKept => {
+                "the run's code is not kept; abandon it and submit a new request_id".into()
+            }
+            Malformed(d) => d.clone(),
+            NotJson => "send the request as application/json".into(),
+            RequestTooLarge { max } => format!("requests are at most {max} bytes"),
+        }
+    }
+
+    /// Seconds after which a retry may succeed (overload only).
+    pub fn retry_after(&self) -> Option<u64> {
+        matches!(self, Refusal::Overloaded).then_some(5)
+    }
+
+    /// Whether the request itself is malformed (the caller must change it), as opposed to
+    /// well-formed but refused.
+    pub fn is_invalid_request(&self) -> bool {
+        self.code() == "invalid-request"
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code(), self.detail())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Field syntax
+
+/// A request_id: 1-128 of `A-Z a-z 0-9 . _ : -`, never `.` or `..` (they would be path
+/// segments in `Location: /v1/runs/{request_id}`).
+pub fn valid_request_id(s: &str) -> bool {
+    !s.is_empty()
+        && s != "."
+        && s != ".."
+        && s.len() <= 128
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-'))
+}
+
+/// An input id as the service issues them: `in_` and 32 lower-case hex digits.
+pub fn valid_input_id(s: &str) -> bool {
+    s.len() == 35
+        && s.starts_with("in_")
+        && s[3..]
+            .chars()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+}
+
+/// A command argument: at most 256 bytes, no control character, not a path.
+pub fn valid_arg(s: &str) -> bool {
+    s.len() <= 256 && !s.starts_with('/') && !s.contains("..") && !s.chars().any(|c| c.is_control())
+}
+
+/// An upload's file name: for people, never a path.
+pub fn valid_file_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && !s.starts_with('.')
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// A media type: `type/subtype` of RFC 6838 characters, at most 127 bytes.
+pub fn valid_media_type(s: &str) -> bool {
+    let ok = |p: &str| {
+        !p.is_empty()
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "!#$&-^_.+".contains(c))
+    };
+    s.len() <= 127
+        && s.split_once('/')
+            .map(|(a, b)| ok(a) && ok(b))
+            .unwrap_or(false)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decisions
+
+/// Whether `caller` may use `task` (it sees it in the catalogue and may run it).
+pub fn may_use(config: &Config, caller: &Caller, task: &Task) -> bool {
+    config.may_use(&caller.actor, &caller.tenant, task)
+}
+
+/// The request_id check, which comes before everything else (a recorded request_id is
+/// answered from its record, even after the configuration changed).
+pub fn check_request_id(request_id: &str) -> Result<(), Refusal> {
+    if valid_request_id(request_id) {
+        Ok(())
+    } else {
+        Err(Refusal::BadRequestId)
+    }
+}
+
+/// A repeated request_id: the recorded run for the same body, a conflict for another.
+pub fn check_replay(recorded_body_sha256: &str, body_sha256: &str) -> Result<(), Refusal> {
+    if recorded_body_sha256 == body_sha256 {
+        Ok(())
+    } else {
+        Err(Refusal::RequestIdConflict)
+    }
+}
+
+/// Everything about a new run request that needs no store: the task exists and the caller
+/// may use it, code and args fit the task, and the inputs are as many well-formed ids as the
+/// task has slots. The next step, [`Checked::admit`], needs the inputs' records.
+pub fn check_request<'c, 'r>(
+    config: &'c Config,
+    caller: &Caller,
+    req: &'r RunRequest,
+) -> Result<Checked<'c, 'r>, Refusal> {
+    if !is_name(&req.task) {
+        return Err(Refusal::UnknownTask);
+    }
+    let (name, task) = config
+        .tasks
+        .get_key_value(&req.task)
+        .ok_or(Refusal::UnknownTask)?;
+    if !may_use(config, caller, task) {
+        return Err(Refusal::TaskNotPermitted);
+    }
+    match (task.code, &req.code) {
+        (CodePolicy::Forbidden, Some(_)) => return Err(Refusal::CodeNotAccepted),
+        (CodePolicy::Allowed, None) => return Err(Refusal::CodeRequired),
+        (CodePolicy::Allowed, Some(c)) if c.len() > task.max_code_bytes || c.contains('\0') => {
+            return Err(Refusal::CodeTooLarge {
+                max: task.max_code_bytes,
+            });
+        }
+        _ => {}
+    }
+    let args = req.args.as_deref().unwrap_or_default();
+    if args.len() > task.max_args {
+        return Err(Refusal::TooManyArgs { max: task.max_args });
+    }
+    if let Some(index) = args.iter().position(|a| !valid_arg(a)) {
+        return Err(Refusal::BadArg { index });
+    }
+    if req.inputs.len() != task.inputs.len() {
+        return Err(Refusal::InputCount {
+            expected: task.inputs.len(),
+        });
+    }
+    if let Some(index) = req.inputs.iter().position(|id| !valid_input_id(id)) {
+        return Err(Refusal::BadInputId { index });
+    }
+    Ok(Checked {
+        task_name: name,
+        task,
+        req,
+    })
+}
+
+/// A run request that passed [`check_request`]: what remains is its inputs' records.
+#[derive(Debug, Clone, Copy)]
+pub struct Checked<'c, 'r> {
+    pub task_name: &'c str,
+    pub task: &'c Task,
+    pub req: &'r RunRequest,
+}
+
+impl<'c> Checked<'c, '_> {
+    /// The input ids whose records [`Checked::admit`] needs, in order.
+    pub fn input_ids(&self) -> &[String] {
+        &self.req.inputs
+    }
+
+    /// The decision, given the records of [`Checked::input_ids`] in the caller's tenant
+    /// (None: no such input there).
+    pub fn admit(self, rows: Vec<Option<InputRow>>) -> Result<Admitted<'c>, Refusal> {
+        let inputs = check_inputs(self.task, rows)?;
+        Ok(Admitted {
+            task_name: self.task_name,
+            task: self.task,
+            request_id: self.req.request_id.clone(),
+            inputs,
+            code: self.req.code.clone(),
+            args: self.req.args.clone().unwrap_or_default(),
+        })
+    }
+}
+
+/// The inputs' records (None: no such input in the caller's tenant) against the task's
+/// slots, in order: each must exist, have an accepted media type and fit the slot's size.
+pub fn check_inputs(task: &Task, rows: Vec<Option<InputRow>>) -> Result<Vec<InputRow>, Refusal> {
+    let mut inputs = Vec::with_capacity(rows.len());
+    for (index, (row, slot)) in rows.into_iter().zip(&task.inputs).enumerate() {
+        // Another tenant's id and a missing id get the same answer.
+        let row = row.ok_or(Refusal::NoSuchInput { index })?;
+        if !slot.media_types.contains(&row.media_type) {
+            return Err(Refusal::InputMediaType {
+                index,
+                media_type: row.media_type,
+                accepted: slot.media_types.clone(),
+            });
+        }
+        if row.bytes > slot.max_bytes {
+            return Err(Refusal::InputTooLarge {
+                index,
+                max: slot.max_bytes,
+            });
+        }
+        inputs.push(row);
+    }
+    Ok(inputs)
+}
+
+/// A run policy admitted: the task, the inputs' records, the code and the args.
+#[derive(Debug, Clone)]
+pub struct Admitted<'c> {
+    pub task_name: &'c str,
+    pub task: &'c Task,
+    pub request_id: String,
+    pub inputs: Vec<InputRow>,
+    pub code: Option<String>,
+    pub args: Vec<String>,
+}
+
+impl Admitted<'_> {
+    /// The manifest this run implies, for a job expiring at `job_expires_at`.
+    pub fn manifest(&self, job_expires_at: i64, paths: JobPaths<'_>) -> Manifest {
+        manifest(
+            self.task,
+            &self.request_id,
+            &self.args,
+            &self.inputs,
+            job_expires_at,
+            paths,
+        )
+    }
+}
+
+/// Where a job's files are on the host, for its manifest.
+#[derive(Debug, Clone, Copy)]
+pub struct JobPaths<'a> {
+    /// The content-addressed object store (`DATA/objects`).
+    pub objects: &'a Path,
+    /// The job's code file (`DATA/code/<job_id>`).
+    pub code_file: &'a Path,
+    /// Whether the job folder holds the task's output schema (`output.schema.json`).
+    pub has_schema: bool,
+}
+
+/// The manifest of a run. Everything comes from the task type and server-resolved ids: the
+/// request contributes only its request_id, its args (checked by [`check_request`]) and the
+/// contents (never the paths) of its inputs and code.
+pub fn manifest(
+    task: &Task,
+    request_id: &str,
+    args: &[String],
+    inputs: &[InputRow],
+    job_expires_at: i64,
+    paths: JobPaths<'_>,
+) -> Manifest {
+    let mut m = Manifest::for_command(task.command.iter().chain(args).cloned().collect());
+    m.request_id = Some(request_id.to_string());
+    for (slot, input) in task.inputs.iter().zip(inputs) {
+        m.inputs.push(Input {
+            source: paths
+                .objects
+                .join(&input.sha256)
+                .to_string_lossy()
+                .into_owned(),
+            mount: slot.mount.clone(),
+            mode: Mode::ReadOnly,
+        });
+    }
+    if task.code == CodePolicy::Allowed {
+        m.inputs.push(Input {
+            source: paths.code_file.to_string_lossy().into_owned(),
+            mount: task.code_mount.clone(),
+            mode: Mode::ReadOnly,
+        });
+    }
+    m.output = Some(task.output.path.clone());
+    if paths.has_schema {
+        m.output_schema = Some("output.schema.json".into());
+    }
+    m.network = task.network.clone();
+    m.isolation = task.isolation;
+    m.limits = task.limits;
+    m.limits.output_mb = m
+        .limits
+        .output_mb
+        .max(task.output.max_bytes.div_ceil(1024 * 1024));
+    m.expires_at = jiff::Timestamp::from_second(job_expires_at)
+        .ok()
+        .map(|t| t.to_string());
+    m.env = task.env.clone();
+    m
+}
+
+/// An upload's name, media type and size.
+pub fn check_upload(name: &str, media_type: &str, bytes: u64, max: u64) -> Result<(), Refusal> {
+    check_upload_params(name, media_type)?;
+    if bytes > max {
+        return Err(Refusal::UploadTooLarge { max });
+    }
+    Ok(())
+}
+
+/// An upload's name and media type (checked before its body is read).
+pub fn check_upload_params(name: &str, media_type: &str) -> Result<(), Refusal> {
+    if !valid_file_name(name) {
+        return Err(Refusal::BadFileName);
+    }
+    if !valid_media_type(media_type) {
+        return Err(Refusal::BadMediaType);
+    }
+    Ok(())
+}
+
+/// Reading a run's artifact: only a verified one (state `ok`), not deleted by retention.
+pub fn check_artifact(state: RunState, has_artifact: bool, deleted: bool) -> Result<(), Refusal> {
+    if deleted {
+        Err(Refusal::OutputsExpired)
+    } else if !has_artifact || state != RunState::Ok {
+        Err(Refusal::NoArtifact { state })
+    } else {
+        Ok(())
+    }
+}
+
+/// Reading a run's receipt: it must have one, not deleted by retention.
+pub fn check_receipt(state: RunState, has_receipt: bool, deleted: bool) -> Result<(), Refusal> {
+    if deleted {
+        Err(Refusal::OutputsExpired)
+    } else if !has_receipt {
+        Err(Refusal::NoReceipt { state })
+    } else {
+        Ok(())
+    }
+}
+
+/// What an operator may do with a run: only operators reconcile, only `unknown` runs.
+pub fn check_reconcile(caller: &Caller, state: RunState) -> Result<(), Refusal> {
+    if !caller.operator {
+        return Err(Refusal::NotOperator);
+    }
+    if state != RunState::Unknown {
+        return Err(Refusal::NotUnknown { state });
+    }
+    Ok(())
+}
+
+/// Whether an `unknown` run may run again: its task still exists and has no network access
+/// (nothing outside can have happened), and it runs a fixed program (code is not kept).
+pub fn check_retry(task: Option<&Task>) -> Result<&Task, Refusal> {
+    let task = task.ok_or(Refusal::TaskGone)?;
+    if !matches!(task.network, Network::Deny) {
+        return Err(Refusal::RetryWithNetwork);
+    }
+    Ok(task)
+}
+
+/// The inputs of a run to retry: all must still exist.
+pub fn check_retry_inputs(rows: Vec<Option<InputRow>>) -> Result<Vec<InputRow>, Refusal> {
+    rows.into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or(Refusal::InputExpired)
+}
+
+/// A run to retry must run a fixed program: the code is not kept after a run.
+pub fn check_retry_code(task: &Task) -> Result<(), Refusal> {
+    if task.code == CodePolicy::Allowed {
+        return Err(Refusal::CodeNotKept);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    /// Two tenants; `bot` may use `code_task` by name, every actor of `acme` may use `fixed`
+    /// and `net`; `stranger` (tenant `other`) may use none.
+    const CONFIG: &str = r#"
+tenants: { acme: {}, other: {} }
+actors:
+  bot: { tenant: acme, token_sha256: "0000000000000000000000000000000000000000000000000000000000000001" }
+  op: { tenant: acme, operator: true, token_sha256: "0000000000000000000000000000000000000000000000000000000000000002" }
+  stranger: { tenant: other, token_sha256: "0000000000000000000000000000000000000000000000000000000000000003" }
+tasks:
+  code_task:
+    description: d
+    code: allowed
+    code_mount: /input/code.py
+    max_code_bytes: 16
+    max_args: 1
+    command: ["/usr/bin/python3", "/input/code.py"]
+    inputs:
+      - { mount: /input/a.csv, media_types: [text/csv], max_bytes: 100 }
+    output: { path: /output/o.json, media_type: application/json, max_bytes: 10 }
+    allowed_actors: [bot]
+  fixed:
+    description: d
+    code: forbidden
+    command: ["/bin/true"]
+    inputs:
+      - { mount: /input/a.csv, media_types: [text/csv], max_bytes: 100 }
+      - { mount: /input/b.json, media_types: [application/json], max_bytes: 5 }
+    output: { path: /output/o.json, media_type: application/json, max_bytes: 10 }
+    allowed_tenants: [acme]
+  net:
+    description: d
+    code: forbidden
+    command: ["/bin/true"]
+    network: { allow: [{ host: api.example.com, ports: [443] }] }
+    output: { path: /output/o.json, media_type: application/json, max_bytes: 10 }
+    allowed_tenants: [acme]
+"#;
+
+    fn config() -> Config {
+        Config::parse(CONFIG).unwrap()
+    }
+
+    fn caller(actor: &str) -> Caller {
+        let tenant = if actor == "stranger" { "other" } else { "acme" };
+        Caller {
+            actor: actor.into(),
+            tenant: tenant.into(),
+            operator: actor == "op",
+        }
+    }
+
+    fn id(n: u8) -> String {
+        format!("in_{}", format!("{n:x}").repeat(32))
+    }
+
+    fn input(n: u8, media_type: &str, bytes: u64) -> InputRow {
+        InputRow {
+            id: id(n),
+            sha256: format!("{n:x}").repeat(64),
+            name: "a.csv".into(),
+            media_type: media_type.into(),
+            bytes,
+            created_at: 0,
+        }
+    }
+
+    fn req(task: &str, inputs: &[String], code: Option<&str>, args: Option<&[&str]>) -> RunRequest {
+        RunRequest {
+            request_id: "r-1".into(),
+            task: task.into(),
+            inputs: inputs.to_vec(),
+            code: code.map(str::to_owned),
+            args: args.map(|a| a.iter().map(|s| s.to_string()).collect()),
+        }
+    }
+
+    /// Every refusal a run request can get before the store is asked, with its stable code,
+    /// and the requests next to them that pass.
+    #[test]
+    fn run_requests_are_refused_before_any_lookup() {
+        let cfg = config();
+        let one = [id(1)];
+        let two = [id(1), id(2)];
+        let long = "x".repeat(17);
+        let cases: Vec<(&str, RunRequest, Result<&str, Refusal>)> = vec![
+            (
+                "admitted",
+                req("code_task", &one, Some("print(1)"), None),
+                Ok("code_task"),
+            ),
+            ("tenant ACL", req("fixed", &two, None, None), Ok("fixed")),
+            (
+                "not a task name",
+                req("Code_Task", &one, Some("x"), None),
+                Err(Refusal::UnknownTask),
+            ),
+            (
+                "path as task",
+                req("../fixed", &two, None, None),
+                Err(Refusal::UnknownTask),
+            ),
+            (
+                "no such task",
+                req("nope", &one, None, None),
+                Err(Refusal::UnknownTask),
+            ),
+            (
+                "code for a fixed program",
+                req("fixed", &two, Some("x"), None),
+                Err(Refusal::CodeNotAccepted),
+            ),
+            (
+                "no code",
+                req("code_task", &one, None, None),
+                Err(Refusal::CodeRequired),
+            ),
+            (
+                "code too long",
+                req("code_task", &one, Some(&long), None),
+                Err(Refusal::CodeTooLarge { max: 16 }),
+            ),
+            (
+                "NUL in code",
+                req("code_task", &one, Some("a\0b"), None),
+                Err(Refusal::CodeTooLarge { max: 16 }),
+            ),
+            (
+                "too many args",
+                req("code_task", &one, Some("x"), Some(&["a", "b"])),
+                Err(Refusal::TooManyArgs { max: 1 }),
+            ),
+            (
+                "args on a task with none",
+                req("fixed", &two, None, Some(&["a"])),
+                Err(Refusal::TooManyArgs { max: 0 }),
+            ),
+            (
+                "absolute path arg",
+                req("code_task", &one, Some("x"), Some(&["/etc/passwd"])),
+                Err(Refusal::BadArg { index: 0 }),
+            ),
+            (
+                "dot-dot arg",
+                req("code_task", &one, Some("x"), Some(&["a/../b"])),
+                Err(Refusal::BadArg { index: 0 }),
+            ),
+            (
+                "control char arg",
+                req("code_task", &one, Some("x"), Some(&["a\nb"])),
+                Err(Refusal::BadArg { index: 0 }),
+            ),
+            (
+                "one arg is fine",
+                req("code_task", &one, Some("x"), Some(&["--v"])),
+                Ok("code_task"),
+            ),
+            (
+                "too few inputs",
+                req("fixed", &one, None, None),
+                Err(Refusal::InputCount { expected: 2 }),
+            ),
+            (
+                "too many inputs",
+                req("code_task", &two, Some("x"), None),
+                Err(Refusal::InputCount { expected: 1 }),
+            ),
+            (
+                "path as input id",
+                req("code_task", &["/etc/passwd".into()], Some("x"), None),
+                Err(Refusal::BadInputId { index: 0 }),
+            ),
+            (
+                "upper-case id",
+                req("fixed", &[id(1), id(1).to_uppercase()], None, None),
+                Err(Refusal::BadInputId { index: 1 }),
+            ),
+        ];
+        for (what, r, want) in cases {
+            let got = check_request(&cfg, &caller("bot"), &r).map(|c| c.task_name);
+            assert_eq!(got, want, "{what}");
+        }
+        // Access: by actor name, by tenant, and neither.
+        let r = req("code_task", &one, Some("x"), None);
+        assert_eq!(
+            check_request(&cfg, &caller("op"), &r).map(|c| c.task_name),
+            Err(Refusal::TaskNotPermitted)
+        );
+        let r = req("fixed", &two, None, None);
+        assert_eq!(
+            check_request(&cfg, &caller("stranger"), &r).map(|c| c.task_name),
+            Err(Refusal::TaskNotPermitted)
+        );
+        // ... and a refused caller learns nothing about the request's other faults.
+        let r = req("fixed", &one, Some("x"), None);
+        assert_eq!(
+            check_request(&cfg, &caller("stranger"), &r).map(|c| c.task_name),
+            Err(Refusal::TaskNotPermitted)
+        );
+    }
+
+    #[test]
+    fn inputs_must_exist_in_the_tenant_and_fit_their_slots() {
+        let cfg = config();
+        let r = req("fixed", &[id(1), id(2)], None, None);
+        let checked = || check_request(&cfg, &caller("bot"), &r).unwrap();
+        assert_eq!(checked().input_ids(), &[id(1), id(2)]);
+        let ok = || {
+            vec![
+                Some(input(1, "text/csv", 100)),
+                Some(input(2, "application/json", 5)),
+            ]
+        };
+        let a = checked().admit(ok()).unwrap();
+        assert_eq!((a.task_name, a.inputs.len()), ("fixed", 2));
+        let cases: Vec<(&str, Vec<Option<InputRow>>, Refusal)> = vec![
+            (
+                "missing (or another tenant's)",
+                vec![Some(input(1, "text/csv", 1)), None],
+                Refusal::NoSuchInput { index: 1 },
+            ),
+            (
+                "wrong media type",
+                vec![
+                    Some(input(1, "application/json", 1)),
+                    Some(input(2, "application/json", 1)),
+                ],
+                Refusal::InputMediaType {
+                    index: 0,
+                    media_type: "application/json".into(),
+                    accepted: vec!["text/csv".into()],
+                },
+            ),
+            (
+                "one byte too many",
+                vec![
+                    Some(input(1, "text/csv", 100)),
+                    Some(input(2, "application/json", 6)),
+                ],
+                Refusal::InputTooLarge { index: 1, max: 5 },
+            ),
+        ];
+        for (what, rows, want) in cases {
+            assert_eq!(checked().admit(rows).unwrap_err(), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn the_manifest_comes_from_the_task_and_resolved_ids_only() {
+        let cfg = config();
+        let r = req("code_task", &[id(1)], Some("print(1)"), Some(&["--v"]));
+        let a = check_request(&cfg, &caller("bot"), &r)
+            .unwrap()
+            .admit(vec![Some(input(1, "text/csv", 1))])
+            .unwrap();
+        let objects = Path::new("/data/objects");
+        let code = Path::new("/data/code/job_1");
+        let m = a.manifest(
+            0,
+            JobPaths {
+                objects,
+                code_file: code,
+                has_schema: false,
+            },
+        );
+        assert_eq!(m.command, ["/usr/bin/python3", "/input/code.py", "--v"]);
+        assert_eq!(m.request_id.as_deref(), Some("r-1"));
+        let sources: Vec<(&str, &str)> = m
+            .inputs
+            .iter()
+            .map(|i| (i.source.as_str(), i.mount.as_str()))
+            .collect();
+        let obj = format!("/data/objects/{}", "1".repeat(64));
+        assert_eq!(
+            sources,
+            [
+                (obj.as_str(), "/input/a.csv"),
+                ("/data/code/job_1", "/input/code.py")
+            ]
+        );
+        assert!(m.inputs.iter().all(|i| i.mode == Mode::ReadOnly));
+        assert_eq!(m.network, Network::Deny);
+        assert_eq!(m.output.as_deref(), Some("/output/o.json"));
+        assert_eq!(m.output_schema, None);
+    }
+
+    #[test]
+    fn replays_uploads_reads_and_reconciles_have_their_refusals() {
+        assert_eq!(check_request_id("r-1"), Ok(()));
+        for bad in ["", ".", "..", "a/b", "a b", &"x".repeat(129)] {
+            assert_eq!(check_request_id(bad), Err(Refusal::BadRequestId), "{bad:?}");
+        }
+        assert_eq!(check_replay("h1", "h1"), Ok(()));
+        assert_eq!(check_replay("h1", "h2"), Err(Refusal::RequestIdConflict));
+
+        assert_eq!(check_upload("a.csv", "text/csv", 10, 10), Ok(()));
+        assert_eq!(
+            check_upload(".env", "text/csv", 1, 10),
+            Err(Refusal::BadFileName)
+        );
+        assert_eq!(
+            check_upload("../x", "text/csv", 1, 10),
+            Err(Refusal::BadFileName)
+        );
+        assert_eq!(check_upload("a", "text", 1, 10), Err(Refusal::BadMediaType));
+        assert_eq!(
+            check_upload("a", "text/csv", 11, 10),
+            Err(Refusal::UploadTooLarge { max: 10 })
+        );
+
+        assert_eq!(check_artifact(RunState::Ok, true, false), Ok(()));
+        assert_eq!(
+            check_artifact(RunState::Ok, true, true),
+            Err(Refusal::OutputsExpired)
+        );
+        assert_eq!(
+            check_artifact(RunState::OutputRejected, true, false),
+            Err(Refusal::NoArtifact {
+                state: RunState::OutputRejected
+            })
+        );
+        assert_eq!(
+            check_artifact(RunState::Ok, false, false),
+            Err(Refusal::NoArtifact {
+                state: RunState::Ok
+            })
+        );
+        assert_eq!(check_receipt(RunState::Timeout, true, false), Ok(()));
+        assert_eq!(
+            check_receipt(RunState::Timeout, true, true),
+            Err(Refusal::OutputsExpired)
+        );
+        assert_eq!(
+            check_receipt(RunState::Queued, false, false),
+            Err(Refusal::NoReceipt {
+                state: RunState::Queued
+            })
+        );
+
+        let cfg = config();
+        assert_eq!(check_reconcile(&caller("op"), RunState::Unknown), Ok(()));
+        assert_eq!(
+            check_reconcile(&caller("bot"), RunState::Unknown),
+            Err(Refusal::NotOperator)
+        );
+        assert_eq!(
+            check_reconcile(&caller("op"), RunState::Ok),
+            Err(Refusal::NotUnknown {
+                state: RunState::Ok
+            })
+        );
+        assert!(check_retry(cfg.tasks.get("fixed")).is_ok());
+        assert_eq!(check_retry(None).unwrap_err(), Refusal::TaskGone);
+        assert_eq!(
+            check_retry(cfg.tasks.get("net")).unwrap_err(),
+            Refusal::RetryWithNetwork
+        );
+        assert_eq!(
+            check_retry_inputs(vec![Some(input(1, "text/csv", 1)), None]).unwrap_err(),
+            Refusal::InputExpired
+        );
+        assert_eq!(check_retry_code(&cfg.tasks["fixed"]), Ok(()));
+        assert_eq!(
+            check_retry_code(&cfg.tasks["code_task"]),
+            Err(Refusal::CodeNotKept)
+        );
+    }
+
+    /// The codes are public (problem types, MCP `error`, audit `reason`, metric labels): each
+    /// refusal keeps the code and text it had before policy got its own module.
+    #[test]
+    fn codes_and_texts_are_stable() {
+        let s = RunState::Running;
+        let table: Vec<(Refusal, &str, &str)> = vec![
+            (
+                Refusal::BadRequestId,
+                "invalid-request",
+                "`request_id` must be 1-128 of A-Z a-z 0-9 . _ : -, and not `.` or `..`",
+            ),
+            (Refusal::UnknownTask, "unknown-task", "no such task"),
+            (
+                Refusal::TaskNotPermitted,
+                "forbidden",
+                "the actor may not use this task",
+            ),
+            (
+                Refusal::CodeNotAccepted,
+                "forbidden",
+                "this task runs a fixed program and accepts no code",
+            ),
+            (
+                Refusal::CodeRequired,
+                "invalid-request",
+                "this task needs `code`",
+            ),
+            (
+                Refusal::CodeTooLarge { max: 3 },
+                "invalid-request",
+                "`code` must be at most 3 bytes without NUL",
+            ),
+            (
+                Refusal::TooManyArgs { max: 2 },
+                "invalid-request",
+                "this task takes at most 2 args",
+            ),
+            (
+                Refusal::BadArg { index: 1 },
+                "invalid-request",
+                "args[1]: at most 256 characters, no control characters, not a path (no leading `/`, no `..`)",
+            ),
+            (
+                Refusal::InputCount { expected: 1 },
+                "input-mismatch",
+                "this task takes exactly 1 input(s)",
+            ),
+            (
+                Refusal::BadInputId { index: 0 },
+                "invalid-request",
+                "inputs[0]: not an input id (ids come from POST /v1/inputs)",
+            ),
+            (
+                Refusal::NoSuchInput { index: 2 },
+                "not-found",
+                "inputs[2]: no such input",
+            ),
+            (
+                Refusal::InputMediaType {
+                    index: 0,
+                    media_type: "a/b".into(),
+                    accepted: vec!["text/csv".into()],
+                },
+                "input-mismatch",
+                "inputs[0]: media type a/b is not one of [\"text/csv\"]",
+            ),
+            (
+                Refusal::InputTooLarge { index: 0, max: 9 },
+                "input-mismatch",
+                "inputs[0]: larger than 9 bytes",
+            ),
+            (
+                Refusal::RequestIdConflict,
+                "request-id-conflict",
+                "this request_id was used with a different request; use a new request_id",
+            ),
+            (
+                Refusal::Overloaded,
+                "overloaded",
+                "all run slots and the queue are full; retry later",
+            ),
+            (
+                Refusal::BadFileName,
+                "invalid-request",
+                "`name` must be 1-128 of A-Z a-z 0-9 . _ - and not start with `.`; it is never a path",
+            ),
+            (
+                Refusal::BadMediaType,
+                "invalid-request",
+                "`media_type` must look like type/subtype",
+            ),
+            (
+                Refusal::UploadTooLarge { max: 7 },
+                "too-large",
+                "inputs are at most 7 bytes",
+            ),
+            (Refusal::NoSuchRun, "not-found", "no such run"),
+            (
+                Refusal::OutputsExpired,
+                "outputs-expired",
+                "the run's outputs were deleted by the task's retention",
+            ),
+            (
+                Refusal::NoArtifact { state: s },
+                "no-verified-artifact",
+                "the run's status is `running`; only a run with status `ok` has a verified artifact",
+            ),
+            (
+                Refusal::NoReceipt { state: s },
+                "no-receipt",
+                "the run's status is `running` and it has no receipt",
+            ),
+            (
+                Refusal::NotOperator,
+                "forbidden",
+                "only an operator may reconcile runs",
+            ),
+            (
+                Refusal::NotUnknown { state: s },
+                "not-reconcilable",
+                "only runs with status `unknown` are reconciled; this one is `running`",
+            ),
+            (Refusal::TaskGone, "forbidden", "the task no longer exists"),
+            (
+                Refusal::RetryWithNetwork,
+                "forbidden",
+                "the task has network access: an external effect may have happened, so it cannot be retried; abandon it",
+            ),
+            (
+                Refusal::InputExpired,
+                "not-reconcilable",
+                "an input of the run was deleted by retention; abandon it",
+            ),
+            (
+                Refusal::CodeNotKept,
+                "not-reconcilable",
+                "the run's code is not kept; abandon it and submit a new request_id",
+            ),
+            (Refusal::Malformed("m".into()), "invalid-request", "m"),
+            (
+                Refusal::NotJson,
+                "unsupported-media-type",
+                "send the request as application/json",
+            ),
+            (
+                Refusal::RequestTooLarge { max: 8 },
+                "too-large",
+                "requests are at most 8 bytes",
+            ),
+        ];
+        for (r, code, detail) in &table {
+            assert_eq!((r.code(), r.detail().as_str()), (*code, *detail), "{r:?}");
+            assert_eq!(r.to_string(), format!("{code}: {detail}"));
+            assert_eq!(r.retry_after(), (*r == Refusal::Overloaded).then_some(5));
+            assert_eq!(r.is_invalid_request(), *code == "invalid-request");
+        }
+    }
+}

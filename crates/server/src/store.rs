@@ -1,0 +1,310 @@
+//! The storage interface the service and the runner talk to: run records, input records, the
+//! retention sweep and the audit log, as operations rather than SQL. [`SqliteStore`] is the
+//! one implementation today (the embedded database of [`crate::db`] plus the hash-chained
+//! file of [`crate::audit`]); a second store (e.g. PostgreSQL) implements [`Store`] without
+//! touching policy or the transports. Every operation is fallible and returns a boxed future
+//! (a network database answers asynchronously); no SQLite type appears in a signature.
+//!
+//! Two guarantees are the store's, not its callers': [`Store::insert_run`] records a run at
+//! most once per (tenant, request_id), atomically (a racing duplicate gets the other's
+//! record); and [`Store::audit`] appends one record to a tamper-evident, ordered log.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::audit::{AuditError, AuditLog, Event};
+use crate::db::{self, Db, DbError, Finish, InputRow, Insert, RunRow};
+use crate::run_state::RunState;
+
+/// A store operation in flight.
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// A store failure (logged; never shown to clients).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database failed or is unreachable.
+    #[error("database: {0}")]
+    Database(String),
+    /// Writing a file the operation needed (an input object) failed.
+    #[error("storage: {0}")]
+    Io(String),
+    /// The audit log could not be written.
+    #[error("audit: {0}")]
+    Audit(String),
+}
+
+impl From<DbError> for StoreError {
+    fn from(e: DbError) -> Self {
+        StoreError::Database(e.to_string())
+    }
+}
+
+impl From<AuditError> for StoreError {
+    fn from(e: AuditError) -> Self {
+        StoreError::Audit(e.to_string())
+    }
+}
+
+/// The end of a run, as recorded.
+#[derive(Debug, Clone)]
+pub struct FinishRun {
+    pub job_id: String,
+    pub status: RunState,
+    pub reason: Option<String>,
+    pub now: i64,
+    pub report: Option<String>,
+    pub receipt: Option<String>,
+    pub artifact: Option<Vec<u8>>,
+    pub artifact_sha256: Option<String>,
+}
+
+/// A run found in flight at start-up (marked `unknown`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InFlight {
+    pub tenant: String,
+    pub request_id: String,
+    pub task: String,
+    pub job_id: String,
+}
+
+/// The files the retention sweep deletes, called by [`Store::sweep`] while the records it
+/// changes are locked (so an upload cannot revive an object being deleted).
+pub trait RetentionFiles: Send + Sync {
+    /// Deletes the copies of a run's outputs in its job folder.
+    fn drop_outputs(&self, job_id: &str);
+    /// Deletes a job folder whose logs expired; true if one was deleted.
+    fn drop_job(&self, job_id: &str) -> bool;
+    /// Deletes an input object no input refers to any more; true if one was deleted.
+    fn drop_object(&self, sha256: &str) -> bool;
+}
+
+/// What a sweep deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Swept {
+    pub outputs: usize,
+    pub job_folders: usize,
+    pub objects: usize,
+}
+
+/// Writes an input's object (content-addressed) before its record is inserted.
+pub type WriteObject = Box<dyn FnOnce() -> std::io::Result<()> + Send>;
+
+/// The storage interface.
+pub trait Store: Send + Sync {
+    /// Records an uploaded input of `tenant`; `write_object` stores its content first, while
+    /// the sweep cannot delete the object.
+    fn put_input(
+        &self,
+        tenant: &str,
+        row: InputRow,
+        expires_at: i64,
+        write_object: WriteObject,
+    ) -> StoreFuture<'_, ()>;
+    /// The records of `ids` in `tenant`, in order (None: no such input there).
+    fn get_inputs(&self, tenant: &str, ids: &[String]) -> StoreFuture<'_, Vec<Option<InputRow>>>;
+    /// The run `request_id` of `tenant`.
+    fn get_run(&self, tenant: &str, request_id: &str) -> StoreFuture<'_, Option<RunRow>>;
+    /// Records a new run unless one with its (tenant, request_id) exists, atomically.
+    fn insert_run(&self, row: RunRow) -> StoreFuture<'_, Insert>;
+    /// Marks a queued run as running; false if it was not queued any more.
+    fn mark_running(&self, job_id: &str, now: i64) -> StoreFuture<'_, bool>;
+    /// Records the end of a run (only from `queued`/`running`).
+    fn finish_run(&self, f: FinishRun) -> StoreFuture<'_, ()>;
+    /// Operator reconcile of an `unknown` run: retry with a new job `(job_id, expires_at)`,
+    /// or abandon (None). False if the run was not `unknown` any more.
+    fn reconcile(
+        &self,
+        tenant: &str,
+        request_id: &str,
+        retry: Option<(String, i64)>,
+        now: i64,
+    ) -> StoreFuture<'_, bool>;
+    /// Start-up (blocking): every run left `queued` or `running` becomes `unknown`.
+    fn mark_in_flight_unknown(&self, now: i64) -> Result<Vec<InFlight>, StoreError>;
+    /// Retention at `now`: clears expired outputs, lists expired job folders, deletes
+    /// expired inputs no in-flight run refers to, and their orphaned objects.
+    fn sweep(&self, now: i64, files: Arc<dyn RetentionFiles>) -> StoreFuture<'_, Swept>;
+    /// Whether the store answers (health).
+    fn ping(&self) -> StoreFuture<'_, ()>;
+    /// Appends one audit record; a failure is logged and counted, never returned (the
+    /// decision it records has been taken).
+    fn audit(&self, ev: Event) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+    /// Appends one audit record, blocking (start-up).
+    fn audit_blocking(&self, ev: &Event) -> Result<(), StoreError>;
+}
+
+/// The SQLite store: [`crate::db`] and the audit file of [`crate::audit`].
+#[derive(Clone)]
+pub struct SqliteStore {
+    db: Db,
+    audit: AuditLog,
+}
+
+impl SqliteStore {
+    pub fn new(db: Db, audit: AuditLog) -> SqliteStore {
+        SqliteStore { db, audit }
+    }
+
+    /// The SQLite handle (tests and start-up code that need SQL).
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+}
+
+impl Store for SqliteStore {
+    fn put_input(
+        &self,
+        tenant: &str,
+        row: InputRow,
+        expires_at: i64,
+        write_object: WriteObject,
+    ) -> StoreFuture<'_, ()> {
+        let tenant = tenant.to_string();
+        Box::pin(async move {
+            self.db
+                .call(move |c| {
+                    // Under the database lock, so the retention sweep cannot delete the object
+                    // between the write and the insert.
+                    write_object().map_err(|e| {
+                        tracing::error!(error = %e, "storing an input failed");
+                        DbError::Join("store".into())
+                    })?;
+                    db::insert_input(c, &tenant, &row, expires_at)
+                })
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn get_inputs(&self, tenant: &str, ids: &[String]) -> StoreFuture<'_, Vec<Option<InputRow>>> {
+        let (tenant, ids) = (tenant.to_string(), ids.to_vec());
+        Box::pin(async move {
+            Ok(self
+                .db
+                .call(move |c| {
+                    ids.iter()
+                        .map(|id| db::get_input(c, &tenant, id))
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .await?)
+        })
+    }
+
+    fn get_run(&self, tenant: &str, request_id: &str) -> StoreFuture<'_, Option<RunRow>> {
+        let (t, r) = (tenant.to_string(), request_id.to_string());
+        Box::pin(async move { Ok(self.db.call(move |c| db::get_run(c, &t, &r)).await?) })
+    }
+
+    fn insert_run(&self, row: RunRow) -> StoreFuture<'_, Insert> {
+        Box::pin(async move { Ok(self.db.call(move |c| db::insert_run(c, &row)).await?) })
+    }
+
+    fn mark_running(&self, job_id: &str, now: i64) -> StoreFuture<'_, bool> {
+        let id = job_id.to_string();
+        Box::pin(async move { Ok(self.db.call(move |c| db::mark_running(c, &id, now)).await?) })
+    }
+
+    fn finish_run(&self, f: FinishRun) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            Ok(self
+                .db
+                .call(move |c| {
+                    db::finish_run(
+                        c,
+                        &Finish {
+                            job_id: &f.job_id,
+                            status: f.status,
+                            reason: f.reason.as_deref(),
+                            now: f.now,
+                            report: f.report.as_deref(),
+                            receipt: f.receipt.as_deref(),
+                            artifact: f.artifact.as_deref(),
+                            artifact_sha256: f.artifact_sha256.as_deref(),
+                        },
+                    )
+                })
+                .await?)
+        })
+    }
+
+    fn reconcile(
+        &self,
+        tenant: &str,
+        request_id: &str,
+        retry: Option<(String, i64)>,
+        now: i64,
+    ) -> StoreFuture<'_, bool> {
+        let (t, r) = (tenant.to_string(), request_id.to_string());
+        Box::pin(async move {
+            Ok(self
+                .db
+                .call(move |c| {
+                    let retry = retry.as_ref().map(|(j, e)| (j.as_str(), *e));
+                    db::reconcile(c, &t, &r, retry, now)
+                })
+                .await?)
+        })
+    }
+
+    fn mark_in_flight_unknown(&self, now: i64) -> Result<Vec<InFlight>, StoreError> {
+        let rows = self.db.call_sync(|c| db::mark_in_flight_unknown(c, now))?;
+        Ok(rows
+            .into_iter()
+            .map(|(tenant, request_id, task, job_id)| InFlight {
+                tenant,
+                request_id,
+                task,
+                job_id,
+            })
+            .collect())
+    }
+
+    fn sweep(&self, now: i64, files: Arc<dyn RetentionFiles>) -> StoreFuture<'_, Swept> {
+        Box::pin(async move {
+            Ok(self
+                .db
+                .call(move |c| {
+                    let expired = db::expire_outputs(c, now)?;
+                    let outputs = expired.len();
+                    for j in expired {
+                        files.drop_outputs(&j);
+                    }
+                    let mut job_folders = 0;
+                    for j in db::expired_log_jobs(c, now)? {
+                        if files.drop_job(&j) {
+                            job_folders += 1;
+                        }
+                    }
+                    let mut objects = 0;
+                    for sha in db::expire_inputs(c, now)? {
+                        // Under the database lock: an upload cannot revive the object meanwhile.
+                        if !db::object_referenced(c, &sha)? && files.drop_object(&sha) {
+                            objects += 1;
+                        }
+                    }
+                    Ok(Swept {
+                        outputs,
+                        job_folders,
+                        objects,
+                    })
+                })
+                .await?)
+        })
+    }
+
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            self.db.call(|c| db::count_runs(c)).await?;
+            Ok(())
+        })
+    }
+
+    fn audit(&self, ev: Event) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(self.audit.append(ev))
+    }
+
+    fn audit_blocking(&self, ev: &Event) -> Result<(), StoreError> {
+        Ok(self.audit.append_blocking(ev)?)
+    }
+}
