@@ -1288,13 +1288,13 @@ impl McpServer {
                     content.len(),
                     crate::config::sha256_hex(&content)
                 ));
-                self.state.inner.audit.append(ev).await;
+                self.state.store().audit(ev).await;
                 Ok((content, name))
             }
             Err(why) => {
                 ev.decision = Some("deny");
                 ev.reason = Some(format!("path {shown}: {why}"));
-                self.state.inner.audit.append(ev).await;
+                self.state.store().audit(ev).await;
                 tracing::warn!(reason = %why, "upload_input by path refused");
                 Err(McpError::invalid_params(format!("path: {why}"), None))
             }
