@@ -363,3 +363,74 @@ fn mcp_over_streamable_http_with_the_python_sdk() {
     let log = std::fs::read_to_string(data.join("private/audit.jsonl")).unwrap();
     assert!(log.contains(r#""route":"POST /mcp""#) && log.contains("auth_failure"));
 }
+
+/// The naive agent loop on the official Python SDK (`tests/mcp/agent.py`): an agent that uses
+/// only what tools/list and the call results say names its CSV by path (`--input-root`), tries
+/// pandas, reads `ModuleNotFoundError` in the stderr tail and the runtime line, switches to the
+/// csv module and gets a verified result on its second attempt; then a wrong shape, fixed from
+/// `schema_errors`, also verified on the second attempt. The SDK checks structuredContent
+/// against the outputSchema.
+#[test]
+fn a_naive_agent_on_the_python_sdk_succeeds_by_its_second_attempt() {
+    if !python_has_mcp() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "python3 cannot `import mcp`: CI must install it (.ci/run)"
+        );
+        println!("SKIP: python3 cannot `import mcp`; the naive agent test is not run");
+        return;
+    }
+    let dir = tempdir();
+    let (cfg, tok) = setup(dir.path());
+    let root = dir.path().join("work");
+    std::fs::create_dir(&root).unwrap();
+    let csv = root.join("report.csv");
+    std::fs::write(
+        &csv,
+        "region,units,price\nnorth,12,2.5\nsouth,7,3.0\neast,,4.0\n",
+    )
+    .unwrap();
+    let out = Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/agent.py"))
+        .arg("--bin")
+        .arg(env!("CARGO_BIN_EXE_agentjail"))
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--token-file")
+        .arg(&tok)
+        .arg("--input-root")
+        .arg(&root)
+        .arg("--csv")
+        .arg(&csv)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "agent failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    let r: serde_json::Value = serde_json::from_str(
+        stdout
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("RESULT "))
+            .unwrap_or_else(|| panic!("no RESULT\n{stdout}\n{stderr}")),
+    )
+    .unwrap();
+    assert_eq!(r["uploaded_by_path"], true, "{r}");
+    assert_eq!(r["output_path"], "/output/summary.json", "{r}");
+    for tag in ["pandas", "shape"] {
+        assert_eq!(r[tag]["attempts"], 2, "{tag}: {r}");
+        assert_eq!(r[tag]["result"]["rows"], 3, "{tag}: {r}");
+        assert_eq!(r[tag]["meta"]["status"], "ok", "{tag}: {r}");
+        assert_eq!(r[tag]["meta"]["receipt"], true, "{tag}: {r}");
+    }
+    assert_eq!(
+        r["pandas"]["read"], "ModuleNotFoundError: No module named 'pandas'",
+        "{r}"
+    );
+    assert_eq!(r["shape"]["read"]["path"], "/rows", "{r}");
+}

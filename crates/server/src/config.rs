@@ -261,11 +261,32 @@ pub struct Task {
     /// How long outputs and logs of its runs are kept.
     #[serde(default)]
     pub retention: Retention,
-    /// How many bytes (the tail) of the command's stderr an MCP caller sees when a run fails,
-    /// marked as untrusted data (default 0: never; at most 65536). Useful for code tasks, where
-    /// the model needs the traceback to fix its code.
+    /// How many bytes (the tail, at most 40 lines) of the command's stderr an MCP caller sees
+    /// when a run fails, terminal-sanitised, with the task's `env` values redacted, and marked
+    /// as untrusted data. Default: 2048 for tasks with `code = "allowed"` (the model needs the
+    /// traceback to fix its code), 0 (never) for fixed programs; 0 turns it off; at most 65536.
+    /// (`expose_stderr_bytes` is accepted as an older name.)
+    #[serde(default, alias = "expose_stderr_bytes")]
+    pub stderr_tail_bytes: Option<u64>,
+    /// What the tool description tells the model about the runtime (e.g. `Python 3.12 with
+    /// pandas 2.2 and numpy`). Default: probed once at start-up from the command's Python
+    /// interpreter (its version and which common third-party packages it can import); a
+    /// command that is not Python gets no runtime line unless this is set. At most 300 bytes.
     #[serde(default)]
-    pub expose_stderr_bytes: u64,
+    pub runtime: Option<String>,
+}
+
+/// Default of [`Task::stderr_tail_bytes`] for tasks with `code = "allowed"`.
+pub const DEFAULT_STDERR_TAIL_BYTES: u64 = 2048;
+
+impl Task {
+    /// How many bytes of stderr a failed run's MCP result carries (0: none).
+    pub fn stderr_tail_limit(&self) -> u64 {
+        self.stderr_tail_bytes.unwrap_or(match self.code {
+            CodePolicy::Allowed => DEFAULT_STDERR_TAIL_BYTES,
+            CodePolicy::Forbidden => 0,
+        })
+    }
 }
 
 fn d_code_mount() -> String {
@@ -575,8 +596,16 @@ impl Config {
                 .build(&v)
                 .map_err(|e| at("output.schema", format!("not a valid JSON Schema: {e}")))?;
         }
-        if t.expose_stderr_bytes > 65536 {
-            return Err(at("expose_stderr_bytes", "at most 65536".into()));
+        if t.stderr_tail_bytes.unwrap_or(0) > 65536 {
+            return Err(at("stderr_tail_bytes", "at most 65536".into()));
+        }
+        if let Some(r) = &t.runtime
+            && (r.len() > 300 || r.chars().any(char::is_control))
+        {
+            return Err(at(
+                "runtime",
+                "at most 300 bytes, no control characters".into(),
+            ));
         }
         let l = &t.limits;
         let checks = [

@@ -27,6 +27,10 @@ pub struct McpArgs {
     /// Run even where a protection cannot be applied (listed in each report).
     #[arg(long)]
     allow_degraded: bool,
+    /// A host directory from which `upload_input` may read a file by `path` (repeatable;
+    /// read as this process's user, never following a symlink out; docs/mcp.md).
+    #[arg(long = "input-root", value_name = "DIR")]
+    input_roots: Vec<PathBuf>,
 }
 
 pub fn run(a: McpArgs) -> Result<u8, String> {
@@ -45,6 +49,7 @@ pub fn run(a: McpArgs) -> Result<u8, String> {
         actor: a.actor,
         token: token.trim().to_string(),
         allow_degraded: a.allow_degraded,
+        input_roots: a.input_roots,
     })
     .map(|()| 0)
     .map_err(|e| e.to_string())
