@@ -438,10 +438,13 @@ impl Manifest {
         self.image.as_deref().or(self.image_digest.as_deref())
     }
 
-    /// sha256 over the RFC 8785 canonical JSON form, as `sha256:<hex>`.
-    pub fn canonical_digest(&self) -> String {
-        let bytes = serde_jcs::to_vec(self).unwrap_or_default();
-        format!("sha256:{}", hex(&Sha256::digest(&bytes)))
+    /// sha256 over the RFC 8785 canonical JSON form, as `sha256:<hex>`. A manifest that has no
+    /// canonical form (a non-finite number) is an error, never the digest of empty bytes: the
+    /// digest is signed into receipts.
+    pub fn canonical_digest(&self) -> Result<String, ManifestError> {
+        let bytes = serde_jcs::to_vec(self)
+            .map_err(|e| ManifestError::Syntax(format!("no canonical JSON form: {e}")))?;
+        Ok(format!("sha256:{}", hex(&Sha256::digest(&bytes))))
     }
 
     /// Checks everything that can be checked before a run, resolving input sources under
@@ -563,7 +566,7 @@ impl Manifest {
                 Some(resolve_source(s, policy).map_err(|r| field("output_schema", r))?)
             }
         };
-        let digest = m.canonical_digest();
+        let digest = m.canonical_digest()?;
         Ok(ValidatedManifest {
             manifest: m,
             inputs,

@@ -77,9 +77,11 @@ pub enum AuditError {
     Chain(u64, String),
 }
 
-fn hash_record(rec: &Map<String, Value>) -> String {
-    let bytes = serde_jcs::to_vec(rec).unwrap_or_default();
-    agentjail_manifest::sha256_digest(&bytes)
+/// The chain hash of one record. A record that cannot be canonicalised is an error: hashing
+/// empty bytes instead would chain a value that no verifier can recompute.
+fn hash_record(rec: &Map<String, Value>) -> Result<String, String> {
+    let bytes = serde_jcs::to_vec(rec).map_err(|e| format!("canonical JSON: {e}"))?;
+    Ok(agentjail_manifest::sha256_digest(&bytes))
 }
 
 impl AuditLog {
@@ -117,16 +119,24 @@ impl AuditLog {
             .inner
             .lock()
             .map_err(|_| AuditError::Chain(0, "lock poisoned".into()))?;
+        // An event that does not serialise to an object is an error, never an empty record.
         let mut rec = match serde_json::to_value(ev) {
             Ok(Value::Object(m)) => m,
-            _ => Map::new(),
+            Ok(_) => {
+                return Err(AuditError::Chain(
+                    g.seq + 1,
+                    "event is not an object".into(),
+                ));
+            }
+            Err(e) => return Err(AuditError::Chain(g.seq + 1, e.to_string())),
         };
         rec.insert("seq".into(), Value::from(g.seq + 1));
         rec.insert("ts".into(), Value::from(jiff::Timestamp::now().to_string()));
         rec.insert("prev".into(), Value::from(g.prev.clone()));
-        let h = hash_record(&rec);
+        let h = hash_record(&rec).map_err(|e| AuditError::Chain(g.seq + 1, e))?;
         rec.insert("hash".into(), Value::from(h.clone()));
-        let mut line = serde_json::to_vec(&rec).unwrap_or_default();
+        let mut line =
+            serde_json::to_vec(&rec).map_err(|e| AuditError::Chain(g.seq + 1, e.to_string()))?;
         line.push(b'\n');
         let p = self.path.display().to_string();
         g.file
@@ -178,7 +188,7 @@ pub fn verify_chain(path: &Path) -> Result<(u64, String), AuditError> {
         if rec.get("seq").and_then(Value::as_u64) != Some(seq + 1) {
             return Err(AuditError::Chain(n, "seq is not consecutive".into()));
         }
-        if hash_record(&rec) != h {
+        if hash_record(&rec).map_err(|e| AuditError::Chain(n, e))? != h {
             return Err(AuditError::Chain(
                 n,
                 "hash does not match the record".into(),

@@ -74,7 +74,8 @@ impl RunRequest {
     }
 
     /// The digest that makes a repeated request_id a replay (same body) or a conflict:
-    /// sha256 of the canonical JSON (RFC 8785) of the normalized request.
+    /// sha256 of the canonical JSON (RFC 8785) of the normalized request. The request holds
+    /// strings only, so canonicalisation cannot fail (it fails only on non-finite numbers).
     pub fn body_sha256(&self) -> String {
         crate::config::sha256_hex(&serde_jcs::to_vec(self).unwrap_or_default())
     }
