@@ -13,7 +13,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-use common::skip;
+use common::{bin, is_root, skip, tmp};
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -25,20 +25,6 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 const PY: &str = "/usr/bin/python3";
-
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_agentjail"))
-}
-
-/// A world-readable temporary folder (the sandbox user is an unprivileged host uid).
-fn tmp() -> tempfile::TempDir {
-    let d = tempfile::Builder::new()
-        .prefix("agentjail-test-")
-        .tempdir()
-        .unwrap();
-    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    d
-}
 
 fn write(dir: &Path, name: &str, content: &str) -> PathBuf {
     let p = dir.join(name);
@@ -168,15 +154,6 @@ fn run_probe_with(base: (Command, PathBuf), work: &Path, probe: &str, extra: &[&
 
 fn run_probe(work: &Path, probe: &str, extra: &[&str]) -> Out {
     run_probe_with((Command::new(bin()), work.to_owned()), work, probe, extra)
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false)
 }
 
 /// The host pids of `pid`'s children.

@@ -14,7 +14,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-use common::skip;
+use common::{bin, is_root, skip, tmp};
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -22,17 +22,6 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_agentjail"))
-}
-fn tmp() -> tempfile::TempDir {
-    let d = tempfile::Builder::new()
-        .prefix("agentjail-test-")
-        .tempdir()
-        .unwrap();
-    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    d
-}
 fn write(dir: &Path, name: &str, content: &str) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, content).unwrap();
@@ -307,7 +296,7 @@ fn output_collection_attacks_are_refused_and_the_host_file_untouched() {
 
 #[test]
 fn a_strict_run_works_here_as_root() {
-    if !rustix_is_root() {
+    if !is_root() {
         skip("not root");
         return;
     }
@@ -657,7 +646,7 @@ fn each_run_has_its_own_host_uid_sees_its_cgroup_as_root_and_the_cgroup_is_clean
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
     let uid = r["isolation"]["host_uid"].as_u64().unwrap();
-    if rustix_is_root() {
+    if is_root() {
         assert!(uid >= 1_000_000_000, "{uid}");
     }
     // The command sees its own cgroup as the root of every hierarchy: no host path shows.
@@ -690,7 +679,7 @@ fn each_run_has_its_own_host_uid_sees_its_cgroup_as_root_and_the_cgroup_is_clean
 }
 #[test]
 fn cgroups_of_killed_supervisors_are_reaped_by_the_next_run() {
-    if !rustix_is_root() {
+    if !is_root() {
         skip("needs root to create cgroups");
         return;
     }
@@ -720,14 +709,6 @@ fn cgroups_of_killed_supervisors_are_reaped_by_the_next_run() {
     assert_eq!(o.code, 0, "{}", o.report);
     assert!(!stale.exists(), "{} was left behind", stale.display());
 }
-fn rustix_is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false)
-}
 fn walk_dirs(d: &Path, depth: usize) -> Vec<PathBuf> {
     let mut out = Vec::new();
     if depth == 0 {
@@ -747,7 +728,7 @@ fn walk_dirs(d: &Path, depth: usize) -> Vec<PathBuf> {
 // --- unprivileged user --------------------------------------------------------------------------
 
 fn as_nobody(work: &Path) -> Option<(Command, PathBuf)> {
-    if !rustix_is_root() {
+    if !is_root() {
         eprintln!("note: not root; unprivileged tests run as the current user instead");
         return Some((Command::new(bin()), work.to_owned()));
     }

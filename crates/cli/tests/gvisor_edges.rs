@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-use common::skip;
+use common::{bin, is_root, skip, tmp};
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
@@ -22,13 +22,9 @@ const PY: &str = "/usr/bin/python3";
 /// A host uid that is neither root, nor the sandbox user (65534), nor any account here.
 const OTHER_UID: u32 = 42_917;
 
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_agentjail"))
-}
-
 /// runsc's path, or None (after `skip`) when the gVisor tier cannot run here.
 fn runsc() -> Option<PathBuf> {
-    if !rustix_root() {
+    if !is_root() {
         skip("the gvisor tier needs root");
         return None;
     }
@@ -47,27 +43,6 @@ fn runsc() -> Option<PathBuf> {
         return None;
     }
     found
-}
-
-fn rustix_root() -> bool {
-    // SAFETY-free: read our own effective uid from /proc.
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
-}
-
-fn tmp() -> tempfile::TempDir {
-    let d = tempfile::Builder::new()
-        .prefix("agentjail-gvtest-")
-        .tempdir()
-        .unwrap();
-    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    d
 }
 
 /// The runsc processes (pid, argv) whose ancestry includes `ancestor`.

@@ -49,7 +49,12 @@ fn ldd(bin: &Path) -> Vec<PathBuf> {
 fn python_rootfs() -> &'static Path {
     static ROOT: OnceLock<PathBuf> = OnceLock::new();
     ROOT.get_or_init(|| {
-        let d = tempfile::Builder::new().prefix("agentjail-pyroot-").tempdir().unwrap().keep();
+        // In cargo's scratch folder for this test target, not in /tmp: a static is never
+        // dropped, so a temporary folder here was left in /tmp by every test process. Each
+        // process starts it afresh.
+        let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pyroot");
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
         let root = d.join("rootfs");
         std::fs::create_dir_all(&root).unwrap();
         // The modules the example loads, as the host's python3 sees them.

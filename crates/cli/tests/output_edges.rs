@@ -9,10 +9,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-use common::skip;
+use common::{bin, skip, tmp};
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -20,19 +19,6 @@ use serde_json::Value;
 
 const PY: &str = "/usr/bin/python3";
 const MIB: u64 = 1024 * 1024;
-
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_agentjail"))
-}
-
-fn tmp() -> tempfile::TempDir {
-    let d = tempfile::Builder::new()
-        .prefix("agentjail-edges-")
-        .tempdir()
-        .unwrap();
-    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    d
-}
 
 struct Out {
     code: i32,

@@ -14,7 +14,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-use common::skip;
+use common::{bin, is_root, skip, tmp};
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -25,10 +25,6 @@ use serde_json::Value;
 
 const PY: &str = "/usr/bin/python3";
 const CAP: &str = "AGENTJAIL_TEST_LANDLOCK_ABI";
-
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_agentjail"))
-}
 
 /// The host kernel must offer at least ABI 6 for the cap to simulate every lower ABI.
 fn kernel_abi() -> u32 {
@@ -50,15 +46,6 @@ fn kernel_abi() -> u32 {
         .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
-}
-
-fn tmp() -> tempfile::TempDir {
-    let d = tempfile::Builder::new()
-        .prefix("agentjail-strict-")
-        .tempdir()
-        .unwrap();
-    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    d
 }
 
 struct Out {
@@ -399,7 +386,7 @@ fn unprivileged_command_signalling_the_init_below_abi_6_changes_nothing() {
     if kernel_abi() < 6 {
         return skip("the host kernel has Landlock ABI < 6");
     }
-    if !rustix_is_root() || !Path::new("/usr/bin/setpriv").exists() {
+    if !is_root() || !Path::new("/usr/bin/setpriv").exists() {
         return skip("needs root and setpriv to become an ordinary user");
     }
     let work = tmp();
@@ -466,18 +453,6 @@ os._exit(7)
             assert!(stdout.contains(&format!("RESULT {s} {want}")), "{s}: {ctx}");
         }
     }
-}
-
-fn rustix_is_root() -> bool {
-    // The effective uid, read from /proc (no libc or unsafe in this test).
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
 }
 
 // --- hosts that restrict user namespaces -------------------------------------------------------

@@ -41,3 +41,32 @@ pub fn agentjail<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Out {
         stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
     }
 }
+
+/// The binary under test.
+pub fn bin() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_agentjail"))
+}
+
+/// A world-readable temporary folder (the sandbox user is an unprivileged host uid), removed
+/// when dropped.
+pub fn tmp() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::Builder::new()
+        .prefix("agentjail-test-")
+        .tempdir()
+        .expect("create a temporary folder");
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("make the temporary folder world-readable");
+    d
+}
+
+/// Whether this test process runs as root (its effective uid, read from /proc: no libc or
+/// unsafe in the tests).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
