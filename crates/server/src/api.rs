@@ -706,6 +706,10 @@ pub struct RunView {
     pub report: Option<Value>,
     /// True once retention deleted the artifact, receipt and report.
     pub outputs_deleted: bool,
+    /// Digest of what this request runs (its manifest without the attempt's job id and expiry,
+    /// with the output schema), fixed at admission; a retry runs only under the same digest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub manifest_digest: Option<String>,
 }
 
 pub(crate) fn is_terminal(status: &str) -> bool {
@@ -774,6 +778,7 @@ pub(crate) fn view(state: &AppState, r: &RunRow) -> RunView {
             .and_then(|s| serde_json::from_str(s).ok()),
         report,
         outputs_deleted: r.outputs_deleted,
+        manifest_digest: r.manifest_digest.clone(),
     }
 }
 
@@ -1059,6 +1064,14 @@ pub(crate) async fn submit_run(
         logs_expire_at: t + task.retention.logs_seconds as i64,
         outputs_deleted: false,
         args: serde_json::to_string(&args).unwrap_or_else(|_| "[]".into()),
+        manifest_digest: Some(runner::manifest_digest(
+            state,
+            &req.task,
+            task,
+            &req.request_id,
+            &inputs,
+            &args,
+        )),
     };
     let admitted = admission.is_some();
     let to_insert = row.clone();
@@ -1451,7 +1464,7 @@ pub enum ReconcileAction {
         (status = 401, description = "Unauthenticated", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not an operator, or retry of a task with network access", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such run", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The run's status is not `unknown`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The run's status is not `unknown`, it cannot be retried, or its task type changed since the first attempt (the rebuilt manifest's digest differs)", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Run slots and queue are full", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
@@ -1554,6 +1567,28 @@ async fn reconcile_run(
                 "Not reconcilable",
                 "the run's code is not kept; abandon it and submit a new request_id",
             );
+            return Err(deny(&state, &caller, ev, e).await);
+        }
+        // The same run, or none: the manifest rebuilt now must be the first attempt's.
+        let rebuilt = runner::manifest_digest(&state, &r.task, &task, &r.request_id, &rows, &args);
+        if r.manifest_digest.as_deref() != Some(rebuilt.as_str()) {
+            let e = match &r.manifest_digest {
+                Some(first) => ApiError::new(
+                    StatusCode::CONFLICT,
+                    "task-changed",
+                    "Task changed",
+                    format!(
+                        "the task type `{}` changed since the first attempt: that attempt's manifest digest is {first}, a retry would build {rebuilt}; it would be a different run, so it is refused; abandon it and submit the request under a new request_id",
+                        r.task
+                    ),
+                ),
+                None => ApiError::new(
+                    StatusCode::CONFLICT,
+                    "not-reconcilable",
+                    "Not reconcilable",
+                    "the first attempt's manifest digest was not recorded (an older version recorded this run), so a retry cannot be shown to run the same manifest; abandon it",
+                ),
+            };
             return Err(deny(&state, &caller, ev, e).await);
         }
         let Some(admission) = Admission::try_take(&state) else {
