@@ -277,7 +277,16 @@ fn status_word(s: Status) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<u8>) -> Outcome {
+/// A started runner, waiting for its manifest on the lifeline.
+struct Runner {
+    child: tokio::process::Child,
+    lifeline: std::io::PipeWriter,
+}
+
+/// Starts the job's runner. It starts up (its sandbox's init is cloned and makes its network
+/// namespace, docs/ARCHITECTURE.md) and then waits for its manifest on the lifeline, which
+/// [`hand_over_and_wait`] writes only once the run is recorded as started.
+fn spawn_runner(state: &AppState, job: &Job) -> Result<Runner, &'static str> {
     use std::os::unix::fs::OpenOptionsExt;
     let dir = job_dir(state, &job.job_id);
     let log = |name: &str| {
@@ -288,7 +297,7 @@ async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<
             .open(dir.join(name))
     };
     let (Ok(stdout), Ok(stderr)) = (log("stdout.log"), log("stderr.log")) else {
-        return setup_failed("cannot create the job's log files");
+        return Err("cannot create the job's log files");
     };
     // The lifeline: the runner's stdin is a pipe whose write end only this process holds
     // (close-on-exec, so no other child keeps it). The manifest goes through it first; then it
@@ -298,7 +307,7 @@ async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<
         Ok(p) => p,
         Err(e) => {
             tracing::error!(job_id = %job.job_id, error = %e, "cannot create the lifeline pipe");
-            return setup_failed("cannot create the lifeline pipe");
+            return Err("cannot create the lifeline pipe");
         }
     };
     let data = &state.inner.data_dir;
@@ -324,15 +333,34 @@ async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<
         .stdout(Stdio::from(stdout))
         .stderr(Stdio::from(stderr))
         .kill_on_drop(true);
-    let mut child = match cmd.spawn() {
+    let child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(job_id = %job.job_id, error = %e, runner = %state.inner.runner.display(), "cannot start the runner");
-            return setup_failed("cannot start the runner");
+            return Err("cannot start the runner");
         }
     };
     // `cmd` holds the read end until dropped; the runner's copy is the only one that matters.
     drop(cmd);
+    Ok(Runner {
+        child,
+        lifeline: lifeline_w,
+    })
+}
+
+/// Hands the manifest to a started runner and waits for the run's end.
+async fn hand_over_and_wait(
+    state: &AppState,
+    task: &Task,
+    job: &Job,
+    manifest: Vec<u8>,
+    runner: Runner,
+) -> Outcome {
+    let dir = job_dir(state, &job.job_id);
+    let Runner {
+        mut child,
+        lifeline: lifeline_w,
+    } = runner;
     let writer = tokio::task::spawn_blocking(move || {
         use std::io::Write;
         let mut w = lifeline_w;
@@ -468,7 +496,7 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
         ..Default::default()
     };
     let db = state.inner.db.clone();
-    let _permit = match permit {
+    let permit = match permit {
         Some(Ok(p)) => p,
         Some(Err(_)) => return,
         None => {
@@ -545,15 +573,33 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
             .await;
         return;
     }
+    let started = Instant::now();
+    // The runner is started before the run is recorded as started, so that its start-up (a
+    // new process, its sandbox's namespaces) overlaps the database write and the fsync'd
+    // `run_start` record; it receives its manifest, and the command runs, only after both.
+    let spawned = prepare(&state, &task, &job)
+        .map_err(|e| {
+            tracing::error!(job_id = %job.job_id, error = %e, "preparing the job folder failed");
+            "the job folder could not be prepared"
+        })
+        .and_then(|manifest| Ok((manifest, spawn_runner(&state, &job)?)));
     let id = job.job_id.clone();
     let t = now();
-    match db.call(move |c| db::mark_running(c, &id, t)).await {
-        Ok(true) => {}
-        Ok(false) => return,
+    let marked = match db.call(move |c| db::mark_running(c, &id, t)).await {
+        Ok(m) => m,
         Err(e) => {
             tracing::error!(error = %e, "marking a run as running failed");
-            return;
+            false
         }
+    };
+    if !marked {
+        // Not ours to run (no longer queued): the runner, if any, never gets a manifest.
+        if let Ok((_, mut r)) = spawned {
+            let _ = r.child.kill().await;
+        }
+        let _ = std::fs::remove_file(code_path(&state, &job.job_id));
+        let _ = std::fs::remove_dir_all(job_dir(&state, &job.job_id));
+        return;
     }
     state
         .inner
@@ -564,14 +610,12 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
         })
         .await;
     metrics::gauge!("agentjail_runs_in_flight").increment(1.0);
-    let started = Instant::now();
-    let outcome = match prepare(&state, &task, &job) {
-        Ok(manifest) => spawn_and_wait(&state, &task, &job, manifest).await,
-        Err(e) => {
-            tracing::error!(job_id = %job.job_id, error = %e, "preparing the job folder failed");
-            setup_failed("the job folder could not be prepared")
-        }
+    let outcome = match spawned {
+        Ok((manifest, runner)) => hand_over_and_wait(&state, &task, &job, manifest, runner).await,
+        Err(reason) => setup_failed(reason),
     };
+    // The sandbox is gone: the next run may start while this one is recorded.
+    drop(permit);
     let elapsed = started.elapsed();
     // The code was needed only for the run; the folder (logs) stays until the task's retention.
     let _ = std::fs::remove_file(code_path(&state, &job.job_id));
