@@ -563,24 +563,72 @@ fn wait_status(s: &Server, id: &str, want: &str) -> Value {
     }
 }
 
-/// Held by the tests whose timing matters (job ids that expire after 1 s) and by the load
-/// test, so that 200 concurrent runs do not delay a start past its expiry on a 2-CPU machine
-/// (seen once: the sleeper's job expired before its run could start).
+/// Held by the tests that kill the service or start payloads they later look for in /proc,
+/// and by the load test, so that 200 concurrent runs do not slow down their starts.
 static TIMING: Mutex<()> = Mutex::new(());
 
+/// Whole seconds of an RFC 3339 time in a run record.
+fn unix_seconds(v: &Value) -> i64 {
+    v.as_str()
+        .unwrap()
+        .parse::<jiff::Timestamp>()
+        .unwrap()
+        .as_second()
+}
+
+/// Kills (SIGKILL) the payload whose command line holds `marker`: a run's end that the test
+/// chooses, not the clock.
+fn kill_payload(marker: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let payloads: Vec<_> = procs_matching(marker)
+            .into_iter()
+            .filter(|(_, cmdline)| cmdline.starts_with("/usr/bin/python3"))
+            .collect();
+        if let [((pid, _), _)] = payloads.as_slice() {
+            // SAFETY: not unsafe in effect; kill(2) on a pid the test just found.
+            assert_eq!(unsafe { libc::kill(*pid, libc::SIGKILL) }, 0);
+            return;
+        }
+        assert!(payloads.len() <= 1, "{payloads:?}");
+        assert!(Instant::now() < deadline, "the payload never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Overload (429), a job id that expires while it waits for a slot, and a crash mid-run. The
+/// expiry is made certain rather than raced: the one run slot is held by a run that only ends
+/// when the test kills its payload, which it does once the clock has passed the queued job's
+/// expiry. Job ids live 6 s, so the holder itself starts well within its own.
 #[test]
 fn overload_expiry_crash_and_reconcile() {
     let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempdir();
-    let settings = "max_concurrent_runs = 1\nmax_queued_runs = 1\njob_ttl_seconds = 1";
-    let mut s = Server::start(dir.path(), settings);
-    let sleeper = |id: &str| json!({"request_id": id, "task": "slow", "inputs": [], "code": "import time\ntime.sleep(60)\n"});
-    assert_eq!(
-        s.run(ALICE, &sleeper("sleeper-1"), "?wait=false").status(),
-        202
+    let marker = format!(
+        "holder-marker-{}",
+        dir.path().file_name().unwrap().to_string_lossy()
     );
-    wait_status(&s, "sleeper-1", "running");
-    // One queued behind it; its job id expires (1 s) before the slot frees (the 3 s limit).
+    let holder_task = format!(
+        r#"
+[tasks.holder]
+description = "Holds its run slot until the test kills it"
+code = "forbidden"
+command = ["/usr/bin/python3", "-c", "import time; time.sleep(600)", "{marker}"]
+allowed_tenants = ["acme"]
+[tasks.holder.output]
+path = "/output/o.json"
+media_type = "application/json"
+max_bytes = 1000
+[tasks.holder.limits]
+seconds = 120
+"#
+    );
+    let settings = "max_concurrent_runs = 1\nmax_queued_runs = 1\njob_ttl_seconds = 6";
+    let mut s = Server::start_with(dir.path(), settings, &holder_task);
+    let holder = json!({"request_id": "holder-1", "task": "holder", "inputs": []});
+    assert_eq!(s.run(ALICE, &holder, "?wait=false").status(), 202);
+    wait_status(&s, "holder-1", "running");
+    // One queued behind it; its job id expires before the slot frees.
     let r = s.run(
         ALICE,
         &json!({"request_id": "queued", "task": "slow", "inputs": [], "code": "pass"}),
@@ -595,17 +643,30 @@ fn overload_expiry_crash_and_reconcile() {
     );
     assert!(r.headers().contains_key("retry-after"));
     problem(r, 429, "overloaded");
-    assert_eq!(
-        s.run(ALICE, &sleeper("sleeper-1"), "?wait=false").status(),
-        202
-    );
-    wait_status(&s, "sleeper-1", "timeout");
+    assert_eq!(s.run(ALICE, &holder, "?wait=false").status(), 202);
+    // Wait until the queued job's id has expired by the clock the service reads, then free
+    // the slot: the queued job is then certainly expired when it gets it.
+    let v: Value = s.get(ALICE, "/v1/runs/queued").json().unwrap();
+    assert_eq!(v["status"], "queued", "{v}");
+    let expires = unix_seconds(&v["job_expires_at"]);
+    while jiff::Timestamp::now().as_second() < expires {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let v: Value = s.get(ALICE, "/v1/runs/holder-1").json().unwrap();
+    assert_eq!(v["status"], "running", "the holder ended by itself: {v}");
+    kill_payload(&marker);
+    wait_status(&s, "holder-1", "signaled");
     let v = wait_status(&s, "queued", "expired");
     assert!(
         v.get("started_at").is_none(),
         "an expired job never starts: {v}"
     );
 
+    // A crash mid-run, on a service whose job ids outlive any start.
+    s.kill();
+    let settings = "max_concurrent_runs = 1\nmax_queued_runs = 1";
+    let mut s = Server::start_with(dir.path(), settings, &holder_task);
+    let sleeper = |id: &str| json!({"request_id": id, "task": "slow", "inputs": [], "code": "import time\ntime.sleep(60)\n"});
     // kill -9 mid-run, restart: the run reads `unknown`, never re-run.
     assert_eq!(
         s.run(ALICE, &sleeper("sleeper-2"), "?wait=false").status(),
@@ -613,7 +674,7 @@ fn overload_expiry_crash_and_reconcile() {
     );
     wait_status(&s, "sleeper-2", "running");
     s.kill();
-    let s = Server::start(dir.path(), settings);
+    let s = Server::start_with(dir.path(), settings, &holder_task);
     let v: Value = s.get(ALICE, "/v1/runs/sleeper-2").json().unwrap();
     assert_eq!(v["status"], "unknown", "{v}");
     assert!(v["reason"].as_str().unwrap().contains("in flight"));
@@ -911,6 +972,104 @@ seconds = 20
     let (path, log) = audit(dir.path());
     agentjail_server::audit::verify_chain(&path).unwrap();
     assert!(log.contains("\"run_unknown\""));
+}
+
+/// A fixed-program task (retry needs no code and no network) that sleeps as long as its
+/// argument says and writes its output; `env` and `schema` vary to change the task's config.
+fn echo_task(env: &str, schema: &str) -> String {
+    format!(
+        r#"
+[tasks.echo]
+description = "Sleeps as long as its argument says, then writes its output"
+code = "forbidden"
+command = ["/usr/bin/python3", "-c", "import json, os, sys, time; time.sleep(float(sys.argv[1])); json.dump({{'mode': os.environ.get('MODE')}}, open('/output/o.json', 'w'))"]
+max_args = 1
+allowed_tenants = ["acme"]
+env = {{ MODE = "{env}" }}
+[tasks.echo.output]
+path = "/output/o.json"
+media_type = "application/json"
+max_bytes = 1000
+schema = '{schema}'
+[tasks.echo.limits]
+seconds = 20
+"#
+    )
+}
+
+/// Issue #15, item 2 (retry fidelity): a retry rebuilds the manifest from the stored request and
+/// the task type; if the task type changed since the first attempt (here its `env`, then only
+/// its output schema), the rebuilt run is a different run, and the retry is refused with 409
+/// naming both manifest digests. With the configuration unchanged, the retry runs, under the
+/// same manifest digest as the first attempt.
+#[test]
+fn retry_refuses_a_changed_task_and_runs_an_unchanged_one_under_the_same_digest() {
+    let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir();
+    const SCHEMA: &str = r#"{"type": "object", "required": ["mode"]}"#;
+    let original = echo_task("a", SCHEMA);
+    let mut s = Server::start_with(dir.path(), "", &original);
+    let body = json!({"request_id": "fidelity-1", "task": "echo", "inputs": [], "args": ["2"]});
+    assert_eq!(s.run(ALICE, &body, "?wait=false").status(), 202);
+    let v = wait_status(&s, "fidelity-1", "running");
+    let first = v["manifest_digest"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the run records no manifest digest: {v}"))
+        .to_string();
+    assert!(first.starts_with("sha256:") && first.len() == 71, "{first}");
+    s.kill(); // SIGKILL mid-run: the run reads `unknown` after the restart.
+
+    let retry = |s: &Server| {
+        s.http
+            .post(s.url("/v1/runs/fidelity-1/reconcile"))
+            .bearer_auth(ALICE)
+            .json(&json!({ "action": "retry" }))
+            .send()
+            .unwrap()
+    };
+    // The task's env changed (an operator rotated a value), then only its output schema: each
+    // time the retry is refused, naming the recorded digest and the rebuilt one.
+    for changed in [
+        echo_task("b", SCHEMA),
+        echo_task(
+            "a",
+            r#"{"type": "object", "required": ["mode"], "maxProperties": 1}"#,
+        ),
+    ] {
+        let s = Server::start_with(dir.path(), "", &changed);
+        let v: Value = s.get(ALICE, "/v1/runs/fidelity-1").json().unwrap();
+        assert_eq!(v["status"], "unknown", "{v}");
+        let p = problem(retry(&s), 409, "task-changed");
+        let detail = p["detail"].as_str().unwrap();
+        assert!(detail.contains(&first), "{detail}");
+        let digests: Vec<&str> = detail
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == ':'))
+            .filter(|w| w.starts_with("sha256:"))
+            .collect();
+        assert_eq!(digests.len(), 2, "{detail}");
+        assert_ne!(digests[0], digests[1], "{detail}");
+        // Refused: nothing ran, the record is unchanged.
+        let v: Value = s.get(ALICE, "/v1/runs/fidelity-1").json().unwrap();
+        assert_eq!(v["status"], "unknown", "{v}");
+        assert_eq!(v["manifest_digest"], first, "{v}");
+    }
+    let (_, log) = audit(dir.path());
+    assert_eq!(
+        log.matches("\"run_start\"").count(),
+        1,
+        "a refused retry ran"
+    );
+
+    // Back to the original configuration: the retry runs the same manifest.
+    let s = Server::start_with(dir.path(), "", &original);
+    let r = retry(&s);
+    assert!(r.status().is_success(), "{}", r.text().unwrap());
+    let v = wait_status(&s, "fidelity-1", "ok");
+    assert_eq!(v["manifest_digest"], first, "{v}");
+    assert_eq!(v["artifact"]["json"]["mode"], "a", "{v}");
+    let (path, log) = audit(dir.path());
+    agentjail_server::audit::verify_chain(&path).unwrap();
+    assert_eq!(log.matches("\"run_start\"").count(), 2);
 }
 
 /// Issue #15, item 1 (the start-up sweep): a runner that outlived its service anyway (here:

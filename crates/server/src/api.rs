@@ -171,9 +171,10 @@ fn http_status(r: &Refusal) -> (StatusCode, &'static str) {
         OutputsExpired => (StatusCode::GONE, "Deleted by retention"),
         NoArtifact { .. } => (StatusCode::CONFLICT, "No verified artifact"),
         NoReceipt { .. } => (StatusCode::CONFLICT, "No receipt"),
-        NotUnknown { .. } | InputExpired | CodeNotKept => {
+        NotUnknown { .. } | InputExpired | CodeNotKept | NoManifestDigest => {
             (StatusCode::CONFLICT, "Not reconcilable")
         }
+        TaskChanged { .. } => (StatusCode::CONFLICT, "Task changed"),
         NotJson => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "Unsupported media type"),
     }
 }
@@ -967,6 +968,16 @@ mod tests {
             (Refusal::NotUnknown { state: s }, 409, "Not reconcilable"),
             (Refusal::InputExpired, 409, "Not reconcilable"),
             (Refusal::CodeNotKept, 409, "Not reconcilable"),
+            (Refusal::NoManifestDigest, 409, "Not reconcilable"),
+            (
+                Refusal::TaskChanged {
+                    task: "t".into(),
+                    first: "sha256:a".into(),
+                    rebuilt: "sha256:b".into(),
+                },
+                409,
+                "Task changed",
+            ),
             (Refusal::NotJson, 415, "Unsupported media type"),
         ];
         for (r, status, title) in table {

@@ -149,6 +149,15 @@ pub enum Refusal {
     InputExpired,
     /// The run's code is not kept, so it cannot run again.
     CodeNotKept,
+    /// The manifest a retry would build differs from the first attempt's: the task type
+    /// changed, so it would be a different run.
+    TaskChanged {
+        task: String,
+        first: String,
+        rebuilt: String,
+    },
+    /// The first attempt's manifest digest was not recorded (an older version ran it).
+    NoManifestDigest,
     // ----- transport-level refusals, audited like the rest
     /// The request is malformed in a way the transport found (query, body, JSON).
     Malformed(String),
@@ -185,7 +194,8 @@ impl Refusal {
             OutputsExpired => "outputs-expired",
             NoArtifact { .. } => "no-verified-artifact",
             NoReceipt { .. } => "no-receipt",
-            NotUnknown { .. } | InputExpired | CodeNotKept => "not-reconcilable",
+            NotUnknown { .. } | InputExpired | CodeNotKept | NoManifestDigest => "not-reconcilable",
+            TaskChanged { .. } => "task-changed",
             NotJson => "unsupported-media-type",
         }
     }
@@ -243,6 +253,14 @@ impl Refusal {
             CodeNotKept => {
                 "the run's code is not kept; abandon it and submit a new request_id".into()
             }
+            TaskChanged {
+                task,
+                first,
+                rebuilt,
+            } => format!(
+                "the task type `{task}` changed since the first attempt: that attempt's manifest digest is {first}, a retry would build {rebuilt}; it would be a different run, so it is refused; abandon it and submit the request under a new request_id"
+            ),
+            NoManifestDigest => "the first attempt's manifest digest was not recorded (an older version recorded this run), so a retry cannot be shown to run the same manifest; abandon it".into(),
             Malformed(d) => d.clone(),
             NotJson => "send the request as application/json".into(),
             RequestTooLarge { max } => format!("requests are at most {max} bytes"),
@@ -601,6 +619,20 @@ pub fn check_retry_inputs(rows: Vec<Option<InputRow>>) -> Result<Vec<InputRow>, 
     rows.into_iter()
         .collect::<Option<Vec<_>>>()
         .ok_or(Refusal::InputExpired)
+}
+
+/// A retry runs the first attempt's manifest or nothing: `rebuilt` (the digest of the manifest
+/// built now, `runner::manifest_digest`) must equal the digest recorded at admission.
+pub fn check_retry_digest(task: &str, first: Option<&str>, rebuilt: &str) -> Result<(), Refusal> {
+    match first {
+        Some(f) if f == rebuilt => Ok(()),
+        Some(f) => Err(Refusal::TaskChanged {
+            task: task.to_owned(),
+            first: f.to_owned(),
+            rebuilt: rebuilt.to_owned(),
+        }),
+        None => Err(Refusal::NoManifestDigest),
+    }
 }
 
 /// A run to retry must run a fixed program: the code is not kept after a run.
@@ -978,6 +1010,20 @@ tasks:
         );
         assert_eq!(check_retry_code(&cfg.tasks["fixed"]), Ok(()));
         assert_eq!(
+            check_retry_digest("t", Some("sha256:a"), "sha256:a"),
+            Ok(())
+        );
+        assert_eq!(
+            check_retry_digest("t", Some("sha256:a"), "sha256:b")
+                .unwrap_err()
+                .code(),
+            "task-changed"
+        );
+        assert_eq!(
+            check_retry_digest("t", None, "sha256:b").unwrap_err(),
+            Refusal::NoManifestDigest
+        );
+        assert_eq!(
             check_retry_code(&cfg.tasks["code_task"]),
             Err(Refusal::CodeNotKept)
         );
@@ -1120,6 +1166,20 @@ tasks:
                 Refusal::CodeNotKept,
                 "not-reconcilable",
                 "the run's code is not kept; abandon it and submit a new request_id",
+            ),
+            (
+                Refusal::TaskChanged {
+                    task: "t".into(),
+                    first: "sha256:a".into(),
+                    rebuilt: "sha256:b".into(),
+                },
+                "task-changed",
+                "the task type `t` changed since the first attempt: that attempt's manifest digest is sha256:a, a retry would build sha256:b; it would be a different run, so it is refused; abandon it and submit the request under a new request_id",
+            ),
+            (
+                Refusal::NoManifestDigest,
+                "not-reconcilable",
+                "the first attempt's manifest digest was not recorded (an older version recorded this run), so a retry cannot be shown to run the same manifest; abandon it",
             ),
             (Refusal::Malformed("m".into()), "invalid-request", "m"),
             (

@@ -125,6 +125,41 @@ pub fn build_manifest(state: &AppState, task: &Task, job: &Job, has_schema: bool
     )
 }
 
+/// The digest of what a request runs, the same for every attempt: `sha256:` over the RFC 8785
+/// JSON of `{"manifest", "output_schema"}`, the manifest as [`build_manifest`] builds it minus
+/// the attempt's own parts (the job id's expiry; the code file's path, which names the job),
+/// and the task's output schema text (the manifest names only the schema's file). Recorded
+/// with the run at admission; a retry whose rebuilt manifest has another digest (the task
+/// type's command, env, limits, network, isolation, output or schema changed) is refused.
+/// A manifest without a canonical form is an error, never the digest of empty bytes.
+pub fn manifest_digest(
+    state: &AppState,
+    task_name: &str,
+    task: &Task,
+    request_id: &str,
+    inputs: &[InputRow],
+    args: &[String],
+) -> Result<String, String> {
+    let job = Job {
+        tenant: String::new(),
+        actor: String::new(),
+        request_id: request_id.to_owned(),
+        task: task_name.to_owned(),
+        job_id: String::new(),
+        job_expires_at: 0,
+        inputs: inputs.to_vec(),
+        code: None,
+        args: args.to_vec(),
+        cancel: None,
+    };
+    let schema = state.inner.schemas.get(task_name);
+    let mut m = build_manifest(state, task, &job, schema.is_some());
+    m.expires_at = None;
+    let doc = serde_json::json!({ "manifest": m, "output_schema": schema });
+    let bytes = serde_jcs::to_vec(&doc).map_err(|e| format!("manifest digest: {e}"))?;
+    Ok(format!("sha256:{}", crate::config::sha256_hex(&bytes)))
+}
+
 /// Creates a file readable and writable by its owner only (0600) and writes `bytes`.
 fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
     use std::io::Write;
@@ -812,6 +847,7 @@ mod tests {
             logs_expire_at: t - 1,
             outputs_deleted: false,
             args: "[]".into(),
+            manifest_digest: None,
         };
         let input = InputRow {
             id: "in_old".into(),

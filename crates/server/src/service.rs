@@ -392,6 +392,10 @@ pub struct RunView {
     pub report: Option<Value>,
     /// True once retention deleted the artifact, receipt and report.
     pub outputs_deleted: bool,
+    /// Digest of what this request runs (its manifest without the attempt's job id and expiry,
+    /// with the output schema), fixed at admission; a retry runs only under the same digest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub manifest_digest: Option<String>,
 }
 
 /// The media type of `task`'s artifact (`application/octet-stream` once the task is gone).
@@ -462,6 +466,7 @@ pub(crate) fn view(state: &AppState, r: &RunRow) -> RunView {
             .and_then(|s| serde_json::from_str(s).ok()),
         report,
         outputs_deleted: r.outputs_deleted,
+        manifest_digest: r.manifest_digest.clone(),
     }
 }
 
@@ -553,6 +558,17 @@ pub(crate) async fn submit(
         logs_expire_at: t + task.retention.logs_seconds as i64,
         outputs_deleted: false,
         args: serde_json::to_string(&admitted.args).unwrap_or_else(|_| "[]".into()),
+        manifest_digest: Some(
+            runner::manifest_digest(
+                state,
+                &req.task,
+                task,
+                &req.request_id,
+                &admitted.inputs,
+                &admitted.args,
+            )
+            .map_err(|_| Failure::Internal)?,
+        ),
     };
     let admitted_slot = admission.is_some();
     let inserted = if admitted_slot {
@@ -820,6 +836,13 @@ pub(crate) async fn reconcile(
             return Err(Failure::Internal);
         };
         if let Err(e) = policy::check_retry_code(task) {
+            return Err(deny(state, caller, ev, e).await);
+        }
+        // The same run, or none: the manifest rebuilt now must be the first attempt's.
+        let rebuilt = runner::manifest_digest(state, &r.task, task, &r.request_id, &rows, &args)
+            .map_err(|_| Failure::Internal)?;
+        if let Err(e) = policy::check_retry_digest(&r.task, r.manifest_digest.as_deref(), &rebuilt)
+        {
             return Err(deny(state, caller, ev, e).await);
         }
         let Some(admission) = Admission::try_take(state) else {

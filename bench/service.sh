@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# The orchestrator against direct runs, side by side in one script run (issue #15):
+#   service: N CSV-summary runs (the example's summarize.py on its report.csv, the shipped
+#            `summarize_csv` task with the code in the request) submitted to `agentjail serve`
+#            (2 run slots) by 8 concurrent HTTP clients (keep-alive, `wait` = true), timed from
+#            the first request to the last answer; every run must end `ok`;
+#   direct:  the same N runs as `agentjail run` processes, 2 at a time (xargs -P 2), with what
+#            the service's runner is given: the same manifest (inputs, output, schema, limits,
+#            env), output dir, report, and a receipt signed with a key.
+# The two alternate for ROUNDS rounds (service, direct, service, direct, …), each service round
+# on a fresh data directory after a short warm-up; the medians and their ratio are printed.
+# Usage: bench/service.sh [N] [ROUNDS]   (as root, like CI; needs python3; builds the release
+# binary, or takes the one in $AGENTJAIL_BIN, e.g. to compare two builds)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+n=${1:-200}
+rounds=${2:-3}
+if [ -z "${AGENTJAIL_BIN:-}" ]; then
+  cargo build --release -q -p agentjail
+  aj="$PWD/target/x86_64-unknown-linux-gnu/release/agentjail"
+else
+  aj=$(realpath "$AGENTJAIL_BIN")
+fi
+work=$(mktemp -d /tmp/agentjail-bench-service-XXXXXX)
+chmod 755 "$work"
+trap 'rm -rf "$work"' EXIT
+AJ="$aj" WORK="$work" N="$n" ROUNDS="$rounds" exec python3 - <<'PY'
+import hashlib, http.client, json, os, re, shutil, statistics, subprocess, sys, threading, time
+
+aj, work, n, rounds = os.environ["AJ"], os.environ["WORK"], int(os.environ["N"]), int(os.environ["ROUNDS"])
+ex = "examples/csv-summary"
+csv = open(f"{ex}/report.csv", "rb").read()
+code = open(f"{ex}/summarize.py").read()
+token = "bench-token-" + os.urandom(8).hex()
+SLOTS, CLIENTS = 2, 8
+
+# The shipped example configuration, with a known token and 2 run slots.
+cfg = open("examples/server/config.toml").read()
+cfg = re.sub(r'token_sha256 = "[0-9a-f]+"', 'token_sha256 = "%s"' % hashlib.sha256(token.encode()).hexdigest(), cfg)
+cfg = cfg.replace("# max_concurrent_runs = 4               # default: number of CPUs", f"max_concurrent_runs = {SLOTS}")
+assert f"max_concurrent_runs = {SLOTS}" in cfg
+open(f"{work}/config.toml", "w").write(cfg)
+
+# The direct runs' manifest: what the service builds for `summarize_csv` (runner::build_manifest).
+d = f"{work}/direct"
+os.makedirs(d)
+shutil.copy(f"{ex}/report.csv", f"{d}/data.csv")
+shutil.copy(f"{ex}/summarize.py", f"{d}/code.py")
+schema = re.search(r"schema = '''(.*?)'''", cfg, re.S).group(1)
+open(f"{d}/output.schema.json", "w").write(schema)
+for f in ("data.csv", "code.py", "output.schema.json"):
+    os.chmod(f"{d}/{f}", 0o644)
+manifest = {
+    "request_id": "bench",
+    "inputs": [
+        {"source": f"{d}/data.csv", "mount": "/input/data.csv", "mode": "read-only"},
+        {"source": f"{d}/code.py", "mount": "/input/code.py", "mode": "read-only"},
+    ],
+    "output": "/output/summary.json",
+    "output_schema": "output.schema.json",
+    "network": "deny",
+    "limits": {"seconds": 30, "memory_mb": 256, "processes": 16, "output_mb": 5},
+    "expires_at": "2099-01-01T00:00:00Z",
+    "command": ["/usr/bin/python3", "/input/code.py", "/input/data.csv", "/output/summary.json"],
+    "env": {"LANG": "C.UTF-8"},
+}
+json.dump(manifest, open(f"{d}/manifest.json", "w"))
+
+
+def direct_round(r):
+    out = f"{d}/r{r}"
+    os.makedirs(out)
+    key = f"{d}/receipt-key.pem"
+    # One run first creates the receipt key (and warms the page cache), untimed.
+    subprocess.run([aj, "run", "--manifest", f"{d}/manifest.json", "--output-dir", f"{out}/warm",
+                    "--report", f"{out}/warm.json", "--receipt", f"{out}/warm.receipt", "--key", key],
+                   check=True, stdout=subprocess.DEVNULL)
+    ids = "".join(f"{i}\n" for i in range(n)).encode()
+    t0 = time.monotonic()
+    subprocess.run(["xargs", "-P", "2", "-I{}", aj, "run", "--manifest", f"{d}/manifest.json",
+                    "--output-dir", f"{out}/{{}}", "--report", f"{out}/{{}}.json",
+                    "--receipt", f"{out}/{{}}.receipt", "--key", key],
+                   input=ids, check=True, stdout=subprocess.DEVNULL)
+    dt = time.monotonic() - t0
+    for i in range(n):
+        rep = json.load(open(f"{out}/{i}.json"))
+        assert rep["status"] == "ok", rep
+    shutil.rmtree(out)
+    return dt
+
+
+def service_round(r):
+    data = f"{work}/data{r}"
+    p = subprocess.Popen([aj, "serve", "--config", f"{work}/config.toml", "--listen", "127.0.0.1:0",
+                          "--data-dir", data], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "AGENTJAIL_LOG": "warn"})
+    port = None
+    for line in p.stderr:
+        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+        if m:
+            port = int(m.group(1))
+            break
+    assert port, "the service did not start"
+    threading.Thread(target=lambda: [None for _ in p.stderr], daemon=True).start()
+    auth = {"Authorization": f"Bearer {token}"}
+    c = http.client.HTTPConnection("127.0.0.1", port)
+    c.request("POST", "/v1/inputs?name=report.csv&media_type=text/csv", body=csv, headers=auth)
+    resp = c.getresponse()
+    assert resp.status == 201
+    input_id = json.loads(resp.read())["input_id"]
+    hdr = {**auth, "Content-Type": "application/json"}
+
+    def submit(conn, rid):
+        body = json.dumps({"request_id": rid, "task": "summarize_csv", "inputs": [input_id], "code": code})
+        conn.request("POST", "/v1/runs", body=body, headers=hdr)
+        resp = conn.getresponse()
+        v = json.loads(resp.read())
+        assert resp.status == 200 and v["status"] == "ok", (resp.status, v)
+
+    for i in range(4):  # warm-up, untimed
+        submit(c, f"warm-{i}")
+    c.close()
+    next_id = iter(range(n))
+    lock = threading.Lock()
+    errors = []
+
+    def client():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        try:
+            while True:
+                with lock:
+                    i = next(next_id, None)
+                if i is None:
+                    return
+                submit(conn, f"bench-{i}")
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    dt = time.monotonic() - t0
+    p.terminate()
+    p.wait()
+    shutil.rmtree(data)
+    if errors:
+        sys.exit(f"service round {r}: {errors[0]!r}")
+    return dt
+
+
+svc, dir_ = [], []
+for r in range(rounds):
+    s = service_round(r)
+    svc.append(n / s)
+    t = direct_round(r)
+    dir_.append(n / t)
+    print(f"round {r + 1}: service {n} runs in {s:.2f} s = {n / s:.1f} runs/s; "
+          f"direct {n} runs in {t:.2f} s = {n / t:.1f} runs/s; ratio {t / s:.3f}", flush=True)
+ms, md = statistics.median(svc), statistics.median(dir_)
+print(f"\nmedian of {rounds} rounds, {n} CSV-summary runs each:")
+print(f"  service (8 clients, {SLOTS} slots): {ms:6.1f} runs/s")
+print(f"  direct  (2 at a time)           : {md:6.1f} runs/s")
+print(f"  service / direct                : {ms / md:6.3f}  (per-round ratios: "
+      + ", ".join(f"{a / b:.3f}" for a, b in zip(svc, dir_)) + ")")
+PY
