@@ -10,240 +10,43 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-use common::skip;
+use common::netns::{RunOut, Upstream, dns, egress_flags as flags, in_netns, run_sh};
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener, UdpSocket};
+use std::net::Ipv4Addr;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::Ordering;
 
 use serde_json::Value;
 
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_agentjail"))
-}
-
-/// Runs `f` on a thread inside a new network namespace with only `lo`, up.
-fn in_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    std::thread::spawn(move || {
-        // SAFETY: unshare with a flag only changes this thread's network namespace.
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            skip(&format!(
-                "cannot create a network namespace (needs root): {}",
-                std::io::Error::last_os_error()
-            ));
-            return None;
-        }
-        let up = Command::new("ip")
-            .args(["link", "set", "lo", "up"])
-            .status();
-        if !up.map(|s| s.success()).unwrap_or(false) {
-            skip("`ip link set lo up` failed");
-            return None;
-        }
-        let links = Command::new("ip").args(["-o", "link"]).output().ok()?;
-        let links = String::from_utf8_lossy(&links.stdout).into_owned();
-        assert_eq!(
-            links.lines().count(),
-            1,
-            "only loopback may exist here: {links}"
-        );
-        Some(f())
-    })
-    .join()
-    .expect("test thread")
-}
-
 /// A tiny HTTP/1.1 server on 127.0.0.1 that counts connections.
-struct Upstream {
-    port: u16,
-    connections: Arc<AtomicUsize>,
-}
-
 fn upstream() -> Upstream {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-    let port = l.local_addr().unwrap().port();
-    let connections = Arc::new(AtomicUsize::new(0));
-    let c = connections.clone();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { continue };
-            c.fetch_add(1, Ordering::SeqCst);
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut chunk) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let head = String::from_utf8_lossy(&buf).into_owned();
-                let path = head.split_whitespace().nth(1).unwrap_or("/").to_string();
-                let (status, extra, body): (&str, String, Vec<u8>) = match path.as_str() {
-                    "/ok" => ("200 OK", String::new(), b"UPSTREAM-OK\n".to_vec()),
-                    "/big" => ("200 OK", String::new(), vec![b'x'; 3 << 20]),
-                    p if p.starts_with("/redirect?to=") => (
-                        "302 Found",
-                        format!("Location: {}\r\n", &p["/redirect?to=".len()..]),
-                        Vec::new(),
-                    ),
-                    _ => ("404 Not Found", String::new(), Vec::new()),
-                };
-                let _ = write!(
-                    s,
-                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n{extra}\r\n",
-                    body.len()
-                );
-                let _ = s.write_all(&body);
-            });
-        }
-    });
-    Upstream { port, connections }
-}
-
-/// A minimal DNS server on 127.0.0.1: A records from `answers` (a list per name, answered in
-/// turn for successive queries), empty answers for other types, NXDOMAIN for unknown names.
-fn dns(answers: HashMap<&'static str, Vec<Ipv4Addr>>) -> (u16, Arc<Mutex<Vec<String>>>) {
-    let sock = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-    let port = sock.local_addr().unwrap().port();
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let log2 = log.clone();
-    std::thread::spawn(move || {
-        let mut asked: HashMap<String, usize> = HashMap::new();
-        let mut buf = [0u8; 512];
-        loop {
-            let Ok((n, peer)) = sock.recv_from(&mut buf) else {
-                return;
-            };
-            let q = &buf[..n];
-            if n < 17 {
-                continue;
-            }
-            // Question name.
-            let mut i = 12;
-            let mut labels = Vec::new();
-            while i < n && q[i] != 0 {
-                let len = q[i] as usize;
-                labels
-                    .push(String::from_utf8_lossy(&q[i + 1..(i + 1 + len).min(n)]).to_lowercase());
-                i += 1 + len;
-            }
-            let qend = i + 5;
-            if qend > n {
-                continue;
-            }
-            let qtype = u16::from_be_bytes([q[i + 1], q[i + 2]]);
-            let name = labels.join(".");
-            let mut resp = Vec::new();
-            resp.extend_from_slice(&q[0..2]);
-            let known = answers.get(name.as_str());
-            let rcode = if known.is_some() { 0 } else { 3 };
-            resp.extend_from_slice(&[0x81, 0x80 | rcode]);
-            resp.extend_from_slice(&[0, 1]);
-            let ips: Vec<Ipv4Addr> = match (known, qtype) {
-                (Some(list), 1) => {
-                    log2.lock().unwrap().push(name.clone());
-                    let k = asked.entry(name.clone()).or_insert(0);
-                    let ip = list[(*k).min(list.len() - 1)];
-                    *k += 1;
-                    // "mixed.test" answers every address at once.
-                    if name.starts_with("mixed") {
-                        list.clone()
-                    } else {
-                        vec![ip]
-                    }
-                }
-                _ => Vec::new(),
-            };
-            resp.extend_from_slice(&(ips.len() as u16).to_be_bytes());
-            resp.extend_from_slice(&[0, 0, 0, 0]);
-            resp.extend_from_slice(&q[12..qend]);
-            for ip in ips {
-                resp.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4]);
-                resp.extend_from_slice(&ip.octets());
-            }
-            let _ = sock.send_to(&resp, peer);
-        }
-    });
-    (port, log)
-}
-
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-    report: Value,
-}
-
-impl Out {
-    fn line(&self, key: &str) -> String {
-        self.stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{key} ")))
-            .unwrap_or_else(|| panic!("no {key} line in {}\n{}", self.stdout, self.stderr))
-            .to_string()
-    }
-    fn denied(&self, needle: &str) -> bool {
-        self.report["denials"].as_array().map(|a| {
-            a.iter().any(|d| {
-                d["kind"] == "network" && d["detail"].as_str().unwrap_or("").contains(needle)
-            })
-        }) == Some(true)
-    }
-    fn connections(&self) -> Vec<Value> {
-        self.report["network"]["connections"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-    }
+    common::netns::upstream(Ipv4Addr::LOCALHOST, |path| {
+        let (status, extra, body): (&str, String, Vec<u8>) = match path {
+            "/ok" => ("200 OK", String::new(), b"UPSTREAM-OK\n".to_vec()),
+            "/big" => ("200 OK", String::new(), vec![b'x'; 3 << 20]),
+            p if p.starts_with("/redirect?to=") => (
+                "302 Found",
+                format!("Location: {}\r\n", &p["/redirect?to=".len()..]),
+                Vec::new(),
+            ),
+            _ => ("404 Not Found", String::new(), Vec::new()),
+        };
+        let mut answer = format!(
+            "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n{extra}\r\n",
+            body.len()
+        )
+        .into_bytes();
+        answer.extend_from_slice(&body);
+        answer
+    })
 }
 
 /// Runs a shell script in the sandbox with the given extra `run` flags.
-fn run(work: &Path, flags: &[String], script: &str) -> Out {
-    let report = work.join(format!("report-{}.json", std::process::id()));
-    let _ = std::fs::remove_file(&report);
-    let out = Command::new(bin())
-        .arg("run")
-        .arg("--report")
-        .arg(&report)
-        .args(flags)
-        .args(["--timeout", "20", "--", "/bin/sh", "-c", script])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        report: std::fs::read(&report)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or(Value::Null),
-    }
-}
-
-fn tmp() -> tempfile::TempDir {
-    let d = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    d
-}
-
-fn flags(dns_port: u16, allow: &[String], private: &[&str]) -> Vec<String> {
-    let mut f = vec!["--egress-dns".to_string(), format!("127.0.0.1:{dns_port}")];
-    for a in allow {
-        f.push("--allow-host".into());
-        f.push(a.clone());
-    }
-    for p in private {
-        f.push("--allow-private".into());
-        f.push(p.to_string());
-    }
-    f
+fn run(work: &Path, flags: &[String], script: &str) -> RunOut {
+    run_sh(work, flags, 20, script)
 }
 
 /// `curl` printing `NAME <http code>` (000 when the connection failed).
@@ -266,10 +69,10 @@ fn names() -> HashMap<&'static str, Vec<Ipv4Addr>> {
 
 #[test]
 fn allowed_host_is_reached_and_others_are_refused_with_a_reason() {
-    in_netns(|| {
+    in_netns(&[], || {
         let up = upstream();
         let (dns_port, _) = dns(names());
-        let work = tmp();
+        let work = common::tmp();
         let p = up.port;
         let script = format!(
             "{}{}{}/usr/bin/python3 -c \"import urllib.request as u; print('PY', u.urlopen('http://allowed.test:{p}/ok').read().decode().strip())\"\n",
@@ -306,10 +109,10 @@ fn allowed_host_is_reached_and_others_are_refused_with_a_reason() {
 
 #[test]
 fn names_resolving_to_private_addresses_are_refused_before_any_connect() {
-    in_netns(|| {
+    in_netns(&[], || {
         let up = upstream();
         let (dns_port, _) = dns(names());
-        let work = tmp();
+        let work = common::tmp();
         let p = up.port;
         let allow: Vec<String> = [
             "allowed.test",
@@ -346,10 +149,10 @@ fn names_resolving_to_private_addresses_are_refused_before_any_connect() {
 
 #[test]
 fn redirects_are_checked_like_requests() {
-    in_netns(|| {
+    in_netns(&[], || {
         let up = upstream();
         let (dns_port, _) = dns(names());
-        let work = tmp();
+        let work = common::tmp();
         let p = up.port;
         let to_evil = curl(
             "TO_EVIL",
@@ -374,10 +177,10 @@ fn redirects_are_checked_like_requests() {
 
 #[test]
 fn a_changed_dns_answer_cannot_change_the_destination() {
-    in_netns(|| {
+    in_netns(&[], || {
         let up = upstream();
         let (dns_port, asked) = dns(names());
-        let work = tmp();
+        let work = common::tmp();
         let p = up.port;
         let script = format!(
             "{}{}",
@@ -406,10 +209,10 @@ fn a_changed_dns_answer_cannot_change_the_destination() {
 
 #[test]
 fn ip_literal_and_userinfo_tricks_are_refused() {
-    in_netns(|| {
+    in_netns(&[], || {
         let up = upstream();
         let (dns_port, _) = dns(names());
-        let work = tmp();
+        let work = common::tmp();
         let p = up.port;
         // Raw CONNECT requests with host spellings of 127.0.0.1 and authority tricks.
         let py = format!(
@@ -464,10 +267,10 @@ for name, t in [("DECIMAL", "2130706433:{p}"), ("OCTAL", "0177.0.0.1:{p}"), ("HE
 
 #[test]
 fn direct_tcp_without_the_proxy_fails() {
-    in_netns(|| {
+    in_netns(&[], || {
         let up = upstream();
         let (dns_port, _) = dns(names());
-        let work = tmp();
+        let work = common::tmp();
         let p = up.port;
         let script = format!(
             "/usr/bin/python3 -c \"\nimport socket\nfor port in ({p}, 53, 80):\n    try:\n        socket.create_connection(('127.0.0.1', port), timeout=2); print('DIRECT', port, 'connected')\n    except OSError as e:\n        print('DIRECT', port, 'errno', e.errno)\n\"\necho {} \n",
@@ -491,10 +294,10 @@ fn direct_tcp_without_the_proxy_fails() {
 
 #[test]
 fn byte_and_connection_bounds_hold() {
-    in_netns(|| {
+    in_netns(&[], || {
         let up = upstream();
         let (dns_port, _) = dns(names());
-        let work = tmp();
+        let work = common::tmp();
         let p = up.port;
         let manifest = serde_json::json!({
             "command": ["/bin/sh", "-c", format!(
@@ -506,7 +309,7 @@ fn byte_and_connection_bounds_hold() {
         let mpath = work.path().join("m.json");
         std::fs::write(&mpath, manifest.to_string()).unwrap();
         let report = work.path().join("r.json");
-        let out = Command::new(bin())
+        let out = Command::new(common::bin())
             .args([
                 "run",
                 "--egress-dns",

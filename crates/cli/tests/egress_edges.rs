@@ -11,247 +11,56 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+use common::netns::{RunOut, Upstream, egress_flags as flags, in_netns, run_sh};
+use common::skip;
+
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener, UdpSocket};
+use std::net::Ipv4Addr;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-use serde_json::Value;
-
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_agentjail"))
-}
-
-fn skip_or_panic(why: &str) {
-    assert!(std::env::var_os("CI").is_none(), "{why} (under CI)");
-    eprintln!("SKIP: {why}");
-}
-
-/// Runs `f` on a thread inside a new network namespace with only `lo`, up; `extra` addresses
-/// are added to `lo` (the namespace's own non-loopback addresses).
-fn in_netns<T: Send + 'static>(
-    extra: &'static [&'static str],
-    f: impl FnOnce() -> T + Send + 'static,
-) -> Option<T> {
-    std::thread::spawn(move || {
-        // SAFETY: unshare with a flag only changes this thread's network namespace.
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            skip_or_panic(&format!(
-                "cannot create a network namespace (needs root): {}",
-                std::io::Error::last_os_error()
-            ));
-            return None;
-        }
-        let ok = |args: &[&str]| {
-            Command::new("ip")
-                .args(args)
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false)
-        };
-        if !ok(&["link", "set", "lo", "up"]) {
-            skip_or_panic("`ip link set lo up` failed");
-            return None;
-        }
-        for a in extra {
-            assert!(ok(&["addr", "add", a, "dev", "lo"]), "ip addr add {a}");
-        }
-        let links = Command::new("ip").args(["-o", "link"]).output().ok()?;
-        let links = String::from_utf8_lossy(&links.stdout).into_owned();
-        assert_eq!(
-            links.lines().count(),
-            1,
-            "only loopback may exist here: {links}"
-        );
-        Some(f())
-    })
-    .join()
-    .expect("test thread")
-}
+use std::sync::atomic::Ordering;
 
 /// A tiny HTTP/1.1 server with hand-written answers (so it can send what hyper would not).
-struct Upstream {
-    port: u16,
-    connections: Arc<AtomicUsize>,
-}
-
 fn upstream(bind: Ipv4Addr) -> Upstream {
-    let l = TcpListener::bind((bind, 0)).unwrap();
-    let port = l.local_addr().unwrap().port();
-    let connections = Arc::new(AtomicUsize::new(0));
-    let c = connections.clone();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { continue };
-            c.fetch_add(1, Ordering::SeqCst);
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut chunk) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let head = String::from_utf8_lossy(&buf).into_owned();
-                let path = head.split_whitespace().nth(1).unwrap_or("/").to_string();
-                let answer: String = if path == "/ok" {
-                    "HTTP/1.1 200 OK\r\nContent-Length: 12\r\nConnection: close\r\n\r\nUPSTREAM-OK\n"
-                        .into()
-                } else if let Some(rest) = path.strip_prefix("/loc/") {
-                    // /loc/<status>?to=<url>: any status with a Location header.
-                    let (status, to) = rest.split_once("?to=").unwrap_or((rest, "/ok"));
-                    format!(
-                        "HTTP/1.1 {status} X\r\nLocation: {to}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                    )
-                } else if let Some(to) = path.strip_prefix("/dup?to=") {
-                    format!(
-                        "HTTP/1.1 302 Found\r\nLocation: /ok\r\nLocation: {to}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                    )
-                } else if let Some(to) = path.strip_prefix("/cloc?to=") {
-                    format!(
-                        "HTTP/1.1 200 OK\r\nContent-Location: {to}\r\nContent-Length: 3\r\nConnection: close\r\n\r\nhi\n"
-                    )
-                } else if path == "/clte" {
-                    "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
-                        .into()
-                } else if path == "/badchunk" {
-                    "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\nhello\r\n0\r\n\r\n"
-                        .into()
-                } else {
-                    "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                        .into()
-                };
-                let _ = s.write_all(answer.as_bytes());
-            });
-        }
-    });
-    Upstream { port, connections }
+    common::netns::upstream(bind, |path| {
+        let answer: String = if path == "/ok" {
+            "HTTP/1.1 200 OK\r\nContent-Length: 12\r\nConnection: close\r\n\r\nUPSTREAM-OK\n".into()
+        } else if let Some(rest) = path.strip_prefix("/loc/") {
+            // /loc/<status>?to=<url>: any status with a Location header.
+            let (status, to) = rest.split_once("?to=").unwrap_or((rest, "/ok"));
+            format!(
+                "HTTP/1.1 {status} X\r\nLocation: {to}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            )
+        } else if let Some(to) = path.strip_prefix("/dup?to=") {
+            format!(
+                "HTTP/1.1 302 Found\r\nLocation: /ok\r\nLocation: {to}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            )
+        } else if let Some(to) = path.strip_prefix("/cloc?to=") {
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Location: {to}\r\nContent-Length: 3\r\nConnection: close\r\n\r\nhi\n"
+            )
+        } else if path == "/clte" {
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+                .into()
+        } else if path == "/badchunk" {
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\nhello\r\n0\r\n\r\n"
+                .into()
+        } else {
+            "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".into()
+        };
+        answer.into_bytes()
+    })
 }
 
 /// A minimal DNS server on 127.0.0.1: one A record per known name, NXDOMAIN otherwise.
 fn dns(answers: HashMap<&'static str, Ipv4Addr>) -> u16 {
-    let sock = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-    let port = sock.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 512];
-        loop {
-            let Ok((n, peer)) = sock.recv_from(&mut buf) else {
-                return;
-            };
-            let q = &buf[..n];
-            if n < 17 {
-                continue;
-            }
-            let mut i = 12;
-            let mut labels = Vec::new();
-            while i < n && q[i] != 0 {
-                let len = q[i] as usize;
-                labels
-                    .push(String::from_utf8_lossy(&q[i + 1..(i + 1 + len).min(n)]).to_lowercase());
-                i += 1 + len;
-            }
-            let qend = i + 5;
-            if qend > n {
-                continue;
-            }
-            let qtype = u16::from_be_bytes([q[i + 1], q[i + 2]]);
-            let name = labels.join(".");
-            let known = answers.get(name.as_str());
-            let mut resp = Vec::new();
-            resp.extend_from_slice(&q[0..2]);
-            resp.extend_from_slice(&[0x81, 0x80 | if known.is_some() { 0 } else { 3 }]);
-            resp.extend_from_slice(&[0, 1]);
-            let ip = known.filter(|_| qtype == 1);
-            resp.extend_from_slice(&[0, u8::from(ip.is_some()), 0, 0, 0, 0]);
-            resp.extend_from_slice(&q[12..qend]);
-            if let Some(ip) = ip {
-                resp.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4]);
-                resp.extend_from_slice(&ip.octets());
-            }
-            let _ = sock.send_to(&resp, peer);
-        }
-    });
-    port
+    common::netns::dns(answers.into_iter().map(|(n, ip)| (n, vec![ip])).collect()).0
 }
 
-struct Out {
-    stdout: String,
-    stderr: String,
-    report: Value,
-}
-
-impl Out {
-    fn line(&self, key: &str) -> String {
-        self.stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{key} ")))
-            .unwrap_or_else(|| panic!("no {key} line in {}\n{}", self.stdout, self.stderr))
-            .to_string()
-    }
-    /// The network denials of the report whose detail contains `needle`.
-    fn denials(&self, needle: &str) -> Vec<Value> {
-        self.report["denials"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter(|d| {
-                        d["kind"] == "network"
-                            && d["detail"].as_str().unwrap_or("").contains(needle)
-                    })
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-    fn denied(&self, needle: &str) -> bool {
-        !self.denials(needle).is_empty()
-    }
-}
-
-fn run(work: &Path, flags: &[String], script: &str) -> Out {
-    let report = work.join("report.json");
-    let _ = std::fs::remove_file(&report);
-    let out = Command::new(bin())
-        .arg("run")
-        .arg("--report")
-        .arg(&report)
-        .args(flags)
-        .args(["--timeout", "30", "--", "/bin/sh", "-c", script])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    Out {
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        report: std::fs::read(&report)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or(Value::Null),
-    }
-}
-
-fn tmp() -> tempfile::TempDir {
-    let d = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    d
-}
-
-fn flags(dns_port: u16, allow: &[String], private: &[&str]) -> Vec<String> {
-    let mut f = vec!["--egress-dns".to_string(), format!("127.0.0.1:{dns_port}")];
-    for a in allow {
-        f.push("--allow-host".into());
-        f.push(a.clone());
-    }
-    for p in private {
-        f.push("--allow-private".into());
-        f.push(p.to_string());
-    }
-    f
+fn run(work: &Path, flags: &[String], script: &str) -> RunOut {
+    run_sh(work, flags, 30, script)
 }
 
 /// Writes `name` into `work` readable by the sandbox and mounts it at `/input/<name>`.
@@ -304,7 +113,7 @@ fn tls_upstream(dir: &Path, port: u16) -> Option<(Reap, Vec<u8>)> {
         .stderr(Stdio::null())
         .status();
     if !made.map(|s| s.success()).unwrap_or(false) {
-        skip_or_panic("openssl could not make a test certificate");
+        skip("openssl could not make a test certificate");
         return None;
     }
     let child = Command::new("openssl")
@@ -381,7 +190,7 @@ tls("IP_FRONTED", "127.0.0.1:%d" % P, "evil.test")
 #[test]
 fn tunnels_must_carry_tls_whose_sni_names_the_connect_target() {
     in_netns(&[], || {
-        let work = tmp();
+        let work = common::tmp();
         let port = 8443;
         let Some((_server, cert)) = tls_upstream(work.path(), port) else {
             return;
@@ -447,7 +256,7 @@ fn location_headers_are_checked_on_every_response() {
     in_netns(&[], || {
         let up = upstream(Ipv4Addr::LOCALHOST);
         let dns_port = dns(names());
-        let work = tmp();
+        let work = common::tmp();
         let p = up.port;
         let evil = format!("http://evil.test:{p}/ok");
         let base = format!("http://allowed.test:{p}");
@@ -485,7 +294,7 @@ fn the_gateway_hosts_own_addresses_are_refused_like_loopback() {
         // Listens on every address of the namespace, as a host service bound to 0.0.0.0 does.
         let up = upstream(Ipv4Addr::UNSPECIFIED);
         let dns_port = dns(names());
-        let work = tmp();
+        let work = common::tmp();
         let p = up.port;
         let script = format!(
             "{}{}{}",
@@ -545,7 +354,7 @@ fn every_refusal_leaves_a_denial() {
     in_netns(&[], || {
         let up = upstream(Ipv4Addr::LOCALHOST);
         let dns_port = dns(names());
-        let work = tmp();
+        let work = common::tmp();
         let p = up.port;
         let mut f = flags(dns_port, &[format!("allowed.test:{p}")], &["127.0.0.1/32"]);
         input(work.path(), &mut f, "raw.py", RAW_PROBE.as_bytes());

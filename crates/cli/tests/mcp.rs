@@ -10,23 +10,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+use common::serve::{Serve, example_schema, mcp_config, write_config, write_token};
 use common::skip;
 
-use std::io::{BufRead, BufReader};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 const ALICE: &str = "tok-alice-mcp-4b1d9e";
 const OPS: &str = "tok-ops-mcp-77c0aa";
-
-fn sha(s: &str) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(s.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 fn python_has_mcp() -> bool {
     Command::new("python3")
@@ -39,91 +30,14 @@ fn python_has_mcp() -> bool {
 }
 
 fn config() -> String {
-    let example = agentjail_server::example_config();
-    let schema = example
-        .split("schema = '''")
-        .nth(1)
-        .and_then(|s| s.split("'''").next())
-        .unwrap();
-    format!(
-        r#"
-[tenants.acme]
-
-[actors.alice]
-tenant = "acme"
-token_sha256 = "{a}"
-
-[actors.ops]
-tenant = "acme"
-token_sha256 = "{o}"
-operator = true
-
-[tasks.summarize_csv]
-description = "Summarize one CSV with model-proposed Python"
-code = "allowed"
-command = ["/usr/bin/python3", "/input/code.py", "/input/data.csv", "/output/summary.json"]
-allowed_actors = ["alice"]
-expose_stderr_bytes = 2048
-[[tasks.summarize_csv.inputs]]
-mount = "/input/data.csv"
-media_types = ["text/csv"]
-max_bytes = 100000
-[tasks.summarize_csv.output]
-path = "/output/summary.json"
-media_type = "application/json"
-max_bytes = 100000
-schema = '''{schema}'''
-[tasks.summarize_csv.limits]
-seconds = 2
-
-[tasks.sleepy]
-description = "Runs code for up to two minutes"
-code = "allowed"
-command = ["/usr/bin/python3", "/input/code.py"]
-allowed_actors = ["alice"]
-[tasks.sleepy.output]
-path = "/output/o.json"
-media_type = "application/json"
-max_bytes = 1000
-[tasks.sleepy.limits]
-seconds = 120
-
-[tasks.admin_only]
-description = "Fixed program for operators"
-code = "forbidden"
-command = ["/usr/bin/python3", "-c", "print(1)"]
-allowed_actors = ["ops"]
-[[tasks.admin_only.inputs]]
-mount = "/input/data.csv"
-media_types = ["text/csv"]
-max_bytes = 100000
-[tasks.admin_only.output]
-path = "/output/o.json"
-media_type = "application/json"
-max_bytes = 1000
-"#,
-        a = sha(ALICE),
-        o = sha(OPS),
-    )
-}
-
-fn tempdir() -> tempfile::TempDir {
-    let d = tempfile::Builder::new()
-        .prefix("agentjail-mcp-test-")
-        .tempdir()
-        .unwrap();
-    // The sandbox user (an unprivileged host uid in root mode) must traverse the data dir.
-    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    d
+    mcp_config(ALICE, OPS, &example_schema(), 2)
 }
 
 fn setup(dir: &Path) -> (PathBuf, PathBuf) {
-    let cfg = dir.join("config.toml");
-    std::fs::write(&cfg, config()).unwrap();
-    let tok = dir.join("alice.token");
-    std::fs::write(&tok, ALICE).unwrap();
-    std::fs::set_permissions(&tok, std::fs::Permissions::from_mode(0o600)).unwrap();
-    (cfg, tok)
+    (
+        write_config(dir, &config()),
+        write_token(dir, "alice.token", ALICE),
+    )
 }
 
 fn script() -> PathBuf {
@@ -199,7 +113,7 @@ fn mcp_over_stdio_with_the_python_sdk() {
         skip("python3 cannot `import mcp` (.ci/run installs it: python3 -m pip install mcp)");
         return;
     }
-    let dir = tempdir();
+    let dir = common::tmp();
     let (cfg, tok) = setup(dir.path());
     let data = dir.path().join("data");
     for mode in ["auto", "legacy"] {
@@ -253,37 +167,8 @@ fn mcp_over_stdio_with_the_python_sdk() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not belong to actor `ops`"));
 }
 
-struct Serve(Child, String);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn serve(cfg: &Path, data: &Path) -> Serve {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_agentjail"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(cfg)
-        .arg("--data-dir")
-        .arg(data)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut base = None;
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            base = Some(rest.split_whitespace().next().unwrap().to_string());
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
-    Serve(child, base.expect("serve did not start"))
+    Serve::start(cfg, data, &[])
 }
 
 fn post_initialize(url: &str, headers: &[(&str, &str)]) -> reqwest::blocking::Response {
@@ -300,11 +185,11 @@ fn post_initialize(url: &str, headers: &[(&str, &str)]) -> reqwest::blocking::Re
 
 #[test]
 fn mcp_over_streamable_http_with_the_python_sdk() {
-    let dir = tempdir();
+    let dir = common::tmp();
     let (cfg, tok) = setup(dir.path());
     let data = dir.path().join("data");
     let s = serve(&cfg, &data);
-    let url = format!("{}/mcp", s.1);
+    let url = format!("{}/mcp", s.base);
 
     // Authentication comes first: no MCP processing without a valid bearer token.
     let r = post_initialize(&url, &[("authorization", "Bearer wrong-token")]);
@@ -349,7 +234,7 @@ fn mcp_over_streamable_http_with_the_python_sdk() {
         );
         check_result(&r);
     }
-    let metrics = reqwest::blocking::get(format!("{}/metrics", s.1))
+    let metrics = reqwest::blocking::get(format!("{}/metrics", s.base))
         .unwrap()
         .text()
         .unwrap();
@@ -380,7 +265,7 @@ fn a_naive_agent_on_the_python_sdk_succeeds_by_its_second_attempt() {
         println!("SKIP: python3 cannot `import mcp`; the naive agent test is not run");
         return;
     }
-    let dir = tempdir();
+    let dir = common::tmp();
     let (cfg, tok) = setup(dir.path());
     let root = dir.path().join("work");
     std::fs::create_dir(&root).unwrap();

@@ -8,8 +8,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+use common::serve::{example_schema, sha256_hex};
+
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::Receiver;
@@ -21,24 +23,6 @@ const ALICE: &str = "tok-alice-agent-2f81c3";
 /// A secret in the task's env: it must never reach the agent.
 const SECRET: &str = "sk-agentjail-secret-7f3a9c51";
 const CSV: &str = "region,units,price\nnorth,12,2.5\nsouth,7,3.0\neast,,4.0\n";
-
-fn sha(s: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(s)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-fn summary_schema() -> String {
-    let example = agentjail_server::example_config();
-    example
-        .split("schema = '''")
-        .nth(1)
-        .and_then(|s| s.split("'''").next())
-        .unwrap()
-        .to_string()
-}
 
 fn config() -> String {
     format!(
@@ -105,19 +89,9 @@ path = "/output/o.json"
 media_type = "application/json"
 max_bytes = 1000
 "#,
-        a = sha(ALICE.as_bytes()),
-        schema = summary_schema(),
+        a = sha256_hex(ALICE.as_bytes()),
+        schema = example_schema(),
     )
-}
-
-fn tempdir() -> tempfile::TempDir {
-    let d = tempfile::Builder::new()
-        .prefix("agentjail-mcp-agent-")
-        .tempdir()
-        .unwrap();
-    // The sandbox user (an unprivileged host uid in root mode) must traverse the data dir.
-    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    d
 }
 
 /// One `agentjail mcp` process spoken to with JSON-RPC lines.
@@ -146,8 +120,7 @@ impl Drop for Session {
 
 impl Session {
     fn start(dir: &Path, extra: &[&str]) -> Session {
-        let cfg = dir.join("config.toml");
-        std::fs::write(&cfg, config()).unwrap();
+        let cfg = common::serve::write_config(dir, &config());
         let data = dir.join("data");
         let mut child = Command::new(env!("CARGO_BIN_EXE_agentjail"))
             .args(["mcp", "--tenant", "acme", "--actor", "alice", "--config"])
@@ -287,7 +260,7 @@ fn host_python_has(module: &str) -> bool {
 /// the limits, for the example task; an operator's `runtime` note replaces the probe.
 #[test]
 fn task_descriptions_state_runtime_output_shape_inputs_and_limits() {
-    let dir = tempdir();
+    let dir = common::tmp();
     let mut s = Session::start(dir.path(), &[]);
     let tools = s.tools();
     let d = description(&tools, "summarize_csv");
@@ -338,7 +311,7 @@ fn task_descriptions_state_runtime_output_shape_inputs_and_limits() {
 /// it hit; a fixed program's stderr is never returned.
 #[test]
 fn failed_code_runs_return_a_sanitised_redacted_tail_schema_errors_and_limits() {
-    let dir = tempdir();
+    let dir = common::tmp();
     let mut s = Session::start(dir.path(), &[]);
     let input = s.upload_csv();
 
@@ -437,7 +410,7 @@ json.dump({"rows": "3", "columns": ["a"], "numeric": {}}, open(sys.argv[2], "w")
 #[test]
 fn input_roots_name_files_by_path_and_nothing_outside() {
     use std::os::unix::fs::symlink;
-    let dir = tempdir();
+    let dir = common::tmp();
     let root = dir.path().join("root");
     std::fs::create_dir_all(root.join("sub")).unwrap();
     std::fs::write(root.join("sub/data.csv"), CSV).unwrap();
@@ -492,7 +465,7 @@ fn input_roots_name_files_by_path_and_nothing_outside() {
         let sc = &r["result"]["structuredContent"];
         assert_eq!(
             sc["sha256"],
-            format!("sha256:{}", sha(CSV.as_bytes())),
+            format!("sha256:{}", sha256_hex(CSV.as_bytes())),
             "{p}: {r}"
         );
         // The name is the file name as given (a symlink's own name).
@@ -569,7 +542,7 @@ fn input_roots_name_files_by_path_and_nothing_outside() {
             }
         })
     };
-    let outside_sha = format!("sha256:{}", sha(secret.as_bytes()));
+    let outside_sha = format!("sha256:{}", sha256_hex(secret.as_bytes()));
     let mut stored = 0;
     for _ in 0..60 {
         let r = by_path(&mut s, "swap.csv");
@@ -593,7 +566,7 @@ fn input_roots_name_files_by_path_and_nothing_outside() {
             && e["reason"]
                 .as_str()
                 .unwrap_or("")
-                .contains(&sha(CSV.as_bytes()))),
+                .contains(&sha256_hex(CSV.as_bytes()))),
         "{reads:?}"
     );
     assert!(
@@ -607,7 +580,7 @@ fn input_roots_name_files_by_path_and_nothing_outside() {
 /// Without `--input-root`, `upload_input` takes no path at all.
 #[test]
 fn without_input_roots_no_path_is_accepted() {
-    let dir = tempdir();
+    let dir = common::tmp();
     let mut s = Session::start(dir.path(), &[]);
     let tools = s.tools();
     let up = tools.iter().find(|t| t["name"] == "upload_input").unwrap();
@@ -624,7 +597,7 @@ fn without_input_roots_no_path_is_accepted() {
 /// result's text (asserted present), and attempt 2 returns a verified result.
 #[test]
 fn a_naive_agent_gets_a_verified_result_by_its_second_attempt() {
-    let dir = tempdir();
+    let dir = common::tmp();
     let mut s = Session::start(dir.path(), &[]);
     let tools = s.tools();
     let d = description(&tools, "summarize_csv");

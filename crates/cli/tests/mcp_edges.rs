@@ -4,25 +4,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+use common::serve::{Serve, sha256_hex, write_config};
+
 use std::io::{BufRead, BufReader};
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 const ALICE: &str = "tok-alice-edges-5c2e81";
 const MALLORY: &str = "tok-mallory-edges-9a0f3d";
-
-fn sha(s: &str) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(s.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 fn config() -> String {
     format!(
@@ -63,71 +56,13 @@ schema = '{{"type": "object", "required": ["rows"], "additionalProperties": fals
 [tasks.counted.limits]
 seconds = 30
 "#,
-        a = sha(ALICE),
-        m = sha(MALLORY),
+        a = sha256_hex(ALICE),
+        m = sha256_hex(MALLORY),
     )
 }
 
-struct Serve {
-    child: Child,
-    base: String,
-    log: Arc<Mutex<String>>,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn serve(dir: &Path) -> Serve {
-    let cfg = dir.join("config.toml");
-    std::fs::write(&cfg, config()).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_agentjail"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&cfg)
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let log = Arc::new(Mutex::new(String::new()));
-    let mut base = None;
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        log.lock().unwrap().push_str(&line);
-        log.lock().unwrap().push('\n');
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            base = Some(rest.split_whitespace().next().unwrap().to_string());
-            break;
-        }
-    }
-    let l2 = log.clone();
-    std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok) {
-            let mut l = l2.lock().unwrap();
-            l.push_str(&line);
-            l.push('\n');
-        }
-    });
-    Serve {
-        child,
-        base: base.expect("serve did not start"),
-        log,
-    }
-}
-
-fn tempdir() -> tempfile::TempDir {
-    let d = tempfile::Builder::new()
-        .prefix("agentjail-mcp-edges-")
-        .tempdir()
-        .unwrap();
-    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    d
+    Serve::start(&write_config(dir, &config()), &dir.join("data"), &[])
 }
 
 struct Reply {
@@ -220,7 +155,7 @@ fn audit(dir: &Path) -> Vec<Value> {
 /// running call, nor delete, read or use the session; the refusals are audited as theirs.
 #[test]
 fn a_session_belongs_to_the_actor_that_created_it() {
-    let dir = tempdir();
+    let dir = common::tmp();
     let s = serve(dir.path());
     let url = format!("{}/mcp", s.base);
     let sid = open_session(&url, ALICE);
@@ -337,7 +272,7 @@ fn tools(url: &str, token: &str, sid: &str) -> Vec<Value> {
 /// drop such tools), and upload_input's "exactly one of text and base64" is still enforced.
 #[test]
 fn tool_input_schemas_have_no_top_level_combinators() {
-    let dir = tempdir();
+    let dir = common::tmp();
     let s = serve(dir.path());
     let url = format!("{}/mcp", s.base);
     let sid = open_session(&url, ALICE);
@@ -389,7 +324,7 @@ fn tool_input_schemas_have_no_top_level_combinators() {
 /// in `_meta`.
 #[test]
 fn error_results_do_not_violate_the_output_schema() {
-    let dir = tempdir();
+    let dir = common::tmp();
     let s = serve(dir.path());
     let url = format!("{}/mcp", s.base);
     let sid = open_session(&url, ALICE);
@@ -468,7 +403,7 @@ fn error_results_do_not_violate_the_output_schema() {
 /// or code); it names the reason only.
 #[test]
 fn logs_do_not_quote_invalid_arguments() {
-    let dir = tempdir();
+    let dir = common::tmp();
     let s = serve(dir.path());
     let url = format!("{}/mcp", s.base);
     let sid = open_session(&url, ALICE);
@@ -506,7 +441,7 @@ fn logs_do_not_quote_invalid_arguments() {
         }
     }
     std::thread::sleep(Duration::from_millis(500));
-    let log = s.log.lock().unwrap().clone();
+    let log = s.log();
     assert!(
         !log.contains(marker),
         "the service log quotes the arguments:\n{log}"
@@ -521,7 +456,7 @@ fn logs_do_not_quote_invalid_arguments() {
 /// Item 7 over HTTP: a POST body that is not JSON gets 400 with the JSON-RPC parse error.
 #[test]
 fn http_malformed_json_gets_400_parse_error() {
-    let dir = tempdir();
+    let dir = common::tmp();
     let s = serve(dir.path());
     let url = format!("{}/mcp", s.base);
     for sid in [None, Some(open_session(&url, ALICE))] {
@@ -544,16 +479,14 @@ fn http_malformed_json_gets_400_parse_error() {
 #[test]
 fn stdio_bad_framing_gets_parse_errors() {
     use std::io::Write;
-    let dir = tempdir();
-    let cfg = dir.path().join("config.toml");
-    std::fs::write(
-        &cfg,
-        format!(
+    let dir = common::tmp();
+    let cfg = write_config(
+        dir.path(),
+        &format!(
             "[server]\nmax_input_bytes = 3000\nmax_request_bytes = 1000\n{}",
             config()
         ),
-    )
-    .unwrap();
+    );
     let mut child = Command::new(env!("CARGO_BIN_EXE_agentjail"))
         .args(["mcp", "--tenant", "acme", "--actor", "alice", "--config"])
         .arg(&cfg)

@@ -17,8 +17,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+use common::serve::{Serve, mcp_config, write_config, write_token};
+
 use std::io::{BufRead, BufReader};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -26,14 +28,6 @@ use serde_json::Value;
 
 const ALICE: &str = "tok-alice-ts-3f9a0c";
 const OPS: &str = "tok-ops-ts-81d2e4";
-
-fn sha(s: &str) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(s.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 fn ts_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/ts")
@@ -102,118 +96,18 @@ fn config() -> String {
             .join("../../examples/csv-summary/summary.schema.json"),
     )
     .unwrap();
-    format!(
-        r#"
-[tenants.acme]
-
-[actors.alice]
-tenant = "acme"
-token_sha256 = "{a}"
-
-[actors.ops]
-tenant = "acme"
-token_sha256 = "{o}"
-operator = true
-
-[tasks.summarize_csv]
-description = "Summarize one CSV with model-proposed Python"
-code = "allowed"
-command = ["/usr/bin/python3", "/input/code.py", "/input/data.csv", "/output/summary.json"]
-allowed_actors = ["alice"]
-expose_stderr_bytes = 2048
-[[tasks.summarize_csv.inputs]]
-mount = "/input/data.csv"
-media_types = ["text/csv"]
-max_bytes = 100000
-[tasks.summarize_csv.output]
-path = "/output/summary.json"
-media_type = "application/json"
-max_bytes = 100000
-schema = '''{schema}'''
-[tasks.summarize_csv.limits]
-seconds = 30
-
-[tasks.sleepy]
-description = "Runs code for up to two minutes"
-code = "allowed"
-command = ["/usr/bin/python3", "/input/code.py"]
-allowed_actors = ["alice"]
-[tasks.sleepy.output]
-path = "/output/o.json"
-media_type = "application/json"
-max_bytes = 1000
-[tasks.sleepy.limits]
-seconds = 120
-
-[tasks.admin_only]
-description = "Fixed program for operators"
-code = "forbidden"
-command = ["/usr/bin/python3", "-c", "print(1)"]
-allowed_actors = ["ops"]
-[[tasks.admin_only.inputs]]
-mount = "/input/data.csv"
-media_types = ["text/csv"]
-max_bytes = 100000
-[tasks.admin_only.output]
-path = "/output/o.json"
-media_type = "application/json"
-max_bytes = 1000
-"#,
-        a = sha(ALICE),
-        o = sha(OPS),
-    )
-}
-
-fn tempdir() -> tempfile::TempDir {
-    let d = tempfile::Builder::new()
-        .prefix("agentjail-mcp-ts-test-")
-        .tempdir()
-        .unwrap();
-    // The sandbox user (an unprivileged host uid in root mode) must traverse the data dir.
-    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    d
+    mcp_config(ALICE, OPS, &schema, 30)
 }
 
 fn setup(dir: &Path) -> (PathBuf, PathBuf) {
-    let cfg = dir.join("config.toml");
-    std::fs::write(&cfg, config()).unwrap();
-    let tok = dir.join("alice.token");
-    std::fs::write(&tok, ALICE).unwrap();
-    std::fs::set_permissions(&tok, std::fs::Permissions::from_mode(0o600)).unwrap();
-    (cfg, tok)
-}
-
-struct Serve(Child, String);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    (
+        write_config(dir, &config()),
+        write_token(dir, "alice.token", ALICE),
+    )
 }
 
 fn serve(cfg: &Path, data: &Path) -> Serve {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_agentjail"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(cfg)
-        .arg("--data-dir")
-        .arg(data)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut base = None;
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            base = Some(rest.split_whitespace().next().unwrap().to_string());
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
-    Serve(child, base.expect("serve did not start"))
+    Serve::start(cfg, data, &[])
 }
 
 /// Runs `node client.mjs ARGS` (the TypeScript SDK); returns its RESULT object.
@@ -281,7 +175,7 @@ fn typescript_sdk_over_stdio() {
     if skip(false) {
         return;
     }
-    let dir = tempdir();
+    let dir = common::tmp();
     let (cfg, tok) = setup(dir.path());
     let data = dir.path().join("data");
     let r = run_ts_client(&[
@@ -305,7 +199,7 @@ fn typescript_sdk_over_streamable_http() {
     if skip(false) {
         return;
     }
-    let dir = tempdir();
+    let dir = common::tmp();
     let (cfg, tok) = setup(dir.path());
     let data = dir.path().join("data");
     let s = serve(&cfg, &data);
@@ -313,7 +207,7 @@ fn typescript_sdk_over_streamable_http() {
         "--transport",
         "http",
         "--url",
-        &format!("{}/mcp", s.1),
+        &format!("{}/mcp", s.base),
         "--token-file",
         tok.to_str().unwrap(),
     ]);
@@ -376,7 +270,7 @@ fn inspector_cli_strict_tools_list_on_both_transports() {
     if skip(true) {
         return;
     }
-    let dir = tempdir();
+    let dir = common::tmp();
     let (cfg, tok) = setup(dir.path());
 
     // stdio: Inspector launches `agentjail mcp` (the token through the environment).
@@ -408,7 +302,7 @@ fn inspector_cli_strict_tools_list_on_both_transports() {
     // Streamable HTTP with the bearer token.
     let data = dir.path().join("data");
     let s = serve(&cfg, &data);
-    let url = format!("{}/mcp", s.1);
+    let url = format!("{}/mcp", s.base);
     let bearer = format!(
         "Authorization: Bearer {}",
         std::fs::read_to_string(&tok).unwrap()
@@ -504,19 +398,19 @@ fn conformance_server_scenarios_through_a_token_proxy() {
     if skip(true) {
         return;
     }
-    let dir = tempdir();
+    let dir = common::tmp();
     let (cfg, tok) = setup(dir.path());
     let data = dir.path().join("data");
     let s = serve(&cfg, &data);
 
     // Without the proxy the suite gets no further than 401: the token is what it lacks.
-    let direct = conformance(dir.path(), &format!("{}/mcp", s.1), "server-initialize");
+    let direct = conformance(dir.path(), &format!("{}/mcp", s.base), "server-initialize");
     assert!(
         direct.iter().any(|c| c["status"] == "FAILURE"),
         "server-initialize passed without a token: {direct:?}"
     );
 
-    let p = proxy(&format!("{}/mcp", s.1), &tok);
+    let p = proxy(&format!("{}/mcp", s.base), &tok);
     let url = format!("{}/mcp", p.1);
     let mut failures = Vec::new();
     for scenario in APPLICABLE {
@@ -551,7 +445,7 @@ fn conformance_server_scenarios_through_a_token_proxy() {
 
     // The DNS-rebinding scenario as raw requests: a loopback Origin is a local client (2xx);
     // a foreign one, or one that only starts like loopback, is refused before MCP (403).
-    let port = s.1.rsplit(':').next().unwrap().to_string();
+    let port = s.base.rsplit(':').next().unwrap().to_string();
     for (origin, want) in [
         (format!("http://127.0.0.1:{port}"), 200),
         (format!("http://localhost:{port}"), 200),
@@ -561,7 +455,7 @@ fn conformance_server_scenarios_through_a_token_proxy() {
         ("null".to_string(), 403),
     ] {
         let r = reqwest::blocking::Client::new()
-            .post(format!("{}/mcp", s.1))
+            .post(format!("{}/mcp", s.base))
             .header("content-type", "application/json")
             .header("accept", "application/json, text/event-stream")
             .header("authorization", format!("Bearer {ALICE}"))

@@ -7,10 +7,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
+mod common;
+use common::serve::{Serve, example_schema, sha256_hex, write_config};
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,21 +25,8 @@ const GINA: &str = "tok-gina-55e0b3";
 const CSV: &str = "region,units\nnorth,12\nsouth,7\nzz-secret-marker-row,3\n";
 const CODE: &str = include_str!("../../../examples/csv-summary/summarize.py");
 
-fn sha(s: &str) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(s.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 fn config(extra_server: &str) -> String {
-    let example = agentjail_server::example_config();
-    let schema = example
-        .split("schema = '''")
-        .nth(1)
-        .and_then(|s| s.split("'''").next())
-        .unwrap();
+    let schema = example_schema();
     format!(
         r#"
 [server]
@@ -106,14 +95,14 @@ media_type = "application/json"
 max_bytes = 1000
 schema = {{ type = "object", required = ["lines"] }}
 "#,
-        a = sha(ALICE),
-        b = sha(BOB),
-        g = sha(GINA),
+        a = sha256_hex(ALICE),
+        b = sha256_hex(BOB),
+        g = sha256_hex(GINA),
     )
 }
 
 struct Server {
-    child: Child,
+    serve: Serve,
     base: String,
     stderr: Arc<Mutex<String>>,
     http: Client,
@@ -126,41 +115,12 @@ impl Server {
 
     /// As [`Server::start`], with more tables (tasks) appended to the configuration.
     fn start_with(dir: &Path, extra_server: &str, extra_tables: &str) -> Server {
-        let cfg = dir.join("config.toml");
-        std::fs::write(&cfg, config(extra_server) + extra_tables).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_agentjail"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&cfg)
-            .arg("--data-dir")
-            .arg(dir.join("data"))
-            .env("AGENTJAIL_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut base = None;
-        for line in lines.by_ref() {
-            let line = line.unwrap();
-            stderr.lock().unwrap().push_str(&(line.clone() + "\n"));
-            if let Some(rest) = line.split("listening on ").nth(1) {
-                base = Some(rest.split_whitespace().next().unwrap().to_string());
-                break;
-            }
-        }
-        let s2 = stderr.clone();
-        std::thread::spawn(move || {
-            for line in lines.map_while(Result::ok) {
-                s2.lock().unwrap().push_str(&(line + "\n"));
-            }
-        });
+        let cfg = write_config(dir, &(config(extra_server) + extra_tables));
+        let serve = Serve::start(&cfg, &dir.join("data"), &[("AGENTJAIL_LOG", "info")]);
         Server {
-            child,
-            base: base
-                .unwrap_or_else(|| panic!("server did not start:\n{}", stderr.lock().unwrap())),
-            stderr,
+            base: serve.base.clone(),
+            stderr: serve.log.clone(),
+            serve,
             http: Client::builder()
                 .timeout(Duration::from_secs(60))
                 .build()
@@ -202,25 +162,8 @@ impl Server {
     }
 
     fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.serve.kill();
     }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn tempdir() -> tempfile::TempDir {
-    let d = tempfile::Builder::new()
-        .prefix("agentjail-server-test-")
-        .tempdir()
-        .unwrap();
-    // The sandbox user (an unprivileged host uid in root mode) must traverse the data dir.
-    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    d
 }
 
 fn problem(r: Response, status: u16, slug: &str) -> Value {
@@ -247,7 +190,7 @@ fn audit(dir: &Path) -> (PathBuf, String) {
 
 #[test]
 fn serve_end_to_end() {
-    let dir = tempdir();
+    let dir = common::tmp();
     // Authentication failures after the first are aggregated; a window longer than the test
     // keeps the flusher from appending while the log is compared with its chain.
     let s = Server::start(dir.path(), "auth_failure_audit_seconds = 3600");
@@ -302,13 +245,13 @@ fn serve_end_to_end() {
     );
     assert_eq!(wrong, missing);
     // The hash is not a token.
-    problem(s.get(&sha(ALICE), "/v1/tasks"), 401, "unauthorized");
+    problem(s.get(&sha256_hex(ALICE), "/v1/tasks"), 401, "unauthorized");
 
     // The seed's task: upload, run model-proposed code, get the verified artifact.
     let input = s.upload(ALICE, CSV, "text/csv");
     let id = input["input_id"].as_str().unwrap().to_string();
     assert_eq!(input["bytes"], CSV.len());
-    assert_eq!(input["sha256"], format!("sha256:{}", sha(CSV)));
+    assert_eq!(input["sha256"], format!("sha256:{}", sha256_hex(CSV)));
     let req = json!({"request_id": "req-1", "task": "summarize_csv", "inputs": [id], "code": CODE});
     let r = s.run(ALICE, &req, "");
     assert_eq!(r.status(), 200);
@@ -603,7 +546,7 @@ fn kill_payload(marker: &str) {
 #[test]
 fn overload_expiry_crash_and_reconcile() {
     let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = tempdir();
+    let dir = common::tmp();
     let marker = format!(
         "holder-marker-{}",
         dir.path().file_name().unwrap().to_string_lossy()
@@ -712,7 +655,7 @@ fn load_200_runs_at_concurrency_8_lose_and_duplicate_nothing() {
     let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
     const CLIENTS: usize = 8;
     const PER_CLIENT: usize = 25;
-    let dir = tempdir();
+    let dir = common::tmp();
     let s = Arc::new(Server::start(
         dir.path(),
         "max_concurrent_runs = 8\nmax_queued_runs = 64",
@@ -876,7 +819,7 @@ impl Executions {
 #[test]
 fn sigkill_of_the_service_kills_its_runs_and_retry_runs_once() {
     let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = tempdir();
+    let dir = common::tmp();
     let data = dir.path().join("data");
     let marker = format!(
         "lifeline-marker-{}",
@@ -1005,7 +948,7 @@ seconds = 20
 #[test]
 fn retry_refuses_a_changed_task_and_runs_an_unchanged_one_under_the_same_digest() {
     let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = tempdir();
+    let dir = common::tmp();
     const SCHEMA: &str = r#"{"type": "object", "required": ["mode"]}"#;
     let original = echo_task("a", SCHEMA);
     let mut s = Server::start_with(dir.path(), "", &original);
@@ -1081,8 +1024,8 @@ fn retry_refuses_a_changed_task_and_runs_an_unchanged_one_under_the_same_digest(
 fn startup_sweep_kills_only_this_data_dirs_leftover_runners() {
     let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
     use std::io::Write;
-    let dir = tempdir();
-    let other = tempdir();
+    let dir = common::tmp();
+    let other = common::tmp();
     let data = dir.path().join("data");
     std::fs::create_dir_all(data.join("jobs/job_left")).unwrap();
     let data = data.canonicalize().unwrap();
@@ -1202,7 +1145,7 @@ fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
 #[test]
 fn job_files_are_private_env_never_on_disk_and_retention_deletes() {
     let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = tempdir();
+    let dir = common::tmp();
     let data = dir.path().join("data");
     let secret = "zz-env-secret-4b1d9";
     let task = format!(
@@ -1287,7 +1230,7 @@ logs_seconds = 3600
 #[test]
 fn inputs_of_a_queued_run_are_pinned_until_it_ends() {
     let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = tempdir();
+    let dir = common::tmp();
     let s = Server::start(
         dir.path(),
         "max_concurrent_runs = 1\ninput_retention_seconds = 1\nsweep_interval_seconds = 1",
@@ -1316,7 +1259,7 @@ fn inputs_of_a_queued_run_are_pinned_until_it_ends() {
 /// Issue #15, item 7: the small holes, each attacked over real HTTP.
 #[test]
 fn small_holes_are_closed() {
-    let dir = tempdir();
+    let dir = common::tmp();
     let s = Server::start(dir.path(), "");
     // Two Authorization headers: refused with 400, whichever comes first.
     for (first, second) in [(ALICE, "nope"), ("nope", ALICE), (ALICE, ALICE)] {
@@ -1384,7 +1327,7 @@ fn small_holes_are_closed() {
 /// Issue #15, item 7: every metric family is present from start-up, at zero.
 #[test]
 fn metric_families_are_present_at_start_up() {
-    let dir = tempdir();
+    let dir = common::tmp();
     let s = Server::start(dir.path(), "");
     let text = s
         .http
@@ -1441,7 +1384,7 @@ fn read_until_closed(c: &mut std::net::TcpStream, max: Duration) -> Option<(Stri
 fn slow_and_abusive_clients_are_bounded() {
     use std::io::Write;
     use std::net::TcpStream;
-    let dir = tempdir();
+    let dir = common::tmp();
     let s = Server::start(
         dir.path(),
         "header_timeout_seconds = 1\nbody_timeout_seconds = 1\nmax_connections = 4\nauth_failure_audit_seconds = 2",
@@ -1486,7 +1429,7 @@ fn slow_and_abusive_clients_are_bounded() {
     // arrives, and the fifth would then rightly be served): 4 open (stalled) connections; a
     // fifth is closed unanswered; once the 4 are closed by their client, it answers again.
     {
-        let dir = tempdir();
+        let dir = common::tmp();
         let s = Server::start(
             dir.path(),
             "header_timeout_seconds = 60\nmax_connections = 4",

@@ -5,6 +5,8 @@
 
 use std::process::Command;
 
+pub mod netns;
+pub mod serve;
 mod skip;
 #[allow(unused_imports)]
 pub use skip::skip;
