@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use crate::plan::{Access, Op, Plan, SANDBOX_ID};
 use crate::root_sys::{Host, RootError, RootStep, RootSys, root_step};
 use crate::seccomp;
+use crate::step::{SetupError, Step, StepResult, step};
 use crate::sys;
 
 /// Supervisor → init, on the control socket, in this order.
@@ -130,13 +131,6 @@ pub struct InitArgs {
     /// The caller's CPU set: the supervisor starts the init on other CPUs than its own, and
     /// the init restores this once it runs (before the command inherits its set).
     pub affinity: Option<rustix::thread::CpuSet>,
-}
-
-type StepResult<T> = Result<T, (String, String)>;
-
-fn step<T, E: std::fmt::Display>(name: &str, r: Result<T, E>) -> StepResult<T> {
-    timing::step_mark(name);
-    r.map_err(|e| (name.to_string(), e.to_string()))
 }
 
 /// `AGENTJAIL_DEBUG_TIMING=1`: the supervisor, the init and the payload print to stderr the
@@ -277,7 +271,8 @@ pub fn recv_fds<M: DeserializeOwned>(
 pub fn init_main(mut a: InitArgs) -> ! {
     let code = match init(&mut a) {
         Ok(()) => 0,
-        Err((step, error)) => {
+        Err(e) => {
+            let (step, error) = e.into_pair();
             let _ = send(
                 a.ctl.as_fd(),
                 &ToSupervisor::SetupFailed { step, error },
@@ -292,7 +287,7 @@ pub fn init_main(mut a: InitArgs) -> ! {
 fn init(a: &mut InitArgs) -> StepResult<()> {
     // If the supervisor dies, so does the sandbox (the pid namespace dies with its init).
     step(
-        "set parent-death signal",
+        Step::SetParentDeathSignal,
         rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL)),
     )?;
     timing::mark("init: started");
@@ -300,22 +295,21 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
     // costliest namespace, ~0.5 ms) overlaps the supervisor's work on the id maps and cgroups.
     // Created from inside the new user namespace, it belongs to it, as with the clone.
     step(
-        "create the network namespace",
+        Step::CreateNetworkNamespace,
         sys::unshare(libc::CLONE_NEWNET),
     )?;
-    step("bring loopback up", sys::loopback_up())?;
+    step(Step::BringLoopbackUp, sys::loopback_up())?;
     step(
-        "set host name",
+        Step::SetHostName,
         rustix::system::sethostname(crate::plan::HOSTNAME.as_bytes()),
     )?;
     timing::mark("init: network namespace made");
     // Before the plan, a closed socket is the normal end of an init cloned for a run that
     // did not happen (refused, a dry run, another tier): leave quietly.
-    const MAPS: &str = "wait for the id maps";
-    match step(MAPS, recv::<ToInit>(a.ctl.as_fd()))? {
+    match step(Step::WaitForIdMaps, recv::<ToInit>(a.ctl.as_fd()))? {
         Some((ToInit::Maps, _)) => {}
         None => sys::exit_now(0),
-        _ => return Err((MAPS.into(), "unexpected message".into())),
+        _ => return Err(SetupError::new(Step::WaitForIdMaps, "unexpected message")),
     }
     // The supervisor moved us away from its CPU before it sent the maps: give back the
     // caller's CPUs now, so that the command may use all of them. (This fails only if the
@@ -327,7 +321,7 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
     // Only now: the supervisor, unprivileged, could not have written the maps of a
     // non-dumpable process.
     step(
-        "make the init non-dumpable",
+        Step::MakeInitNonDumpable,
         rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable),
     )?;
     // While the supervisor parses, validates and plans: the parts of the root that every run
@@ -337,50 +331,51 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
     let mut made = Made::default();
     let prefix = crate::plan::host_prefix();
     let started = start_root();
-    let early = started.clone().and_then(|()| {
+    // Built only on a started root (whose failure, if any, is reported first below).
+    let early = started.is_ok().then(|| {
         prefix
             .iter()
             .try_for_each(|op| apply(&mut Host, op, &mut made))
-            .map_err(RootError::into_pair)
     });
     timing::mark("init: host part of the root built");
-    const WAIT: &str = "wait for the plan";
-    match step(WAIT, recv::<ToInit>(a.ctl.as_fd()))? {
+    match step(Step::WaitForPlan, recv::<ToInit>(a.ctl.as_fd()))? {
         Some((ToInit::Go { allow_degraded }, Some(plan))) => {
             a.allow_degraded = allow_degraded;
-            a.plan = step("read the plan", read_plan(plan))?;
+            a.plan = step(Step::ReadPlan, read_plan(plan))?;
         }
         None => sys::exit_now(0),
-        _ => return Err((WAIT.into(), "unexpected message".into())),
+        _ => return Err(SetupError::new(Step::WaitForPlan, "unexpected message")),
     }
     // The staging root is the same for every plan: its failure is the run's (reported now
     // that the supervisor listens).
     started?;
     let rest = if a.plan.ops.starts_with(&prefix) {
-        early?;
+        if let Some(built) = early {
+            built?;
+        }
         &a.plan.ops[prefix.len()..]
     } else {
         // Another image: start again on an empty new root.
         discard_root(&mut made)?;
         &a.plan.ops[..]
     };
-    finish_root(&mut Host, rest, &mut made).map_err(RootError::into_pair)?;
+    finish_root(&mut Host, rest, &mut made)?;
     timing::mark("init: root built");
     if let Some(port) = a.plan.proxy_port {
         // Created here, so it belongs to the sandbox's network namespace; served outside.
         let l = step(
-            "listen on the proxy port",
+            Step::ListenOnProxyPort,
             std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)),
         )?;
         step(
-            "hand the proxy socket over",
+            Step::HandOverProxySocket,
             send(a.ctl.as_fd(), &ToSupervisor::Listener, Some(l.as_fd())),
         )?;
     }
-    let sigchld = step("block SIGCHLD", sys::sigchld_fd())?;
+    let sigchld = step(Step::BlockSigchld, sys::sigchld_fd())?;
 
     let out = step(
-        "open /output",
+        Step::OpenOutput,
         rustix::fs::open(
             "/output",
             OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
@@ -389,13 +384,13 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
     )?;
     receive_cgroups(a)?;
     step(
-        "report ready",
+        Step::ReportReady,
         send(a.ctl.as_fd(), &ToSupervisor::Ready, Some(out.as_fd())),
     )?;
     drop(out);
 
     let (to_payload, from_payload) = step(
-        "create payload socket",
+        Step::CreatePayloadSocket,
         rustix::net::socketpair(
             rustix::net::AddressFamily::UNIX,
             rustix::net::SocketType::SEQPACKET,
@@ -417,7 +412,7 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
                 pid
             }
             None => step(
-                "start the command",
+                Step::StartCommand,
                 sys::spawn_sharing_memory(&mut || payload_main(args, sock)),
             )?,
         }
@@ -534,8 +529,7 @@ fn read_plan(fd: OwnedFd) -> std::io::Result<Plan> {
 
 /// Receives the run's cgroups from the supervisor (the files stay open for the payload).
 fn receive_cgroups(a: &mut InitArgs) -> StepResult<()> {
-    const STEP: &str = "receive the run's cgroups";
-    match step(STEP, recv_fds::<ToInit>(a.ctl.as_fd()))? {
+    match step(Step::ReceiveCgroups, recv_fds::<ToInit>(a.ctl.as_fd()))? {
         Some((
             ToInit::Cgroups {
                 applied,
@@ -550,7 +544,10 @@ fn receive_cgroups(a: &mut InitArgs) -> StepResult<()> {
             a.cgroup_files = files;
             Ok(())
         }
-        _ => Err((STEP.into(), "supervisor went away".into())),
+        _ => Err(SetupError::new(
+            Step::ReceiveCgroups,
+            "supervisor went away",
+        )),
     }
 }
 
@@ -561,26 +558,28 @@ fn receive_cgroups(a: &mut InitArgs) -> StepResult<()> {
 /// starts is inside. The init stays outside, so that the cgroups are empty, and removable,
 /// as soon as the init has reaped the command's last process.
 fn join_cgroups(a: &InitArgs) -> StepResult<()> {
-    const STEP: &str = "join the run's cgroups";
     let born_inside = a.cgroup_name.as_ref().is_some_and(|name| {
         std::fs::read_to_string("/proc/self/cgroup").is_ok_and(|t| crate::cgroup::lists(&t, name))
     });
     if !born_inside {
         for f in &a.cgroup_files {
-            step(STEP, rustix::io::write(f, b"0"))?;
+            step(Step::JoinCgroups, rustix::io::write(f, b"0"))?;
         }
     }
     if let Some(name) = &a.cgroup_name {
-        let text = step(STEP, std::fs::read_to_string("/proc/self/cgroup"))?;
+        let text = step(
+            Step::ReadOwnCgroup,
+            std::fs::read_to_string("/proc/self/cgroup"),
+        )?;
         if !crate::cgroup::lists(&text, name) {
-            return Err((
-                STEP.into(),
+            return Err(SetupError::new(
+                Step::CheckCgroupJoined,
                 format!("not in cgroup {name} after joining; refusing to run"),
             ));
         }
     }
     step(
-        "create the cgroup namespace",
+        Step::CreateCgroupNamespace,
         sys::unshare(libc::CLONE_NEWCGROUP),
     )
 }
@@ -609,11 +608,11 @@ fn serve_notification(listener: &OwnedFd, ctl: BorrowedFd<'_>) -> std::io::Resul
 /// An unexpected error while the command runs: kills every process of the sandbox, reaps
 /// them, and returns the error that ends the run as a setup/internal failure (the init then
 /// exits; the supervisor reports `setup_error` naming the step).
-fn abandon(what: &str, e: impl std::fmt::Display) -> (String, String) {
+fn abandon(what: &'static str, e: impl std::fmt::Display) -> SetupError {
     sys::kill_all_others();
     while sys::wait_any().is_some() {}
-    (
-        format!("the init's event loop: {what}"),
+    SetupError::new(
+        Step::EventLoop(what),
         format!("{e} (internal error; every process of the sandbox was killed)"),
     )
 }
@@ -623,14 +622,14 @@ fn abandon(what: &str, e: impl std::fmt::Display) -> (String, String) {
 fn start_root() -> StepResult<()> {
     use rustix::mount::*;
     step(
-        "make / private",
+        Step::MakeRootPrivate,
         mount_change(
             "/",
             MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
         ),
     )?;
     step(
-        "mount staging tmpfs on /tmp",
+        Step::MountStagingTmpfs,
         mount(
             "agentjail",
             "/tmp",
@@ -640,13 +639,13 @@ fn start_root() -> StepResult<()> {
         ),
     )?;
     for d in ["/tmp/oldroot", "/tmp/newroot"] {
-        step(&format!("mkdir {d}"), std::fs::create_dir(d))?;
+        step(Step::MkdirStaging(d), std::fs::create_dir(d))?;
     }
     step(
-        "pivot_root(/tmp, /tmp/oldroot)",
+        Step::PivotToStaging,
         rustix::process::pivot_root("/tmp", "/tmp/oldroot"),
     )?;
-    step("chdir /", std::env::set_current_dir("/"))?;
+    step(Step::ChdirStagingRoot, std::env::set_current_dir("/"))?;
     new_root_tmpfs()?;
     // Files and directories get exactly the modes asked for, whatever the caller's umask.
     rustix::process::umask(Mode::empty());
@@ -656,7 +655,7 @@ fn start_root() -> StepResult<()> {
 fn new_root_tmpfs() -> StepResult<()> {
     use rustix::mount::*;
     step(
-        "mount new root tmpfs",
+        Step::MountNewRootTmpfs,
         mount(
             "agentjail",
             "/newroot",
@@ -672,7 +671,7 @@ fn new_root_tmpfs() -> StepResult<()> {
 fn discard_root(made: &mut Made) -> StepResult<()> {
     *made = Made::default();
     step(
-        "discard the host root",
+        Step::DiscardHostRoot,
         rustix::mount::unmount("/newroot", rustix::mount::UnmountFlags::DETACH),
     )?;
     new_root_tmpfs()
@@ -889,7 +888,10 @@ fn payload_main(a: &InitArgs, sock: BorrowedFd<'_>) -> ! {
     let program = a.plan.argv.first().cloned().unwrap_or_default();
     let msg = match payload(a, sock) {
         Ok(e) => FromPayload::ExecFailed { program, error: e },
-        Err((step, error)) => FromPayload::SetupFailed { step, error },
+        Err(e) => {
+            let (step, error) = e.into_pair();
+            FromPayload::SetupFailed { step, error }
+        }
     };
     let _ = send(sock.as_fd(), &msg, None);
     sys::exit_now(127)
@@ -902,17 +904,17 @@ fn payload(a: &InitArgs, sock: BorrowedFd<'_>) -> StepResult<String> {
     sys::setsid();
     for (fd, to, name) in [(&a.stdout_w, 1, "stdout"), (&a.stderr_w, 2, "stderr")] {
         if let Some(fd) = fd {
-            step(name, sys::dup2(fd.as_raw_fd(), to))?;
+            step(Step::RedirectOutput(name), sys::dup2(fd.as_raw_fd(), to))?;
         }
     }
     let null = step(
-        "open /dev/null",
+        Step::OpenDevNull,
         rustix::fs::open("/dev/null", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()),
     )?;
-    step("stdin", sys::dup2(null.as_raw_fd(), 0))?;
+    step(Step::RedirectStdin, sys::dup2(null.as_raw_fd(), 0))?;
     drop(null);
     step(
-        &format!("chdir {}", a.plan.cwd),
+        Step::ChdirCwd(a.plan.cwd.clone()),
         std::env::set_current_dir(&a.plan.cwd),
     )?;
     // The init built the root with umask 0; the command gets the usual one.
@@ -920,14 +922,14 @@ fn payload(a: &InitArgs, sock: BorrowedFd<'_>) -> StepResult<String> {
 
     // Capabilities: lock the securebits and empty the bounding set while we still hold
     // CAP_SETPCAP, then change ids, then clear the remaining sets.
-    step("lock securebits", sys::lock_securebits())?;
-    step("drop bounding set", sys::drop_bounding_set())?;
+    step(Step::LockSecurebits, sys::lock_securebits())?;
+    step(Step::DropBoundingSet, sys::drop_bounding_set())?;
     step(
-        "clear ambient capabilities",
+        Step::ClearAmbientCapabilities,
         caps::clear(None, caps::CapSet::Ambient),
     )?;
     step(
-        "become the sandbox user",
+        Step::BecomeSandboxUser,
         sys::become_user(SANDBOX_ID, SANDBOX_ID, a.root_mode),
     )?;
     for set in [
@@ -935,7 +937,7 @@ fn payload(a: &InitArgs, sock: BorrowedFd<'_>) -> StepResult<String> {
         caps::CapSet::Inheritable,
         caps::CapSet::Permitted,
     ] {
-        step("clear capabilities", caps::clear(None, set))?;
+        step(Step::ClearCapabilities, caps::clear(None, set))?;
     }
 
     let mut applied = Applied {
@@ -943,9 +945,9 @@ fn payload(a: &InitArgs, sock: BorrowedFd<'_>) -> StepResult<String> {
         ..Applied::default()
     };
     applied.landlock_abi = apply_landlock(a, &mut applied.degraded)?;
-    step("set no_new_privs", rustix::thread::set_no_new_privs(true))?;
+    step(Step::SetNoNewPrivs, rustix::thread::set_no_new_privs(true))?;
 
-    let prog = step("build seccomp filter", seccomp::build_filter(true))?;
+    let prog = step(Step::BuildSeccompFilter, seccomp::build_filter(true))?;
     let listener = match sys::seccomp_set_filter(
         &prog,
         libc::SECCOMP_FILTER_FLAG_NEW_LISTENER as u32,
@@ -958,13 +960,16 @@ fn payload(a: &InitArgs, sock: BorrowedFd<'_>) -> StepResult<String> {
             applied
                 .degraded
                 .push(format!("seccomp user notification unavailable ({e}): refused syscalls fail with EPERM but are not reported"));
-            let prog = step("build seccomp filter", seccomp::build_filter(false))?;
-            step("install seccomp filter", sys::seccomp_set_filter(&prog, 0))?
+            let prog = step(Step::BuildSeccompFilter, seccomp::build_filter(false))?;
+            step(
+                Step::InstallSeccompFilter,
+                sys::seccomp_set_filter(&prog, 0),
+            )?
         }
-        Err(e) => return Err(("install seccomp filter".into(), e.to_string())),
+        Err(e) => return Err(SetupError::new(Step::InstallSeccompFilter, e)),
     };
     step(
-        "report applied protections",
+        Step::ReportApplied,
         send(
             sock.as_fd(),
             &FromPayload::Applied(applied),
@@ -972,7 +977,7 @@ fn payload(a: &InitArgs, sock: BorrowedFd<'_>) -> StepResult<String> {
         ),
     )?;
     drop(listener);
-    step("close inherited fds", sys::cloexec_from(3))?;
+    step(Step::CloseInheritedFds, sys::cloexec_from(3))?;
     timing::mark("payload: protections applied");
 
     let argv: Vec<CString> = a
@@ -981,14 +986,14 @@ fn payload(a: &InitArgs, sock: BorrowedFd<'_>) -> StepResult<String> {
         .iter()
         .map(|s| CString::new(s.as_str()))
         .collect::<Result<_, _>>()
-        .map_err(|e| ("command".to_string(), e.to_string()))?;
+        .map_err(|e| SetupError::new(Step::Command, e))?;
     let envp: Vec<CString> = a
         .plan
         .env
         .iter()
         .map(|(k, v)| CString::new(format!("{k}={v}")))
         .collect::<Result<_, _>>()
-        .map_err(|e| ("env".to_string(), e.to_string()))?;
+        .map_err(|e| SetupError::new(Step::Env, e))?;
     let program = &a.plan.argv[0];
     let candidates: Vec<String> = if program.contains('/') {
         vec![program.clone()]
@@ -1066,7 +1071,7 @@ fn apply_rlimits(a: &InitArgs) -> StepResult<Vec<String>> {
     ];
     let mut names = Vec::new();
     for (res, name, v) in list {
-        step(&format!("setrlimit {name}"), setrlimit(res, v))?;
+        step(Step::SetRlimit(name), setrlimit(res, v))?;
         names.push(name.trim_end_matches("=0").to_string());
     }
     Ok(names)
@@ -1089,8 +1094,8 @@ fn apply_landlock(a: &InitArgs, degraded: &mut Vec<String>) -> StepResult<Option
     let used = kernel_abi.min(WANTED_ABI);
     let refuse_or_degrade = |why: String, degraded: &mut Vec<String>| {
         if !a.allow_degraded {
-            return Err((
-                "landlock".to_string(),
+            return Err(SetupError::new(
+                Step::LandlockRefused,
                 format!("{why}; refusing (use --allow-degraded to run anyway)"),
             ));
         }
@@ -1102,7 +1107,7 @@ fn apply_landlock(a: &InitArgs, degraded: &mut Vec<String>) -> StepResult<Option
     }
     // `used` is 1..=6 here; the conversion exists for exactly this (a number the kernel gave).
     let abi = ABI::from(used as i32);
-    let err = |e: landlock::RulesetError| ("landlock".to_string(), e.to_string());
+    let err = |e: landlock::RulesetError| SetupError::new(Step::Landlock, e);
     let all = AccessFs::from_all(abi);
     let read = AccessFs::from_read(abi) & !AccessFs::Execute;
     let read_exec = AccessFs::from_read(abi);
@@ -1130,7 +1135,7 @@ fn apply_landlock(a: &InitArgs, degraded: &mut Vec<String>) -> StepResult<Option
             Access::Write { exec: false } => write & !AccessFs::Execute,
             Access::ListOnly => AccessFs::ReadDir.into(),
         } & all; // a rule may carry only handled rights (no IoctlDev below ABI 5)
-        let fd = step(&format!("landlock: open {path}"), PathFd::new(path))?;
+        let fd = step(Step::LandlockOpen(path.clone()), PathFd::new(path))?;
         // Rules on a file may only carry file rights. (Asked of the fd just opened: no second
         // path walk, and no window in which the path could name something else.)
         let is_dir = rustix::fs::fstat(std::os::fd::AsFd::as_fd(&fd))
@@ -1185,11 +1190,11 @@ mod tests {
         }
     }
 
-    fn run(rec: &mut Recorder, ops: &[Op]) -> StepResult<()> {
+    fn run(rec: &mut Recorder, ops: &[Op]) -> Result<(), (String, String)> {
         let mut made = Made::default();
         ops.iter()
             .try_for_each(|op| apply(rec, op, &mut made))
-            .map_err(RootError::into_pair)
+            .map_err(|e| SetupError::from(e).into_pair())
     }
 
     const RO: u64 = libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;

@@ -30,6 +30,7 @@ mod outcome;
 pub mod plan;
 mod root_sys;
 pub mod seccomp;
+mod step;
 pub mod supervisor;
 mod sys;
 pub mod term;

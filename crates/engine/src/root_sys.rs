@@ -113,17 +113,6 @@ pub(crate) struct RootError {
     pub(crate) source: io::Error,
 }
 
-impl RootError {
-    /// The `(step, error)` pair of the report's set-up failure: the step's words, then the
-    /// system call and the error.
-    pub(crate) fn into_pair(self) -> (String, String) {
-        (
-            self.step.to_string(),
-            format!("{}: {}", self.step.syscall(), self.source),
-        )
-    }
-}
-
 /// Runs one step: its result, or a [`RootError`] naming it.
 pub(crate) fn root_step<T>(step: RootStep, r: io::Result<T>) -> Result<T, RootError> {
     if crate::inside::timing::every_step() {

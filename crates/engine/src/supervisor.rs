@@ -29,6 +29,7 @@ use crate::inside::{self, Applied, InitArgs, ToInit, ToSupervisor};
 pub use crate::outcome::{Cleanup, Outcome, RunOptions, STREAM_LIMIT, Sink};
 use crate::outcome::{Ended, Ending, Stream, classify, fail, kill_and_reap, with_userns_hint};
 use crate::plan::{Plan, RootImage, SANDBOX_ID};
+use crate::step::{SetupError, Step, StepResult, step};
 use crate::sys::{self, Cloned};
 
 /// Most characters of a program name quoted in an error (the rest is cut, ending in `…`).
@@ -93,7 +94,15 @@ pub fn run_on(
         Some(p) => p,
         None => match prespawn_now(root_mode) {
             Ok(p) => p,
-            Err(e) => return fail(report, e),
+            Err(e) if e.step == Step::CloneNamespaces => {
+                return fail(
+                    report,
+                    format!(
+                        "{e}; hint: `agentjail check` tells whether user namespaces are allowed here"
+                    ),
+                );
+            }
+            Err(e) => return fail(report, e.to_string()),
         },
     };
     let abort = |report: RunReport, msg: String| {
@@ -110,7 +119,7 @@ pub fn run_on(
             &[memfd.as_fd()],
         )
     }) {
-        return abort(report, e);
+        return abort(report, e.to_string());
     }
     inside::timing::mark("supervisor: plan sent");
 
@@ -147,7 +156,7 @@ pub fn run_on(
         }
     };
     if let Err(e) = hand_over_cgroups(cgroup.as_ref(), &ctl_s) {
-        return abort(report, e);
+        return abort(report, e.to_string());
     }
     inside::timing::mark("supervisor: cgroups handed over");
     report.isolation = Isolation {
@@ -236,7 +245,7 @@ pub fn run_on(
             match start_gateway(vm, opts, fd) {
                 Ok(h) => gateway = Some(h),
                 Err(e) => {
-                    st.setup_failed.get_or_insert(e);
+                    st.setup_failed.get_or_insert(e.to_string());
                     let _ =
                         rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
                 }
@@ -357,9 +366,12 @@ fn take_prespawned(root_mode: bool) -> Option<Prespawned> {
     }
 }
 
-fn prespawn_now(root_mode: bool) -> Result<Prespawned, String> {
+fn prespawn_now(root_mode: bool) -> StepResult<Prespawned> {
     if sys::thread_count().unwrap_or(1) > 1 {
-        return Err("internal: the engine must run in a single-threaded process".into());
+        return Err(SetupError::new(
+            Step::SingleThreaded,
+            "internal: the engine must run in a single-threaded process",
+        ));
     }
     let pair = rustix::net::socketpair(
         rustix::net::AddressFamily::UNIX,
@@ -373,7 +385,9 @@ fn prespawn_now(root_mode: bool) -> Result<Prespawned, String> {
     );
     let ((ctl_s, ctl_c), (out_r, out_w), (err_r, err_w)) = match (pair, pipes) {
         (Ok(p), (Ok(o), Ok(e))) => (p, o, e),
-        _ => return Err("cannot create the control socket and pipes".into()),
+        (Err(e), _) | (_, (Err(e), _)) | (_, (_, Err(e))) => {
+            return Err(SetupError::new(Step::CreateControlChannels, e));
+        }
     };
     // The network and cgroup namespaces are not made here: the init makes the network one
     // first thing (so that its cost overlaps the supervisor's work) and the cgroup one once
@@ -387,9 +401,7 @@ fn prespawn_now(root_mode: bool) -> Result<Prespawned, String> {
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS) as u64;
     match sys::clone_sandbox(flags) {
-        Err(e) => Err(format!(
-            "cannot create the sandbox namespaces: {e}; hint: `agentjail check` tells whether user namespaces are allowed here"
-        )),
+        Err(e) => Err(SetupError::new(Step::CloneNamespaces, e)),
         Ok(Cloned::Child) => {
             drop((ctl_s, out_r, err_r));
             inside::init_main(InitArgs {
@@ -450,12 +462,14 @@ fn prespawn_now(root_mode: bool) -> Result<Prespawned, String> {
 }
 
 /// The plan as JSON in a memfd (any size; a socket message is bounded).
-fn plan_memfd(plan: &Plan) -> Result<OwnedFd, String> {
-    let json = serde_json::to_vec(plan).map_err(|e| format!("cannot encode the plan: {e}"))?;
-    let fd = rustix::fs::memfd_create(c"agentjail-plan", rustix::fs::MemfdFlags::CLOEXEC)
-        .map_err(|e| format!("cannot create the plan's memfd: {e}"))?;
+fn plan_memfd(plan: &Plan) -> StepResult<OwnedFd> {
+    let json = step(Step::EncodePlan, serde_json::to_vec(plan))?;
+    let fd = step(
+        Step::CreatePlanMemfd,
+        rustix::fs::memfd_create(c"agentjail-plan", rustix::fs::MemfdFlags::CLOEXEC),
+    )?;
     let mut f = std::fs::File::from(fd);
-    std::io::Write::write_all(&mut f, &json).map_err(|e| format!("cannot write the plan: {e}"))?;
+    step(Step::WritePlan, std::io::Write::write_all(&mut f, &json))?;
     Ok(f.into())
 }
 
@@ -469,19 +483,22 @@ fn refuse(mut report: RunReport, degraded: Vec<String>) -> Outcome {
     fail(report, msg)
 }
 
-fn send_or_died(ctl: &OwnedFd, msg: &ToInit, fds: &[BorrowedFd<'_>]) -> Result<(), String> {
-    inside::send_fds(ctl.as_fd(), msg, fds).map_err(|_| {
-        // The init reports its own failure first when it can; this is the fallback.
-        "the sandbox init died during setup".to_string()
+fn send_or_died(ctl: &OwnedFd, msg: &ToInit, fds: &[BorrowedFd<'_>]) -> StepResult<()> {
+    // The init reports its own failure first when it can; this is the fallback.
+    inside::send_fds(ctl.as_fd(), msg, fds).map_err(|e| {
+        SetupError::new(
+            Step::SendToInit,
+            format!("the sandbox init died during setup ({e})"),
+        )
     })
 }
 
 /// Writes the init's uid and gid maps.
-fn write_id_maps(pid: i32, root_mode: bool, host_uid: u32) -> Result<(), String> {
+fn write_id_maps(pid: i32, root_mode: bool, host_uid: u32) -> StepResult<()> {
     let proc = format!("/proc/{pid}");
-    let write = |file: &str, content: String| {
-        std::fs::write(format!("{proc}/{file}"), &content)
-            .map_err(|e| format!("cannot write {file} of the sandbox ({content:?}): {e}"))
+    let write = |file: &'static str, content: String| {
+        let r = std::fs::write(format!("{proc}/{file}"), &content);
+        step(Step::WriteIdMap { file, content }, r)
     };
     if root_mode {
         // uid 0 inside is the init's own (host root, capabilities only in the new namespace);
@@ -500,7 +517,7 @@ fn write_id_maps(pid: i32, root_mode: bool, host_uid: u32) -> Result<(), String>
 /// Tells the init the run's cgroups, with the files (opened here, where they are visible, with
 /// our credentials) through which the payload moves itself in: see `Cgroup::self_join_files`
 /// and `inside::join_cgroups`, which checks the result before the command exists.
-fn hand_over_cgroups(cg: Option<&Cgroup>, ctl: &OwnedFd) -> Result<(), String> {
+fn hand_over_cgroups(cg: Option<&Cgroup>, ctl: &OwnedFd) -> StepResult<()> {
     let Some(cg) = cg else {
         return send_or_died(
             ctl,
@@ -516,26 +533,30 @@ fn hand_over_cgroups(cg: Option<&Cgroup>, ctl: &OwnedFd) -> Result<(), String> {
         .self_join_files()
         .iter()
         .map(|p| {
-            rustix::fs::open(
-                p,
-                rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
+            step(
+                Step::OpenCgroupFile(p.clone()),
+                rustix::fs::open(
+                    p,
+                    rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                ),
             )
-            .map_err(|e| format!("cannot open {}: {e}", p.display()))
         })
-        .collect::<Result<Vec<OwnedFd>, String>>()?;
+        .collect::<StepResult<Vec<OwnedFd>>>()?;
     // v2: the directory too, for the init to clone the payload into (CLONE_INTO_CGROUP).
     let dir = cg.clone_into_dir();
     let into_dir = match dir {
         Some(p) => {
-            let fd = rustix::fs::open(
-                p,
-                rustix::fs::OFlags::RDONLY
-                    | rustix::fs::OFlags::DIRECTORY
-                    | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-            )
-            .map_err(|e| format!("cannot open {}: {e}", p.display()))?;
+            let fd = step(
+                Step::OpenCgroupFile(p.to_path_buf()),
+                rustix::fs::open(
+                    p,
+                    rustix::fs::OFlags::RDONLY
+                        | rustix::fs::OFlags::DIRECTORY
+                        | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                ),
+            )?;
             files.push(fd);
             true
         }
@@ -558,10 +579,13 @@ fn start_gateway(
     vm: &ValidatedManifest,
     opts: &RunOptions,
     fd: OwnedFd,
-) -> Result<agentjail_egress::GatewayHandle, String> {
+) -> StepResult<agentjail_egress::GatewayHandle> {
     use std::sync::Arc;
     let agentjail_manifest::Network::Allow(policy) = &vm.manifest.network else {
-        return Err("internal: a proxy socket without a network allowlist".into());
+        return Err(SetupError::new(
+            Step::GatewayPolicy,
+            "internal: a proxy socket without a network allowlist",
+        ));
     };
     let l = vm.manifest.limits;
     let seconds = std::time::Duration::from_secs(l.seconds);
@@ -576,22 +600,24 @@ fn start_gateway(
         ..agentjail_egress::GatewayLimits::default()
     };
     let resolver: Arc<dyn agentjail_egress::Resolve> = if opts.egress_dns.is_empty() {
-        Arc::new(
-            agentjail_egress::HickoryResolver::from_system_conf()
-                .map_err(|e| format!("egress gateway: resolver: {e}"))?,
-        )
+        Arc::new(step(
+            Step::GatewayResolver,
+            agentjail_egress::HickoryResolver::from_system_conf(),
+        )?)
     } else {
-        Arc::new(
+        Arc::new(step(
+            Step::GatewayResolver,
             agentjail_egress::HickoryResolver::with_name_servers(
                 &opts.egress_dns,
                 std::time::Duration::from_secs(5),
-            )
-            .map_err(|e| format!("egress gateway: resolver: {e}"))?,
-        )
+            ),
+        )?)
     };
     let listener = std::net::TcpListener::from(fd);
-    agentjail_egress::spawn_gateway(policy, limits, resolver, listener)
-        .map_err(|e| format!("egress gateway: {e}"))
+    step(
+        Step::StartGateway,
+        agentjail_egress::spawn_gateway(policy, limits, resolver, listener),
+    )
 }
 
 /// Puts the gateway's decisions into the report: refusals as denials, the rest as connections.
