@@ -172,7 +172,57 @@ struct Claim {
     enabled: Vec<&'static str>,
 }
 
-fn v2_base(mount: &Path, own: &Path) -> Result<PathBuf, String> {
+/// Why no usable cgroup could be made for a run: the reason the report's `degraded` list (or
+/// the refusal) gives, each step with the path and the OS's answer.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("cgroup: cannot read /proc/self/mountinfo: {0}")]
+    Mountinfo(#[source] io::Error),
+    #[error("cgroup: cannot read /proc/self/cgroup: {0}")]
+    OwnCgroups(#[source] io::Error),
+    #[error("cgroup v2 at {} has no memory and pids controllers", .0.display())]
+    NoV2Controllers(PathBuf),
+    #[error("{} is not offered the memory and pids controllers by its parent", .0.display())]
+    NotOffered(PathBuf),
+    #[error("{} holds other processes too ({pids}), so it cannot pass controllers down", .dir.display())]
+    NotAlone { dir: PathBuf, pids: String },
+    /// `mkdir` of a cgroup (`hint`: what to do about it, or empty).
+    #[error("mkdir {}: {source}{hint}", .path.display())]
+    Mkdir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+        hint: &'static str,
+    },
+    /// A write to a cgroup file.
+    #[error("write {} = {value}: {source}", .path.display())]
+    Write {
+        path: PathBuf,
+        value: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("no cgroup from {} up passes the memory and pids controllers down (agentjail enables controllers only in a cgroup of its own; on a host without systemd, as root: echo '+memory +pids +cpu' > {}/cgroup.subtree_control)", .own.display(), .mount.display())]
+    NoDelegatingAncestor { own: PathBuf, mount: PathBuf },
+    #[error("no cgroup v1 memory and pids hierarchies")]
+    NoV1,
+    /// Every way of cgroup v2 failed, for these reasons.
+    #[error("cgroup v2: {}", join(.0))]
+    V2(Vec<CgroupError>),
+    /// Neither v2 nor v1 gave a cgroup, for these reasons.
+    #[error("cgroup: {}", join(.0))]
+    Unusable(Vec<CgroupError>),
+}
+
+fn join(reasons: &[CgroupError]) -> String {
+    reasons
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn v2_base(mount: &Path, own: &Path) -> Result<PathBuf, CgroupError> {
     if let Ok(g) = V2_BASE.lock()
         && let Some(b) = g.as_ref()
         && b.is_dir()
@@ -196,12 +246,9 @@ fn v2_base(mount: &Path, own: &Path) -> Result<PathBuf, String> {
 /// 3. else (a login session's scope, which holds the user's shell too; a service with other
 ///    processes) the nearest ancestor that passes memory and pids down, where creating a
 ///    cgroup needs root or delegation (the mkdir's EACCES is reported as such).
-fn find_v2_base(mount: &Path, own: &Path) -> Result<PathBuf, String> {
+fn find_v2_base(mount: &Path, own: &Path) -> Result<PathBuf, CgroupError> {
     if !has_controllers(mount, "cgroup.controllers", &REQUIRED) {
-        return Err(format!(
-            "cgroup v2 at {} has no memory and pids controllers",
-            mount.display()
-        ));
+        return Err(CgroupError::NoV2Controllers(mount.to_path_buf()));
     }
     if has_controllers(own, "cgroup.subtree_control", &REQUIRED) {
         return Ok(own.to_path_buf());
@@ -230,12 +277,11 @@ fn find_v2_base(mount: &Path, own: &Path) -> Result<PathBuf, String> {
             return Ok(a.to_path_buf());
         }
     }
-    reasons.push(format!(
-        "no cgroup from {} up passes the memory and pids controllers down (agentjail enables controllers only in a cgroup of its own; on a host without systemd, as root: echo '+memory +pids +cpu' > {}/cgroup.subtree_control)",
-        own.display(),
-        mount.display()
-    ));
-    Err(format!("cgroup v2: {}", reasons.join("; ")))
+    reasons.push(CgroupError::NoDelegatingAncestor {
+        own: own.to_path_buf(),
+        mount: mount.to_path_buf(),
+    });
+    Err(CgroupError::V2(reasons))
 }
 
 /// The pids listed in a `cgroup.procs` file.
@@ -260,12 +306,9 @@ fn ppid(pid: u32) -> Option<u32> {
 /// (the sandbox init cloned ahead), moves them into the leaf `own/agentjail-supervisor-<pid>`
 /// and enables memory and pids (and cpu, when offered) in `own`'s subtree_control, so that the
 /// runs' cgroups can be its children. [`release`] undoes it.
-fn claim(own: &Path) -> Result<(), String> {
+fn claim(own: &Path) -> Result<(), CgroupError> {
     if !has_controllers(own, "cgroup.controllers", &REQUIRED) {
-        return Err(format!(
-            "{} is not offered the memory and pids controllers by its parent",
-            own.display()
-        ));
+        return Err(CgroupError::NotOffered(own.to_path_buf()));
     }
     let me = std::process::id();
     let ours = procs(own);
@@ -275,18 +318,23 @@ fn claim(own: &Path) -> Result<(), String> {
         .map(u32::to_string)
         .collect();
     if !foreign.is_empty() {
-        return Err(format!(
-            "{} holds other processes too ({}), so it cannot pass controllers down",
-            own.display(),
-            foreign.join(" ")
-        ));
+        return Err(CgroupError::NotAlone {
+            dir: own.to_path_buf(),
+            pids: foreign.join(" "),
+        });
     }
     reap_stale_leaves(own);
     let leaf = own.join(format!("{LEAF_PREFIX}{me}"));
     match fs::create_dir(&leaf) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(format!("mkdir {}: {e}", leaf.display())),
+        Err(source) => {
+            return Err(CgroupError::Mkdir {
+                path: leaf,
+                source,
+                hint: "",
+            });
+        }
     }
     let undo = |enabled: &[&str]| {
         for c in enabled.iter().rev() {
@@ -302,7 +350,11 @@ fn claim(own: &Path) -> Result<(), String> {
             && e.raw_os_error() != Some(libc::ESRCH)
         {
             undo(&[]);
-            return Err(format!("write {}/cgroup.procs = {p}: {e}", leaf.display()));
+            return Err(CgroupError::Write {
+                path: leaf.join("cgroup.procs"),
+                value: p.to_string(),
+                source: e,
+            });
         }
     }
     let mut enabled: Vec<&'static str> = Vec::new();
@@ -317,10 +369,11 @@ fn claim(own: &Path) -> Result<(), String> {
             Err(_) if c == "cpu" => {}
             Err(e) => {
                 undo(&enabled);
-                return Err(format!(
-                    "write {}/cgroup.subtree_control = +{c}: {e}",
-                    own.display()
-                ));
+                return Err(CgroupError::Write {
+                    path: own.join("cgroup.subtree_control"),
+                    value: format!("+{c}"),
+                    source: e,
+                });
             }
         }
     }
@@ -383,8 +436,12 @@ fn has_controllers(dir: &Path, file: &str, wanted: &[&str]) -> bool {
         .unwrap_or(false)
 }
 
-fn write(path: &Path, value: &str) -> Result<(), String> {
-    fs::write(path, value).map_err(|e| format!("write {} = {value}: {e}", path.display()))
+fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
+    fs::write(path, value).map_err(|source| CgroupError::Write {
+        path: path.to_path_buf(),
+        value: value.to_string(),
+        source,
+    })
 }
 
 fn read_u64(path: &Path) -> Option<u64> {
@@ -412,10 +469,9 @@ impl Cgroup {
         memory_bytes: u64,
         pids_max: u64,
         cpu_quota_us: Option<u64>,
-    ) -> Result<Cgroup, String> {
-        let ms = mounts().map_err(|e| format!("cgroup: cannot read /proc/self/mountinfo: {e}"))?;
-        let own =
-            own_cgroups().map_err(|e| format!("cgroup: cannot read /proc/self/cgroup: {e}"))?;
+    ) -> Result<Cgroup, CgroupError> {
+        let ms = mounts().map_err(CgroupError::Mountinfo)?;
+        let own = own_cgroups().map_err(CgroupError::OwnCgroups)?;
         let name = format!(
             "agentjail-{}-{}",
             std::process::id(),
@@ -447,9 +503,9 @@ impl Cgroup {
                     Err(e) => reasons.push(e),
                 }
             }
-            _ => reasons.push("no cgroup v1 memory and pids hierarchies".into()),
+            _ => reasons.push(CgroupError::NoV1),
         }
-        Err(format!("cgroup: {}", reasons.join("; ")))
+        Err(CgroupError::Unusable(reasons))
     }
 
     fn create_v1(
@@ -460,7 +516,7 @@ impl Cgroup {
         memory_bytes: u64,
         pids_max: u64,
         cpu_limit: Option<(&Path, u64)>,
-    ) -> Result<Cgroup, String> {
+    ) -> Result<Cgroup, CgroupError> {
         let memory = mem_parent.join(name);
         let pids = pids_parent.join(name);
         for parent in [
@@ -474,7 +530,13 @@ impl Cgroup {
         {
             reap_stale(parent, name);
         }
-        let mkdir = |p: &Path| fs::create_dir(p).map_err(|e| format!("mkdir {}: {e}", p.display()));
+        let mkdir = |p: &Path| {
+            fs::create_dir(p).map_err(|source| CgroupError::Mkdir {
+                path: p.to_path_buf(),
+                source,
+                hint: "",
+            })
+        };
         mkdir(&memory)?;
         let cg = Cgroup {
             version: Version::V1,
@@ -529,19 +591,17 @@ impl Cgroup {
         memory_bytes: u64,
         pids_max: u64,
         cpu_quota_us: Option<u64>,
-    ) -> Result<Cgroup, String> {
+    ) -> Result<Cgroup, CgroupError> {
         reap_stale(parent, name);
         let dir = parent.join(name);
-        fs::create_dir(&dir).map_err(|e| {
-            format!(
-                "mkdir {}: {e}{}",
-                dir.display(),
-                if e.kind() == io::ErrorKind::PermissionDenied {
-                    " (this user holds no delegated cgroup here: run under `systemd-run --user --scope -p Delegate=yes`, or as root)"
-                } else {
-                    ""
-                }
-            )
+        fs::create_dir(&dir).map_err(|source| CgroupError::Mkdir {
+            path: dir.clone(),
+            hint: if source.kind() == io::ErrorKind::PermissionDenied {
+                " (this user holds no delegated cgroup here: run under `systemd-run --user --scope -p Delegate=yes`, or as root)"
+            } else {
+                ""
+            },
+            source,
         })?;
         let cg = Cgroup {
             version: Version::V2,
@@ -715,13 +775,56 @@ pub fn describe() -> (Option<Version>, String) {
             drop(cg);
             (Some(v), msg)
         }
-        Err(e) => (None, e),
+        Err(e) => (None, e.to_string()),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_cgroup_creation_names_the_step_the_path_and_the_error() {
+        let t = tempfile::tempdir().unwrap();
+        let parent = t.path().join("missing");
+        let e = Cgroup::create_v2(&parent, "agentjail-test-0", 1 << 20, 8, None).unwrap_err();
+        assert!(matches!(e, CgroupError::Mkdir { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "mkdir {}/agentjail-test-0: No such file or directory (os error 2)",
+                parent.display()
+            )
+        );
+        // Refused for want of delegation: the fix is named; the reasons of v2 and v1 are
+        // joined under one `cgroup:` as before.
+        let e = CgroupError::Unusable(vec![
+            CgroupError::Mkdir {
+                path: "/sys/fs/cgroup/user.slice/agentjail-1-0".into(),
+                source: io::Error::from_raw_os_error(libc::EACCES),
+                hint: " (delegate it)",
+            },
+            CgroupError::NoV1,
+        ]);
+        assert_eq!(
+            e.to_string(),
+            "cgroup: mkdir /sys/fs/cgroup/user.slice/agentjail-1-0: Permission denied (os error 13) (delegate it); no cgroup v1 memory and pids hierarchies"
+        );
+    }
+
+    #[test]
+    fn a_refused_cgroup_limit_names_the_file_and_the_value() {
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("no-such-dir/memory.max");
+        let e = write(&f, "1048576").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "write {} = 1048576: No such file or directory (os error 2)",
+                f.display()
+            )
+        );
+    }
 
     #[test]
     fn proc_cgroup_membership() {
@@ -817,7 +920,7 @@ mod tests {
         // Nothing passes the controllers down (a fresh boot without systemd, in the root
         // cgroup): refused with the fix, and the root left alone.
         let t = tree(&[("", all, "", "1\n")]);
-        let e = find_v2_base(t.path(), t.path()).unwrap_err();
+        let e = find_v2_base(t.path(), t.path()).unwrap_err().to_string();
         assert!(e.contains("+memory +pids"), "{e}");
         assert_eq!(
             fs::read_to_string(t.path().join("cgroup.subtree_control")).unwrap(),
