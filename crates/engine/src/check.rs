@@ -270,19 +270,18 @@ pub fn check() -> Report {
             Err(e) => Item {
                 name: "gvisor platform".into(),
                 ok: false,
-                detail: e,
+                detail: e.to_string(),
             },
         });
     }
     let strict = crate::probe_strict_run();
     // A strict run refused before the sandbox was built (a missing cgroup, Landlock) says
     // nothing about mounts: a run that allows what is missing proves or disproves them.
-    let refused_before_start =
-        matches!(&strict, Err(e) if e.starts_with("refusing to run without"));
+    let refused_before_start = matches!(&strict, Err(crate::ProbeError::Refused(_)));
     let mounts = match &strict {
         Ok(()) => Ok(()),
         Err(_) if refused_before_start => crate::probe_run(true),
-        Err(_) => Err(String::new()),
+        Err(e) => Err(e.clone()),
     };
     const MOUNTS_OK: &str =
         "tmpfs, proc and read-only bind mounts work in a new user namespace (no overlayfs is used)";
@@ -304,10 +303,13 @@ pub fn check() -> Report {
         detail: match &strict {
             Ok(()) => "/bin/true ran with every protection applied".into(),
             // This is `check`: no hint to run it.
-            Err(e) => match e.find(RUN_HINT) {
-                Some(i) => e[..i].to_string(),
-                None => e.clone(),
-            },
+            Err(e) => {
+                let e = e.to_string();
+                match e.find(RUN_HINT) {
+                    Some(i) => e[..i].to_string(),
+                    None => e,
+                }
+            }
         },
     });
     let fixes = if strict.is_ok() {

@@ -27,6 +27,7 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentjail_manifest::ValidatedManifest;
@@ -65,22 +66,73 @@ impl Platform {
     }
 }
 
+/// Why the gVisor tier cannot run, or a step of its set-up failed: the words the report,
+/// `agentjail check` and the self-test show.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GvisorError {
+    #[error("AGENTJAIL_GVISOR_PLATFORM={0}: expected kvm, systrap or ptrace")]
+    BadPlatformVar(String),
+    #[error("runsc not found (Debian: apt-get install runsc)")]
+    NoRunsc,
+    #[error("the gvisor tier needs root here (runsc manages its sandbox's cgroups and mounts)")]
+    NeedsRoot,
+    /// `runsc --version` could not be run.
+    #[error("{}: {source}", .runsc.display())]
+    RunscVersion {
+        runsc: PathBuf,
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The supervisor's private mount and network namespaces (see [`private_namespaces`]).
+    #[error("unshare(CLONE_NEWNS | CLONE_NEWNET): {0}")]
+    Unshare(#[source] Arc<std::io::Error>),
+    #[error("make / private: {0}")]
+    MakeRootPrivate(#[source] rustix::io::Errno),
+    #[error("chmod 0700 {}: {source}", .dir.display())]
+    Chmod {
+        dir: PathBuf,
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    #[error("mount tmpfs on {}: {source}", .dir.display())]
+    MountTmpfs {
+        dir: PathBuf,
+        #[source]
+        source: rustix::io::Errno,
+    },
+    /// A tmpfs option string with a NUL byte.
+    #[error("{0}")]
+    TmpfsOptions(#[source] std::ffi::NulError),
+}
+
+/// Why gVisor's KVM platform is not used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum NoKvm {
+    #[error("no /dev/kvm")]
+    NoDevice,
+    #[error("/dev/kvm cannot be opened: {0}")]
+    CannotOpen(rustix::io::Errno),
+    #[error("/dev/kvm is kvm_pvm (paravirtual KVM), no VMX/SVM")]
+    Paravirtual,
+    #[error("the CPU advertises no VMX/SVM")]
+    NoVmxSvm,
+}
+
 /// Chooses the platform: `$AGENTJAIL_GVISOR_PLATFORM` (`kvm`, `systrap`, `ptrace`) if set;
 /// otherwise KVM where it really works — /dev/kvm opens read-write, is the hardware KVM
 /// module (not `kvm_pvm`, the paravirtual one that cannot run gVisor's guest: its KVM platform
 /// spins at start-up there, measured in docs/performance.md) and the CPU advertises VMX or SVM
 /// — else the fastest of runsc's own platforms that this runsc has (systrap from runsc 2023-06
 /// on, ptrace before). `runsc_version` is `runsc --version`'s first line.
-pub fn platform(runsc_version: &str) -> Result<Platform, String> {
+pub fn platform(runsc_version: &str) -> Result<Platform, GvisorError> {
     if let Some(v) = std::env::var_os("AGENTJAIL_GVISOR_PLATFORM") {
         let name = match v.to_str() {
             Some("kvm") => "kvm",
             Some("systrap") => "systrap",
             Some("ptrace") => "ptrace",
             _ => {
-                return Err(format!(
-                    "AGENTJAIL_GVISOR_PLATFORM={}: expected kvm, systrap or ptrace",
-                    v.to_string_lossy()
+                return Err(GvisorError::BadPlatformVar(
+                    v.to_string_lossy().into_owned(),
                 ));
             }
         };
@@ -109,22 +161,22 @@ pub fn platform(runsc_version: &str) -> Result<Platform, String> {
 }
 
 /// Whether gVisor's KVM platform can work here, or why not.
-fn kvm_usable() -> Result<(), String> {
+fn kvm_usable() -> Result<(), NoKvm> {
     let kvm = Path::new("/dev/kvm");
     if !kvm.exists() {
-        return Err("no /dev/kvm".into());
+        return Err(NoKvm::NoDevice);
     }
     rustix::fs::open(
         kvm,
         rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
         rustix::fs::Mode::empty(),
     )
-    .map_err(|e| format!("/dev/kvm cannot be opened: {e}"))?;
+    .map_err(NoKvm::CannotOpen)?;
     if Path::new("/sys/module/kvm_pvm").exists()
         && !Path::new("/sys/module/kvm_intel").exists()
         && !Path::new("/sys/module/kvm_amd").exists()
     {
-        return Err("/dev/kvm is kvm_pvm (paravirtual KVM), no VMX/SVM".into());
+        return Err(NoKvm::Paravirtual);
     }
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let hw = cpuinfo
@@ -132,7 +184,7 @@ fn kvm_usable() -> Result<(), String> {
         .filter(|l| l.starts_with("flags"))
         .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"));
     if !hw {
-        return Err("the CPU advertises no VMX/SVM".into());
+        return Err(NoKvm::NoVmxSvm);
     }
     Ok(())
 }
@@ -149,18 +201,18 @@ fn runsc_has_systrap(version: &str) -> bool {
 }
 
 /// Whether the tier can run here, with the reason when not.
-pub fn available() -> Result<String, String> {
-    let runsc = runsc_path().ok_or("runsc not found (Debian: apt-get install runsc)")?;
+pub fn available() -> Result<String, GvisorError> {
+    let runsc = runsc_path().ok_or(GvisorError::NoRunsc)?;
     if !rustix::process::geteuid().is_root() {
-        return Err(
-            "the gvisor tier needs root here (runsc manages its sandbox's cgroups and mounts)"
-                .into(),
-        );
+        return Err(GvisorError::NeedsRoot);
     }
     let out = Command::new(&runsc)
         .arg("--version")
         .output()
-        .map_err(|e| format!("{}: {e}", runsc.display()))?;
+        .map_err(|e| GvisorError::RunscVersion {
+            runsc: runsc.clone(),
+            source: Arc::new(e),
+        })?;
     let v = String::from_utf8_lossy(&out.stdout);
     Ok(v.lines().next().unwrap_or("runsc").trim().to_string())
 }
@@ -427,29 +479,33 @@ pub fn run(
 ///
 /// The mount namespace (made private, recursively) holds /output's size-bounded tmpfs, so that
 /// what the sandbox writes there is bounded and invisible outside.
-fn private_namespaces() -> Result<(), String> {
+fn private_namespaces() -> Result<(), GvisorError> {
     use rustix::mount::*;
     // Once per process; a failure is remembered, so a later run in the same process fails too.
-    static DONE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    static DONE: std::sync::OnceLock<Result<(), GvisorError>> = std::sync::OnceLock::new();
     DONE.get_or_init(|| {
         crate::sys::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWNET)
-            .map_err(|e| format!("unshare(CLONE_NEWNS | CLONE_NEWNET): {e}"))?;
+            .map_err(|e| GvisorError::Unshare(Arc::new(e)))?;
         mount_change(
             "/",
             MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
         )
-        .map_err(|e| format!("make / private: {e}"))
+        .map_err(GvisorError::MakeRootPrivate)
     })
     .clone()
 }
 
 /// Mounts a small tmpfs, mode 0700, on `dir` in the private mount namespace of
 /// [`private_namespaces`] (the folder itself is made 0700 too).
-fn private_state_tmpfs(dir: &Path) -> Result<(), String> {
+fn private_state_tmpfs(dir: &Path) -> Result<(), GvisorError> {
     use rustix::mount::*;
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| format!("chmod 0700 {}: {e}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| {
+        GvisorError::Chmod {
+            dir: dir.to_path_buf(),
+            source: Arc::new(e),
+        }
+    })?;
     mount(
         "tmpfs",
         dir,
@@ -457,18 +513,21 @@ fn private_state_tmpfs(dir: &Path) -> Result<(), String> {
         MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
         Some(c"size=4m,nr_inodes=1024,mode=0700"),
     )
-    .map_err(|e| format!("mount tmpfs on {}: {e}", dir.display()))
+    .map_err(|source| GvisorError::MountTmpfs {
+        dir: dir.to_path_buf(),
+        source,
+    })
 }
 
 /// Mounts a size-bounded tmpfs on `dir` (in the private mount namespace of
 /// [`private_namespaces`]), so that what the sandbox writes to /output is bounded.
-fn private_output_tmpfs(dir: &Path, bytes: u64) -> Result<(), String> {
+fn private_output_tmpfs(dir: &Path, bytes: u64) -> Result<(), GvisorError> {
     use rustix::mount::*;
     let data = std::ffi::CString::new(format!(
         "size={bytes},nr_inodes={},mode=0777",
         crate::plan::OUTPUT_INODES
     ))
-    .map_err(|e| e.to_string())?;
+    .map_err(GvisorError::TmpfsOptions)?;
     mount(
         "tmpfs",
         dir,
@@ -476,7 +535,10 @@ fn private_output_tmpfs(dir: &Path, bytes: u64) -> Result<(), String> {
         MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
         Some(data.as_c_str()),
     )
-    .map_err(|e| format!("mount tmpfs on {}: {e}", dir.display()))
+    .map_err(|source| GvisorError::MountTmpfs {
+        dir: dir.to_path_buf(),
+        source,
+    })
 }
 
 /// The socket families a sandboxed program may open: AF_UNIX, AF_INET and AF_INET6, as on the

@@ -1103,7 +1103,7 @@ fn apply_landlock(a: &InitArgs, degraded: &mut Vec<String>) -> StepResult<Option
         Ok(None)
     };
     if let Err(why) = landlock_policy::requirement(used) {
-        return refuse_or_degrade(why, degraded);
+        return refuse_or_degrade(why.to_string(), degraded);
     }
     // `used` is 1..=6 here; the conversion exists for exactly this (a number the kernel gave).
     let abi = ABI::from(used as i32);
@@ -1167,7 +1167,7 @@ fn apply_landlock(a: &InitArgs, degraded: &mut Vec<String>) -> StepResult<Option
             "landlock: the kernel enforced no rule (not available)".into(),
             degraded,
         ),
-        (_, Err(why)) => refuse_or_degrade(why, degraded),
+        (_, Err(why)) => refuse_or_degrade(why.to_string(), degraded),
         // Partially enforced only means that rights of ABIs above `enforced` were dropped;
         // each of those has its substitute (landlock_policy), and the report names them.
         (RulesetStatus::FullyEnforced | RulesetStatus::PartiallyEnforced, Ok(_)) => {
@@ -1190,11 +1190,12 @@ mod tests {
         }
     }
 
-    fn run(rec: &mut Recorder, ops: &[Op]) -> Result<(), (String, String)> {
+    /// Applies `ops`; a failure as the `(step, error)` pair the init sends.
+    fn run(rec: &mut Recorder, ops: &[Op]) -> StepResult<()> {
         let mut made = Made::default();
         ops.iter()
             .try_for_each(|op| apply(rec, op, &mut made))
-            .map_err(|e| SetupError::from(e).into_pair())
+            .map_err(SetupError::from)
     }
 
     const RO: u64 = libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
@@ -1249,7 +1250,9 @@ mod tests {
     #[test]
     fn a_source_that_is_no_longer_a_directory_is_not_bound() {
         let mut rec = Recorder::default();
-        let e = run(&mut rec, &[bind("/data", "/input/data", true)]).unwrap_err();
+        let e = run(&mut rec, &[bind("/data", "/input/data", true)])
+            .unwrap_err()
+            .into_pair();
         assert_eq!(
             e,
             (
@@ -1276,7 +1279,7 @@ mod tests {
                 dest: "/proc".into(),
             },
         ];
-        let (step, error) = run(&mut rec, &ops).unwrap_err();
+        let (step, error) = run(&mut rec, &ops).unwrap_err().into_pair();
         assert_eq!(step, "bind /etc/hosts -> /etc/hosts");
         assert!(error.starts_with("mount(MS_BIND|MS_REC): "), "{error}");
         assert!(error.contains("os error 1"), "{error}");
@@ -1290,7 +1293,7 @@ mod tests {
             fail_on: Some("set_attrs".into()),
             ..Recorder::default()
         };
-        let (step, _) = run(&mut rec, &ops).unwrap_err();
+        let (step, _) = run(&mut rec, &ops).unwrap_err().into_pair();
         assert_eq!(step, "make /etc/hosts read-only");
     }
 

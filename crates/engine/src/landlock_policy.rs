@@ -84,15 +84,29 @@ pub struct Coverage {
     pub substitutes: Vec<String>,
 }
 
+/// Why a strict run must be refused for Landlock's sake (the words of the report's `degraded`
+/// list and of the refusal).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Shortfall {
+    #[error(
+        "landlock: not available in this kernel (not built in, or missing from the `lsm=` boot parameter): file access would rest on the mount namespace alone; boot with landlock in `lsm=` (see `cat /sys/kernel/security/lsm`)"
+    )]
+    NotAvailable,
+    /// A feature above the ABI with no other layer covering it.
+    #[error("landlock: ABI {abi} lacks {feature} (ABI {feature_abi}), which nothing else covers")]
+    Uncovered {
+        abi: u32,
+        feature: &'static str,
+        feature_abi: u32,
+    },
+}
+
 /// The Landlock part of a strict run's requirements: `Ok` with what applies and what covers the
 /// rest, or `Err` with the reason a strict run must be refused.
-pub fn requirement(abi: u32) -> Result<Coverage, String> {
+pub fn requirement(abi: u32) -> Result<Coverage, Shortfall> {
     let abi = abi.min(WANTED_ABI);
     if abi < STRICT_MIN_ABI {
-        return Err(
-            "landlock: not available in this kernel (not built in, or missing from the `lsm=` boot parameter): file access would rest on the mount namespace alone; boot with landlock in `lsm=` (see `cat /sys/kernel/security/lsm`)"
-                .into(),
-        );
+        return Err(Shortfall::NotAvailable);
     }
     let mut c = Coverage {
         abi,
@@ -107,10 +121,11 @@ pub fn requirement(abi: u32) -> Result<Coverage, String> {
                 .push(format!("{} (Landlock ABI {}): {s}", f.name, f.abi));
         } else {
             // A feature without substitute above the minimum would make the minimum wrong.
-            return Err(format!(
-                "landlock: ABI {abi} lacks {} (ABI {}), which nothing else covers",
-                f.name, f.abi
-            ));
+            return Err(Shortfall::Uncovered {
+                abi,
+                feature: f.name,
+                feature_abi: f.abi,
+            });
         }
     }
     Ok(c)
@@ -138,7 +153,7 @@ fn test_cap() -> u32 {
 /// One line for `agentjail check`: what Landlock applies here and what covers the rest.
 pub fn describe(abi: u32) -> (bool, String) {
     match requirement(abi) {
-        Err(e) => (false, e),
+        Err(e) => (false, e.to_string()),
         Ok(c) if c.substitutes.is_empty() => {
             (true, format!("ABI {abi}: rights {}", c.rights.join(", ")))
         }
@@ -189,7 +204,7 @@ mod tests {
             assert_eq!(r.is_ok(), ok, "ABI {abi}: {r:?}");
             let Ok(c) = r else {
                 assert!(
-                    r.unwrap_err().contains("lsm="),
+                    r.unwrap_err().to_string().contains("lsm="),
                     "ABI {abi}: the fix is named"
                 );
                 continue;

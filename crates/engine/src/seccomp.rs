@@ -285,7 +285,7 @@ pub fn refusal_errno(nr: i64, args: &[u64; 6]) -> i32 {
 
 /// A jump target in the assembler.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Label {
+pub enum Label {
     Next,
     ArchOk,
     Allow,
@@ -318,9 +318,21 @@ enum Insn {
     Mark(Label),
 }
 
+/// A filter that does not assemble: a jump of the program is wrong (a bug of ours, found by
+/// the tests that build every filter).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AssembleError {
+    #[error("seccomp: label {0:?} undefined")]
+    UndefinedLabel(Label),
+    #[error("seccomp: backward jump to {0:?}")]
+    BackwardJump(Label),
+    #[error("seccomp: jump to {label:?} too far ({offset})")]
+    TooFar { label: Label, offset: usize },
+}
+
 /// Assembles the filter. `notify`: refused syscalls go to the listener (true) or fail with
 /// EPERM without a report (false, for kernels without user notification).
-pub fn build_filter(notify: bool) -> Result<Vec<libc::sock_filter>, String> {
+pub fn build_filter(notify: bool) -> Result<Vec<libc::sock_filter>, AssembleError> {
     use Insn::*;
     use Label::*;
     let mut p: Vec<Insn> = vec![
@@ -454,7 +466,7 @@ fn search_tree(entries: &[(u32, Label)], p: &mut Vec<Insn>, next_node: &mut u16)
     search_tree(&entries[mid..], p, next_node);
 }
 
-fn assemble(p: &[Insn]) -> Result<Vec<libc::sock_filter>, String> {
+fn assemble(p: &[Insn]) -> Result<Vec<libc::sock_filter>, AssembleError> {
     // Program counter of every label (marks take no slot).
     let mut pcs: Vec<(Label, usize)> = Vec::new();
     let mut pc = 0usize;
@@ -464,7 +476,7 @@ fn assemble(p: &[Insn]) -> Result<Vec<libc::sock_filter>, String> {
             _ => pc += 1,
         }
     }
-    let target = |l: Label, at: usize| -> Result<u8, String> {
+    let target = |l: Label, at: usize| -> Result<u8, AssembleError> {
         if l == Label::Next {
             return Ok(0);
         }
@@ -472,11 +484,14 @@ fn assemble(p: &[Insn]) -> Result<Vec<libc::sock_filter>, String> {
             .iter()
             .find(|(x, _)| *x == l)
             .map(|(_, t)| *t)
-            .ok_or_else(|| format!("seccomp: label {l:?} undefined"))?;
+            .ok_or(AssembleError::UndefinedLabel(l))?;
         let off = to
             .checked_sub(at + 1)
-            .ok_or_else(|| format!("seccomp: backward jump to {l:?}"))?;
-        u8::try_from(off).map_err(|_| format!("seccomp: jump to {l:?} too far ({off})"))
+            .ok_or(AssembleError::BackwardJump(l))?;
+        u8::try_from(off).map_err(|_| AssembleError::TooFar {
+            label: l,
+            offset: off,
+        })
     };
     let mut out = Vec::with_capacity(pc);
     for i in p {

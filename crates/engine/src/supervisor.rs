@@ -75,7 +75,7 @@ pub fn run_on(
     // Landlock: only its absence leaves a guarantee without a layer (landlock_policy); what an
     // older ABI lacks is covered by the namespaces, and the report says by which.
     if let Err(why) = crate::landlock_policy::requirement(crate::landlock_policy::effective_abi()) {
-        degraded.push(why);
+        degraded.push(why.to_string());
     }
     if !degraded.is_empty() && !opts.allow_degraded {
         return refuse(report, degraded);
@@ -473,10 +473,13 @@ fn plan_memfd(plan: &Plan) -> StepResult<OwnedFd> {
     Ok(f.into())
 }
 
+/// How the reason of a run refused before it started begins (see [`refuse`]).
+pub(crate) const REFUSAL_PREFIX: &str = "refusing to run without: ";
+
 /// The outcome of a run refused before it started, for want of the protections named.
 fn refuse(mut report: RunReport, degraded: Vec<String>) -> Outcome {
     let msg = format!(
-        "refusing to run without: {}; hint: `agentjail check` explains, --allow-degraded runs anyway",
+        "{REFUSAL_PREFIX}{}; hint: `agentjail check` explains, --allow-degraded runs anyway",
         degraded.join("; ")
     );
     report.isolation.degraded = degraded;

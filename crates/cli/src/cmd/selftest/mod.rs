@@ -590,6 +590,7 @@ pub fn run(a: SelftestArgs) -> Result<u8, String> {
             "  gvisor tier not attacked: {} (`--tier all` lists its probes as skipped)",
             agentjail_engine::gvisor::available()
                 .err()
+                .map(|e| e.to_string())
                 .unwrap_or_default()
         ));
     }
