@@ -59,6 +59,11 @@ pub mod receipt;
 pub mod schema;
 pub mod text;
 
+/// The workspace's one way for a test to say that a prerequisite is missing (a failure under CI).
+#[cfg(test)]
+#[path = "../../cli/tests/common/skip.rs"]
+mod test_skip;
+
 pub use collect::{CollectError, CollectReport, collect};
 pub use json::{JsonError, MAX_DEPTH, check_json};
 pub use receipt::{
