@@ -1694,78 +1694,81 @@ fn timeout(env: &Env, tier: Tier) -> Verdicts {
         }
         any_process_named(marker)
     };
-    let m1 = env.unique("agentjail-daemon");
-    let o = env.run(
-        tier,
-        &s(&[
-            "--timeout",
+    // (probe, marker, --timeout, the script given its marker, the exit code it must end with,
+    // what a survivor means, what passing says).
+    type Script = fn(&str) -> String;
+    let cases: [(&'static str, &str, &str, Script, i32, &str, &str); 3] = [
+        (
+            "timeout.daemon_after_exit",
+            "agentjail-daemon",
             "10",
-            "--",
-            "/bin/sh",
-            "-c",
-            &format!(
-                "trap '' TERM; (setsid sh -c 'trap \"\" TERM; exec -a {m1} sleep 300' &) ; sleep 0.2; exit 0"
-            ),
-        ]),
-    );
-    let v1 = if o.code != 0 {
-        fail(format!(
-            "the command ended {} (exit {})",
-            o.status(),
-            o.code
-        ))
-    } else if survivors(&m1) {
-        fail("the daemon survived the run")
-    } else {
-        pass("exit 0; the daemon is gone")
-    };
-    let m2 = env.unique("agentjail-loop");
-    let o = env.run(
-        tier,
-        &s(&[
-            "--timeout",
+            |m| {
+                format!(
+                    "trap '' TERM; (setsid sh -c 'trap \"\" TERM; exec -a {m} sleep 300' &) ; sleep 0.2; exit 0"
+                )
+            },
+            0,
+            "the daemon survived the run",
+            "exit 0; the daemon is gone",
+        ),
+        (
+            "timeout.daemon_at_deadline",
+            "agentjail-loop",
             "1",
-            "--",
-            "/bin/sh",
-            "-c",
-            &format!(
-                "trap '' TERM; (setsid sh -c 'trap \"\" TERM; exec -a {m2} sleep 300' &); while :; do :; done"
-            ),
-        ]),
-    );
-    let v2 = if o.code != 124 {
-        fail(format!("ended {} (exit {})", o.status(), o.code))
-    } else if survivors(&m2) {
-        fail("a process survived the timeout")
-    } else {
-        pass("timeout; nothing survived")
-    };
-    let m3 = env.unique("agentjail-stopped");
-    let o = env.run(
-        tier,
-        &s(&[
-            "--timeout",
+            |m| {
+                format!(
+                    "trap '' TERM; (setsid sh -c 'trap \"\" TERM; exec -a {m} sleep 300' &); while :; do :; done"
+                )
+            },
+            124,
+            "a process survived the timeout",
+            "timeout; nothing survived",
+        ),
+        (
+            "timeout.stopped_child",
+            "agentjail-stopped",
             "1",
-            "--",
-            "/bin/sh",
-            "-c",
-            &format!(
-                "setsid sh -c 'exec -a {m3} sleep 300' & P=$!; sleep 0.3; kill -STOP $P; while :; do :; done"
-            ),
-        ]),
-    );
-    let v3 = if o.code != 124 {
-        fail(format!("ended {} (exit {})", o.status(), o.code))
-    } else if survivors(&m3) {
-        fail("the stopped child survived the timeout")
-    } else {
-        pass("timeout; the stopped child is gone")
-    };
-    vec![
-        ("timeout.daemon_after_exit", v1),
-        ("timeout.daemon_at_deadline", v2),
-        ("timeout.stopped_child", v3),
-    ]
+            |m| {
+                format!(
+                    "setsid sh -c 'exec -a {m} sleep 300' & P=$!; sleep 0.3; kill -STOP $P; while :; do :; done"
+                )
+            },
+            124,
+            "the stopped child survived the timeout",
+            "timeout; the stopped child is gone",
+        ),
+    ];
+    cases
+        .into_iter()
+        .map(|(id, prefix, seconds, script, want, survived, passed)| {
+            let marker = env.unique(prefix);
+            let o = env.run(
+                tier,
+                &s(&[
+                    "--timeout",
+                    seconds,
+                    "--",
+                    "/bin/sh",
+                    "-c",
+                    &script(&marker),
+                ]),
+            );
+            let v = if o.code != want {
+                // The first case ran to its end: its message says "the command".
+                let what = if want == 0 {
+                    "the command ended"
+                } else {
+                    "ended"
+                };
+                fail(format!("{what} {} (exit {})", o.status(), o.code))
+            } else if survivors(&marker) {
+                fail(survived)
+            } else {
+                pass(passed)
+            };
+            (id, v)
+        })
+        .collect()
 }
 
 // --- output collection --------------------------------------------------------------------------
