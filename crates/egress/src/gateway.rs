@@ -665,7 +665,10 @@ impl Shared {
 
     /// Policy match, resolution, and the address check of every resolved address.
     async fn vet(&self, t: &Target) -> Result<Vetted, Refusal> {
-        let rule = self.policy.match_target(t).map_err(Refusal::forbidden)?;
+        let rule = self
+            .policy
+            .match_target(t)
+            .map_err(|e| Refusal::forbidden(e.to_string()))?;
         let raw = match &t.host {
             Host::Ip(ip) => vec![*ip],
             Host::Name(n) => {

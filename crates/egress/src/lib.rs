@@ -78,7 +78,7 @@ use std::thread::JoinHandle;
 
 pub use decision::{Decision, LOG_FULL, MAX_ALLOWED, MAX_REFUSALS};
 pub use gateway::{DENIED_HEADER, Gateway, GatewayLimits, redirect_target};
-pub use policy::{CompiledPolicy, PolicyError, compile_policy};
+pub use policy::{BlockedAddress, CompiledPolicy, NotAllowed, PolicyError, compile_policy};
 pub use resolve::{HickoryResolver, Resolve, ResolveError, ResolveFuture, StaticResolver};
 
 /// Failure to start a gateway with [`spawn_gateway`].

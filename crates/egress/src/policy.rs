@@ -211,10 +211,36 @@ pub fn compile_policy(p: &EgressPolicy) -> Result<CompiledPolicy, PolicyError> {
     })
 }
 
+/// Why the allowlist does not allow a destination (the denial's reason).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotAllowed {
+    /// The host is listed, not with this port.
+    #[error("port {port} is not allowed for {host}")]
+    Port { port: u16, host: Host },
+    #[error("IP literal {0} is not in the allowlist")]
+    IpLiteral(IpAddr),
+    #[error("host {0} is not in the allowlist")]
+    Host(String),
+}
+
+/// Why the gateway may not connect to an address (the denial's reason, after the host).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BlockedAddress {
+    /// Not public unicast, and no `allow_private` CIDR contains it.
+    #[error("address {ip} is {class}")]
+    Class {
+        ip: IpAddr,
+        class: crate::addr::Classification,
+    },
+    /// One of the gateway host's own addresses.
+    #[error("address {0} is an own address of the gateway host")]
+    Own(IpAddr),
+}
+
 impl CompiledPolicy {
     /// Does any rule allow `target`? On success, returns the matching rule as text (for the
     /// decision's reason); on refusal, a one-line reason.
-    pub fn match_target(&self, target: &Target) -> Result<String, String> {
+    pub fn match_target(&self, target: &Target) -> Result<String, NotAllowed> {
         let mut host_matched = false;
         for rule in &self.rules {
             let hit = match (&rule.pattern, &target.host) {
@@ -233,18 +259,19 @@ impl CompiledPolicy {
             }
         }
         Err(match (&target.host, host_matched) {
-            (_, true) => format!("port {} is not allowed for {}", target.port, target.host),
-            (Host::Ip(ip), false) => {
-                format!("IP literal {ip} is not in the allowlist")
-            }
-            (Host::Name(n), false) => format!("host {n} is not in the allowlist"),
+            (_, true) => NotAllowed::Port {
+                port: target.port,
+                host: target.host.clone(),
+            },
+            (Host::Ip(ip), false) => NotAllowed::IpLiteral(*ip),
+            (Host::Name(n), false) => NotAllowed::Host(n.clone()),
         })
     }
 
     /// May the gateway connect to `ip`? Public unicast addresses may; any other address only
     /// if an `allow_private` CIDR contains it. On success returns a note when an exception was
     /// used; on refusal, a one-line reason.
-    pub fn check_address(&self, ip: IpAddr) -> Result<Option<String>, String> {
+    pub fn check_address(&self, ip: IpAddr) -> Result<Option<String>, BlockedAddress> {
         let ip = canonical(ip);
         match classify(ip) {
             None => Ok(None),
@@ -252,7 +279,7 @@ impl CompiledPolicy {
                 Some(net) => Ok(Some(format!(
                     "{class} address allowed by allow_private {net}"
                 ))),
-                None => Err(format!("address {ip} is {class}")),
+                None => Err(BlockedAddress::Class { ip, class }),
             },
         }
     }
@@ -260,16 +287,18 @@ impl CompiledPolicy {
     /// Like [`CompiledPolicy::check_address`], and an address in `own` (the gateway host's
     /// own addresses) counts as blocked like loopback, even when it is public: it would reach
     /// the host's own services. An `allow_private` CIDR can let it through, as for loopback.
-    pub fn check_address_own(&self, ip: IpAddr, own: &[IpAddr]) -> Result<Option<String>, String> {
+    pub fn check_address_own(
+        &self,
+        ip: IpAddr,
+        own: &[IpAddr],
+    ) -> Result<Option<String>, BlockedAddress> {
         let ip = canonical(ip);
         if classify(ip).is_none() && own.contains(&ip) {
             return match self.allow_private.iter().find(|n| n.contains(&ip)) {
                 Some(net) => Ok(Some(format!(
                     "own address of the gateway host allowed by allow_private {net}"
                 ))),
-                None => Err(format!(
-                    "address {ip} is an own address of the gateway host"
-                )),
+                None => Err(BlockedAddress::Own(ip)),
             };
         }
         self.check_address(ip)
@@ -357,17 +386,17 @@ mod tests {
         let p = policy(&[("api.example.com", &[443])], &[]).unwrap();
         let t = parse_authority("api.example.com:80", None).unwrap();
         assert_eq!(
-            p.match_target(&t).unwrap_err(),
+            p.match_target(&t).unwrap_err().to_string(),
             "port 80 is not allowed for api.example.com"
         );
         let t = parse_authority("evil.com:443", None).unwrap();
         assert_eq!(
-            p.match_target(&t).unwrap_err(),
+            p.match_target(&t).unwrap_err().to_string(),
             "host evil.com is not in the allowlist"
         );
         let t = parse_authority("2130706433:443", None).unwrap();
         assert_eq!(
-            p.match_target(&t).unwrap_err(),
+            p.match_target(&t).unwrap_err().to_string(),
             "IP literal 127.0.0.1 is not in the allowlist"
         );
         let t = parse_authority("api.example.com:443", None).unwrap();
@@ -472,7 +501,10 @@ mod tests {
     #[test]
     fn address_check_with_and_without_exceptions() {
         let p = policy(&[("a.example", &[443])], &["127.0.0.1/32", "fd00::/8"]).unwrap();
-        let ok = |s: &str| p.check_address(s.parse().unwrap());
+        let ok = |s: &str| {
+            p.check_address(s.parse().unwrap())
+                .map_err(|e| e.to_string())
+        };
         assert_eq!(ok("93.184.216.34"), Ok(None));
         assert!(
             ok("127.0.0.1")
