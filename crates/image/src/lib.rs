@@ -38,6 +38,15 @@ pub const KEY_ENV: &str = "AGENTJAIL_IMAGE_KEY";
 /// Prefix of a keyed fingerprint in a record.
 const KEYED: &str = "hmac-sha256:";
 
+/// A stored image whose record cannot be read (`agentjail image ls` lists it as such).
+#[derive(Debug, thiserror::Error)]
+#[error("{digest}: incomplete or damaged: {error}")]
+pub struct Incomplete {
+    pub digest: String,
+    #[source]
+    pub error: ImageError,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
     /// The input is unsafe, malformed or over a bound; nothing was added to the store.
@@ -533,7 +542,7 @@ impl Store {
 
     /// Every stored image's record (entries without a readable record are listed as
     /// `incomplete`).
-    pub fn list(&self) -> Result<Vec<Result<ImageRecord, String>>, ImageError> {
+    pub fn list(&self) -> Result<Vec<Result<ImageRecord, Incomplete>>, ImageError> {
         let dir = self.root.join("images");
         let rd = match std::fs::read_dir(&dir) {
             Ok(rd) => rd,
@@ -548,10 +557,10 @@ impl Store {
         names.sort();
         for n in names {
             let d = format!("sha256:{n}");
-            out.push(
-                self.record(&d)
-                    .map_err(|e| format!("{d}: incomplete or damaged: {e}")),
-            );
+            out.push(self.record(&d).map_err(|error| Incomplete {
+                digest: d.clone(),
+                error,
+            }));
         }
         Ok(out)
     }

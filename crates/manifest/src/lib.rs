@@ -505,7 +505,8 @@ impl Manifest {
         let mut inputs: Vec<ResolvedInput> = Vec::with_capacity(m.inputs.len());
         for (i, input) in m.inputs.iter().enumerate() {
             let name = format!("inputs[{i}].mount");
-            let mount = normalize_sandbox_path(&input.mount).map_err(|r| field(&name, r))?;
+            let mount =
+                normalize_sandbox_path(&input.mount).map_err(|r| field(&name, r.to_string()))?;
             if !(under(&mount, "/input") || under(&mount, "/work")) {
                 let hint = if mount == "/input" || mount == "/work" {
                     "must name a path below /input or /work, not the folder itself".to_string()
@@ -528,7 +529,7 @@ impl Manifest {
                 }
             }
             let host_path = resolve_source(&input.source, policy)
-                .map_err(|r| field(format!("inputs[{i}].source"), r))?;
+                .map_err(|r| field(format!("inputs[{i}].source"), r.to_string()))?;
             let meta = std::fs::metadata(&host_path).map_err(|e| {
                 field(
                     format!("inputs[{i}].source"),
@@ -549,7 +550,7 @@ impl Manifest {
         }
 
         if let Some(out) = &m.output {
-            let p = normalize_sandbox_path(out).map_err(|r| field("output", r))?;
+            let p = normalize_sandbox_path(out).map_err(|r| field("output", r.to_string()))?;
             if !under(&p, "/output") {
                 return Err(field("output", format!("{p} is not below /output")));
             }
@@ -563,7 +564,7 @@ impl Manifest {
                         "needs `output`: the schema applies to that one file",
                     ));
                 }
-                Some(resolve_source(s, policy).map_err(|r| field("output_schema", r))?)
+                Some(resolve_source(s, policy).map_err(|r| field("output_schema", r.to_string()))?)
             }
         };
         let digest = m.canonical_digest()?;
@@ -692,28 +693,67 @@ fn check_env(env: &BTreeMap<String, String>) -> Result<(), ManifestError> {
     Ok(())
 }
 
+/// Why a sandbox path (a mount point, the output) is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SandboxPathError {
+    #[error("{0:?} is not an absolute path")]
+    NotAbsolute(String),
+    #[error("path is too long")]
+    TooLong,
+    #[error("{0:?} contains a control character")]
+    ControlCharacter(String),
+    #[error("{path:?} contains a `{component}` component")]
+    DotComponent { path: String, component: String },
+    #[error("the sandbox root cannot be a mount point")]
+    Root,
+}
+
+/// Why a host source (an input, the output schema) is refused.
+#[derive(Debug, thiserror::Error)]
+enum SourceError {
+    #[error("empty or contains a NUL byte")]
+    EmptyOrNul,
+    #[error("{given}: {error}")]
+    Canonicalize {
+        given: String,
+        #[source]
+        error: std::io::Error,
+    },
+    #[error("{given} resolves to {}, outside the allowed source folder(s) {allowed}; hint: pass --source-root DIR to allow another folder", .resolved.display())]
+    Outside {
+        given: String,
+        resolved: PathBuf,
+        allowed: String,
+    },
+    #[error("{given}: unexpected `..` after resolution")]
+    DotDot { given: String },
+}
+
 /// Normalizes an absolute sandbox path: refuses `..`, `.`, empty components after the root,
 /// control characters and overlong paths, and returns it without a trailing slash.
-pub fn normalize_sandbox_path(p: &str) -> Result<String, String> {
+pub fn normalize_sandbox_path(p: &str) -> Result<String, SandboxPathError> {
     if !p.starts_with('/') {
-        return Err(format!("{p:?} is not an absolute path"));
+        return Err(SandboxPathError::NotAbsolute(p.to_string()));
     }
     if p.len() > bounds::MAX_PATH {
-        return Err("path is too long".into());
+        return Err(SandboxPathError::TooLong);
     }
     if p.chars().any(|c| c.is_control()) {
-        return Err(format!("{p:?} contains a control character"));
+        return Err(SandboxPathError::ControlCharacter(p.to_string()));
     }
     let mut out = String::new();
     for comp in p.split('/').filter(|c| !c.is_empty()) {
         if comp == ".." || comp == "." {
-            return Err(format!("{p:?} contains a `{comp}` component"));
+            return Err(SandboxPathError::DotComponent {
+                path: p.to_string(),
+                component: comp.to_string(),
+            });
         }
         out.push('/');
         out.push_str(comp);
     }
     if out.is_empty() {
-        return Err("the sandbox root cannot be a mount point".into());
+        return Err(SandboxPathError::Root);
     }
     Ok(out)
 }
@@ -723,9 +763,9 @@ fn under(p: &str, dir: &str) -> bool {
     p.len() > dir.len() && p.starts_with(dir) && p.as_bytes()[dir.len()] == b'/'
 }
 
-fn resolve_source(source: &str, policy: &SourcePolicy) -> Result<PathBuf, String> {
+fn resolve_source(source: &str, policy: &SourcePolicy) -> Result<PathBuf, SourceError> {
     if source.is_empty() || source.contains('\0') {
-        return Err("empty or contains a NUL byte".into());
+        return Err(SourceError::EmptyOrNul);
     }
     let raw = Path::new(source);
     let joined = if raw.is_absolute() {
@@ -735,23 +775,28 @@ fn resolve_source(source: &str, policy: &SourcePolicy) -> Result<PathBuf, String
     };
     let canon = joined
         .canonicalize()
-        .map_err(|e| format!("{source}: {e}"))?;
+        .map_err(|error| SourceError::Canonicalize {
+            given: source.to_string(),
+            error,
+        })?;
     if let Some(roots) = &policy.roots
         && !roots.iter().any(|r| canon.starts_with(r))
     {
         let allowed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
-        return Err(format!(
-            "{source} resolves to {}, outside the allowed source folder(s) {}; hint: pass --source-root DIR to allow another folder",
-            canon.display(),
-            allowed.join(", ")
-        ));
+        return Err(SourceError::Outside {
+            given: source.to_string(),
+            resolved: canon,
+            allowed: allowed.join(", "),
+        });
     }
     // Reject paths whose components could confuse mount handling later.
     if canon
         .components()
         .any(|c| matches!(c, Component::ParentDir))
     {
-        return Err(format!("{source}: unexpected `..` after resolution"));
+        return Err(SourceError::DotDot {
+            given: source.to_string(),
+        });
     }
     Ok(canon)
 }

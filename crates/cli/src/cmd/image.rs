@@ -100,7 +100,7 @@ pub fn dispatch(c: ImageCmd) -> Result<u8, String> {
                     .iter()
                     .map(|r| match r {
                         Ok(r) => serde_json::to_value(r).unwrap_or_default(),
-                        Err(e) => serde_json::json!({ "error": e }),
+                        Err(e) => serde_json::json!({ "error": e.to_string() }),
                     })
                     .collect();
                 println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
