@@ -79,12 +79,15 @@ pub enum AuditError {
     Io(String, std::io::Error),
     #[error("audit log line {0}: {1}")]
     Chain(u64, String),
+    /// A record without a canonical JSON form (it cannot be hashed into the chain).
+    #[error("audit log line {0}: canonical JSON: {1}")]
+    Canonical(u64, #[source] serde_json::Error),
 }
 
 /// The chain hash of one record. A record that cannot be canonicalised is an error: hashing
 /// empty bytes instead would chain a value that no verifier can recompute.
-fn hash_record(rec: &Map<String, Value>) -> Result<String, String> {
-    let bytes = serde_jcs::to_vec(rec).map_err(|e| format!("canonical JSON: {e}"))?;
+fn hash_record(rec: &Map<String, Value>) -> Result<String, serde_json::Error> {
+    let bytes = serde_jcs::to_vec(rec)?;
     Ok(agentjail_manifest::sha256_digest(&bytes))
 }
 
@@ -166,7 +169,7 @@ impl AuditLog {
         rec.insert("seq".into(), Value::from(g.seq + 1));
         rec.insert("ts".into(), Value::from(jiff::Timestamp::now().to_string()));
         rec.insert("prev".into(), Value::from(g.prev.clone()));
-        let h = hash_record(&rec).map_err(|e| AuditError::Chain(g.seq + 1, e))?;
+        let h = hash_record(&rec).map_err(|e| AuditError::Canonical(g.seq + 1, e))?;
         rec.insert("hash".into(), Value::from(h.clone()));
         let mut line =
             serde_json::to_vec(&rec).map_err(|e| AuditError::Chain(g.seq + 1, e.to_string()))?;
@@ -218,7 +221,7 @@ pub fn verify_chain(path: &Path) -> Result<(u64, String), AuditError> {
         if rec.get("seq").and_then(Value::as_u64) != Some(seq + 1) {
             return Err(AuditError::Chain(n, "seq is not consecutive".into()));
         }
-        if hash_record(&rec).map_err(|e| AuditError::Chain(n, e))? != h {
+        if hash_record(&rec).map_err(|e| AuditError::Canonical(n, e))? != h {
             return Err(AuditError::Chain(
                 n,
                 "hash does not match the record".into(),

@@ -139,7 +139,7 @@ pub fn manifest_digest(
     request_id: &str,
     inputs: &[InputRow],
     args: &[String],
-) -> Result<String, String> {
+) -> Result<String, serde_json::Error> {
     let job = Job {
         tenant: String::new(),
         actor: String::new(),
@@ -156,12 +156,34 @@ pub fn manifest_digest(
     let mut m = build_manifest(state, task, &job, schema.is_some());
     m.expires_at = None;
     let doc = serde_json::json!({ "manifest": m, "output_schema": schema });
-    let bytes = serde_jcs::to_vec(&doc).map_err(|e| format!("manifest digest: {e}"))?;
+    let bytes = serde_jcs::to_vec(&doc)?;
     Ok(format!("sha256:{}", crate::config::sha256_hex(&bytes)))
 }
 
+/// Why a job's folder could not be prepared (logged; the run ends as a set-up failure).
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// Creating, writing or restricting a file or folder of the job.
+    #[error("{}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The manifest could not be encoded.
+    #[error("manifest: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+fn io_at(path: &Path) -> impl FnOnce(std::io::Error) -> PrepareError + '_ {
+    move |source| PrepareError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 /// Creates a file readable and writable by its owner only (0600) and writes `bytes`.
-fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), PrepareError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
@@ -170,7 +192,7 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
         .mode(0o600)
         .open(path)
         .and_then(|mut f| f.write_all(bytes))
-        .map_err(|e| format!("{}: {e}", path.display()))
+        .map_err(io_at(path))
 }
 
 /// Where a job's code waits for its run: `DATA/code/<job_id>`. The sandbox's unprivileged
@@ -186,28 +208,26 @@ pub const SERVICE_MARK: &str = "AGENTJAIL_SERVICE_DATA";
 /// Prepares the job folder (0700: the schema 0600; the runner adds logs, report, receipt and
 /// output) and the code file; returns the manifest as one line of JSON, which reaches the
 /// runner through its stdin and is never written to disk (it holds the task's env values).
-fn prepare(state: &AppState, task: &Task, job: &Job) -> Result<Vec<u8>, String> {
+fn prepare(state: &AppState, task: &Task, job: &Job) -> Result<Vec<u8>, PrepareError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let dir = job_dir(state, &job.job_id);
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| format!("{}: {e}", dir.display()))?;
+        .map_err(io_at(&dir))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(io_at(&dir))?;
     if task.code == CodePolicy::Allowed {
         let code = job.code.as_deref().unwrap_or_default();
         let p = code_path(state, &job.job_id);
         write_private(&p, code.as_bytes())?;
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644))
-            .map_err(|e| format!("{}: {e}", p.display()))?;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).map_err(io_at(&p))?;
     }
     let schema = state.inner.schemas.get(&job.task);
     if let Some(s) = schema {
         write_private(&dir.join("output.schema.json"), s.as_bytes())?;
     }
     let m = build_manifest(state, task, job, schema.is_some());
-    let mut line = serde_json::to_vec(&m).map_err(|e| e.to_string())?;
+    let mut line = serde_json::to_vec(&m)?;
     line.push(b'\n');
     Ok(line)
 }
