@@ -9,42 +9,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+use common::serve::Serve;
+use common::{bin, is_root, skip, tmp};
+
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
-
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_agentjail"))
-}
-
-fn skip_or_panic(why: &str) {
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "prerequisite missing in CI: {why}"
-    );
-    eprintln!("SKIP: {why}");
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false)
-}
-
-/// A folder anyone may traverse (as root, the sandbox user is an unprivileged host uid).
-fn tmp() -> tempfile::TempDir {
-    let d = tempfile::Builder::new()
-        .prefix("agentjail-firsthour-")
-        .tempdir()
-        .unwrap();
-    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    d
-}
 
 struct Out {
     code: i32,
@@ -159,7 +132,7 @@ fn rejected_output_prints_the_first_schema_error_and_how_many_more() {
 #[test]
 fn an_input_the_sandbox_user_cannot_read_is_refused_before_the_run_with_the_fix() {
     if !is_root() {
-        skip_or_panic("needs root (only root runs the sandbox as another uid)");
+        skip("needs root (only root runs the sandbox as another uid)");
         return;
     }
     let d = tmp();
@@ -226,7 +199,7 @@ fn an_input_the_sandbox_user_cannot_read_is_refused_before_the_run_with_the_fix(
 #[test]
 fn a_degraded_run_says_what_was_not_applied_every_time() {
     if !is_root() || !have_setpriv() {
-        skip_or_panic("needs root and setpriv (to run as uid 65534 without delegated cgroups)");
+        skip("needs root and setpriv (to run as uid 65534 without delegated cgroups)");
         return;
     }
     let d = nobody_dir();
@@ -247,7 +220,7 @@ fn a_degraded_run_says_what_was_not_applied_every_time() {
     let r: Value = serde_json::from_slice(&std::fs::read(d.path().join("report.json")).unwrap())
         .unwrap_or_else(|e| panic!("no report ({e}): {}", o.dump()));
     if r["isolation"]["cgroup"].is_string() {
-        skip_or_panic("uid 65534 gets a cgroup on this host: nothing is degraded");
+        skip("uid 65534 gets a cgroup on this host: nothing is degraded");
         return;
     }
     assert_eq!(o.code, 0, "{}", o.dump());
@@ -280,7 +253,7 @@ fn a_degraded_run_says_what_was_not_applied_every_time() {
 #[test]
 fn check_as_an_ordinary_user_blames_the_cgroup_and_prints_the_fix() {
     if !is_root() || !have_setpriv() {
-        skip_or_panic("needs root and setpriv (to run as uid 65534 without delegated cgroups)");
+        skip("needs root and setpriv (to run as uid 65534 without delegated cgroups)");
         return;
     }
     let d = nobody_dir();
@@ -293,7 +266,7 @@ fn check_as_an_ordinary_user_blames_the_cgroup_and_prints_the_fix() {
             .to_string()
     };
     if line("cgroups").contains(" ok ") {
-        skip_or_panic("uid 65534 gets a cgroup on this host");
+        skip("uid 65534 gets a cgroup on this host");
         return;
     }
     assert_eq!(o.code, 1, "{}", o.dump());
@@ -337,55 +310,29 @@ fn image_ls_on_an_empty_store_says_so() {
     assert!(o.stdout.starts_with("no images"), "{}", o.dump());
 }
 
-/// Starts `serve` (built-in example configuration) as root on an ephemeral port; returns the
-/// child, its base URL, the dev token and its stderr so far (read on by a thread).
-fn start_serve(
-    data_dir: &Path,
-) -> (
-    std::process::Child,
-    String,
-    String,
-    std::sync::Arc<std::sync::Mutex<String>>,
-) {
-    use std::io::BufRead;
-    let mut child = Command::new(bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+/// Starts `serve` (built-in example configuration) on an ephemeral port; returns it and the
+/// dev token it printed.
+fn start_serve(data_dir: &Path) -> (Serve, String) {
+    let mut cmd = Command::new(bin());
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(data_dir)
         .env("AGENTJAIL_LOG", "info")
-        .env_remove("XDG_DATA_HOME")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let (mut base, mut token) = (None, None);
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        log.lock().unwrap().push_str(&(line.clone() + "\n"));
-        if let Some(t) = line.split("export AGENTJAIL_TOKEN=").nth(1) {
-            token = Some(t.trim().to_string());
-        }
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            base = Some(rest.split_whitespace().next().unwrap().to_string());
-            break;
-        }
-    }
-    let l2 = log.clone();
-    std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok) {
-            l2.lock().unwrap().push_str(&(line + "\n"));
-        }
-    });
-    let base = base.unwrap_or_else(|| panic!("serve did not start:\n{}", log.lock().unwrap()));
-    (child, base, token.unwrap(), log)
+        .env_remove("XDG_DATA_HOME");
+    let serve = Serve::spawn(cmd);
+    let log = serve.log();
+    let token = log
+        .lines()
+        .find_map(|l| l.split("export AGENTJAIL_TOKEN=").nth(1))
+        .unwrap_or_else(|| panic!("no dev token printed:\n{log}"))
+        .trim()
+        .to_string();
+    (serve, token)
 }
 
 #[test]
 fn serve_as_root_under_a_private_folder_runs_without_a_false_alarm() {
     if !is_root() {
-        skip_or_panic("needs root (the false alarm was root's)");
+        skip("needs root (the false alarm was root's)");
         return;
     }
     let d = tempfile::Builder::new()
@@ -394,7 +341,8 @@ fn serve_as_root_under_a_private_folder_runs_without_a_false_alarm() {
         .unwrap();
     // Like /root: the data directory's ancestor is 0700.
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
-    let (mut child, base, token, log) = start_serve(&d.path().join("data"));
+    let (mut serve, token) = start_serve(&d.path().join("data"));
+    let base = serve.base.clone();
     let http = reqwest::blocking::Client::builder()
         .timeout(std::time::Duration::from_secs(120))
         .build()
@@ -421,9 +369,8 @@ fn serve_as_root_under_a_private_folder_runs_without_a_false_alarm() {
         .unwrap()
         .json()
         .unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
-    let log = log.lock().unwrap().clone();
+    serve.kill();
+    let log = serve.log();
     // The run reached its input through the 0700 ancestor: the warning would be false.
     assert_eq!(run["status"], "ok", "{run}\n{log}");
     assert_eq!(run["artifact"]["json"]["lines"], 3, "{run}");
@@ -438,13 +385,13 @@ fn serve_as_root_under_a_private_folder_runs_without_a_false_alarm() {
 #[test]
 fn serve_and_mcp_refuse_to_start_where_a_strict_run_is_refused_and_name_the_fix() {
     if !is_root() || !have_setpriv() {
-        skip_or_panic("needs root and setpriv (to run as uid 65534 without delegated cgroups)");
+        skip("needs root and setpriv (to run as uid 65534 without delegated cgroups)");
         return;
     }
     let d = nobody_dir();
     let probe = agentjail(d.path(), true, &["run", "--", "/bin/true"], &[]);
     if probe.code == 0 {
-        skip_or_panic("a strict run works for uid 65534 here");
+        skip("a strict run works for uid 65534 here");
         return;
     }
     // A refused run ran without nothing: no degraded line, only the refusal.

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-use common::serve::{Serve, sha256_hex, write_config};
+use common::serve::{SLEEPY_TASK, Serve, sha256_hex, write_config};
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -31,18 +31,7 @@ token_sha256 = "{a}"
 tenant = "evil"
 token_sha256 = "{m}"
 
-[tasks.sleepy]
-description = "Runs code for up to two minutes"
-code = "allowed"
-command = ["/usr/bin/python3", "/input/code.py"]
-allowed_actors = ["alice"]
-[tasks.sleepy.output]
-path = "/output/o.json"
-media_type = "application/json"
-max_bytes = 1000
-[tasks.sleepy.limits]
-seconds = 120
-
+{SLEEPY_TASK}
 [tasks.counted]
 description = "Counts with model-proposed Python"
 code = "allowed"

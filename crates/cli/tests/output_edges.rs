@@ -350,31 +350,6 @@ fn a_flood_of_refused_syscalls_ends_with_a_bounded_counted_report() {
     );
 }
 
-/// Runs `f` on a thread inside a new network namespace with only `lo`, up (as the egress
-/// tests do), so nothing can leave the machine.
-fn in_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    std::thread::spawn(move || {
-        // SAFETY: unshare with a flag only changes this thread's network namespace.
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            skip(&format!(
-                "cannot create a network namespace (needs root): {}",
-                std::io::Error::last_os_error()
-            ));
-            return None;
-        }
-        let up = Command::new("ip")
-            .args(["link", "set", "lo", "up"])
-            .status();
-        if !up.map(|s| s.success()).unwrap_or(false) {
-            skip("`ip link set lo up` failed");
-            return None;
-        }
-        Some(f())
-    })
-    .join()
-    .expect("test thread")
-}
-
 const PROXY_FLOOD: &str = r#"
 import socket, sys
 n = int(sys.argv[1])
@@ -402,7 +377,7 @@ print("FLOOD-DONE", answered, flush=True)
 #[test]
 fn a_flood_of_refused_proxy_requests_ends_with_a_bounded_counted_report() {
     let n = 20_000u64;
-    let r = in_netns(move || {
+    let r = common::netns::in_netns(&[], move || {
         let w = tmp();
         let manifest = serde_json::json!({
             "command": [PY, "-c", PROXY_FLOOD, n.to_string()],

@@ -126,12 +126,19 @@ impl Serve {
     /// Starts `agentjail serve` with `cfg` and the data directory `data` (and `env` set), and
     /// waits for its "listening on" line.
     pub fn start(cfg: &Path, data: &Path, env: &[(&str, &str)]) -> Serve {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_agentjail"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentjail"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(cfg)
             .arg("--data-dir")
             .arg(data)
-            .envs(env.iter().copied())
+            .envs(env.iter().copied());
+        Serve::spawn(cmd)
+    }
+
+    /// Spawns `cmd` (an `agentjail serve` on `127.0.0.1:0`) with stderr kept, and waits for
+    /// its "listening on" line.
+    pub fn spawn(mut cmd: Command) -> Serve {
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
