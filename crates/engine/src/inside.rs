@@ -32,7 +32,16 @@ use serde::{Deserialize, Serialize};
 use crate::plan::{Access, Op, Plan, SANDBOX_ID};
 use crate::root_sys::{Host, RootError, RootStep, RootSys, root_step};
 use crate::seccomp;
-use crate::step::{SetupError, Step, StepResult, step};
+use crate::step::{SetupError, Source, Step, StepResult};
+
+/// Runs one set-up step of the init or the payload: its result, or a [`SetupError`] naming
+/// it; marked for `AGENTJAIL_DEBUG_TIMING`.
+fn step<T, E: Into<Source>>(s: Step, r: Result<T, E>) -> StepResult<T> {
+    if timing::every_step() {
+        timing::mark(&s.to_string());
+    }
+    crate::step::step(s, r)
+}
 use crate::sys;
 
 /// Supervisor → init, on the control socket, in this order.

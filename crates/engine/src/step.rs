@@ -272,12 +272,10 @@ impl From<RootError> for SetupError {
 /// The result of a set-up step.
 pub(crate) type StepResult<T> = Result<T, SetupError>;
 
-/// Runs one step: its result, or a [`SetupError`] naming it. Marks the step for
-/// `AGENTJAIL_DEBUG_TIMING`.
+/// One step's result, or a [`SetupError`] naming it. (The init's and the payload's steps
+/// go through `inside::step`, which also marks them for `AGENTJAIL_DEBUG_TIMING`; this module
+/// depends on no other of the engine but `root_sys`.)
 pub(crate) fn step<T, E: Into<Source>>(s: Step, r: Result<T, E>) -> StepResult<T> {
-    if crate::inside::timing::every_step() {
-        crate::inside::timing::mark(&s.to_string());
-    }
     r.map_err(|e| SetupError::new(s, e))
 }
 
