@@ -5,6 +5,7 @@
 
 use std::process::Command;
 
+pub mod pg;
 mod skip;
 #[allow(unused_imports)]
 pub use skip::skip;
