@@ -557,39 +557,49 @@ fn a_killed_replica_marks_only_its_own_runs_unknown() {
     );
 }
 
-/// PostgreSQL restarted (`pg_ctl restart`, fast) during a stream of submissions: each answer
-/// is 200/202 or 503 (with Retry-After), never 500; resubmitting the 503 ones (same
-/// request_id) later records every request exactly once, none lost, none doubled.
+/// PostgreSQL stopped (fast: connections cut) for 2 s and started again during a stream of
+/// submissions and runs: each answer is 200/202 or 503 with Retry-After, never 500; runs in
+/// flight record their end once the database is back; resubmitting the 503 ones (same
+/// request_id) records every request exactly once: none lost, none doubled.
 #[test]
 fn a_database_restart_loses_and_doubles_nothing() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(pg) = Pg::start() else { return };
     let da = tempdir();
-    let a = Server::start(da.path(), &pg, "node-a", "m-restart");
+    let a = Arc::new(Server::start(da.path(), &pg, "node-a", "m-restart"));
     let up = a.upload(ALICE, CSV);
     let input = up["input_id"].as_str().unwrap().to_string();
-    let n = 40;
-    let mut refused = Vec::new();
-    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
-    for i in 0..n {
-        if i == n / 3 {
-            pg.restart();
-        }
-        let body =
-            json!({"request_id": format!("st-{i}"), "task": "line_count", "inputs": [input]});
-        let r = a.run(ALICE, &body, "?wait=false");
-        let st = r.status().as_u16();
-        *statuses.entry(st).or_default() += 1;
-        match st {
-            200 | 202 => {}
-            503 => {
-                assert!(r.headers().get("retry-after").is_some());
-                refused.push(body);
+    let n = 60;
+    let a2 = a.clone();
+    let submitter = std::thread::spawn(move || {
+        let mut refused = Vec::new();
+        let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+        for i in 0..n {
+            let body =
+                json!({"request_id": format!("st-{i}"), "task": "line_count", "inputs": [input]});
+            let r = a2.run(ALICE, &body, "?wait=false");
+            let st = r.status().as_u16();
+            *statuses.entry(st).or_default() += 1;
+            match st {
+                200 | 202 => {}
+                503 => {
+                    assert!(r.headers().get("retry-after").is_some());
+                    refused.push(body);
+                }
+                other => panic!("answer {other}: {}", r.text().unwrap()),
             }
-            other => panic!("answer {other}: {}", r.text().unwrap()),
+            std::thread::sleep(Duration::from_millis(60));
         }
-    }
-    eprintln!("answers during the restart: {statuses:?}");
+        (refused, statuses)
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    pg.restart(Duration::from_secs(2));
+    let (refused, statuses) = submitter.join().unwrap();
+    eprintln!("answers around the restart: {statuses:?}");
+    assert!(
+        !refused.is_empty(),
+        "no submission met the outage (the test did not attack it): {statuses:?}"
+    );
     for body in &refused {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {

@@ -372,6 +372,29 @@ impl PgStore {
         &self.node
     }
 
+    /// Runs `f` until it succeeds or fails other than "unavailable", for up to 2 minutes:
+    /// the writes a run's executor makes (start, end, audit) outlive a database restart
+    /// instead of being lost. Each must be idempotent (a commit whose answer was lost is
+    /// retried).
+    async fn persist<T, F, Fut>(&self, what: &'static str, mut f: F) -> Result<T, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match f().await {
+                Err(StoreError::Unavailable(e)) if std::time::Instant::now() < deadline => {
+                    tracing::warn!(error = %e, what, "database unavailable; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+                r => return r,
+            }
+        }
+    }
+
     async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         self.pool.get().await.map_err(pool_err)
     }
@@ -658,32 +681,41 @@ impl Store for PgStore {
 
     fn mark_running(&self, job_id: &str, now: i64) -> StoreFuture<'_, bool> {
         let id = job_id.to_string();
-        Box::pin(async move {
-            let c = self.client().await?;
-            let n = c
-                .execute(
-                    "UPDATE runs SET status = 'running', started_at = $2 WHERE job_id = $1 AND status = 'queued' AND node_id = $3",
-                    &[&id, &now, &self.node],
-                )
-                .await
-                .map_err(pg_err)?;
-            Ok(n == 1)
-        })
+        Box::pin(self.persist("mark_running", move || {
+            let id = id.clone();
+            async move {
+                let c = self.client().await?;
+                // Idempotent: a retry after a lost answer finds its own `started_at`.
+                let n = c
+                    .execute(
+                        "UPDATE runs SET status = 'running', started_at = $2
+                         WHERE job_id = $1 AND node_id = $3
+                         AND (status = 'queued' OR (status = 'running' AND started_at = $2))",
+                        &[&id, &now, &self.node],
+                    )
+                    .await
+                    .map_err(pg_err)?;
+                Ok(n == 1)
+            }
+        }))
     }
 
     fn finish_run(&self, f: FinishRun) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
-            let c = self.client().await?;
-            let status = f.status.as_str();
-            c.execute(
-                "UPDATE runs SET status = $2, reason = $3, finished_at = $4, report = $5, receipt = $6, artifact = $7, artifact_sha256 = $8
-                 WHERE job_id = $1 AND status IN ('queued', 'running') AND node_id = $9",
-                &[&f.job_id, &status, &f.reason, &f.now, &f.report, &f.receipt, &f.artifact, &f.artifact_sha256, &self.node],
-            )
-            .await
-            .map_err(pg_err)?;
-            Ok(())
-        })
+        Box::pin(self.persist("finish_run", move || {
+            let f = f.clone();
+            async move {
+                let c = self.client().await?;
+                let status = f.status.as_str();
+                c.execute(
+                    "UPDATE runs SET status = $2, reason = $3, finished_at = $4, report = $5, receipt = $6, artifact = $7, artifact_sha256 = $8
+                     WHERE job_id = $1 AND status IN ('queued', 'running') AND node_id = $9",
+                    &[&f.job_id, &status, &f.reason, &f.now, &f.report, &f.receipt, &f.artifact, &f.artifact_sha256, &self.node],
+                )
+                .await
+                .map_err(pg_err)?;
+                Ok(())
+            }
+        }))
     }
 
     fn reconcile(
@@ -762,7 +794,7 @@ impl Store for PgStore {
 
     fn audit(&self, ev: Event) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(async move {
-            if let Err(e) = self.append_audit(&ev).await {
+            if let Err(e) = self.persist("audit", || self.append_audit(&ev)).await {
                 metrics::counter!("agentjail_audit_failures_total").increment(1);
                 tracing::error!(error = %e, "audit append failed");
             }
@@ -770,7 +802,7 @@ impl Store for PgStore {
     }
 
     fn audit_blocking(&self, ev: &Event) -> Result<(), StoreError> {
-        block_on(self.append_audit(ev)).map_err(StoreError::Io)?
+        block_on(self.persist("audit", || self.append_audit(ev))).map_err(StoreError::Io)?
     }
 }
 

@@ -185,8 +185,8 @@ impl Pg {
         );
     }
 
-    /// `pg_ctl restart` (fast shutdown: open connections are cut).
-    pub fn restart(&self) {
+    /// Stops the cluster (fast shutdown: open connections are cut), waits `down`, starts it.
+    pub fn restart(&self, down: std::time::Duration) {
         let o = self.as_owner(
             "pg_ctl",
             &[
@@ -203,6 +203,7 @@ impl Pg {
             "pg_ctl stop: {}",
             String::from_utf8_lossy(&o.stderr)
         );
+        std::thread::sleep(down);
         self.pg_ctl_start();
     }
 
