@@ -138,7 +138,7 @@ pub fn read_password(file: Option<&Path>) -> Result<Option<Vec<u8>>, String> {
     let Some(f) = file else {
         return Ok(std::env::var_os("PGPASSWORD")
             .filter(|v| !v.is_empty())
-            .map(|v| std::os::unix::ffi::OsStringExt::into_vec(v)));
+            .map(std::os::unix::ffi::OsStringExt::into_vec));
     };
     let meta =
         std::fs::metadata(f).map_err(|e| format!("database password file {}: {e}", f.display()))?;
