@@ -32,9 +32,15 @@ fn sha(s: &str) -> String {
 }
 
 fn config(node: &str, marker: &str) -> String {
+    config_with(node, marker, "", "")
+}
+
+/// The configuration, with `server` lines and `[tasks.line_count.retention]` lines added.
+fn config_with(node: &str, marker: &str, server: &str, retention: &str) -> String {
     format!(
         r#"
 [server]
+{server}
 node_id = "{node}"
 max_concurrent_runs = 4
 auth_failure_audit_seconds = 3600
@@ -64,6 +70,8 @@ max_bytes = 100000
 path = "/output/count.json"
 media_type = "application/json"
 max_bytes = 1000
+[tasks.line_count.retention]
+{retention}
 
 [tasks.sleeper]
 description = "Sleeps as long as its argument says, then writes its output"
@@ -99,10 +107,15 @@ fn spawn(
     node: &str,
     marker: &str,
 ) -> (Child, Arc<Mutex<String>>, Option<String>) {
+    spawn_cfg(dir, db, &config(node, marker))
+}
+
+/// As [`spawn`], with the configuration's text.
+fn spawn_cfg(dir: &Path, db: &str, cfg_text: &str) -> (Child, Arc<Mutex<String>>, Option<String>) {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let cfg = dir.join("config.toml");
-    std::fs::write(&cfg, config(node, marker)).unwrap();
+    std::fs::write(&cfg, cfg_text).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_agentjail"))
         .args(["serve", "--listen", "127.0.0.1:0", "--config"])
         .arg(&cfg)
@@ -138,7 +151,11 @@ fn spawn(
 
 impl Server {
     fn start(dir: &Path, pg: &Pg, node: &str, marker: &str) -> Server {
-        let (child, stderr, base) = spawn(dir, &pg.url(), node, marker);
+        Server::start_cfg(dir, pg, &config(node, marker))
+    }
+
+    fn start_cfg(dir: &Path, pg: &Pg, cfg: &str) -> Server {
+        let (child, stderr, base) = spawn_cfg(dir, &pg.url(), cfg);
         let base =
             base.unwrap_or_else(|| panic!("server did not start:\n{}", stderr.lock().unwrap()));
         Server {
@@ -676,4 +693,57 @@ fn audit_chain_in_the_database_verifies_and_detects_tampering() {
     std::fs::write(&file, &o.stdout).unwrap();
     let v = agentjail(&["audit", "verify", file.to_str().unwrap()], &[]);
     assert_eq!(v.code, 1, "{}", v.dump());
+}
+
+/// Retention on PostgreSQL: outputs, inputs and their content leave the database once past
+/// their retention, the job folder leaves the replica that ran the run, and the replica that
+/// ran it drops its cached copy of the input whichever replica's sweep deleted the database's.
+#[test]
+fn retention_sweeps_the_database_and_every_replica() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pg) = Pg::start() else { return };
+    let (da, db) = (tempdir(), tempdir());
+    let server = "sweep_interval_seconds = 1\ninput_retention_seconds = 2";
+    let retention = "outputs_seconds = 2\nlogs_seconds = 3";
+    let a = Server::start_cfg(
+        da.path(),
+        &pg,
+        &config_with("node-a", "m-ret", server, retention),
+    );
+    let b = Server::start_cfg(
+        db.path(),
+        &pg,
+        &config_with("node-b", "m-ret", server, retention),
+    );
+    let up = a.upload(ALICE, CSV);
+    let input = up["input_id"].as_str().unwrap().to_string();
+    // Run on B: B materialises the input from the database.
+    let body = json!({"request_id": "ret-1", "task": "line_count", "inputs": [input]});
+    let v: Value = b.run(ALICE, &body, "").json().unwrap();
+    assert_eq!(v["status"], "ok", "{v}");
+    let cached = db.path().join("data/objects").join(sha(CSV));
+    assert!(cached.exists(), "B ran the run from its cached copy");
+    assert_eq!(b.job_folders().len(), 1);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let outputs_gone = a.get(ALICE, "/v1/runs/ret-1/artifact").status() == 410;
+        let rows = pg.psql(&format!(
+            "SELECT (SELECT count(*) FROM inputs) || ' ' || (SELECT count(*) FROM objects) || ' ' || (SELECT count(*) FROM runs WHERE artifact IS NOT NULL OR report IS NOT NULL)"
+        ));
+        if outputs_gone && rows == "0 0 0" && !cached.exists() && b.job_folders().is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "retention did not apply: artifact gone {outputs_gone}, inputs/objects/outputs {rows}, B's cached object {}, B's job folders {:?}",
+            cached.exists(),
+            b.job_folders()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let v = a.status_of("ret-1");
+    assert_eq!(v["outputs_deleted"], true, "{v}");
+    assert_eq!(v["status"], "ok", "the record itself stays");
+    let log = pg.psql("SELECT count(*) FROM audit_log WHERE record LIKE '%retention_sweep%'");
+    assert_ne!(log, "0", "the sweep is audited");
 }
