@@ -727,9 +727,9 @@ fn retention_sweeps_the_database_and_every_replica() {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let outputs_gone = a.get(ALICE, "/v1/runs/ret-1/artifact").status() == 410;
-        let rows = pg.psql(&format!(
-            "SELECT (SELECT count(*) FROM inputs) || ' ' || (SELECT count(*) FROM objects) || ' ' || (SELECT count(*) FROM runs WHERE artifact IS NOT NULL OR report IS NOT NULL)"
-        ));
+        let rows = pg.psql(
+            "SELECT (SELECT count(*) FROM inputs) || ' ' || (SELECT count(*) FROM objects) || ' ' || (SELECT count(*) FROM runs WHERE artifact IS NOT NULL OR report IS NOT NULL)",
+        );
         if outputs_gone && rows == "0 0 0" && !cached.exists() && b.job_folders().is_empty() {
             break;
         }
