@@ -668,6 +668,14 @@ fn audit_chain_in_the_database_verifies_and_detects_tampering() {
     for h in hs {
         h.join().unwrap();
     }
+    // Every decision of both replicas is in the one chain: none lost to a racing append.
+    assert_eq!(
+        pg.psql(
+            "SELECT count(*) FROM audit_log WHERE record LIKE '%\"event\":\"run_end\"%' AND record LIKE '%\"request_id\":\"au-%'"
+        ),
+        "10",
+        "run_end records of the 10 runs"
+    );
     let env = [("PGPASSWORD", pg::PASSWORD)];
     let url = pg.url();
     let o = agentjail(&["audit", "verify", "--database", &url], &env);
