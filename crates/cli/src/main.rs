@@ -85,6 +85,10 @@ enum Command {
     /// Attack this host's sandbox with the escape corpus and report what holds
     /// (docs/selftest.md); exit 0 only when no probe failed.
     Selftest(cmd::selftest::SelftestArgs),
+    /// Verify the service's audit chain (a file, or the PostgreSQL database replicas share),
+    /// or export the database's chain as JSONL.
+    #[command(subcommand)]
+    Audit(cmd::audit::AuditCmd),
     /// Print the JSON Schema of the server configuration.
     Config {
         #[arg(long, required = true)]
@@ -202,6 +206,7 @@ fn dispatch(cli: Cli) -> Result<u8, String> {
         Command::Serve(a) => cmd::serve::run(a),
         Command::Mcp(a) => cmd::mcp::run(a),
         Command::Selftest(a) => cmd::selftest::run(a),
+        Command::Audit(c) => cmd::audit::dispatch(c),
         Command::Config { .. } => cmd::config::run(),
     }
 }

@@ -183,6 +183,15 @@ impl From<Failure> for ApiError {
     fn from(f: Failure) -> Self {
         match f {
             Failure::Internal => ApiError::internal(),
+            Failure::Unavailable => ApiError {
+                retry_after: Some(5),
+                ..Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "Service unavailable",
+                    "the service's database cannot be reached right now; retry later",
+                )
+            },
             Failure::Refused(r) => {
                 let (status, title) = http_status(&r);
                 ApiError {

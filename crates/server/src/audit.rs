@@ -155,27 +155,12 @@ impl AuditLog {
             .inner
             .lock()
             .map_err(|_| AuditError::Chain(0, "lock poisoned".into()))?;
-        // An event that does not serialise to an object is an error, never an empty record.
-        let mut rec = match serde_json::to_value(ev) {
-            Ok(Value::Object(m)) => m,
-            Ok(_) => {
-                return Err(AuditError::Chain(
-                    g.seq + 1,
-                    "event is not an object".into(),
-                ));
-            }
-            Err(e) => return Err(AuditError::Chain(g.seq + 1, e.to_string())),
-        };
-        rec.insert("seq".into(), Value::from(g.seq + 1));
-        rec.insert("ts".into(), Value::from(jiff::Timestamp::now().to_string()));
-        rec.insert("prev".into(), Value::from(g.prev.clone()));
-        let h = hash_record(&rec).map_err(|e| AuditError::Canonical(g.seq + 1, e))?;
-        rec.insert("hash".into(), Value::from(h.clone()));
-        let mut line =
-            serde_json::to_vec(&rec).map_err(|e| AuditError::Chain(g.seq + 1, e.to_string()))?;
-        line.push(b'\n');
+        let (mut line, h) = chain_record(ev, g.seq + 1, &g.prev)?;
+        line.push('\n');
         let p = self.path.display().to_string();
-        g.file.write_all(&line).map_err(|e| AuditError::Io(p, e))?;
+        g.file
+            .write_all(line.as_bytes())
+            .map_err(|e| AuditError::Io(p, e))?;
         g.seq += 1;
         g.prev = h;
         Ok(g.seq)
@@ -199,14 +184,35 @@ impl AuditLog {
     }
 }
 
-/// Verifies the whole chain of the log at `path`; returns (last seq, last hash).
-pub fn verify_chain(path: &Path) -> Result<(u64, String), AuditError> {
-    let f = File::open(path).map_err(|e| AuditError::Io(path.display().to_string(), e))?;
+/// One record of the chain: `ev` with `seq`, `ts` (now) and `prev`, hashed. Returns the
+/// record as one line of JSON (no newline) and its `hash`. The file log and the PostgreSQL
+/// store (`crate::pg`) both build records here, so one verifier serves both.
+pub fn chain_record(ev: &Event, seq: u64, prev: &str) -> Result<(String, String), AuditError> {
+    // An event that does not serialise to an object is an error, never an empty record.
+    let mut rec = match serde_json::to_value(ev) {
+        Ok(Value::Object(m)) => m,
+        Ok(_) => return Err(AuditError::Chain(seq, "event is not an object".into())),
+        Err(e) => return Err(AuditError::Chain(seq, e.to_string())),
+    };
+    rec.insert("seq".into(), Value::from(seq));
+    rec.insert("ts".into(), Value::from(jiff::Timestamp::now().to_string()));
+    rec.insert("prev".into(), Value::from(prev.to_string()));
+    let h = hash_record(&rec).map_err(|e| AuditError::Canonical(seq, e))?;
+    rec.insert("hash".into(), Value::from(h.clone()));
+    let line = serde_json::to_string(&rec).map_err(|e| AuditError::Chain(seq, e.to_string()))?;
+    Ok((line, h))
+}
+
+/// Verifies a chain given as its lines, in order; returns (last seq, last hash).
+pub fn verify_lines<I>(lines: I) -> Result<(u64, String), AuditError>
+where
+    I: IntoIterator<Item = Result<String, AuditError>>,
+{
     let mut prev = GENESIS.to_string();
     let mut seq = 0u64;
-    for (i, line) in BufReader::new(f).lines().enumerate() {
+    for (i, line) in lines.into_iter().enumerate() {
         let n = i as u64 + 1;
-        let line = line.map_err(|e| AuditError::Io(path.display().to_string(), e))?;
+        let line = line?;
         let mut rec: Map<String, Value> = serde_json::from_str(&line)
             .map_err(|e| AuditError::Chain(n, format!("not a JSON object: {e}")))?;
         let Some(Value::String(h)) = rec.remove("hash") else {
@@ -231,6 +237,17 @@ pub fn verify_chain(path: &Path) -> Result<(u64, String), AuditError> {
         seq += 1;
     }
     Ok((seq, prev))
+}
+
+/// Verifies the whole chain of the log at `path`; returns (last seq, last hash).
+pub fn verify_chain(path: &Path) -> Result<(u64, String), AuditError> {
+    let f = File::open(path).map_err(|e| AuditError::Io(path.display().to_string(), e))?;
+    let p = path.display().to_string();
+    verify_lines(
+        BufReader::new(f)
+            .lines()
+            .map(|l| l.map_err(|e| AuditError::Io(p.clone(), e))),
+    )
 }
 
 #[cfg(test)]

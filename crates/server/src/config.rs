@@ -121,6 +121,22 @@ pub struct ServerSettings {
     /// port cannot grow the audit log without bound, and no failure goes uncounted.
     #[serde(default = "d_auth_audit")]
     pub auth_failure_audit_seconds: u64,
+    /// The shared store of several replicas: a PostgreSQL connection URL
+    /// (`postgres://user@host:port/db`) or key=value string. Default: none (the embedded
+    /// SQLite database in the data directory). It must not hold a password (refused): the
+    /// password comes from `database_password_file` or the `PGPASSWORD` environment variable.
+    /// TLS is not supported yet: `sslmode=require`/`verify-ca`/`verify-full` is refused
+    /// (docs/server.md, "PostgreSQL").
+    #[serde(default)]
+    pub database: Option<String>,
+    /// File holding the PostgreSQL password (one line; mode 0600 or stricter, else refused).
+    #[serde(default)]
+    pub database_password_file: Option<PathBuf>,
+    /// This replica's name in the shared store: each run records the node that runs it, and a
+    /// replica's start-up reconcile marks only its own in-flight runs `unknown`. Default: the
+    /// host name. Letters, digits, `.`, `_`, `-`; at most 64 bytes.
+    #[serde(default)]
+    pub node_id: Option<String>,
 }
 
 fn d_header_timeout() -> u64 {
@@ -179,6 +195,9 @@ impl Default for ServerSettings {
             body_timeout_seconds: d_body_timeout(),
             max_connections: d_max_connections(),
             auth_failure_audit_seconds: d_auth_audit(),
+            database: None,
+            database_password_file: None,
+            node_id: None,
         }
     }
 }

@@ -22,6 +22,7 @@ pub mod audit;
 pub mod config;
 pub mod db;
 pub mod mcp;
+pub mod pg;
 pub mod policy;
 pub mod run_state;
 pub mod runner;
@@ -61,6 +62,8 @@ pub struct ServeOptions {
     pub data_dir: Option<PathBuf>,
     /// Run even where a protection cannot be applied.
     pub allow_degraded: bool,
+    /// Shared PostgreSQL store URL (default: the config's `server.database`, else SQLite).
+    pub database: Option<String>,
 }
 
 /// The JSON Schema of the configuration.
@@ -106,6 +109,9 @@ pub fn serve_blocking(opts: ServeOptions) -> Result<(), ServerError> {
     }
     if let Some(d) = &opts.data_dir {
         config.server.data_dir = Some(d.clone());
+    }
+    if let Some(u) = &opts.database {
+        config.server.database = Some(u.clone());
     }
     let listen = config
         .server

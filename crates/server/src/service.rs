@@ -38,6 +38,8 @@ pub enum Failure {
     Refused(Refusal),
     /// The service could not complete it (store, randomness); the detail is in the log.
     Internal,
+    /// The shared database cannot be reached now (restarting, connection lost); retry later.
+    Unavailable,
 }
 
 impl Failure {
@@ -46,6 +48,7 @@ impl Failure {
         match self {
             Failure::Refused(r) => r.code(),
             Failure::Internal => "internal",
+            Failure::Unavailable => "unavailable",
         }
     }
     /// What went wrong, for a person (never internal detail).
@@ -55,6 +58,9 @@ impl Failure {
             Failure::Internal => {
                 "the service could not complete the request; the details are in its log".into()
             }
+            Failure::Unavailable => {
+                "the service's database cannot be reached right now; retry later".into()
+            }
         }
     }
 }
@@ -62,7 +68,10 @@ impl Failure {
 impl From<StoreError> for Failure {
     fn from(e: StoreError) -> Self {
         tracing::error!(error = %e, "store error");
-        Failure::Internal
+        match e {
+            StoreError::Unavailable(_) => Failure::Unavailable,
+            _ => Failure::Internal,
+        }
     }
 }
 
@@ -127,8 +136,28 @@ impl AppState {
         // Create the receipt key now, so concurrent runs never race to create it.
         agentjail_verify::receipt::ReceiptKey::load_or_create(&private.join("receipt-key.pem"))
             .map_err(|e| ServerError::Io(format!("receipt key: {e}")))?;
-        let db = db::Db::open(&private.join("agentjail.db"))?;
-        let audit = audit::AuditLog::open(&private.join("audit.jsonl"))?;
+        let concurrency = config.server.max_concurrent_runs.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2)
+        });
+        // The store: PostgreSQL when the configuration names a database (shared by replicas),
+        // else SQLite and the audit file in the private folder.
+        let (store, sqlite): (Arc<dyn store::Store>, Option<db::Db>) = match &config.server.database
+        {
+            Some(url) => (
+                Arc::new(open_pg(&config, url, &data_dir, concurrency)?),
+                None,
+            ),
+            None => {
+                let db = db::Db::open(&private.join("agentjail.db"))?;
+                let audit = audit::AuditLog::open(&private.join("audit.jsonl"))?;
+                (
+                    Arc::new(store::SqliteStore::new(db.clone(), audit)),
+                    Some(db),
+                )
+            }
+        };
         let mut schemas = std::collections::BTreeMap::new();
         for (name, t) in &config.tasks {
             if let Some(s) = &t.output.schema {
@@ -139,11 +168,6 @@ impl AppState {
                 );
             }
         }
-        let concurrency = config.server.max_concurrent_runs.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(2)
-        });
         let state = AppState {
             inner: Arc::new(Inner {
                 max_admitted: concurrency + config.server.max_queued_runs,
@@ -151,9 +175,10 @@ impl AppState {
                 data_dir,
                 runner,
                 allow_degraded,
-                store: Arc::new(store::SqliteStore::new(db.clone(), audit)),
+                store,
                 #[cfg(test)]
-                db,
+                db: sqlite
+                    .ok_or_else(|| ServerError::Io("unit tests inspect SQLite only".into()))?,
                 run_slots: Semaphore::new(concurrency),
                 admitted: AtomicUsize::new(0),
                 metrics: metrics_handle(),
@@ -162,10 +187,37 @@ impl AppState {
                 _lock: lock,
             }),
         };
+        #[cfg(not(test))]
+        drop(sqlite);
         zero_metrics(&state.inner.config);
         runner::reconcile_at_startup(&state)?;
         Ok(state)
     }
+}
+
+/// Opens the PostgreSQL store named by `url` (docs/server.md, "PostgreSQL"): the password
+/// from the 0600 file or `PGPASSWORD`, this node's id, migrations applied.
+fn open_pg(
+    config: &Config,
+    url: &str,
+    data_dir: &Path,
+    concurrency: usize,
+) -> Result<crate::pg::PgStore, ServerError> {
+    use crate::pg;
+    let s = &config.server;
+    let node = pg::node_id(s.node_id.as_deref()).map_err(ServerError::Io)?;
+    let password =
+        pg::read_password(s.database_password_file.as_deref()).map_err(ServerError::Io)?;
+    let c = pg::connect_config(url, password).map_err(ServerError::Io)?;
+    let where_ = pg::describe(&c);
+    // Every run holds a connection only per statement; requests and runs share the pool.
+    let pool = pg::pool(c, concurrency * 2 + 8).map_err(ServerError::Io)?;
+    let objects = data_dir.join("objects");
+    let store = pg::block_on(pg::PgStore::open(pool, node.clone(), objects))
+        .map_err(ServerError::Io)?
+        .map_err(|e| ServerError::Io(format!("database {where_}: {e}")))?;
+    tracing::info!(database = %where_, node = %node, "store: PostgreSQL");
+    Ok(store)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -283,10 +335,12 @@ pub(crate) async fn upload(
     };
     let path = runner::object_path(state, &sha);
     let objects = state.inner.data_dir.join("objects");
-    let write = Box::new(move || store_object(&objects, &path, &body));
+    let body: Arc<[u8]> = body.into();
+    let content = body.clone();
+    let write = Box::new(move || store_object(&objects, &path, &content));
     state
         .store()
-        .put_input(&caller.tenant, row, expires, write)
+        .put_input(&caller.tenant, row, expires, body, write)
         .await?;
     metrics::counter!("agentjail_inputs_stored_total").increment(1);
     state

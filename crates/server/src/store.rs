@@ -1,8 +1,8 @@
 //! The storage interface the service and the runner talk to: run records, input records, the
-//! retention sweep and the audit log, as operations rather than SQL. [`SqliteStore`] is the
-//! one implementation today (the embedded database of [`crate::db`] plus the hash-chained
-//! file of [`crate::audit`]); a second store (e.g. PostgreSQL) implements [`Store`] without
-//! touching policy or the transports. Every operation is fallible and returns a boxed future
+//! retention sweep and the audit log, as operations rather than SQL. Two implementations:
+//! [`SqliteStore`] (the embedded database of [`crate::db`] plus the hash-chained file of
+//! [`crate::audit`]; one process) and [`crate::pg::PgStore`] (PostgreSQL, shared by several
+//! replicas); policy and the transports do not know which is in use. Every operation is fallible and returns a boxed future
 //! (a network database answers asynchronously); no SQLite type appears in a signature.
 //!
 //! Two guarantees are the store's, not its callers': [`Store::insert_run`] records a run at
@@ -23,9 +23,13 @@ pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>>
 /// A store failure (logged; never shown to clients).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The database failed or is unreachable.
+    /// The database failed.
     #[error("database: {0}")]
     Database(String),
+    /// The database cannot be reached now (connection lost, restarting): try again later
+    /// (HTTP 503 with `Retry-After`).
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
     /// Writing a file the operation needed (an input object) failed.
     #[error("storage: {0}")]
     Io(String),
@@ -92,15 +96,24 @@ pub type WriteObject = Box<dyn FnOnce() -> std::io::Result<()> + Send>;
 
 /// The storage interface.
 pub trait Store: Send + Sync {
-    /// Records an uploaded input of `tenant`; `write_object` stores its content first, while
-    /// the sweep cannot delete the object.
+    /// Records an uploaded input of `tenant` with its content `body`. A store that keeps
+    /// content in files calls `write_object` (which stores `body` in this node's object
+    /// folder) while the sweep cannot delete the object; a database store keeps `body` itself.
     fn put_input(
         &self,
         tenant: &str,
         row: InputRow,
         expires_at: i64,
+        body: Arc<[u8]>,
         write_object: WriteObject,
     ) -> StoreFuture<'_, ()>;
+    /// Before a run on this node: makes sure the objects `sha256s` are in this node's object
+    /// folder (a shared store writes them there from the database, checked against their
+    /// hash). The file store has them already.
+    fn materialise(&self, sha256s: Vec<String>) -> StoreFuture<'_, ()> {
+        let _ = sha256s;
+        Box::pin(async { Ok(()) })
+    }
     /// The records of `ids` in `tenant`, in order (None: no such input there).
     fn get_inputs(&self, tenant: &str, ids: &[String]) -> StoreFuture<'_, Vec<Option<InputRow>>>;
     /// The run `request_id` of `tenant`.
@@ -120,7 +133,8 @@ pub trait Store: Send + Sync {
         retry: Option<(String, i64)>,
         now: i64,
     ) -> StoreFuture<'_, bool>;
-    /// Start-up (blocking): every run left `queued` or `running` becomes `unknown`.
+    /// Start-up (blocking): every run of this node left `queued` or `running` becomes
+    /// `unknown` (a shared store: only the runs this node owned).
     fn mark_in_flight_unknown(&self, now: i64) -> Result<Vec<InFlight>, StoreError>;
     /// Retention at `now`: clears expired outputs, lists expired job folders, deletes
     /// expired inputs no in-flight run refers to, and their orphaned objects.
@@ -158,6 +172,7 @@ impl Store for SqliteStore {
         tenant: &str,
         row: InputRow,
         expires_at: i64,
+        _body: Arc<[u8]>,
         write_object: WriteObject,
     ) -> StoreFuture<'_, ()> {
         let tenant = tenant.to_string();

@@ -1,6 +1,7 @@
 //! One module per subcommand: its arguments (when it has more than a flag or two) and the
 //! function that carries it out, returning the exit status or the one-line error (exit 125).
 
+pub mod audit;
 pub mod check;
 pub mod config;
 pub mod demo;

@@ -19,6 +19,11 @@ pub struct ServeArgs {
     /// Run even where a protection cannot be applied (listed in each report).
     #[arg(long)]
     allow_degraded: bool,
+    /// Shared PostgreSQL store, `postgres://user@host:port/db` (no password in it: the
+    /// config's server.database_password_file or $PGPASSWORD) [default: the config's
+    /// server.database, else SQLite in the data directory].
+    #[arg(long, value_name = "URL")]
+    database: Option<String>,
 }
 
 pub fn run(a: ServeArgs) -> Result<u8, String> {
@@ -27,6 +32,7 @@ pub fn run(a: ServeArgs) -> Result<u8, String> {
         listen: a.listen,
         data_dir: a.data_dir,
         allow_degraded: a.allow_degraded,
+        database: a.database,
     })
     .map(|()| 0)
     .map_err(|e| e.to_string())

@@ -6,6 +6,7 @@
 use std::process::Command;
 
 pub mod netns;
+pub mod pg;
 pub mod serve;
 mod skip;
 #[allow(unused_imports)]

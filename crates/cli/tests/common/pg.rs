@@ -1,0 +1,268 @@
+//! A throwaway PostgreSQL cluster for one test: `initdb` and `pg_ctl` (Debian's packages) run
+//! as an unprivileged user (`postgres`, else `nobody`, via `setpriv`) in a temporary folder,
+//! listening on 127.0.0.1 at a free port (password authentication, scram-sha-256) and on a
+//! unix socket in that folder (trust, for the test's own `psql`). Stopped (`immediate`) and
+//! deleted on drop. Missing binaries: [`super::skip`] (a panic under CI).
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The role the tests connect as, and its password (passed to `serve` as PGPASSWORD only).
+pub const USER: &str = "agentjail";
+pub const PASSWORD: &str = "pg-pw-7d41c9e0";
+pub const DB: &str = "agentjail";
+
+pub struct Pg {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    /// The unprivileged user's (uid, gid); None when the test is not root (runs as itself).
+    owner: Option<(u32, u32)>,
+    pub port: u16,
+}
+
+/// The folder holding initdb and pg_ctl: the newest /usr/lib/postgresql/*/bin, else PATH.
+fn bindir() -> Option<PathBuf> {
+    let mut dirs: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let b = e.path().join("bin");
+            b.join("initdb").exists().then_some((v, b))
+        })
+        .collect();
+    dirs.sort();
+    dirs.pop().map(|(_, b)| b).or_else(|| {
+        ["/usr/local/bin", "/usr/bin"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|d| d.join("initdb").exists() && d.join("pg_ctl").exists())
+    })
+}
+
+fn user_ids(name: &str) -> Option<(u32, u32)> {
+    let pw = std::fs::read_to_string("/etc/passwd").ok()?;
+    pw.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.first() == Some(&name))
+            .then(|| Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?)))?
+    })
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Pg {
+    /// A fresh, running cluster with database [`DB`] owned by [`USER`]; None (after
+    /// [`super::skip`]) when PostgreSQL or setpriv is missing.
+    pub fn start() -> Option<Pg> {
+        let Some(bin) = bindir() else {
+            super::skip("PostgreSQL's initdb/pg_ctl not found (apt-get install postgresql)");
+            return None;
+        };
+        let psql_ok = Command::new("psql").arg("--version").output().is_ok();
+        if !psql_ok && !bin.join("psql").exists() {
+            super::skip("psql not found (apt-get install postgresql-client)");
+            return None;
+        }
+        let owner = if super::is_root() {
+            if Command::new("setpriv").arg("--version").output().is_err() {
+                super::skip("setpriv not found (util-linux)");
+                return None;
+            }
+            Some(user_ids("postgres").or_else(|| user_ids("nobody")).unwrap())
+        } else {
+            None
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("agentjail-pg-")
+            .tempdir()
+            .unwrap();
+        if let Some((u, g)) = owner {
+            std::os::unix::fs::chown(dir.path(), Some(u), Some(g)).unwrap();
+        }
+        let pw = dir.path().join("pw");
+        std::fs::write(&pw, PASSWORD).unwrap();
+        if let Some((u, g)) = owner {
+            std::os::unix::fs::chown(&pw, Some(u), Some(g)).unwrap();
+        }
+        let pg = Pg {
+            dir,
+            bin,
+            owner,
+            port: free_port(),
+        };
+        let data = pg.data();
+        let o = pg.as_owner(
+            "initdb",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-U",
+                USER,
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+                "--pwfile",
+                pw.to_str().unwrap(),
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+        );
+        assert!(
+            o.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        pg.pg_ctl_start();
+        pg.psql_db("postgres", &format!("CREATE DATABASE {DB}"));
+        Some(pg)
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// The socket folder (also the cluster's folder).
+    pub fn socket_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn as_owner(&self, prog: &str, args: &[&str]) -> Output {
+        let exe = self.bin.join(prog);
+        let mut c = match self.owner {
+            Some((u, g)) => {
+                let mut c = Command::new("setpriv");
+                c.arg(format!("--reuid={u}"))
+                    .arg(format!("--regid={g}"))
+                    .arg("--clear-groups")
+                    .arg(&exe);
+                c
+            }
+            None => Command::new(&exe),
+        };
+        c.args(args)
+            .current_dir(self.dir.path())
+            .env_remove("PGPASSWORD")
+            .output()
+            .unwrap()
+    }
+
+    fn pg_ctl_start(&self) {
+        let opts = format!(
+            "-c listen_addresses=127.0.0.1 -p {} -k {} -c fsync=off -c max_connections=200",
+            self.port,
+            self.dir.path().display()
+        );
+        let log = self.dir.path().join("log");
+        let o = self.as_owner(
+            "pg_ctl",
+            &[
+                "-D",
+                self.data().to_str().unwrap(),
+                "-o",
+                &opts,
+                "-l",
+                log.to_str().unwrap(),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+        );
+        assert!(
+            o.status.success(),
+            "pg_ctl start failed: {}\n{}",
+            String::from_utf8_lossy(&o.stderr),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    }
+
+    /// Stops the cluster (fast shutdown: open connections are cut), waits `down`, starts it.
+    pub fn restart(&self, down: std::time::Duration) {
+        let o = self.as_owner(
+            "pg_ctl",
+            &[
+                "-D",
+                self.data().to_str().unwrap(),
+                "-m",
+                "fast",
+                "-w",
+                "stop",
+            ],
+        );
+        assert!(
+            o.status.success(),
+            "pg_ctl stop: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::thread::sleep(down);
+        self.pg_ctl_start();
+    }
+
+    /// The URL `serve --database` takes (no password: PGPASSWORD carries it).
+    pub fn url(&self) -> String {
+        format!(
+            "postgres://{USER}@127.0.0.1:{}/{DB}?sslmode=disable",
+            self.port
+        )
+    }
+
+    fn psql_db(&self, db: &str, sql: &str) -> String {
+        let psql = if self.bin.join("psql").exists() {
+            self.bin.join("psql")
+        } else {
+            PathBuf::from("psql")
+        };
+        let o = Command::new(psql)
+            .args(["-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-h"])
+            .arg(self.dir.path())
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                USER,
+                "-d",
+                db,
+                "-c",
+                sql,
+            ])
+            .env_remove("PGPASSWORD")
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "psql {sql:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    }
+
+    /// Runs `sql` in [`DB`] over the unix socket; its output (tuples only, unaligned).
+    pub fn psql(&self, sql: &str) -> String {
+        self.psql_db(DB, sql)
+    }
+}
+
+impl Drop for Pg {
+    fn drop(&mut self) {
+        let _ = self.as_owner(
+            "pg_ctl",
+            &[
+                "-D",
+                self.data().to_str().unwrap_or_default(),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ],
+        );
+    }
+}

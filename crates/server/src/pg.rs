@@ -1,0 +1,897 @@
+//! The PostgreSQL store: the shared state of several `serve` replicas (docs/server.md,
+//! "PostgreSQL"). Runs, inputs (their content as `bytea`), artifacts, reports, receipts and
+//! the audit chain live in the database, so any replica answers any GET; the replica that
+//! accepted a run executes it and first materialises its inputs from the database into its
+//! own content-addressed object folder (`DATA/objects`, checked against their sha256).
+//!
+//! - Migrations are numbered in `schema_migrations` and applied at start-up in one transaction
+//!   under `pg_advisory_xact_lock`, so replicas starting at once apply each exactly once.
+//! - Execute-once: `(tenant, request_id)` is the primary key of `runs`; a new run is inserted
+//!   with `ON CONFLICT DO NOTHING`, and the loser reads the winner's record.
+//! - Each run records its `node_id`; a replica records the end of (and at start-up marks
+//!   `unknown`) only its own runs.
+//! - The audit chain: each append takes a transaction-level advisory lock, reads the head
+//!   (`seq`, `hash`), and inserts the next record built by [`audit::chain_record`], the same
+//!   record and hash as the file log; [`export`] writes the JSONL that
+//!   `agentjail audit verify FILE` checks.
+//!
+//! The password never appears in a URL (refused), a log line or an error: it comes from a
+//! 0600 file or `PGPASSWORD`. TLS is not implemented: `sslmode=require` and `verify-*` are
+//! refused rather than silently connecting in plaintext.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::{NoTls, Row};
+
+use crate::audit::{self, AuditError, Event};
+use crate::db::{InputRow, Insert, RunRow};
+use crate::run_state::RunState;
+use crate::store::{
+    FinishRun, InFlight, RetentionFiles, Store, StoreError, StoreFuture, Swept, WriteObject,
+};
+
+/// Advisory lock keys (arbitrary constants, fixed forever).
+const MIGRATION_LOCK: i64 = 0x6167_6a6c_0001;
+const AUDIT_LOCK: i64 = 0x6167_6a6c_0002;
+const OBJECTS_LOCK: i64 = 0x6167_6a6c_0003;
+
+/// Schema migrations, applied in order; `schema_migrations` holds the versions applied.
+const MIGRATIONS: &[&str] = &[
+    // 1: objects (input content), inputs, runs (with their owning node), the audit chain.
+    "CREATE TABLE objects (
+        sha256 TEXT PRIMARY KEY,
+        content BYTEA NOT NULL,
+        created_at BIGINT NOT NULL
+    );
+    CREATE TABLE inputs (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        sha256 TEXT NOT NULL,
+        name TEXT NOT NULL,
+        media_type TEXT NOT NULL,
+        bytes BIGINT NOT NULL,
+        created_at BIGINT NOT NULL,
+        expires_at BIGINT NOT NULL
+    );
+    CREATE INDEX inputs_sha ON inputs(sha256);
+    CREATE TABLE runs (
+        tenant TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        body_sha256 TEXT NOT NULL,
+        task TEXT NOT NULL,
+        actor TEXT NOT NULL,
+        job_id TEXT NOT NULL UNIQUE,
+        job_expires_at BIGINT NOT NULL,
+        status TEXT NOT NULL,
+        reason TEXT,
+        created_at BIGINT NOT NULL,
+        started_at BIGINT,
+        finished_at BIGINT,
+        inputs TEXT NOT NULL,
+        report TEXT,
+        receipt TEXT,
+        artifact BYTEA,
+        artifact_sha256 TEXT,
+        outputs_expire_at BIGINT NOT NULL,
+        logs_expire_at BIGINT NOT NULL,
+        outputs_deleted BOOLEAN NOT NULL DEFAULT FALSE,
+        args TEXT NOT NULL DEFAULT '[]',
+        manifest_digest TEXT,
+        node_id TEXT NOT NULL,
+        PRIMARY KEY (tenant, request_id)
+    );
+    CREATE INDEX runs_status ON runs(status);
+    CREATE INDEX runs_node_status ON runs(node_id, status);
+    CREATE TABLE audit_log (
+        seq BIGINT PRIMARY KEY,
+        hash TEXT NOT NULL,
+        record TEXT NOT NULL
+    );",
+];
+
+/// How many migrations this version knows (tests compare `schema_migrations` with it).
+pub const SCHEMA_VERSION: usize = MIGRATIONS.len();
+
+/// The connection settings, checked: no password in the URL, no TLS mode that would need TLS.
+pub fn connect_config(
+    url: &str,
+    password: Option<Vec<u8>>,
+) -> Result<tokio_postgres::Config, String> {
+    // tokio-postgres does not know the verify-* modes; name them before its parser does.
+    let lower = url.to_ascii_lowercase();
+    if lower.contains("sslmode=verify") || lower.contains("sslmode=require") {
+        return Err("the database URL asks for TLS (sslmode=require/verify-ca/verify-full), which agentjail does not support yet; refusing rather than connecting in plaintext (use sslmode=disable on a trusted network or a local socket, see docs/server.md)".into());
+    }
+    let mut c = tokio_postgres::Config::from_str(url).map_err(|_| {
+        // The parser's message can quote the URL (and with it a password): never shown.
+        "the database URL is not a valid PostgreSQL connection string (postgres://user@host:port/db)".to_string()
+    })?;
+    if c.get_password().is_some() {
+        return Err("the database URL holds a password; remove it and put it in server.database_password_file (mode 0600) or the PGPASSWORD environment variable".into());
+    }
+    if c.get_ssl_mode() == SslMode::Require {
+        return Err("the database URL requires TLS, which agentjail does not support yet".into());
+    }
+    // `prefer` would try TLS first and fall back; without TLS support say so plainly.
+    c.ssl_mode(SslMode::Disable);
+    if c.get_user().is_none() {
+        return Err("the database URL names no user (postgres://USER@host:port/db)".into());
+    }
+    if let Some(p) = password {
+        c.password(p);
+    }
+    c.connect_timeout(Duration::from_secs(5));
+    c.application_name("agentjail");
+    Ok(c)
+}
+
+/// The password: `file` (must be 0600 or stricter; one line) or `PGPASSWORD`; None: neither.
+pub fn read_password(file: Option<&Path>) -> Result<Option<Vec<u8>>, String> {
+    use std::os::unix::fs::MetadataExt;
+    let Some(f) = file else {
+        return Ok(std::env::var_os("PGPASSWORD")
+            .filter(|v| !v.is_empty())
+            .map(std::os::unix::ffi::OsStringExt::into_vec));
+    };
+    let meta =
+        std::fs::metadata(f).map_err(|e| format!("database password file {}: {e}", f.display()))?;
+    if meta.mode() & 0o077 != 0 {
+        return Err(format!(
+            "database password file {} is readable by others (mode {:o}); chmod 600 it",
+            f.display(),
+            meta.mode() & 0o777
+        ));
+    }
+    let mut bytes =
+        std::fs::read(f).map_err(|e| format!("database password file {}: {e}", f.display()))?;
+    while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+        bytes.pop();
+    }
+    if bytes.is_empty() {
+        return Err(format!("database password file {} is empty", f.display()));
+    }
+    Ok(Some(bytes))
+}
+
+/// The database a configuration names, for logs: user, hosts, ports and database name,
+/// never a password.
+pub fn describe(c: &tokio_postgres::Config) -> String {
+    let hosts: Vec<String> = c
+        .get_hosts()
+        .iter()
+        .map(|h| match h {
+            Host::Tcp(s) => s.clone(),
+            Host::Unix(p) => p.display().to_string(),
+        })
+        .collect();
+    let ports: Vec<String> = c.get_ports().iter().map(u16::to_string).collect();
+    format!(
+        "postgres://{}@{}:{}/{}",
+        c.get_user().unwrap_or(""),
+        hosts.join(","),
+        ports.join(","),
+        c.get_dbname().unwrap_or("")
+    )
+}
+
+/// This node's id: the configured one, else the host name; checked.
+pub fn node_id(configured: Option<&str>) -> Result<String, String> {
+    let id = match configured {
+        Some(n) => n.to_string(),
+        None => rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned(),
+    };
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(id)
+    } else if configured.is_none() {
+        Err("this host has no usable host name; set server.node_id (letters, digits, `.`, `_`, `-`; at most 64 bytes)".into())
+    } else {
+        Err("server.node_id must be letters, digits, `.`, `_`, `-`, 1 to 64 bytes".into())
+    }
+}
+
+fn pg_err(e: tokio_postgres::Error) -> StoreError {
+    // Connection-level failures (no SQLSTATE), connection exceptions (08…) and operator
+    // intervention (57…: shutdown, restart) mean "try again later".
+    match e.code().map(|c| c.code().to_string()) {
+        None => StoreError::Unavailable(e.to_string()),
+        Some(c) if c.starts_with("08") || c.starts_with("57") => {
+            StoreError::Unavailable(e.to_string())
+        }
+        Some(_) => StoreError::Database(e.to_string()),
+    }
+}
+
+fn pool_err(e: deadpool_postgres::PoolError) -> StoreError {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => pg_err(e),
+        other => StoreError::Unavailable(format!("database pool: {other}")),
+    }
+}
+
+/// Runs `f` to completion from blocking code (start-up, one-off commands): on the current
+/// (multi-threaded) runtime if there is one, else on a runtime of its own.
+pub(crate) fn block_on<F: Future>(f: F) -> Result<F::Output, String> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => Ok(tokio::task::block_in_place(|| h.block_on(f))),
+        Err(_) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map(|rt| rt.block_on(f))
+            .map_err(|e| format!("tokio runtime: {e}")),
+    }
+}
+
+/// Builds a pool (lazy: no connection yet).
+pub fn pool(c: tokio_postgres::Config, size: usize) -> Result<Pool, String> {
+    let mgr = Manager::from_config(
+        c,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(mgr)
+        .max_size(size.max(2))
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(Duration::from_secs(10)))
+        .create_timeout(Some(Duration::from_secs(5)))
+        .recycle_timeout(Some(Duration::from_secs(5)))
+        .build()
+        .map_err(|e| format!("database pool: {e}"))
+}
+
+/// Applies the migrations not applied yet, in one transaction under an advisory lock.
+pub async fn migrate(pool: &Pool) -> Result<usize, StoreError> {
+    let mut c = pool.get().await.map_err(pool_err)?;
+    let tx = c.transaction().await.map_err(pg_err)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .map_err(pg_err)?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (
+            version INTEGER PRIMARY KEY,
+            applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+        )",
+    )
+    .await
+    .map_err(pg_err)?;
+    let have: i32 = tx
+        .query_one(
+            "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+            &[],
+        )
+        .await
+        .map_err(pg_err)?
+        .get(0);
+    if have as usize > MIGRATIONS.len() {
+        return Err(StoreError::Database(format!(
+            "the database schema is version {have}, newer than this agentjail knows ({}); upgrade agentjail",
+            MIGRATIONS.len()
+        )));
+    }
+    let mut applied = 0;
+    for (i, m) in MIGRATIONS.iter().enumerate().skip(have.max(0) as usize) {
+        tx.batch_execute(m).await.map_err(pg_err)?;
+        let v = (i + 1) as i32;
+        tx.execute("INSERT INTO schema_migrations (version) VALUES ($1)", &[&v])
+            .await
+            .map_err(pg_err)?;
+        applied += 1;
+    }
+    tx.commit().await.map_err(pg_err)?;
+    Ok(applied)
+}
+
+/// The PostgreSQL store of one replica.
+#[derive(Clone)]
+pub struct PgStore {
+    pool: Pool,
+    node: String,
+    /// This replica's content-addressed object folder (`DATA/objects`).
+    objects: PathBuf,
+}
+
+const RUN_COLS: &str = "tenant, request_id, body_sha256, task, actor, job_id, job_expires_at, status, reason, created_at, started_at, finished_at, inputs, report, receipt, artifact, artifact_sha256, outputs_expire_at, logs_expire_at, outputs_deleted, args, manifest_digest";
+
+fn run_from_row(r: &Row) -> Result<RunRow, StoreError> {
+    let status: String = r.get(7);
+    Ok(RunRow {
+        tenant: r.get(0),
+        request_id: r.get(1),
+        body_sha256: r.get(2),
+        task: r.get(3),
+        actor: r.get(4),
+        job_id: r.get(5),
+        job_expires_at: r.get(6),
+        status: status
+            .parse::<RunState>()
+            .map_err(|e| StoreError::Database(format!("runs.status: {e}")))?,
+        reason: r.get(8),
+        created_at: r.get(9),
+        started_at: r.get(10),
+        finished_at: r.get(11),
+        inputs: r.get(12),
+        report: r.get(13),
+        receipt: r.get(14),
+        artifact: r.get(15),
+        artifact_sha256: r.get(16),
+        outputs_expire_at: r.get(17),
+        logs_expire_at: r.get(18),
+        outputs_deleted: r.get(19),
+        args: r.get(20),
+        manifest_digest: r.get(21),
+    })
+}
+
+fn input_from_row(r: &Row) -> InputRow {
+    InputRow {
+        id: r.get(0),
+        sha256: r.get(1),
+        name: r.get(2),
+        media_type: r.get(3),
+        bytes: r.get::<_, i64>(4).max(0) as u64,
+        created_at: r.get(5),
+    }
+}
+
+fn is_sha_hex(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+impl PgStore {
+    /// Connects (checking the database answers), applies migrations, and returns the store.
+    pub async fn open(pool: Pool, node: String, objects: PathBuf) -> Result<PgStore, StoreError> {
+        let applied = migrate(&pool).await?;
+        if applied > 0 {
+            tracing::info!(applied, "database migrations applied");
+        }
+        Ok(PgStore {
+            pool,
+            node,
+            objects,
+        })
+    }
+
+    /// This replica's node id.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Runs `f` until it succeeds or fails other than "unavailable", for up to 2 minutes:
+    /// the writes a run's executor makes (start, end, audit) outlive a database restart
+    /// instead of being lost. Each must be idempotent (a commit whose answer was lost is
+    /// retried).
+    async fn persist<T, F, Fut>(&self, what: &'static str, mut f: F) -> Result<T, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match f().await {
+                Err(StoreError::Unavailable(e)) if std::time::Instant::now() < deadline => {
+                    tracing::warn!(error = %e, what, "database unavailable; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.pool.get().await.map_err(pool_err)
+    }
+
+    async fn get_run_async(
+        &self,
+        tenant: &str,
+        request_id: &str,
+    ) -> Result<Option<RunRow>, StoreError> {
+        let c = self.client().await?;
+        let row = c
+            .query_opt(
+                &format!("SELECT {RUN_COLS} FROM runs WHERE tenant = $1 AND request_id = $2"),
+                &[&tenant, &request_id],
+            )
+            .await
+            .map_err(pg_err)?;
+        row.as_ref().map(run_from_row).transpose()
+    }
+
+    async fn append_audit(&self, ev: &Event) -> Result<(), StoreError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(pg_err)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&AUDIT_LOCK])
+            .await
+            .map_err(pg_err)?;
+        let head = tx
+            .query_opt(
+                "SELECT seq, hash FROM audit_log ORDER BY seq DESC LIMIT 1",
+                &[],
+            )
+            .await
+            .map_err(pg_err)?;
+        let (seq, prev) = match head {
+            Some(r) => (r.get::<_, i64>(0), r.get::<_, String>(1)),
+            None => (0, audit::GENESIS.to_string()),
+        };
+        let next = seq + 1;
+        let (line, hash) = audit::chain_record(ev, next as u64, &prev)?;
+        tx.execute(
+            "INSERT INTO audit_log (seq, hash, record) VALUES ($1, $2, $3)",
+            &[&next, &hash, &line],
+        )
+        .await
+        .map_err(pg_err)?;
+        tx.commit().await.map_err(pg_err)?;
+        Ok(())
+    }
+
+    async fn sweep_async(
+        &self,
+        now: i64,
+        files: Arc<dyn RetentionFiles>,
+    ) -> Result<Swept, StoreError> {
+        let mut c = self.client().await?;
+        // Outputs past their retention: cleared in the database by whichever replica gets
+        // there first; each replica deletes the copies in its own job folders.
+        let expired = c
+            .query(
+                "UPDATE runs SET artifact = NULL, receipt = NULL, report = NULL, outputs_deleted = TRUE
+                 WHERE NOT outputs_deleted AND finished_at IS NOT NULL AND outputs_expire_at <= $1
+                 RETURNING job_id",
+                &[&now],
+            )
+            .await
+            .map_err(pg_err)?;
+        let outputs = expired.len();
+        for r in &expired {
+            files.drop_outputs(&r.get::<_, String>(0));
+        }
+        let mine = c
+            .query(
+                "SELECT job_id FROM runs WHERE node_id = $1 AND outputs_deleted AND logs_expire_at > $2",
+                &[&self.node, &now],
+            )
+            .await
+            .map_err(pg_err)?;
+        for r in &mine {
+            files.drop_outputs(&r.get::<_, String>(0));
+        }
+        let mut job_folders = 0;
+        for r in c
+            .query(
+                "SELECT job_id FROM runs WHERE node_id = $1 AND finished_at IS NOT NULL AND logs_expire_at <= $2",
+                &[&self.node, &now],
+            )
+            .await
+            .map_err(pg_err)?
+        {
+            if files.drop_job(&r.get::<_, String>(0)) {
+                job_folders += 1;
+            }
+        }
+        // Inputs past their retention unless a queued or running run of their tenant refers to
+        // them; then objects no input refers to. Under the objects lock, which an upload takes
+        // too, so an upload cannot revive an object being deleted.
+        let tx = c.transaction().await.map_err(pg_err)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&OBJECTS_LOCK])
+            .await
+            .map_err(pg_err)?;
+        tx.execute(
+            "DELETE FROM inputs WHERE expires_at <= $1 AND NOT EXISTS (SELECT 1 FROM runs
+                WHERE runs.tenant = inputs.tenant AND runs.status IN ('queued', 'running')
+                AND strpos(runs.inputs, '\"' || inputs.id || '\"') > 0)",
+            &[&now],
+        )
+        .await
+        .map_err(pg_err)?;
+        let gone = tx
+            .query(
+                "DELETE FROM objects o WHERE NOT EXISTS (SELECT 1 FROM inputs i WHERE i.sha256 = o.sha256)
+                 RETURNING sha256",
+                &[],
+            )
+            .await
+            .map_err(pg_err)?;
+        tx.commit().await.map_err(pg_err)?;
+        let objects = gone.len();
+        for r in &gone {
+            files.drop_object(&r.get::<_, String>(0));
+        }
+        // This replica's local copies of objects the database no longer holds (deleted by the
+        // sweep of another replica).
+        let live: std::collections::HashSet<String> = c
+            .query("SELECT sha256 FROM objects", &[])
+            .await
+            .map_err(pg_err)?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        if let Ok(entries) = std::fs::read_dir(&self.objects) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if is_sha_hex(&name) && !live.contains(&name) {
+                    files.drop_object(&name);
+                }
+            }
+        }
+        Ok(Swept {
+            outputs,
+            job_folders,
+            objects,
+        })
+    }
+
+    /// Writes the objects `shas` into this replica's object folder unless present, from the
+    /// database, each checked against its sha256 (temp file, fsync, rename; 0644 as uploads).
+    async fn materialise_async(&self, shas: Vec<String>) -> Result<(), StoreError> {
+        use std::io::Write;
+        use std::os::unix::fs::PermissionsExt;
+        for sha in shas {
+            if !is_sha_hex(&sha) {
+                return Err(StoreError::Io(format!("not an object name: {sha}")));
+            }
+            let path = self.objects.join(&sha);
+            if path.exists() {
+                continue;
+            }
+            let c = self.client().await?;
+            let row = c
+                .query_opt("SELECT content FROM objects WHERE sha256 = $1", &[&sha])
+                .await
+                .map_err(pg_err)?;
+            let Some(row) = row else {
+                return Err(StoreError::Io(format!(
+                    "object {sha} is not in the database"
+                )));
+            };
+            let content: Vec<u8> = row.get(0);
+            if crate::config::sha256_hex(&content) != sha {
+                return Err(StoreError::Io(format!(
+                    "object {sha} in the database does not match its hash"
+                )));
+            }
+            let dir = self.objects.clone();
+            tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+                let tmp = dir.join(format!(".tmp-{}", crate::app::random_hex(8)?));
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&tmp)?;
+                f.write_all(&content)?;
+                f.sync_all()?;
+                std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))?;
+                std::fs::rename(&tmp, dir.join(&sha))
+            })
+            .await
+            .map_err(|e| StoreError::Io(e.to_string()))?
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+impl Store for PgStore {
+    fn put_input(
+        &self,
+        tenant: &str,
+        row: InputRow,
+        expires_at: i64,
+        body: Arc<[u8]>,
+        _write_object: WriteObject,
+    ) -> StoreFuture<'_, ()> {
+        let tenant = tenant.to_string();
+        Box::pin(async move {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(pg_err)?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&OBJECTS_LOCK])
+                .await
+                .map_err(pg_err)?;
+            tx.execute(
+                "INSERT INTO objects (sha256, content, created_at) VALUES ($1, $2, $3) ON CONFLICT (sha256) DO NOTHING",
+                &[&row.sha256, &&body[..], &row.created_at],
+            )
+            .await
+            .map_err(pg_err)?;
+            tx.execute(
+                "INSERT INTO inputs (id, tenant, sha256, name, media_type, bytes, created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                &[&row.id, &tenant, &row.sha256, &row.name, &row.media_type, &(row.bytes as i64), &row.created_at, &expires_at],
+            )
+            .await
+            .map_err(pg_err)?;
+            tx.commit().await.map_err(pg_err)?;
+            Ok(())
+        })
+    }
+
+    fn get_inputs(&self, tenant: &str, ids: &[String]) -> StoreFuture<'_, Vec<Option<InputRow>>> {
+        let (tenant, ids) = (tenant.to_string(), ids.to_vec());
+        Box::pin(async move {
+            let c = self.client().await?;
+            let mut out = Vec::with_capacity(ids.len());
+            for id in &ids {
+                let r = c
+                    .query_opt(
+                        "SELECT id, sha256, name, media_type, bytes, created_at FROM inputs WHERE id = $1 AND tenant = $2",
+                        &[id, &tenant],
+                    )
+                    .await
+                    .map_err(pg_err)?;
+                out.push(r.as_ref().map(input_from_row));
+            }
+            Ok(out)
+        })
+    }
+
+    fn get_run(&self, tenant: &str, request_id: &str) -> StoreFuture<'_, Option<RunRow>> {
+        let (t, r) = (tenant.to_string(), request_id.to_string());
+        Box::pin(async move { self.get_run_async(&t, &r).await })
+    }
+
+    fn insert_run(&self, row: RunRow) -> StoreFuture<'_, Insert> {
+        Box::pin(async move {
+            let c = self.client().await?;
+            let status = row.status.as_str();
+            let n = c
+                .execute(
+                    &format!("INSERT INTO runs ({RUN_COLS}, node_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)
+                     ON CONFLICT (tenant, request_id) DO NOTHING"),
+                    &[
+                        &row.tenant, &row.request_id, &row.body_sha256, &row.task, &row.actor,
+                        &row.job_id, &row.job_expires_at, &status, &row.reason, &row.created_at,
+                        &row.started_at, &row.finished_at, &row.inputs, &row.report, &row.receipt,
+                        &row.artifact, &row.artifact_sha256, &row.outputs_expire_at,
+                        &row.logs_expire_at, &row.outputs_deleted, &row.args, &row.manifest_digest,
+                        &self.node,
+                    ],
+                )
+                .await
+                .map_err(pg_err)?;
+            drop(c);
+            if n == 1 {
+                return Ok(Insert::Inserted);
+            }
+            // The conflicting insert has committed (ON CONFLICT waited for it): read it.
+            match self.get_run_async(&row.tenant, &row.request_id).await? {
+                Some(existing) => Ok(Insert::Exists(Box::new(existing))),
+                None => Err(StoreError::Database(
+                    "a conflicting run vanished after its insert".into(),
+                )),
+            }
+        })
+    }
+
+    fn mark_running(&self, job_id: &str, now: i64) -> StoreFuture<'_, bool> {
+        let id = job_id.to_string();
+        Box::pin(self.persist("mark_running", move || {
+            let id = id.clone();
+            async move {
+                let c = self.client().await?;
+                // Idempotent: a retry after a lost answer finds its own `started_at`.
+                let n = c
+                    .execute(
+                        "UPDATE runs SET status = 'running', started_at = $2
+                         WHERE job_id = $1 AND node_id = $3
+                         AND (status = 'queued' OR (status = 'running' AND started_at = $2))",
+                        &[&id, &now, &self.node],
+                    )
+                    .await
+                    .map_err(pg_err)?;
+                Ok(n == 1)
+            }
+        }))
+    }
+
+    fn finish_run(&self, f: FinishRun) -> StoreFuture<'_, ()> {
+        Box::pin(self.persist("finish_run", move || {
+            let f = f.clone();
+            async move {
+                let c = self.client().await?;
+                let status = f.status.as_str();
+                c.execute(
+                    "UPDATE runs SET status = $2, reason = $3, finished_at = $4, report = $5, receipt = $6, artifact = $7, artifact_sha256 = $8
+                     WHERE job_id = $1 AND status IN ('queued', 'running') AND node_id = $9",
+                    &[&f.job_id, &status, &f.reason, &f.now, &f.report, &f.receipt, &f.artifact, &f.artifact_sha256, &self.node],
+                )
+                .await
+                .map_err(pg_err)?;
+                Ok(())
+            }
+        }))
+    }
+
+    fn reconcile(
+        &self,
+        tenant: &str,
+        request_id: &str,
+        retry: Option<(String, i64)>,
+        now: i64,
+    ) -> StoreFuture<'_, bool> {
+        let (t, r) = (tenant.to_string(), request_id.to_string());
+        Box::pin(async move {
+            let c = self.client().await?;
+            let n = match retry {
+                // The replica that retries runs the new attempt: it becomes the run's node.
+                Some((job_id, expires)) => c
+                    .execute(
+                        "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL, node_id = $5
+                         WHERE tenant = $1 AND request_id = $2 AND status = 'unknown'",
+                        &[&t, &r, &job_id, &expires, &self.node],
+                    )
+                    .await
+                    .map_err(pg_err)?,
+                None => c
+                    .execute(
+                        "UPDATE runs SET status = 'abandoned', reason = 'abandoned by an operator after an unknown outcome', finished_at = $3
+                         WHERE tenant = $1 AND request_id = $2 AND status = 'unknown'",
+                        &[&t, &r, &now],
+                    )
+                    .await
+                    .map_err(pg_err)?,
+            };
+            Ok(n == 1)
+        })
+    }
+
+    fn mark_in_flight_unknown(&self, now: i64) -> Result<Vec<InFlight>, StoreError> {
+        block_on(async {
+            let c = self.client().await?;
+            let rows = c
+                .query(
+                    "UPDATE runs SET status = 'unknown', reason = 'the service stopped while the run was in flight; its outcome is unknown', finished_at = $1
+                     WHERE node_id = $2 AND status IN ('queued', 'running')
+                     RETURNING tenant, request_id, task, job_id",
+                    &[&now, &self.node],
+                )
+                .await
+                .map_err(pg_err)?;
+            Ok(rows
+                .iter()
+                .map(|r| InFlight {
+                    tenant: r.get(0),
+                    request_id: r.get(1),
+                    task: r.get(2),
+                    job_id: r.get(3),
+                })
+                .collect())
+        })
+        .map_err(StoreError::Io)?
+    }
+
+    fn sweep(&self, now: i64, files: Arc<dyn RetentionFiles>) -> StoreFuture<'_, Swept> {
+        Box::pin(self.sweep_async(now, files))
+    }
+
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let c = self.client().await?;
+            c.execute("SELECT 1", &[]).await.map_err(pg_err)?;
+            Ok(())
+        })
+    }
+
+    fn materialise(&self, sha256s: Vec<String>) -> StoreFuture<'_, ()> {
+        Box::pin(self.materialise_async(sha256s))
+    }
+
+    fn audit(&self, ev: Event) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            if let Err(e) = self.persist("audit", || self.append_audit(&ev)).await {
+                metrics::counter!("agentjail_audit_failures_total").increment(1);
+                tracing::error!(error = %e, "audit append failed");
+            }
+        })
+    }
+
+    fn audit_blocking(&self, ev: &Event) -> Result<(), StoreError> {
+        block_on(self.persist("audit", || self.append_audit(ev))).map_err(StoreError::Io)?
+    }
+}
+
+/// Connects for a one-off command (`audit verify|export --database`).
+async fn one_client(
+    url: &str,
+    password_file: Option<&Path>,
+) -> Result<deadpool_postgres::Object, String> {
+    let c = connect_config(url, read_password(password_file)?)?;
+    let where_ = describe(&c);
+    let p = pool(c, 2)?;
+    p.get()
+        .await
+        .map_err(|e| format!("cannot connect to {where_}: {}", pool_err(e)))
+}
+
+/// The audit chain in the database, as the JSONL lines of the file log, in order.
+async fn audit_lines(url: &str, password_file: Option<&Path>) -> Result<Vec<String>, String> {
+    let c = one_client(url, password_file).await?;
+    let rows = c
+        .query("SELECT seq, record FROM audit_log ORDER BY seq", &[])
+        .await
+        .map_err(|e| format!("reading the audit chain: {}", pg_err(e)))?;
+    Ok(rows.iter().map(|r| r.get::<_, String>(1)).collect())
+}
+
+/// Why [`verify`] failed.
+#[derive(Debug)]
+pub enum VerifyError {
+    /// The chain could not be read (connection, password, permissions).
+    Access(String),
+    /// The chain is broken at the record named.
+    Broken(String),
+}
+
+/// `agentjail audit verify --database`: verifies the chain in the database; (records, head).
+pub fn verify(url: &str, password_file: Option<&Path>) -> Result<(u64, String), VerifyError> {
+    let lines = block_on(audit_lines(url, password_file))
+        .and_then(|r| r)
+        .map_err(VerifyError::Access)?;
+    audit::verify_lines(lines.into_iter().map(Ok::<_, AuditError>))
+        .map_err(|e| VerifyError::Broken(format!("in the database: {e}")))
+}
+
+/// `agentjail audit export --database`: writes the chain as JSONL (the file log's format).
+pub fn export(
+    url: &str,
+    password_file: Option<&Path>,
+    out: &mut dyn std::io::Write,
+) -> Result<u64, String> {
+    let lines = block_on(audit_lines(url, password_file))??;
+    let mut n = 0;
+    for l in lines {
+        out.write_all(l.as_bytes())
+            .and_then(|()| out.write_all(b"\n"))
+            .map_err(|e| format!("writing the export: {e}"))?;
+        n += 1;
+    }
+    out.flush()
+        .map_err(|e| format!("writing the export: {e}"))?;
+    Ok(n)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_with_a_password_or_tls_are_refused_without_echoing_them() {
+        let e = connect_config("postgres://u:hunter2@127.0.0.1:5/db", None).unwrap_err();
+        assert!(e.contains("password") && !e.contains("hunter2"), "{e}");
+        for mode in ["require", "verify-ca", "verify-full"] {
+            let e = connect_config(&format!("postgres://u@h/db?sslmode={mode}"), None).unwrap_err();
+            assert!(e.contains("TLS"), "{e}");
+        }
+        let e = connect_config("postgres://u:hunter2@[nope/db", None).unwrap_err();
+        assert!(!e.contains("hunter2"), "{e}");
+        let c = connect_config("postgres://u@127.0.0.1:5432/db", Some(b"pw".to_vec())).unwrap();
+        assert_eq!(describe(&c), "postgres://u@127.0.0.1:5432/db");
+        assert!(connect_config("postgres://127.0.0.1/db", None).is_err());
+    }
+
+    #[test]
+    fn node_ids_are_checked() {
+        assert_eq!(node_id(Some("a-1.b_2")).unwrap(), "a-1.b_2");
+        assert!(node_id(Some("")).is_err());
+        assert!(node_id(Some("a b")).is_err());
+        assert!(node_id(Some(&"x".repeat(65))).is_err());
+        assert!(node_id(None).is_ok());
+    }
+}
