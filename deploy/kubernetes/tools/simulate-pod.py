@@ -111,6 +111,14 @@ VARIANTS = {
         "seccomp": "runtime-default", "caps": "all", "proc": "unmasked", "cgroup": "rw"},
     "unconfined+unmasked+cgroup-rw": {
         "seccomp": "unconfined", "proc": "unmasked", "cgroup": "rw"},
+    "seccomp-profile+unmasked+cgroup-rw+no-caps": {
+        "seccomp": "agentjail", "proc": "unmasked", "cgroup": "rw", "caps": "none"},
+    "seccomp-profile+unmasked+cgroup-rw+setid-caps": {
+        "seccomp": "agentjail", "proc": "unmasked", "cgroup": "rw", "caps": "setid"},
+    "seccomp-profile+unmasked+cgroup-rw+setid-setfcap-caps": {
+        "seccomp": "agentjail", "proc": "unmasked", "cgroup": "rw", "caps": "setid+setfcap"},
+    "seccomp-profile+unmasked+cgroup-rw+minimal-caps": {
+        "seccomp": "agentjail", "proc": "unmasked", "cgroup": "rw", "caps": "minimal"},
     "seccomp-profile+cgroup-rw": {"seccomp": "agentjail", "cgroup": "rw"},
     "hostusers-false+seccomp-profile+unmasked": {
         "seccomp": "agentjail", "proc": "unmasked", "userns": True},
@@ -129,7 +137,10 @@ ROOT_BINDS = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc"]
 
 
 def config(v, docker_profile, agentjail_bin, args):
-    caps = ALL_CAPS if v["caps"] == "all" else CONTAINERD_DEFAULT_CAPS
+    caps = {"all": ALL_CAPS, "default": CONTAINERD_DEFAULT_CAPS, "none": [],
+            "setid": ["CAP_SETUID", "CAP_SETGID"],
+            "setid+setfcap": ["CAP_SETUID", "CAP_SETGID", "CAP_SETFCAP"],
+            "minimal": ["CAP_SETUID", "CAP_SETGID", "CAP_SETFCAP", "CAP_DAC_OVERRIDE"]}[v["caps"]]
     d = tempfile.mkdtemp(prefix="ajk8s-spec-")
     try:
         subprocess.run(["runc", "spec", "--bundle", d], check=True)
