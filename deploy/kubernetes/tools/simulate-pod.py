@@ -179,7 +179,8 @@ def config(v, docker_profile, agentjail_bin, args):
     if v["proc"] == "unmasked":
         lin["maskedPaths"] = []
         lin["readonlyPaths"] = []
-    lin["cgroupsPath"] = f"/ajk8s-{os.getpid()}"
+    # SIMULATE_CGROUP_PARENT: where the container's cgroup goes (a kubelet-like slice).
+    lin["cgroupsPath"] = os.environ.get("SIMULATE_CGROUP_PARENT", "") + f"/ajk8s-{os.getpid()}"
     lin.pop("resources", None)
     if v["seccomp"] == "runtime-default":
         lin["seccomp"] = to_oci(docker_profile, caps)
@@ -212,6 +213,20 @@ def run_variant(name, docker_profile, agentjail_bin, args):
         shutil.rmtree(bundle, ignore_errors=True)
 
 
+def statefulset_entrypoint():
+    """The container's shell script in ../statefulset.yaml (the block under `args: - |`)."""
+    with open(os.path.join(HERE, "..", "statefulset.yaml")) as f:
+        lines = f.read().split("\n")
+    start = next(i for i, l in enumerate(lines) if l.strip() == "- |") + 1
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    body = []
+    for l in lines[start:]:
+        if l.strip() and len(l) - len(l.lstrip()) < indent:
+            break
+        body.append(l[indent:])
+    return "\n".join(body).strip() + "\n"
+
+
 def main():
     if len(sys.argv) < 3:
         print(__doc__, file=sys.stderr)
@@ -221,6 +236,12 @@ def main():
         docker_profile = json.load(f)
     names = sys.argv[3:] or list(VARIANTS)
     cmd = os.environ.get("SIMULATE_CMD", "check")
+    entrypoint = statefulset_entrypoint().replace(
+        "exec /usr/local/bin/agentjail serve --config /etc/agentjail/config.toml",
+        "set +e\necho \"cgroup: $(cat /proc/self/cgroup); root's subtree_control: "
+        "$(cat /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null)\"\n"
+        "/opt/agentjail/agentjail check; echo check exit status $?\n"
+        "/opt/agentjail/agentjail selftest --tier native | tail -1")
     args = {
         "check": ["/opt/agentjail/agentjail", "check"],
         "run": ["/opt/agentjail/agentjail", "run", "--", "/bin/echo", "SENTINEL-ran-inside"],
@@ -231,6 +252,9 @@ def main():
         # Not as pid 1 of the container (in a pod, `serve` is pid 1 and runs the self-test as
         # its child): the probe `proc.host_pids` signals the self-test's own pid from inside
         # the sandbox, and pid 1 there is the sandbox's own init.
+        # The StatefulSet's own entrypoint (its cgroup v2 step), then check and selftest in
+        # place of `serve`.
+        "entrypoint": ["/bin/sh", "-c", entrypoint],
         "selftest": ["/bin/sh", "-c", "/opt/agentjail/agentjail selftest --tier native; "
                      "echo selftest exit status $?"],
     }[cmd]
