@@ -241,7 +241,7 @@ def main():
         "set +e\necho \"cgroup: $(cat /proc/self/cgroup); root's subtree_control: "
         "$(cat /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null)\"\n"
         "/opt/agentjail/agentjail check; echo check exit status $?\n"
-        "/opt/agentjail/agentjail selftest --tier native | tail -1")
+        "/opt/agentjail/agentjail selftest --tier native | grep -E '^\\[.*FAIL|passed'")
     args = {
         "check": ["/opt/agentjail/agentjail", "check"],
         "run": ["/opt/agentjail/agentjail", "run", "--", "/bin/echo", "SENTINEL-ran-inside"],
