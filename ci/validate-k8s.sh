@@ -7,7 +7,8 @@
 #  4. the Secret holds placeholders only;
 #  5. seccomp/agentjail.json is what seccomp/generate.py makes from Docker's default profile
 #     (Debian's golang-github-docker-docker-dev, fetched with `apt-get download`) and the
-#     engine's deny-list (crates/engine/src/seccomp.rs).
+#     engine's deny-list (crates/engine/src/seccomp.rs);
+#  6. the securityContext claims of docs/deploy.md, in runc containers (needs root and runc).
 # Any error fails (exit 1). Usage: ci/validate-k8s.sh [AGENTJAIL_BINARY]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -93,7 +94,9 @@ EOF
 
 # 5. The seccomp profile.
 work=$(mktemp -d)
-if (cd "$work" && apt-get download -q golang-github-docker-docker-dev >/dev/null 2>&1); then
+fetch_profile() { (cd "$work" && apt-get download -q golang-github-docker-docker-dev >/dev/null 2>&1); }
+# A fresh machine may have no package lists yet.
+if fetch_profile || { apt-get update -qq && fetch_profile; }; then
   dpkg -x "$work"/golang-github-docker-docker-dev_*.deb "$work/x"
   docker_default="$work/x/usr/share/gocode/src/github.com/docker/docker/profiles/seccomp/default.json"
   python3 "$dir/seccomp/generate.py" "$docker_default" crates/engine/src/seccomp.rs > "$work/agentjail.json"
@@ -104,6 +107,35 @@ if (cd "$work" && apt-get download -q golang-github-docker-docker-dev >/dev/null
   fi
 else
   bad "apt-get download golang-github-docker-docker-dev failed (Docker's default seccomp profile is needed to check seccomp/agentjail.json)"
+fi
+
+# 6. The securityContext claims of docs/deploy.md, in runc containers built as a pod's would
+#    be (deploy/kubernetes/tools/simulate-pod.py): the pod defaults refuse the sandbox, a masked
+#    /proc refuses it, and the minimal securityContext passes the whole native self-test.
+if [ -n "${docker_default:-}" ] && [ -f "$docker_default" ] && [ -x "$agentjail" ]; then
+  if ! command -v runc >/dev/null; then
+    bad "runc is missing (apt-get install runc): the securityContext claims were not checked"
+  else
+    sim() { SIMULATE_CMD=$1 python3 "$dir/tools/simulate-pod.py" "$agentjail" "$docker_default" "$2" 2>&1; }
+    out=$(sim check default)
+    if grep -q 'exit status 1' <<<"$out" && grep -q 'clone(CLONE_NEWUSER) failed: Function not implemented' <<<"$out"; then
+      say "pod defaults: the sandbox is refused (RuntimeDefault seccomp: clone3 ENOSYS), as documented"
+    else
+      echo "$out" >&2; bad "pod defaults: not refused as docs/deploy.md says"
+    fi
+    out=$(sim check seccomp-profile+cgroup-rw)
+    if grep -q 'mount(proc): Operation not permitted' <<<"$out"; then
+      say "masked /proc: the proc mount is refused, as documented"
+    else
+      echo "$out" >&2; bad "masked /proc: not refused as docs/deploy.md says"
+    fi
+    out=$(sim selftest seccomp-profile+unmasked+cgroup-rw+minimal-caps)
+    if grep -q 'selftest exit status 0' <<<"$out" && grep -q ' passed, 0 failed' <<<"$out"; then
+      say "minimal securityContext: $(sed -n 's/^agentjail selftest: //p' <<<"$out" | head -1)"
+    else
+      echo "$out" >&2; bad "minimal securityContext: the native self-test did not pass"
+    fi
+  fi
 fi
 
 if [ $fail -ne 0 ]; then
