@@ -68,6 +68,7 @@ pub mod addr;
 mod decision;
 mod gateway;
 pub mod host;
+mod intercept;
 mod meter;
 mod policy;
 mod resolve;
@@ -78,6 +79,7 @@ use std::thread::JoinHandle;
 
 pub use decision::{Decision, LOG_FULL, MAX_ALLOWED, MAX_REFUSALS};
 pub use gateway::{DENIED_HEADER, Gateway, GatewayLimits, redirect_target};
+pub use intercept::{CredentialError, Interception};
 pub use policy::{CompiledPolicy, PolicyError, compile_policy};
 pub use resolve::{HickoryResolver, Resolve, ResolveError, ResolveFuture, StaticResolver};
 
@@ -145,7 +147,18 @@ pub fn spawn_gateway(
     resolver: Arc<dyn Resolve>,
     listener: std::net::TcpListener,
 ) -> Result<GatewayHandle, GatewayError> {
-    let gateway = Gateway::new(policy, limits, resolver)?;
+    spawn_gateway_with_credentials(policy, limits, resolver, listener, None)
+}
+
+/// [`spawn_gateway`] with the credential flow prepared by [`Interception::prepare`].
+pub fn spawn_gateway_with_credentials(
+    policy: &agentjail_manifest::EgressPolicy,
+    limits: GatewayLimits,
+    resolver: Arc<dyn Resolve>,
+    listener: std::net::TcpListener,
+    intercept: Option<Interception>,
+) -> Result<GatewayHandle, GatewayError> {
+    let gateway = Gateway::with_credentials(policy, limits, resolver, intercept)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("agentjail-egress")

@@ -59,6 +59,17 @@ pub enum PolicyError {
         /// The entry as written.
         cidr: String,
     },
+    /// A `credentials` entry that cannot be used as written.
+    #[error("network.credentials[{index}]: {reason}")]
+    BadCredential {
+        /// Index of the entry.
+        index: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `upstream_ca_file` without credentials, or not an absolute path.
+    #[error("network.upstream_ca_file: {0}")]
+    BadUpstreamCa(String),
     /// An `allow_private` entry with prefix length 0 (it would switch the address check off).
     #[error(
         "network.allow_private[{index}]: {cidr:?} covers every address and would disable the address check; list the ranges you need"
@@ -205,10 +216,114 @@ pub fn compile_policy(p: &EgressPolicy) -> Result<CompiledPolicy, PolicyError> {
         ports.dedup();
         rules.push(Rule { pattern, ports });
     }
-    Ok(CompiledPolicy {
+    let compiled = CompiledPolicy {
         rules,
         allow_private,
-    })
+    };
+    for (index, c) in p.credentials.iter().enumerate() {
+        check_credential(&compiled, c)
+            .map_err(|reason| PolicyError::BadCredential { index, reason })?;
+    }
+    match &p.upstream_ca_file {
+        None => {}
+        Some(_) if p.credentials.is_empty() => {
+            return Err(PolicyError::BadUpstreamCa(
+                "only used for credentialed hosts, and there are no credentials".into(),
+            ));
+        }
+        Some(f) if !f.starts_with('/') => {
+            return Err(PolicyError::BadUpstreamCa(format!(
+                "{f:?} is not an absolute path"
+            )));
+        }
+        Some(_) => {}
+    }
+    Ok(compiled)
+}
+
+/// Headers a credential may not name: the ones that frame or route the request, and
+/// hop-by-hop headers (which the gateway strips anyway).
+const RESERVED_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+    "proxy-authorization",
+    "proxy-authenticate",
+];
+
+/// The shape of one credential (its secret is read later, by the supervisor).
+fn check_credential(
+    compiled: &CompiledPolicy,
+    c: &agentjail_manifest::Credential,
+) -> Result<(), String> {
+    if c.host.contains('*') {
+        return Err(format!(
+            "host {:?}: a credential needs an exact host name, not a wildcard",
+            c.host
+        ));
+    }
+    let name = match parse_host(&c.host) {
+        Ok(Host::Name(n)) => n,
+        Ok(Host::Ip(_)) => {
+            return Err(format!(
+                "host {:?}: a credential needs a host name, not an IP address",
+                c.host
+            ));
+        }
+        Err(e) => return Err(format!("host {:?} is invalid: {e}", c.host)),
+    };
+    let admitted = compiled.rules.iter().flat_map(|r| r.ports.iter()).any(|p| {
+        compiled
+            .match_target(&Target {
+                host: Host::Name(name.clone()),
+                port: *p,
+            })
+            .is_ok()
+    });
+    if !admitted {
+        return Err(format!("host {name:?} is not admitted by any allow rule"));
+    }
+    let header = c.header.to_ascii_lowercase();
+    if header.is_empty()
+        || !header
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    {
+        return Err(format!("header {:?} is not a valid header name", c.header));
+    }
+    if RESERVED_HEADERS.contains(&header.as_str()) {
+        return Err(format!("header {:?} cannot carry a credential", c.header));
+    }
+    match c.value_from.split_once(':') {
+        Some(("env", v)) if !v.is_empty() && !v.contains(['=', '\0']) => {}
+        Some(("file", f)) if f.starts_with('/') && !f.contains('\0') => {}
+        _ => {
+            return Err(format!(
+                "value_from must be `env:NAME` or `file:/absolute/path`, not {:?}",
+                c.value_from
+            ));
+        }
+    }
+    if c.paths.is_empty() {
+        return Err("paths is empty (use [\"/\"] for every path)".into());
+    }
+    if let Some(p) = c
+        .paths
+        .iter()
+        .find(|p| !p.starts_with('/') || p.contains(['?', '#']))
+    {
+        return Err(format!(
+            "path {p:?} must start with `/` and hold no `?` or `#`"
+        ));
+    }
+    Ok(())
 }
 
 impl CompiledPolicy {
@@ -302,6 +417,7 @@ mod tests {
                 })
                 .collect(),
             allow_private: private.iter().map(|s| (*s).into()).collect(),
+            ..EgressPolicy::default()
         })
     }
 

@@ -351,6 +351,7 @@ impl World {
                 rule("rebind.test"),
             ],
             allow_private: vec!["127.0.0.1/32".into()],
+            ..EgressPolicy::default()
         }
     }
 
@@ -1018,6 +1019,7 @@ fn spawn_gateway_blocking_api_with_static_resolver() {
                     ports: vec![echo_port],
                 }],
                 allow_private: vec!["127.0.0.1".into()],
+                ..EgressPolicy::default()
             };
             let resolver = StaticResolver::new()
                 .insert("api.static.test", &[IpAddr::V4(Ipv4Addr::LOCALHOST)])
