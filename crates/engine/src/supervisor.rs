@@ -81,7 +81,19 @@ pub fn run_on(
     }
 
     inside::timing::mark("supervisor: plan");
-    let plan = Plan::for_root(vm, root);
+    let mut plan = Plan::for_root(vm, root);
+    // Secrets bound to destinations: read here (the supervisor's own environment and files,
+    // never the task's), with the run's CA whose certificate the sandbox trusts.
+    let mut intercept = match &vm.manifest.network {
+        agentjail_manifest::Network::Allow(p) => match agentjail_egress::Interception::prepare(p) {
+            Ok(i) => i,
+            Err(e) => return fail(report, format!("egress gateway: {e}")),
+        },
+        agentjail_manifest::Network::Deny => None,
+    };
+    if let Some(i) = &intercept {
+        plan.add_ca_bundle(root, i.ca_pem());
+    }
 
     let Prespawned {
         pidfd,
@@ -233,7 +245,7 @@ pub fn run_on(
             ctl_open = st.take(&ctl_s, &mut report);
         }
         if let Some(fd) = st.listener.take() {
-            match start_gateway(vm, opts, fd) {
+            match start_gateway(vm, opts, fd, intercept.take()) {
                 Ok(h) => gateway = Some(h),
                 Err(e) => {
                     st.setup_failed.get_or_insert(e);
@@ -558,6 +570,7 @@ fn start_gateway(
     vm: &ValidatedManifest,
     opts: &RunOptions,
     fd: OwnedFd,
+    intercept: Option<agentjail_egress::Interception>,
 ) -> Result<agentjail_egress::GatewayHandle, String> {
     use std::sync::Arc;
     let agentjail_manifest::Network::Allow(policy) = &vm.manifest.network else {
@@ -590,7 +603,7 @@ fn start_gateway(
         )
     };
     let listener = std::net::TcpListener::from(fd);
-    agentjail_egress::spawn_gateway(policy, limits, resolver, listener)
+    agentjail_egress::spawn_gateway_with_credentials(policy, limits, resolver, listener, intercept)
         .map_err(|e| format!("egress gateway: {e}"))
 }
 
