@@ -42,7 +42,10 @@
 //!
 //! ## Limitations
 //!
-//! * TLS is not terminated: the server name is checked, what follows is not (a front that
+//! * TLS is not terminated, except for hosts named in `network.credentials` ([`Interception`]:
+//!   a per-run, name-constrained CA whose key is dropped once it signed the hosts' leaf
+//!   certificates; the secret is added only on the listed paths). Elsewhere the server name
+//!   is checked, what follows is not (a front that
 //!   routes by the `Host` header inside TLS, DNS-over-HTTPS, uploads to an allowed host).
 //!   An allowed host that is itself an open proxy, or that accepts uploads, is a channel the
 //!   operator owns.
