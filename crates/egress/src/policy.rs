@@ -607,4 +607,107 @@ mod tests {
         // The exception is for the address itself, not for what a 6to4 address embeds.
         assert!(ok("2002:7f00:1::").unwrap_err().contains("6to4"));
     }
+
+    #[test]
+    fn credentials_must_be_usable_as_written() {
+        let cred =
+            |host: &str, header: &str, from: &str, paths: &[&str]| agentjail_manifest::Credential {
+                host: host.into(),
+                header: header.into(),
+                value_from: from.into(),
+                paths: paths.iter().map(|p| (*p).into()).collect(),
+            };
+        let check = |c: agentjail_manifest::Credential, ca: Option<&str>| {
+            compile_policy(&EgressPolicy {
+                allow: vec![AllowRule {
+                    host: "api.example.com".into(),
+                    ports: vec![443],
+                }],
+                credentials: vec![c],
+                upstream_ca_file: ca.map(Into::into),
+                ..EgressPolicy::default()
+            })
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            check(
+                cred("API.example.com.", "Authorization", "env:T", &["/v1/"]),
+                None
+            ),
+            Ok(())
+        );
+        assert!(
+            check(
+                cred("api.example.com", "X-Key", "file:/run/k", &["/"]),
+                Some("/ca.pem")
+            )
+            .is_ok()
+        );
+        for (c, want) in [
+            (
+                cred("other.example.com", "Authorization", "env:T", &["/"]),
+                "not admitted",
+            ),
+            (
+                cred("*.example.com", "Authorization", "env:T", &["/"]),
+                "wildcard",
+            ),
+            (
+                cred("1.2.3.4", "Authorization", "env:T", &["/"]),
+                "IP address",
+            ),
+            (
+                cred("api.example.com", "Host", "env:T", &["/"]),
+                "cannot carry",
+            ),
+            (
+                cred("api.example.com", "Proxy-Authorization", "env:T", &["/"]),
+                "cannot carry",
+            ),
+            (
+                cred("api.example.com", "bad header", "env:T", &["/"]),
+                "valid header",
+            ),
+            (
+                cred("api.example.com", "Authorization", "T", &["/"]),
+                "value_from",
+            ),
+            (
+                cred("api.example.com", "Authorization", "file:rel", &["/"]),
+                "value_from",
+            ),
+            (
+                cred("api.example.com", "Authorization", "env:", &["/"]),
+                "value_from",
+            ),
+            (
+                cred("api.example.com", "Authorization", "env:T", &[]),
+                "paths is empty",
+            ),
+            (
+                cred("api.example.com", "Authorization", "env:T", &["v1/"]),
+                "must start",
+            ),
+        ] {
+            let e = check(c.clone(), None).unwrap_err();
+            assert!(
+                e.contains(want) && e.starts_with("network.credentials[0]"),
+                "{c:?}: {e}"
+            );
+        }
+        let e = check(
+            cred("api.example.com", "Authorization", "env:T", &["/"]),
+            Some("ca.pem"),
+        )
+        .unwrap_err();
+        assert!(e.contains("absolute"), "{e}");
+        let e = compile_policy(&EgressPolicy {
+            upstream_ca_file: Some("/ca.pem".into()),
+            ..EgressPolicy::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("no credentials"), "{e}");
+    }
 }
