@@ -3,7 +3,8 @@
 # /dev/kvm cannot run a stock kernel) with the host's / shared read-only over 9p and the given
 # agentjail binary inside, and runs guest.sh's configurations and probes in each.
 # Usage: run.sh AGENTJAIL_BINARY [RUN_DIR]    Env: AJ_KERNEL_CACHE (default
-# /var/cache/agentjail-kernels), AJ_MATRIX (default: all boots below), QEMU_TIMEOUT (per boot).
+# /var/cache/agentjail-kernels), AJ_MATRIX (default: all boots below), AJ_MATRIX_JOBS (boots at
+# once, default 2), QEMU_TIMEOUT (per boot).
 # Exit 0 only when every probe passed or is an expected failure listed in `expect`.
 set -uo pipefail
 HERE=$(dirname "$(realpath "$0")")
@@ -19,12 +20,18 @@ declare -A KDIR
 while read -r series dir; do KDIR[$series]=$dir; done < <("$HERE/fetch-kernels.sh" "$CACHE") || exit 1
 mkdir -p "$RUNS"; rm -f "$RUNS/results"
 fail=0
-for entry in $MATRIX; do
-  IFS=: read -r label series configs kargs <<< "$entry"
-  kdir=${KDIR[$series]:?no kernel $series}
-  d=$RUNS/$label; rm -rf "$d"; mkdir -p "$d/out"
-  "$HERE/build-initrd.sh" "$kdir" "$d/initrd.gz" "$AJ" || { echo "AJ-RESULT $label - boot FAIL initrd" >> "$RUNS/results"; fail=1; continue; }
-  start=$SECONDS
+# One boot: its initramfs, qemu, and its results in $RUNS/<label>/results.txt. The guest's suite
+# runs one agentjail at a time, so a boot keeps about one host core busy: AJ_MATRIX_JOBS boots
+# (default 2) run side by side; the results are gathered in the matrix's order afterwards.
+boot() {
+  local label=$1 series=$2 configs=$3 kargs=$4
+  local kdir=${KDIR[$series]:?no kernel $series}
+  local d=$RUNS/$label; rm -rf "$d"; mkdir -p "$d/out"
+  if ! "$HERE/build-initrd.sh" "$kdir" "$d/initrd.gz" "$AJ" > "$d/initrd.log" 2>&1; then
+    cat "$d/initrd.log" >&2
+    echo "AJ-RESULT $label - boot FAIL initrd" > "$d/results.txt"; return
+  fi
+  local start=$SECONDS
   timeout "${QEMU_TIMEOUT:-900}" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m 2048 -smp 2 \
     -nographic -no-reboot -nic none -kernel "$(ls "$kdir"/boot/vmlinuz-*)" -initrd "$d/initrd.gz" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
@@ -32,10 +39,24 @@ for entry in $MATRIX; do
     -append "console=ttyS0 panic=-1 loglevel=4 aj.label=$label aj.repo=$REPO aj.configs=$configs $kargs" \
     > "$d/console.log" 2>&1 < /dev/null
   echo "kernel-matrix: $label booted and ran in $((SECONDS - start))s (console: $d/console.log)"
-  grep -q "AJ-DONE $label" "$d/out/results" 2>/dev/null \
-    || { echo "AJ-RESULT $label - boot FAIL the suite did not finish (see $d/console.log)" >> "$d/out/results"; }
-  cat "$d/out/results" >> "$RUNS/results"
-  grep -a '^AJ-PROTECTIONS\|^AJ-TIME\|^AJ-LEFTOVER' "$d/console.log" | tr -d '\r' >> "$RUNS/results"
+  {
+    grep -q "AJ-DONE $label" "$d/out/results" 2>/dev/null \
+      || echo "AJ-RESULT $label - boot FAIL the suite did not finish (see $d/console.log)"
+    cat "$d/out/results" 2>/dev/null
+    grep -a '^AJ-PROTECTIONS\|^AJ-TIME\|^AJ-LEFTOVER' "$d/console.log" | tr -d '\r'
+  } > "$d/results.txt"
+}
+jobs_max=${AJ_MATRIX_JOBS:-2}
+for entry in $MATRIX; do
+  IFS=: read -r label series configs kargs <<< "$entry"
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+  boot "$label" "$series" "$configs" "$kargs" &
+done
+wait
+for entry in $MATRIX; do
+  label=${entry%%:*}
+  cat "$RUNS/$label/results.txt" >> "$RUNS/results" 2>/dev/null \
+    || echo "AJ-RESULT $label - boot FAIL no results" >> "$RUNS/results"
 done
 # Compare with the expectations.
 expected() {  # expected LABEL CONFIG PROBE -> reason, if listed
