@@ -632,6 +632,42 @@ async fn serve_conn(
     }
 }
 
+/// Reads the client's first TLS flight and checks that its ClientHello names `host`. Returns
+/// the bytes read (to be sent upstream), or `None` after recording why the tunnel ends.
+async fn first_flight<R: tokio::io::AsyncRead + Unpin>(
+    client: &mut R,
+    host: &Host,
+    hello_timeout: Duration,
+    pending: &Pending,
+) -> Option<Vec<u8>> {
+    // Only TLS is tunnelled, and its server name must be the CONNECT target: no domain
+    // fronting, no plain HTTP with another Host inside an allowed tunnel.
+    match tokio::time::timeout(hello_timeout, read_client_hello(client)).await {
+        Err(_) => {
+            pending.refuse(format!(
+                "not_tls: no TLS ClientHello within {}s",
+                hello_timeout.as_secs()
+            ));
+            None
+        }
+        Ok(Err(r)) => {
+            pending.refuse(r.to_string());
+            None
+        }
+        Ok(Ok(First::Closed)) => {
+            pending.note("client closed the tunnel before a TLS ClientHello".into());
+            None
+        }
+        Ok(Ok(First::Hello { raw, hello })) => {
+            if let Err(r) = check_client_hello(&hello, host) {
+                pending.refuse(r.to_string());
+                return None;
+            }
+            Some(raw)
+        }
+    }
+}
+
 async fn run_tunnel(job: TunnelJob) {
     let TunnelJob {
         on_upgrade,
@@ -648,32 +684,36 @@ async fn run_tunnel(job: TunnelJob) {
             return;
         }
     };
-    let mut client = TokioIo::new(upgraded);
-    // Only TLS is tunnelled, and its server name must be the CONNECT target: no domain
-    // fronting, no plain HTTP with another Host inside an allowed tunnel.
-    let first = match tokio::time::timeout(hello_timeout, read_client_hello(&mut client)).await {
-        Err(_) => {
-            pending.refuse(format!(
-                "not_tls: no TLS ClientHello within {}s",
-                hello_timeout.as_secs()
-            ));
-            return;
-        }
-        Ok(Err(r)) => {
-            pending.refuse(r.to_string());
-            return;
-        }
-        Ok(Ok(First::Closed)) => {
-            pending.note("client closed the tunnel before a TLS ClientHello".into());
-            return;
-        }
-        Ok(Ok(First::Hello { raw, hello })) => {
-            if let Err(r) = check_client_hello(&hello, &host) {
-                pending.refuse(r.to_string());
+    // Both ends TCP sockets (the usual case): relay with splice(2), zero-copy.
+    let upgraded = match upgraded.downcast::<TokioIo<TcpStream>>() {
+        Ok(parts) => {
+            let mut client = parts.io.into_inner();
+            let mut reader =
+                tokio::io::AsyncReadExt::chain(std::io::Cursor::new(parts.read_buf), &mut client);
+            let Some(mut first) = first_flight(&mut reader, &host, hello_timeout, &pending).await
+            else {
+                return;
+            };
+            // Bytes hyper had read past the CONNECT head that the hello did not use.
+            let (cursor, _) = reader.into_inner();
+            let at = usize::try_from(cursor.position()).unwrap_or(usize::MAX);
+            first.extend_from_slice(cursor.get_ref().get(at..).unwrap_or_default());
+            if !meter.take(Dir::Up, first.len() as u64) {
                 return;
             }
-            raw
+            let mut upstream = upstream;
+            if upstream.write_all(&first).await.is_err() {
+                return;
+            }
+            crate::splice::relay(&client, &upstream, &meter).await;
+            drop(pending);
+            return;
         }
+        Err(u) => u,
+    };
+    let mut client = TokioIo::new(upgraded);
+    let Some(first) = first_flight(&mut client, &host, hello_timeout, &pending).await else {
+        return;
     };
     let mut upstream = MeteredStream {
         inner: upstream,

@@ -76,6 +76,7 @@ mod meter;
 mod policy;
 mod resolve;
 mod sni;
+mod splice;
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
