@@ -5,7 +5,7 @@
 //! inside that namespace, whose listening socket is handed to the supervisor, which serves it
 //! with this crate's [`Gateway`]. The gateway speaks
 //!
-//! * **HTTP CONNECT** (TLS only, tunnelled byte for byte without terminating it, once the
+//! * **HTTP CONNECT** (TLS only, tunnelled byte for byte with `splice(2)` without terminating it, once the
 //!   ClientHello named the CONNECT target), and
 //! * **plain HTTP forward proxying** (absolute-form `GET http://host:port/path`),
 //!
