@@ -371,6 +371,32 @@ fn names() -> HashMap<&'static str, Ipv4Addr> {
 /// text itself never holds it.
 const SECRET_PART: &str = "sk-agentjail-test-s3cret";
 
+/// Python's own TLS stack (OpenSSL through `ssl`, trusting SSL_CERT_FILE), and a ClientHello
+/// naming another host inside a CONNECT to the credentialed one.
+const PY_PROBE: &str = r#"/usr/bin/python3 - <<'PY'
+import os, socket, ssl, urllib.request
+try:
+    print("PY", urllib.request.urlopen("API/v1/py", timeout=10).read().decode(), flush=True)
+except Exception as e:
+    print("PY ERR", type(e).__name__, e, flush=True)
+ph, pp = os.environ["https_proxy"].split("//")[-1].strip("/").rsplit(":", 1)
+try:
+    s = socket.create_connection((ph, int(pp)), timeout=10)
+    s.sendall(b"CONNECT api.test:PORT HTTP/1.1\r\nHost: api.test:PORT\r\n\r\n")
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(1)
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    t = ctx.wrap_socket(s, server_hostname="other.test")
+    t.sendall(b"GET /v1/fronted HTTP/1.1\r\nHost: api.test\r\n\r\n")
+    print("FRONTED OK", t.recv(64)[:12], flush=True)
+except Exception as e:
+    print("FRONTED ERR", type(e).__name__, flush=True)
+PY
+"#;
+
 fn probe(port: u16) -> String {
     let get = |name: &str, extra: &str, url: &str| {
         format!(
@@ -408,6 +434,11 @@ fn probe(port: u16) -> String {
          elif grep -q '^HTTP/1.1 200' /tmp/echo-head; then echo ECHO STRIPPED; \
          else echo ECHO FAILED; fi\n"
     );
+    // Python's own TLS stack (OpenSSL through `ssl`, trusting SSL_CERT_FILE), and a ClientHello
+    // naming another host inside the CONNECT to the credentialed one.
+    s += &PY_PROBE
+        .replace("API", &api)
+        .replace("PORT", &port.to_string());
     s += "if env | grep -qF \"$S\"; then echo ENV SECRET_SEEN; else echo ENV NOT_SEEN; fi\n";
     s += "echo planted-control-value > /tmp/control\n";
     s += "f=$(grep -rlsF \"$S\" /etc /tmp /work /output /proc/[0-9]*/environ 2>/dev/null | head -1); echo FILES ${f:-NOT_SEEN}\n";
@@ -487,6 +518,17 @@ fn credentials_reach_only_the_bound_host_and_paths_and_never_the_sandbox() {
         assert_eq!(o.line("DOTDOT"), "400", "{ctx}");
         assert!(seen.iter().all(|(_, p, _)| !p.contains("admin")), "{ctx}");
         assert!(o.denied("dot segment"), "{ctx}");
+        // Python's default TLS context trusts the run's CA through SSL_CERT_FILE.
+        assert_eq!(o.line("PY"), "UPSTREAM-OK", "{ctx}");
+        assert_eq!(
+            at("api.test", "/v1/py"),
+            vec![vec![secret.clone()]],
+            "{ctx}"
+        );
+        // A ClientHello naming another host is refused before any request goes anywhere.
+        assert!(o.line("FRONTED").starts_with("ERR"), "{ctx}");
+        assert!(seen.iter().all(|(_, p, _)| p != "/v1/fronted"), "{ctx}");
+        assert!(o.denied("sni_mismatch"), "{ctx}");
         // The upstream echoed the secret; the gateway removed those headers.
         assert_eq!(
             at("api.test", "/v1/echo"),
