@@ -523,6 +523,52 @@ mod tests {
     }
 
     #[test]
+    fn the_credential_ca_joins_the_image_bundle_and_the_manifest_env_wins() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = Manifest::for_command(vec!["true".into()]);
+        m.env
+            .insert("NODE_EXTRA_CA_CERTS".into(), "/input/mine.pem".into());
+        let vm = m
+            .validate(
+                &SourcePolicy {
+                    base_dir: d.path().into(),
+                    roots: None,
+                },
+                jiff::Timestamp::now(),
+            )
+            .unwrap();
+        let mut p = Plan::new(&vm);
+        let ca = "-----BEGIN CERTIFICATE-----\nRUNCA\n-----END CERTIFICATE-----\n";
+        p.add_ca_bundle(&RootImage::Host, ca);
+        let content = p
+            .ops
+            .iter()
+            .find_map(|o| match o {
+                Op::File { dest, content } if dest == CA_BUNDLE => Some(content.clone()),
+                _ => None,
+            })
+            .unwrap();
+        assert!(content.ends_with(ca), "the run's CA is in the bundle");
+        if let Ok(system) = std::fs::read_to_string(SYSTEM_CA_BUNDLES[0]) {
+            assert!(content.starts_with(&system), "the image's bundle is kept");
+        }
+        assert!(!content.contains("PRIVATE KEY"));
+        let env = |k: &str| {
+            p.env
+                .iter()
+                .filter(|(ek, _)| ek == k)
+                .map(|(_, v)| v.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(env("SSL_CERT_FILE"), vec![CA_BUNDLE.to_string()]);
+        assert_eq!(env("REQUESTS_CA_BUNDLE"), vec![CA_BUNDLE.to_string()]);
+        assert_eq!(
+            env("NODE_EXTRA_CA_CERTS"),
+            vec!["/input/mine.pem".to_string()]
+        );
+    }
+
+    #[test]
     fn host_plans_start_with_the_host_prefix_and_image_plans_do_not() {
         let d = tempfile::tempdir().unwrap();
         let vm = validated_true(d.path());
