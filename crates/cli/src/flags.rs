@@ -141,6 +141,7 @@ impl ManifestFlags {
             m.network = Network::Allow(EgressPolicy {
                 allow,
                 allow_private: self.allow_private.clone(),
+                ..EgressPolicy::default()
             });
         } else if !self.allow_private.is_empty() {
             return Err("--allow-private needs at least one --allow-host".into());

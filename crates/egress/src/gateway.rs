@@ -24,7 +24,8 @@ use agentjail_manifest::EgressPolicy;
 
 use crate::addr::canonical;
 use crate::decision::{Decision, Log, method_name, ms, now_ms, sanitize};
-use crate::host::{Host, Target, TargetError, parse_authority};
+use crate::host::{Host, Target, TargetError, parse_authority, parse_host};
+use crate::intercept::{HostTls, Interception, ambiguous_path};
 use crate::meter::{BoxError, Budget, Dir, Flow, Meter, MeteredBody, MeteredStream, reserve};
 use crate::policy::{CompiledPolicy, PolicyError, compile_policy};
 use crate::resolve::Resolve;
@@ -80,6 +81,8 @@ pub(crate) struct Shared {
     log: Log,
     budget: Arc<Budget>,
     requests: AtomicU64,
+    /// The credential flow, when the policy binds secrets to hosts.
+    intercept: Option<Arc<Interception>>,
 }
 
 /// The egress gateway. Build it with [`Gateway::new`], run it with [`Gateway::serve`].
@@ -153,7 +156,7 @@ struct Vetted {
 #[derive(Default)]
 struct ConnCtx {
     timed_out: AtomicBool,
-    tunnel: Mutex<Option<TunnelJob>>,
+    tunnel: Mutex<Option<Job>>,
     /// Idle upstream connections of this client connection's forwarded requests, each with
     /// the destination it was vetted for. Never shared with another client connection.
     pool: Mutex<Vec<Pooled>>,
@@ -208,6 +211,22 @@ impl ConnCtx {
         }
         g.push(p);
     }
+}
+
+/// What a connection does after its CONNECT was answered.
+enum Job {
+    /// Relay bytes to the destination (after the SNI check).
+    Tunnel(TunnelJob),
+    /// Terminate the sandbox's TLS for a credentialed host and forward its requests.
+    Intercept(InterceptJob),
+}
+
+struct InterceptJob {
+    on_upgrade: hyper::upgrade::OnUpgrade,
+    target: Target,
+    tls: Arc<HostTls>,
+    /// How long the client has to send its ClientHello.
+    hello_timeout: Duration,
 }
 
 struct TunnelJob {
@@ -371,11 +390,32 @@ impl Gateway {
         Ok(Gateway::from_compiled(policy, limits, resolver))
     }
 
+    /// Like [`Gateway::new`], with the credential flow of [`Interception::prepare`]: requests
+    /// to credentialed hosts get their secrets, over TLS the gateway terminates.
+    pub fn with_credentials(
+        policy: &EgressPolicy,
+        limits: GatewayLimits,
+        resolver: Arc<dyn Resolve>,
+        intercept: Option<Interception>,
+    ) -> Result<Gateway, PolicyError> {
+        let policy = compile_policy(policy)?;
+        Ok(Gateway::build(policy, limits, resolver, intercept))
+    }
+
     /// Like [`Gateway::new`] with an already compiled policy.
     pub fn from_compiled(
         policy: CompiledPolicy,
         limits: GatewayLimits,
         resolver: Arc<dyn Resolve>,
+    ) -> Gateway {
+        Gateway::build(policy, limits, resolver, None)
+    }
+
+    fn build(
+        policy: CompiledPolicy,
+        limits: GatewayLimits,
+        resolver: Arc<dyn Resolve>,
+        intercept: Option<Interception>,
     ) -> Gateway {
         Gateway {
             shared: Arc::new(Shared {
@@ -385,6 +425,7 @@ impl Gateway {
                 log: Log::default(),
                 budget: Arc::new(Budget::new(limits.max_bytes_up, limits.max_bytes_down)),
                 requests: AtomicU64::new(0),
+                intercept: intercept.map(Arc::new),
             }),
         }
     }
@@ -574,10 +615,55 @@ async fn serve_conn(
         Ok(mut g) => g.take(),
         Err(p) => p.into_inner().take(),
     };
-    if let Some(job) = job {
-        tokio::select! {
-            () = run_tunnel(job) => {}
-            () = &mut timer => {}
+    match job {
+        Some(Job::Tunnel(job)) => {
+            tokio::select! {
+                () = run_tunnel(job) => {}
+                () = &mut timer => {}
+            }
+        }
+        Some(Job::Intercept(job)) => {
+            tokio::select! {
+                () = run_intercept(shared.clone(), ctx.clone(), job) => {}
+                () = &mut timer => {}
+            }
+        }
+        None => {}
+    }
+}
+
+/// Reads the client's first TLS flight and checks that its ClientHello names `host`. Returns
+/// the bytes read (to be sent upstream), or `None` after recording why the tunnel ends.
+async fn first_flight<R: tokio::io::AsyncRead + Unpin>(
+    client: &mut R,
+    host: &Host,
+    hello_timeout: Duration,
+    pending: &Pending,
+) -> Option<Vec<u8>> {
+    // Only TLS is tunnelled, and its server name must be the CONNECT target: no domain
+    // fronting, no plain HTTP with another Host inside an allowed tunnel.
+    match tokio::time::timeout(hello_timeout, read_client_hello(client)).await {
+        Err(_) => {
+            pending.refuse(format!(
+                "not_tls: no TLS ClientHello within {}s",
+                hello_timeout.as_secs()
+            ));
+            None
+        }
+        Ok(Err(r)) => {
+            pending.refuse(r.to_string());
+            None
+        }
+        Ok(Ok(First::Closed)) => {
+            pending.note("client closed the tunnel before a TLS ClientHello".into());
+            None
+        }
+        Ok(Ok(First::Hello { raw, hello })) => {
+            if let Err(r) = check_client_hello(&hello, host) {
+                pending.refuse(r.to_string());
+                return None;
+            }
+            Some(raw)
         }
     }
 }
@@ -598,32 +684,36 @@ async fn run_tunnel(job: TunnelJob) {
             return;
         }
     };
-    let mut client = TokioIo::new(upgraded);
-    // Only TLS is tunnelled, and its server name must be the CONNECT target: no domain
-    // fronting, no plain HTTP with another Host inside an allowed tunnel.
-    let first = match tokio::time::timeout(hello_timeout, read_client_hello(&mut client)).await {
-        Err(_) => {
-            pending.refuse(format!(
-                "not_tls: no TLS ClientHello within {}s",
-                hello_timeout.as_secs()
-            ));
-            return;
-        }
-        Ok(Err(r)) => {
-            pending.refuse(r.to_string());
-            return;
-        }
-        Ok(Ok(First::Closed)) => {
-            pending.note("client closed the tunnel before a TLS ClientHello".into());
-            return;
-        }
-        Ok(Ok(First::Hello { raw, hello })) => {
-            if let Err(r) = check_client_hello(&hello, &host) {
-                pending.refuse(r.to_string());
+    // Both ends TCP sockets (the usual case): relay with splice(2), zero-copy.
+    let upgraded = match upgraded.downcast::<TokioIo<TcpStream>>() {
+        Ok(parts) => {
+            let mut client = parts.io.into_inner();
+            let mut reader =
+                tokio::io::AsyncReadExt::chain(std::io::Cursor::new(parts.read_buf), &mut client);
+            let Some(mut first) = first_flight(&mut reader, &host, hello_timeout, &pending).await
+            else {
+                return;
+            };
+            // Bytes hyper had read past the CONNECT head that the hello did not use.
+            let (cursor, _) = reader.into_inner();
+            let at = usize::try_from(cursor.position()).unwrap_or(usize::MAX);
+            first.extend_from_slice(cursor.get_ref().get(at..).unwrap_or_default());
+            if !meter.take(Dir::Up, first.len() as u64) {
                 return;
             }
-            raw
+            let mut upstream = upstream;
+            if upstream.write_all(&first).await.is_err() {
+                return;
+            }
+            crate::splice::relay(&client, &upstream, &meter).await;
+            drop(pending);
+            return;
         }
+        Err(u) => u,
+    };
+    let mut client = TokioIo::new(upgraded);
+    let Some(first) = first_flight(&mut client, &host, hello_timeout, &pending).await else {
+        return;
     };
     let mut upstream = MeteredStream {
         inner: upstream,
@@ -636,6 +726,185 @@ async fn run_tunnel(job: TunnelJob) {
         tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, 64 << 10, 64 << 10)
             .await;
     drop(pending);
+}
+
+/// Serves a CONNECT to a credentialed host: terminates the sandbox's TLS with the run's leaf
+/// certificate for that host (after checking the ClientHello names it) and forwards each HTTP
+/// request inside, with the same checks as plain HTTP plus the credential rules.
+async fn run_intercept(shared: Arc<Shared>, ctx: Arc<ConnCtx>, job: InterceptJob) {
+    let InterceptJob {
+        on_upgrade,
+        target,
+        tls,
+        hello_timeout,
+    } = job;
+    let start = Instant::now();
+    let deny = |reason: String| {
+        let mut d = base_decision("CONNECT", now_ms());
+        d.host = target.host.to_string();
+        d.port = target.port;
+        shared.deny(d, start, &reason, None);
+    };
+    let Ok(upgraded) = on_upgrade.await else {
+        return;
+    };
+    let acceptor = tokio_rustls::LazyConfigAcceptor::new(
+        rustls::server::Acceptor::default(),
+        TokioIo::new(upgraded),
+    );
+    let hello = match tokio::time::timeout(hello_timeout, acceptor).await {
+        Err(_) => {
+            deny(format!(
+                "not_tls: no TLS ClientHello within {}s",
+                hello_timeout.as_secs()
+            ));
+            return;
+        }
+        Ok(Err(e)) => {
+            deny(format!("not_tls: {}", sanitize(&e.to_string(), 200)));
+            return;
+        }
+        Ok(Ok(h)) => h,
+    };
+    match hello.client_hello().server_name().map(parse_host) {
+        Some(Ok(Host::Name(n))) if n == tls.name => {}
+        Some(Ok(other)) => {
+            deny(format!(
+                "sni_mismatch: TLS server name {} is not the CONNECT target {}",
+                sanitize(&other.to_string(), 255),
+                tls.name
+            ));
+            return;
+        }
+        Some(Err(_)) => {
+            deny(format!(
+                "sni_mismatch: invalid TLS server name for {}",
+                tls.name
+            ));
+            return;
+        }
+        None => {
+            deny(format!(
+                "sni_missing: TLS ClientHello without a server name for {}",
+                tls.name
+            ));
+            return;
+        }
+    }
+    let stream = match tokio::time::timeout(hello_timeout, hello.into_stream(tls.server.clone()))
+        .await
+    {
+        Err(_) => {
+            deny("TLS handshake with the sandbox timed out".into());
+            return;
+        }
+        Ok(Err(e)) => {
+            deny(format!(
+                "TLS handshake with the sandbox failed (does the client trust the run's CA?): {}",
+                sanitize(&e.to_string(), 200)
+            ));
+            return;
+        }
+        Ok(Ok(s)) => s,
+    };
+    // Upstream connections kept for plain-HTTP requests made before the CONNECT must never
+    // carry a request meant for TLS (or its credential).
+    lock(&ctx.pool).clear();
+    let limits = shared.limits;
+    let svc = {
+        let shared = shared.clone();
+        service_fn(move |req| {
+            handle_inner(
+                shared.clone(),
+                ctx.clone(),
+                target.clone(),
+                tls.clone(),
+                req,
+            )
+        })
+    };
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.max_connection_time.min(Duration::from_secs(30)))
+        .max_header_size(limits.max_header_bytes.max(1024))
+        .half_close(false);
+    if let Err(e) = builder.serve_connection(TokioIo::new(stream), svc).await {
+        record_conn_error(&shared, &e);
+    }
+}
+
+/// One request inside a terminated TLS connection to a credentialed host: origin-form (or
+/// absolute-form naming the same destination), forwarded as `https://` to that host.
+async fn handle_inner(
+    shared: Arc<Shared>,
+    ctx: Arc<ConnCtx>,
+    target: Target,
+    tls: Arc<HostTls>,
+    mut req: Request<hyper::body::Incoming>,
+) -> Result<Response<RespBody>, Infallible> {
+    let start = Instant::now();
+    let mut d = base_decision(&method_name(req.method()), now_ms());
+    d.host = target.host.to_string();
+    d.port = target.port;
+    if !reserve(&shared.requests, shared.limits.max_requests, 1) {
+        let reason = format!("max_requests ({}) exceeded", shared.limits.max_requests);
+        shared.deny(d, start, &reason, None);
+        let mut r = refusal(StatusCode::TOO_MANY_REQUESTS, &reason);
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return Ok(r);
+    }
+    if req.method() == hyper::Method::CONNECT {
+        let reason = "CONNECT inside a tunnel is not forwarded";
+        shared.deny(d, start, reason, None);
+        return Ok(refusal(StatusCode::BAD_REQUEST, reason));
+    }
+    if let Some(a) = req.uri().authority()
+        && parse_authority(a.as_str(), Some(443)).ok().as_ref() != Some(&target)
+    {
+        let reason = "request URL names another destination than the tunnel";
+        shared.deny(d, start, reason, None);
+        return Ok(refusal(StatusCode::BAD_REQUEST, reason));
+    }
+    let pq = req
+        .uri()
+        .path_and_query()
+        .map(|pq| pq.as_str())
+        .filter(|s| s.starts_with('/'))
+        .unwrap_or("/")
+        .to_owned();
+    let url = if target.port == 443 {
+        format!("https://{}{pq}", target.host)
+    } else {
+        format!("https://{target}{pq}")
+    };
+    match url.parse::<Uri>() {
+        Ok(u) => *req.uri_mut() = u,
+        Err(_) => {
+            let reason = "request path could not be forwarded";
+            shared.deny(d, start, reason, None);
+            return Ok(refusal(StatusCode::BAD_REQUEST, reason));
+        }
+    }
+    Ok(handle_forward(shared, ctx, req, d, start, Some(tls)).await)
+}
+
+/// Starts an HTTP/1.1 client connection on `io`, driven by a task of its own.
+async fn client_handshake<T>(
+    max_header_bytes: usize,
+    io: T,
+) -> Result<(Sender, AbortOnDrop), hyper::Error>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let mut client = hyper::client::conn::http1::Builder::new();
+    client.max_header_size(max_header_bytes.max(1024));
+    let (sender, conn) = client.handshake(TokioIo::new(io)).await?;
+    let driver = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok((sender, AbortOnDrop(driver)))
 }
 
 fn base_decision(method: &str, started_ms: u64) -> Decision {
@@ -860,7 +1129,7 @@ async fn handle(
         shared.deny(d, start, reason, None);
         return Ok(refusal(StatusCode::BAD_REQUEST, reason));
     }
-    Ok(handle_forward(shared, ctx, req, d, start).await)
+    Ok(handle_forward(shared, ctx, req, d, start, None).await)
 }
 
 async fn handle_connect(
@@ -893,6 +1162,41 @@ async fn handle_connect(
     };
     d.host = target.host.to_string();
     d.port = target.port;
+    if let Some(tls) = shared
+        .intercept
+        .as_ref()
+        .and_then(|i| i.for_target(&target))
+    {
+        // A credentialed host: vetted now (an early, readable refusal), and again for every
+        // request inside, which is where connections are opened.
+        let vetted = match shared.vet(&target).await {
+            Ok(v) => v,
+            Err(r) => {
+                shared.deny(d, start, &r.reason, r.address);
+                return refusal(r.status, &r.reason);
+            }
+        };
+        d.allowed = true;
+        d.reason = format!(
+            "{}; TLS terminated by the gateway for credentials ({})",
+            vetted.reason,
+            tls.secrets
+                .iter()
+                .map(|s| s.label(&tls.name))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        d.duration_ms = ms(start.elapsed());
+        shared.log.push(d);
+        let job = InterceptJob {
+            on_upgrade: hyper::upgrade::on(&mut req),
+            target,
+            tls,
+            hello_timeout: shared.limits.connect_timeout,
+        };
+        *lock(&ctx.tunnel) = Some(Job::Intercept(job));
+        return Response::new(empty());
+    }
     let (upstream, addr, rule) = match shared.open(&target).await {
         Ok(x) => x,
         Err(r) => {
@@ -922,10 +1226,7 @@ async fn handle_connect(
         },
         pending,
     };
-    match ctx.tunnel.lock() {
-        Ok(mut g) => *g = Some(job),
-        Err(p) => *p.into_inner() = Some(job),
-    }
+    *lock(&ctx.tunnel) = Some(Job::Tunnel(job));
     Response::new(empty())
 }
 
@@ -970,14 +1271,20 @@ async fn handle_forward(
     req: Request<hyper::body::Incoming>,
     mut d: Decision,
     start: Instant,
+    tls: Option<Arc<HostTls>>,
 ) -> Response<RespBody> {
     let uri = req.uri().clone();
+    let (scheme, default_port) = if tls.is_some() {
+        ("https", 443)
+    } else {
+        ("http", 80)
+    };
     let Some(authority) = uri.authority().map(|a| a.as_str().to_owned()) else {
         let reason = "not a proxy request";
         shared.deny(d, start, reason, None);
         return refusal(StatusCode::BAD_REQUEST, reason);
     };
-    let target = match parse_authority(&authority, Some(80)) {
+    let target = match parse_authority(&authority, Some(default_port)) {
         Ok(t) => t,
         Err(e) => {
             d.host = recorded_host(&authority, &e);
@@ -990,7 +1297,7 @@ async fn handle_forward(
     d.port = target.port;
     if !uri
         .scheme_str()
-        .is_some_and(|s| s.eq_ignore_ascii_case("http"))
+        .is_some_and(|s| s.eq_ignore_ascii_case(scheme))
     {
         let reason = "only http:// URLs are forwarded; use CONNECT for TLS";
         shared.deny(d, start, reason, None);
@@ -1003,7 +1310,7 @@ async fn handle_forward(
         [one] => one
             .to_str()
             .ok()
-            .and_then(|s| parse_authority(s, Some(80)).ok())
+            .and_then(|s| parse_authority(s, Some(default_port)).ok())
             .is_some_and(|h| h == target),
         _ => false,
     };
@@ -1011,6 +1318,23 @@ async fn handle_forward(
         let reason = "Host header does not match the request URL";
         shared.deny(d, start, reason, None);
         return refusal(StatusCode::BAD_REQUEST, reason);
+    }
+    // A credentialed host: a path servers could normalise differently is refused (a prefix
+    // match on `/v1/../admin` means nothing), and the decision names the credentials added.
+    let mut added: Vec<String> = Vec::new();
+    if let Some(tls) = &tls {
+        let path = uri.path();
+        if ambiguous_path(path) {
+            let reason = "path with a dot segment or backslash refused for a credentialed host";
+            shared.deny(d, start, reason, None);
+            return refusal(StatusCode::BAD_REQUEST, reason);
+        }
+        added = tls
+            .secrets
+            .iter()
+            .filter(|s| s.paths.iter().any(|p| path.starts_with(p.as_str())))
+            .map(|s| s.label(&tls.name))
+            .collect();
     }
     // Vetted for every request, pooled connection or not: a pooled connection is used only
     // for the same host and port and when its address is among the addresses vetted now.
@@ -1044,7 +1368,11 @@ async fn handle_forward(
     };
     d.allowed = true;
     d.address = Some(addr);
-    d.reason = vetted.reason;
+    d.reason = match (&tls, added.is_empty()) {
+        (None, _) => vetted.reason,
+        (Some(_), true) => format!("{}; no credential for this path", vetted.reason),
+        (Some(_), false) => format!("{}; credential {} added", vetted.reason, added.join(", ")),
+    };
     let flow = Arc::new(Flow::default());
     let meter = Meter {
         budget: shared.budget.clone(),
@@ -1055,9 +1383,49 @@ async fn handle_forward(
     let mut up = match (reused, fresh) {
         (Some(p), _) => p,
         (None, Some((upstream, addr))) => {
-            let mut client = hyper::client::conn::http1::Builder::new();
-            client.max_header_size(shared.limits.max_header_bytes.max(1024));
-            let (sender, conn) = match client.handshake(TokioIo::new(upstream)).await {
+            let max = shared.limits.max_header_bytes;
+            let handshake = match (&tls, &shared.intercept) {
+                (None, _) => client_handshake(max, upstream).await,
+                (Some(tls), Some(i)) => {
+                    let connector = tokio_rustls::TlsConnector::from(i.upstream.clone());
+                    let name = match rustls::pki_types::ServerName::try_from(tls.name.clone()) {
+                        Ok(n) => n,
+                        Err(_) => {
+                            let reason = format!("{} is not a valid TLS server name", tls.name);
+                            pending.refuse(reason.clone());
+                            return refusal(StatusCode::BAD_GATEWAY, &reason);
+                        }
+                    };
+                    let connected = tokio::time::timeout(
+                        shared.limits.connect_timeout,
+                        connector.connect(name, upstream),
+                    )
+                    .await;
+                    match connected {
+                        Ok(Ok(s)) => client_handshake(max, s).await,
+                        Ok(Err(e)) => {
+                            let reason = format!(
+                                "upstream TLS with {} failed: {}",
+                                tls.name,
+                                sanitize(&e.to_string(), 200)
+                            );
+                            pending.refuse(reason.clone());
+                            return refusal(StatusCode::BAD_GATEWAY, &reason);
+                        }
+                        Err(_) => {
+                            let reason = format!("upstream TLS with {} timed out", tls.name);
+                            pending.refuse(reason.clone());
+                            return refusal(StatusCode::GATEWAY_TIMEOUT, &reason);
+                        }
+                    }
+                }
+                (Some(_), None) => {
+                    let reason = "internal: a credentialed request without the credential flow";
+                    pending.refuse(reason.into());
+                    return refusal(StatusCode::BAD_GATEWAY, reason);
+                }
+            };
+            let (sender, driver) = match handshake {
                 Ok(x) => x,
                 Err(e) => {
                     let reason = format!("upstream handshake failed: {e}");
@@ -1065,15 +1433,12 @@ async fn handle_forward(
                     return refusal(StatusCode::BAD_GATEWAY, &reason);
                 }
             };
-            let driver = tokio::spawn(async move {
-                let _ = conn.await;
-            });
             Pooled {
                 host: target.host.clone(),
                 port: target.port,
                 addr,
                 sender,
-                _driver: AbortOnDrop(driver),
+                _driver: driver,
             }
         }
         (None, None) => return refusal(StatusCode::BAD_GATEWAY, "no upstream connection"),
@@ -1093,6 +1458,10 @@ async fn handle_forward(
         return refusal(StatusCode::BAD_REQUEST, reason);
     };
     strip_hop_by_hop(&mut parts.headers);
+    if let Some(tls) = &tls {
+        // The sandbox cannot choose a credential's value: its own header of that name goes.
+        crate::intercept::apply(tls, uri.path(), &mut parts.headers);
+    }
     match HeaderValue::from_str(&authority) {
         Ok(v) => {
             parts.headers.insert(header::HOST, v);
@@ -1172,6 +1541,14 @@ async fn handle_forward(
     *lock(&pending.upstream) = Some(up);
     let (mut rparts, rbody) = resp.into_parts();
     strip_hop_by_hop(&mut rparts.headers);
+    if let Some(tls) = &tls {
+        let n = crate::intercept::redact_response(tls, &mut rparts.headers);
+        if n > 0 {
+            pending.note(format!(
+                "{n} response header(s) echoing a credential removed"
+            ));
+        }
+    }
     if !meter.take(Dir::Down, head_bytes(&rparts.headers) + 16) {
         return refusal(StatusCode::FORBIDDEN, "max_bytes_down exceeded");
     }

@@ -5,7 +5,7 @@
 //! inside that namespace, whose listening socket is handed to the supervisor, which serves it
 //! with this crate's [`Gateway`]. The gateway speaks
 //!
-//! * **HTTP CONNECT** (TLS only, tunnelled byte for byte without terminating it, once the
+//! * **HTTP CONNECT** (TLS only, tunnelled byte for byte with `splice(2)` without terminating it, once the
 //!   ClientHello named the CONNECT target), and
 //! * **plain HTTP forward proxying** (absolute-form `GET http://host:port/path`),
 //!
@@ -42,7 +42,10 @@
 //!
 //! ## Limitations
 //!
-//! * TLS is not terminated: the server name is checked, what follows is not (a front that
+//! * TLS is not terminated, except for hosts named in `network.credentials` ([`Interception`]:
+//!   a per-run, name-constrained CA whose key is dropped once it signed the hosts' leaf
+//!   certificates; the secret is added only on the listed paths). Elsewhere the server name
+//!   is checked, what follows is not (a front that
 //!   routes by the `Host` header inside TLS, DNS-over-HTTPS, uploads to an allowed host).
 //!   An allowed host that is itself an open proxy, or that accepts uploads, is a channel the
 //!   operator owns.
@@ -68,16 +71,19 @@ pub mod addr;
 mod decision;
 mod gateway;
 pub mod host;
+mod intercept;
 mod meter;
 mod policy;
 mod resolve;
 mod sni;
+mod splice;
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 pub use decision::{Decision, LOG_FULL, MAX_ALLOWED, MAX_REFUSALS};
 pub use gateway::{DENIED_HEADER, Gateway, GatewayLimits, redirect_target};
+pub use intercept::{CredentialError, Interception};
 pub use policy::{BlockedAddress, CompiledPolicy, NotAllowed, PolicyError, compile_policy};
 pub use resolve::{HickoryResolver, Resolve, ResolveError, ResolveFuture, StaticResolver};
 
@@ -145,7 +151,18 @@ pub fn spawn_gateway(
     resolver: Arc<dyn Resolve>,
     listener: std::net::TcpListener,
 ) -> Result<GatewayHandle, GatewayError> {
-    let gateway = Gateway::new(policy, limits, resolver)?;
+    spawn_gateway_with_credentials(policy, limits, resolver, listener, None)
+}
+
+/// [`spawn_gateway`] with the credential flow prepared by [`Interception::prepare`].
+pub fn spawn_gateway_with_credentials(
+    policy: &agentjail_manifest::EgressPolicy,
+    limits: GatewayLimits,
+    resolver: Arc<dyn Resolve>,
+    listener: std::net::TcpListener,
+    intercept: Option<Interception>,
+) -> Result<GatewayHandle, GatewayError> {
+    let gateway = Gateway::with_credentials(policy, limits, resolver, intercept)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("agentjail-egress")

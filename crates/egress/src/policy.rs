@@ -59,6 +59,17 @@ pub enum PolicyError {
         /// The entry as written.
         cidr: String,
     },
+    /// A `credentials` entry that cannot be used as written.
+    #[error("network.credentials[{index}]: {reason}")]
+    BadCredential {
+        /// Index of the entry.
+        index: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `upstream_ca_file` without credentials, or not an absolute path.
+    #[error("network.upstream_ca_file: {0}")]
+    BadUpstreamCa(String),
     /// An `allow_private` entry with prefix length 0 (it would switch the address check off).
     #[error(
         "network.allow_private[{index}]: {cidr:?} covers every address and would disable the address check; list the ranges you need"
@@ -205,10 +216,114 @@ pub fn compile_policy(p: &EgressPolicy) -> Result<CompiledPolicy, PolicyError> {
         ports.dedup();
         rules.push(Rule { pattern, ports });
     }
-    Ok(CompiledPolicy {
+    let compiled = CompiledPolicy {
         rules,
         allow_private,
-    })
+    };
+    for (index, c) in p.credentials.iter().enumerate() {
+        check_credential(&compiled, c)
+            .map_err(|reason| PolicyError::BadCredential { index, reason })?;
+    }
+    match &p.upstream_ca_file {
+        None => {}
+        Some(_) if p.credentials.is_empty() => {
+            return Err(PolicyError::BadUpstreamCa(
+                "only used for credentialed hosts, and there are no credentials".into(),
+            ));
+        }
+        Some(f) if !f.starts_with('/') => {
+            return Err(PolicyError::BadUpstreamCa(format!(
+                "{f:?} is not an absolute path"
+            )));
+        }
+        Some(_) => {}
+    }
+    Ok(compiled)
+}
+
+/// Headers a credential may not name: the ones that frame or route the request, and
+/// hop-by-hop headers (which the gateway strips anyway).
+const RESERVED_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+    "proxy-authorization",
+    "proxy-authenticate",
+];
+
+/// The shape of one credential (its secret is read later, by the supervisor).
+fn check_credential(
+    compiled: &CompiledPolicy,
+    c: &agentjail_manifest::Credential,
+) -> Result<(), String> {
+    if c.host.contains('*') {
+        return Err(format!(
+            "host {:?}: a credential needs an exact host name, not a wildcard",
+            c.host
+        ));
+    }
+    let name = match parse_host(&c.host) {
+        Ok(Host::Name(n)) => n,
+        Ok(Host::Ip(_)) => {
+            return Err(format!(
+                "host {:?}: a credential needs a host name, not an IP address",
+                c.host
+            ));
+        }
+        Err(e) => return Err(format!("host {:?} is invalid: {e}", c.host)),
+    };
+    let admitted = compiled.rules.iter().flat_map(|r| r.ports.iter()).any(|p| {
+        compiled
+            .match_target(&Target {
+                host: Host::Name(name.clone()),
+                port: *p,
+            })
+            .is_ok()
+    });
+    if !admitted {
+        return Err(format!("host {name:?} is not admitted by any allow rule"));
+    }
+    let header = c.header.to_ascii_lowercase();
+    if header.is_empty()
+        || !header
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    {
+        return Err(format!("header {:?} is not a valid header name", c.header));
+    }
+    if RESERVED_HEADERS.contains(&header.as_str()) {
+        return Err(format!("header {:?} cannot carry a credential", c.header));
+    }
+    match c.value_from.split_once(':') {
+        Some(("env", v)) if !v.is_empty() && !v.contains(['=', '\0']) => {}
+        Some(("file", f)) if f.starts_with('/') && !f.contains('\0') => {}
+        _ => {
+            return Err(format!(
+                "value_from must be `env:NAME` or `file:/absolute/path`, not {:?}",
+                c.value_from
+            ));
+        }
+    }
+    if c.paths.is_empty() {
+        return Err("paths is empty (use [\"/\"] for every path)".into());
+    }
+    if let Some(p) = c
+        .paths
+        .iter()
+        .find(|p| !p.starts_with('/') || p.contains(['?', '#']))
+    {
+        return Err(format!(
+            "path {p:?} must start with `/` and hold no `?` or `#`"
+        ));
+    }
+    Ok(())
 }
 
 /// Why the allowlist does not allow a destination (the denial's reason).
@@ -331,6 +446,7 @@ mod tests {
                 })
                 .collect(),
             allow_private: private.iter().map(|s| (*s).into()).collect(),
+            ..EgressPolicy::default()
         })
     }
 
@@ -522,5 +638,108 @@ mod tests {
         assert!(ok("fc00::1").unwrap_err().contains("unique-local"));
         // The exception is for the address itself, not for what a 6to4 address embeds.
         assert!(ok("2002:7f00:1::").unwrap_err().contains("6to4"));
+    }
+
+    #[test]
+    fn credentials_must_be_usable_as_written() {
+        let cred =
+            |host: &str, header: &str, from: &str, paths: &[&str]| agentjail_manifest::Credential {
+                host: host.into(),
+                header: header.into(),
+                value_from: from.into(),
+                paths: paths.iter().map(|p| (*p).into()).collect(),
+            };
+        let check = |c: agentjail_manifest::Credential, ca: Option<&str>| {
+            compile_policy(&EgressPolicy {
+                allow: vec![AllowRule {
+                    host: "api.example.com".into(),
+                    ports: vec![443],
+                }],
+                credentials: vec![c],
+                upstream_ca_file: ca.map(Into::into),
+                ..EgressPolicy::default()
+            })
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            check(
+                cred("API.example.com.", "Authorization", "env:T", &["/v1/"]),
+                None
+            ),
+            Ok(())
+        );
+        assert!(
+            check(
+                cred("api.example.com", "X-Key", "file:/run/k", &["/"]),
+                Some("/ca.pem")
+            )
+            .is_ok()
+        );
+        for (c, want) in [
+            (
+                cred("other.example.com", "Authorization", "env:T", &["/"]),
+                "not admitted",
+            ),
+            (
+                cred("*.example.com", "Authorization", "env:T", &["/"]),
+                "wildcard",
+            ),
+            (
+                cred("1.2.3.4", "Authorization", "env:T", &["/"]),
+                "IP address",
+            ),
+            (
+                cred("api.example.com", "Host", "env:T", &["/"]),
+                "cannot carry",
+            ),
+            (
+                cred("api.example.com", "Proxy-Authorization", "env:T", &["/"]),
+                "cannot carry",
+            ),
+            (
+                cred("api.example.com", "bad header", "env:T", &["/"]),
+                "valid header",
+            ),
+            (
+                cred("api.example.com", "Authorization", "T", &["/"]),
+                "value_from",
+            ),
+            (
+                cred("api.example.com", "Authorization", "file:rel", &["/"]),
+                "value_from",
+            ),
+            (
+                cred("api.example.com", "Authorization", "env:", &["/"]),
+                "value_from",
+            ),
+            (
+                cred("api.example.com", "Authorization", "env:T", &[]),
+                "paths is empty",
+            ),
+            (
+                cred("api.example.com", "Authorization", "env:T", &["v1/"]),
+                "must start",
+            ),
+        ] {
+            let e = check(c.clone(), None).unwrap_err();
+            assert!(
+                e.contains(want) && e.starts_with("network.credentials[0]"),
+                "{c:?}: {e}"
+            );
+        }
+        let e = check(
+            cred("api.example.com", "Authorization", "env:T", &["/"]),
+            Some("ca.pem"),
+        )
+        .unwrap_err();
+        assert!(e.contains("absolute"), "{e}");
+        let e = compile_policy(&EgressPolicy {
+            upstream_ca_file: Some("/ca.pem".into()),
+            ..EgressPolicy::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("no credentials"), "{e}");
     }
 }

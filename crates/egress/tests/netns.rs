@@ -351,6 +351,7 @@ impl World {
                 rule("rebind.test"),
             ],
             allow_private: vec!["127.0.0.1/32".into()],
+            ..EgressPolicy::default()
         }
     }
 
@@ -934,6 +935,38 @@ fn byte_and_connection_limits_hold() {
             "{log:#?}"
         );
 
+        // Download bound through a tunnel (relayed with splice(2)): nothing past the budget
+        // reaches the client, and the recorded count is exactly what it received.
+        let gw = w
+            .gateway(GatewayLimits {
+                max_bytes_down: 20_000,
+                ..GatewayLimits::default()
+            })
+            .await;
+        let (r, t) = connect(gw.addr, &format!("allowed.test:{echo_port}")).await;
+        assert_eq!(r.status, 200);
+        let mut t = t.unwrap();
+        let hello_len = client_hello("allowed.test").len();
+        assert_eq!(echo_through(&mut t, &[3u8; 5_000]).await.len(), 5_000);
+        let _ = t.write_all(&[4u8; 60_000]).await;
+        let mut sink = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), t.read_to_end(&mut sink)).await;
+        let received = (hello_len + 5_000 + sink.len()) as u64;
+        assert!(
+            received <= 20_000,
+            "received {received} bytes past the bound"
+        );
+        let log = gw.stop().await;
+        let tunnel = find(&log, |d| d.allowed && d.method == "CONNECT");
+        assert_eq!(tunnel.len(), 1, "{log:#?}");
+        assert_eq!(tunnel[0].bytes_down, received, "{log:#?}");
+        assert!(
+            !find(&log, |d| !d.allowed
+                && d.reason.contains("max_bytes_down (20000) exceeded"))
+            .is_empty(),
+            "{log:#?}"
+        );
+
         // Connection bounds: one at a time, three in total.
         let gw = w
             .gateway(GatewayLimits {
@@ -1018,6 +1051,7 @@ fn spawn_gateway_blocking_api_with_static_resolver() {
                     ports: vec![echo_port],
                 }],
                 allow_private: vec!["127.0.0.1".into()],
+                ..EgressPolicy::default()
             };
             let resolver = StaticResolver::new()
                 .insert("api.static.test", &[IpAddr::V4(Ipv4Addr::LOCALHOST)])

@@ -107,6 +107,28 @@ pub struct Plan {
     pub proxy_port: Option<u16>,
 }
 
+/// The sandbox's CA bundle when the manifest binds credentials to hosts: the image's bundle
+/// plus the run's credential CA.
+pub const CA_BUNDLE: &str = "/etc/agentjail/ca-bundle.pem";
+
+/// Where the image's CA bundle is looked for (Debian/Ubuntu/Alpine, Fedora/RHEL, others).
+const SYSTEM_CA_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/cert.pem",
+];
+
+/// Variables that OpenSSL (and Python's ssl), requests, curl, Node, pip and git read for a CA
+/// bundle.
+const CA_BUNDLE_VARS: &[&str] = &[
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "PIP_CERT",
+    "GIT_SSL_CAINFO",
+];
+
 /// Where the sandbox's system directories (and the curated parts of /etc) come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RootImage {
@@ -392,6 +414,37 @@ impl Plan {
         }
     }
 
+    /// Makes the sandbox trust the run's credential CA (`ca_pem`, a certificate only): writes
+    /// [`CA_BUNDLE`] (the image's CA bundle plus that certificate) and points the usual
+    /// variables at it, unless the manifest's `env` sets them.
+    pub fn add_ca_bundle(&mut self, root: &RootImage, ca_pem: &str) {
+        let system = SYSTEM_CA_BUNDLES
+            .iter()
+            .find_map(|p| {
+                let path = match root {
+                    RootImage::Host => Path::new(p).to_owned(),
+                    RootImage::Stored { rootfs, .. } => rootfs.join(p.trim_start_matches('/')),
+                };
+                std::fs::read_to_string(path).ok()
+            })
+            .unwrap_or_default();
+        let mut content = system;
+        if !content.is_empty() && !content.ends_with('\n') {
+            content.push('\n');
+        }
+        content.push_str("# agentjail: this run's credential CA (docs/network.md)\n");
+        content.push_str(ca_pem);
+        self.ops.push(Op::File {
+            dest: CA_BUNDLE.into(),
+            content,
+        });
+        for k in CA_BUNDLE_VARS {
+            if !self.env.iter().any(|(ek, _)| ek == k) {
+                self.env.push(((*k).into(), CA_BUNDLE.into()));
+            }
+        }
+    }
+
     /// The host image's parts (system directories and curated /etc), for its identity.
     pub fn image_description() -> Vec<String> {
         host_prefix()
@@ -467,6 +520,52 @@ mod tests {
             }
         }
         assert!(p.env.iter().any(|(k, v)| k == "HOME" && v == "/work"));
+    }
+
+    #[test]
+    fn the_credential_ca_joins_the_image_bundle_and_the_manifest_env_wins() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = Manifest::for_command(vec!["true".into()]);
+        m.env
+            .insert("NODE_EXTRA_CA_CERTS".into(), "/input/mine.pem".into());
+        let vm = m
+            .validate(
+                &SourcePolicy {
+                    base_dir: d.path().into(),
+                    roots: None,
+                },
+                jiff::Timestamp::now(),
+            )
+            .unwrap();
+        let mut p = Plan::new(&vm);
+        let ca = "-----BEGIN CERTIFICATE-----\nRUNCA\n-----END CERTIFICATE-----\n";
+        p.add_ca_bundle(&RootImage::Host, ca);
+        let content = p
+            .ops
+            .iter()
+            .find_map(|o| match o {
+                Op::File { dest, content } if dest == CA_BUNDLE => Some(content.clone()),
+                _ => None,
+            })
+            .unwrap();
+        assert!(content.ends_with(ca), "the run's CA is in the bundle");
+        if let Ok(system) = std::fs::read_to_string(SYSTEM_CA_BUNDLES[0]) {
+            assert!(content.starts_with(&system), "the image's bundle is kept");
+        }
+        assert!(!content.contains("PRIVATE KEY"));
+        let env = |k: &str| {
+            p.env
+                .iter()
+                .filter(|(ek, _)| ek == k)
+                .map(|(_, v)| v.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(env("SSL_CERT_FILE"), vec![CA_BUNDLE.to_string()]);
+        assert_eq!(env("REQUESTS_CA_BUNDLE"), vec![CA_BUNDLE.to_string()]);
+        assert_eq!(
+            env("NODE_EXTRA_CA_CERTS"),
+            vec!["/input/mine.pem".to_string()]
+        );
     }
 
     #[test]

@@ -82,7 +82,19 @@ pub fn run_on(
     }
 
     inside::timing::mark("supervisor: plan");
-    let plan = Plan::for_root(vm, root);
+    let mut plan = Plan::for_root(vm, root);
+    // Secrets bound to destinations: read here (the supervisor's own environment and files,
+    // never the task's), with the run's CA whose certificate the sandbox trusts.
+    let mut intercept = match &vm.manifest.network {
+        agentjail_manifest::Network::Allow(p) => match agentjail_egress::Interception::prepare(p) {
+            Ok(i) => i,
+            Err(e) => return fail(report, format!("egress gateway: {e}")),
+        },
+        agentjail_manifest::Network::Deny => None,
+    };
+    if let Some(i) = &intercept {
+        plan.add_ca_bundle(root, i.ca_pem());
+    }
 
     let Prespawned {
         pidfd,
@@ -242,7 +254,7 @@ pub fn run_on(
             ctl_open = st.take(&ctl_s, &mut report);
         }
         if let Some(fd) = st.listener.take() {
-            match start_gateway(vm, opts, fd) {
+            match start_gateway(vm, opts, fd, intercept.take()) {
                 Ok(h) => gateway = Some(h),
                 Err(e) => {
                     st.setup_failed.get_or_insert(e.to_string());
@@ -582,6 +594,7 @@ fn start_gateway(
     vm: &ValidatedManifest,
     opts: &RunOptions,
     fd: OwnedFd,
+    intercept: Option<agentjail_egress::Interception>,
 ) -> StepResult<agentjail_egress::GatewayHandle> {
     use std::sync::Arc;
     let agentjail_manifest::Network::Allow(policy) = &vm.manifest.network else {
@@ -619,7 +632,9 @@ fn start_gateway(
     let listener = std::net::TcpListener::from(fd);
     step(
         Step::StartGateway,
-        agentjail_egress::spawn_gateway(policy, limits, resolver, listener),
+        agentjail_egress::spawn_gateway_with_credentials(
+            policy, limits, resolver, listener, intercept,
+        ),
     )
 }
 

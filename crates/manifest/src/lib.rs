@@ -223,6 +223,32 @@ pub struct EgressPolicy {
     /// (e.g. `127.0.0.1/32` in tests). Empty by default.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow_private: Vec<String>,
+    /// Secrets the gateway adds to requests for one allowed host, so that they never enter
+    /// the sandbox. For such a host the gateway terminates the sandbox's TLS with a per-run CA
+    /// (docs/network.md, "Credentials"). Empty by default.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<Credential>,
+    /// A PEM file of CA certificates the gateway trusts when it opens its own TLS connection
+    /// to a credentialed host, instead of the host's system bundle (a private CA, tests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_ca_file: Option<String>,
+}
+
+/// A secret bound to a destination: the gateway adds `header: <secret>` to requests to `host`
+/// whose path starts with one of `paths`, and strips any header of that name the sandbox sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Credential {
+    /// An exact host name (no wildcard, no IP address) that an `allow` rule admits.
+    pub host: String,
+    /// The request header that carries the secret, e.g. `Authorization`.
+    pub header: String,
+    /// Where the supervisor reads the secret: `env:NAME` (its own environment, never the
+    /// task's `env`) or `file:/absolute/path` (one trailing newline removed).
+    pub value_from: String,
+    /// Path prefixes (each starting with `/`) of the requests that get the header; others
+    /// go without it.
+    pub paths: Vec<String>,
 }
 
 /// One allowed destination.

@@ -310,8 +310,20 @@ async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<
     cmd.env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("LANG", "C.UTF-8")
-        .env(SERVICE_MARK, data)
-        .current_dir(&dir)
+        .env(SERVICE_MARK, data);
+    // Secrets the task type binds to destinations (`network.credentials`, `env:NAME`): the
+    // runner's gateway reads them from its own environment, otherwise cleared. They never
+    // reach the sandbox (docs/network.md).
+    if let Network::Allow(p) = &task.network {
+        for c in &p.credentials {
+            if let Some(("env", name)) = c.value_from.split_once(':')
+                && let Some(v) = std::env::var_os(name)
+            {
+                cmd.env(name, v);
+            }
+        }
+    }
+    cmd.current_dir(&dir)
         .stdin(Stdio::from(lifeline_r))
         .stdout(Stdio::from(stdout))
         .stderr(Stdio::from(stderr))

@@ -1,0 +1,618 @@
+//! Credentials bound to a destination (issue #20, item 3), attacked from inside the sandbox.
+//!
+//! The manifest binds `Authorization: <secret>` to `api.test` for paths under `/v1/`. The
+//! secret lives only in the environment of the `agentjail` process (the supervisor). A TLS
+//! upstream (Python's `http.server` behind `ssl`, with a certificate from a test CA made by
+//! `openssl`) records every request's `Host`, path and `Authorization` headers, and echoes
+//! the header back on `/v1/echo`. Everything runs on a thread that first moved into a fresh
+//! network namespace with only loopback (`unshare(CLONE_NEWNET)`), so nothing can leave the
+//! machine.
+//!
+//! The probe prints one line per case. For the secret itself it prints `SECRET_SEEN` (the
+//! attack worked) or `NOT_SEEN`, and a positive control shows that the same search finds a
+//! planted string, so "not found" cannot mean "the search failed".
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, UdpSocket};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use serde_json::Value;
+
+fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_agentjail"))
+}
+
+fn skip_or_panic(why: &str) {
+    assert!(std::env::var_os("CI").is_none(), "{why} (under CI)");
+    eprintln!("SKIP: {why}");
+}
+
+/// Runs `f` on a thread inside a new network namespace with only `lo`, up.
+fn in_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    std::thread::spawn(move || {
+        // SAFETY: unshare with a flag only changes this thread's network namespace.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            skip_or_panic(&format!(
+                "cannot create a network namespace (needs root): {}",
+                std::io::Error::last_os_error()
+            ));
+            return None;
+        }
+        let up = Command::new("ip")
+            .args(["link", "set", "lo", "up"])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !up {
+            skip_or_panic("`ip link set lo up` failed");
+            return None;
+        }
+        let links = Command::new("ip").args(["-o", "link"]).output().ok()?;
+        let links = String::from_utf8_lossy(&links.stdout).into_owned();
+        assert_eq!(
+            links.lines().count(),
+            1,
+            "only loopback may exist here: {links}"
+        );
+        Some(f())
+    })
+    .join()
+    .expect("test thread")
+}
+
+/// A minimal DNS server on 127.0.0.1: one A record per known name, NXDOMAIN otherwise.
+fn dns(answers: HashMap<&'static str, Ipv4Addr>) -> u16 {
+    let sock = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let port = sock.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        loop {
+            let Ok((n, peer)) = sock.recv_from(&mut buf) else {
+                return;
+            };
+            let q = &buf[..n];
+            if n < 17 {
+                continue;
+            }
+            let mut i = 12;
+            let mut labels = Vec::new();
+            while i < n && q[i] != 0 {
+                let len = q[i] as usize;
+                labels
+                    .push(String::from_utf8_lossy(&q[i + 1..(i + 1 + len).min(n)]).to_lowercase());
+                i += 1 + len;
+            }
+            let qend = i + 5;
+            if qend > n {
+                continue;
+            }
+            let qtype = u16::from_be_bytes([q[i + 1], q[i + 2]]);
+            let name = labels.join(".");
+            let known = answers.get(name.as_str());
+            let mut resp = Vec::new();
+            resp.extend_from_slice(&q[0..2]);
+            resp.extend_from_slice(&[0x81, 0x80 | if known.is_some() { 0 } else { 3 }]);
+            resp.extend_from_slice(&[0, 1]);
+            let ip = known.filter(|_| qtype == 1);
+            resp.extend_from_slice(&[0, u8::from(ip.is_some()), 0, 0, 0, 0]);
+            resp.extend_from_slice(&q[12..qend]);
+            if let Some(ip) = ip {
+                resp.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4]);
+                resp.extend_from_slice(&ip.octets());
+            }
+            let _ = sock.send_to(&resp, peer);
+        }
+    });
+    port
+}
+
+/// Kills the child when dropped.
+struct Reap(Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn openssl(dir: &Path, args: &[&str]) -> bool {
+    Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// A test CA (`ca.pem`), an unrelated CA (`wrong-ca.pem`) and a leaf for api.test and
+/// other.test signed by the first (`leaf.pem`, `leaf.key`), in `dir`.
+fn make_pki(dir: &Path) -> bool {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let ca = |name: &str, cn: &str| {
+        let key = format!("{name}.key");
+        let pem = format!("{name}.pem");
+        let subj = format!("/CN={cn}");
+        let mut a = vec!["req", "-x509"];
+        a.extend(ec);
+        a.extend(["-days", "2", "-subj", &subj, "-keyout", &key, "-out", &pem]);
+        openssl(dir, &a)
+    };
+    if !(ca("ca", "agentjail test upstream CA") && ca("wrong-ca", "some other CA")) {
+        return false;
+    }
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=DNS:api.test,DNS:other.test\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\nkeyUsage=digitalSignature\n",
+    )
+    .unwrap();
+    let mut a = vec!["req"];
+    a.extend(ec);
+    a.extend([
+        "-subj",
+        "/CN=api.test",
+        "-keyout",
+        "leaf.key",
+        "-out",
+        "leaf.csr",
+    ]);
+    openssl(dir, &a)
+        && openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "leaf.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                "ext.cnf",
+                "-out",
+                "leaf.pem",
+            ],
+        )
+}
+
+/// The upstream: HTTPS on 127.0.0.1:`port`, one JSON line per request in `log`.
+const UPSTREAM: &str = r#"
+import http.server, json, ssl, sys
+port, cert, key, log = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        auth = self.headers.get_all("Authorization") or []
+        with open(log, "a") as f:
+            f.write(json.dumps({"host": self.headers.get("Host"), "path": self.path, "auth": auth}) + "\n")
+        body = b"UPSTREAM-OK"
+        self.send_response(200)
+        if self.path.startswith("/v1/echo"):
+            for a in auth:
+                self.send_header("X-Echo", "you sent " + a)
+                self.send_header("Set-Cookie", "t=" + a + "; Secure")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+print("READY", flush=True)
+srv.serve_forever()
+"#;
+
+fn tls_upstream(dir: &Path, port: u16) -> Option<Reap> {
+    if !make_pki(dir) {
+        skip_or_panic("openssl could not make the test certificates");
+        return None;
+    }
+    std::fs::write(dir.join("upstream.py"), UPSTREAM).unwrap();
+    let child = Command::new("python3")
+        .arg(dir.join("upstream.py"))
+        .arg(port.to_string())
+        .arg(dir.join("leaf.pem"))
+        .arg(dir.join("leaf.key"))
+        .arg(dir.join("upstream.log"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let Ok(child) = child else {
+        skip_or_panic("python3 is not installed");
+        return None;
+    };
+    let child = Reap(child);
+    for _ in 0..100 {
+        if std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            return Some(child);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("the TLS upstream did not start");
+}
+
+/// What the upstream saw: (host, path, authorization headers).
+fn seen(dir: &Path) -> Vec<(String, String, Vec<String>)> {
+    std::fs::read_to_string(dir.join("upstream.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            (
+                v["host"].as_str().unwrap_or("").to_string(),
+                v["path"].as_str().unwrap_or("").to_string(),
+                v["auth"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|a| a.as_str().unwrap().to_string())
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+fn tmp() -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+struct Out {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    report_text: String,
+    report: Value,
+}
+
+impl Out {
+    fn line(&self, key: &str) -> String {
+        self.stdout
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!("{key} "))
+                    .or((l == key).then_some(""))
+            })
+            .unwrap_or_else(|| panic!("no {key} line in {}\n{}", self.stdout, self.stderr))
+            .trim()
+            .to_string()
+    }
+    fn denied(&self, needle: &str) -> bool {
+        self.report["denials"].as_array().is_some_and(|a| {
+            a.iter().any(|d| {
+                d["kind"] == "network" && d["detail"].as_str().unwrap_or("").contains(needle)
+            })
+        })
+    }
+}
+
+/// Runs `script` in the sandbox with a manifest binding the secret (from the supervisor's
+/// environment variable `AJ_TEST_TOKEN`) to api.test, paths `/v1/`.
+fn run(
+    work: &Path,
+    dns_port: u16,
+    port: u16,
+    secret: Option<&str>,
+    upstream_ca: &Path,
+    script: &str,
+) -> Out {
+    let manifest = serde_json::json!({
+        "command": ["/bin/sh", "-c", script],
+        "network": {
+            "allow": [
+                {"host": "api.test", "ports": [port]},
+                {"host": "other.test", "ports": [port]}
+            ],
+            "allow_private": ["127.0.0.1/32"],
+            "credentials": [{
+                "host": "api.test",
+                "header": "Authorization",
+                "value_from": "env:AJ_TEST_TOKEN",
+                "paths": ["/v1/"]
+            }],
+            "upstream_ca_file": upstream_ca.to_str().unwrap()
+        },
+        "limits": {"seconds": 60}
+    });
+    let mpath = work.join("m.json");
+    std::fs::write(&mpath, manifest.to_string()).unwrap();
+    let report = work.join("report.json");
+    let _ = std::fs::remove_file(&report);
+    let mut cmd = Command::new(bin());
+    cmd.args(["run", "--egress-dns", &format!("127.0.0.1:{dns_port}")])
+        .arg("--report")
+        .arg(&report)
+        .arg("--manifest")
+        .arg(&mpath)
+        .stdin(Stdio::null())
+        .env_remove("AJ_TEST_TOKEN");
+    if let Some(s) = secret {
+        cmd.env("AJ_TEST_TOKEN", s);
+    }
+    let out = cmd.output().unwrap();
+    let report_text = std::fs::read_to_string(&report).unwrap_or_default();
+    Out {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        report: serde_json::from_str(&report_text).unwrap_or(Value::Null),
+        report_text,
+    }
+}
+
+fn names() -> HashMap<&'static str, Ipv4Addr> {
+    HashMap::from([
+        ("api.test", Ipv4Addr::LOCALHOST),
+        ("other.test", Ipv4Addr::LOCALHOST),
+    ])
+}
+
+/// The secret's fixed part: the probe searches for it, built from pieces so that the script
+/// text itself never holds it.
+const SECRET_PART: &str = "sk-agentjail-test-s3cret";
+
+/// Python's own TLS stack (OpenSSL through `ssl`, trusting SSL_CERT_FILE), and a ClientHello
+/// naming another host inside a CONNECT to the credentialed one.
+const PY_PROBE: &str = r#"/usr/bin/python3 - <<'PY'
+import os, socket, ssl, urllib.request
+try:
+    print("PY", urllib.request.urlopen("API/v1/py", timeout=10).read().decode(), flush=True)
+except Exception as e:
+    print("PY ERR", type(e).__name__, e, flush=True)
+ph, pp = os.environ["https_proxy"].split("//")[-1].strip("/").rsplit(":", 1)
+try:
+    s = socket.create_connection((ph, int(pp)), timeout=10)
+    s.sendall(b"CONNECT api.test:PORT HTTP/1.1\r\nHost: api.test:PORT\r\n\r\n")
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(1)
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    t = ctx.wrap_socket(s, server_hostname="other.test")
+    t.sendall(b"GET /v1/fronted HTTP/1.1\r\nHost: api.test\r\n\r\n")
+    print("FRONTED OK", t.recv(64)[:12], flush=True)
+except Exception as e:
+    print("FRONTED ERR", type(e).__name__, flush=True)
+PY
+"#;
+
+fn probe(port: u16) -> String {
+    let get = |name: &str, extra: &str, url: &str| {
+        format!(
+            "echo {name} $(curl -s -m 10 {extra} -w ' %{{http_code}}' '{url}' 2>/dev/null || echo CURL_FAILED)\n"
+        )
+    };
+    let api = format!("https://api.test:{port}");
+    let mut s = String::from("S=\"sk-agentjail\"\"-test-s3cret\"\n");
+    s += &get("V1", "", &format!("{api}/v1/data"));
+    s += &get("V2", "", &format!("{api}/v2/data"));
+    s += &get(
+        "OVERRIDE_V1",
+        "-H 'Authorization: Bearer MINE-v1'",
+        &format!("{api}/v1/override"),
+    );
+    s += &get(
+        "OVERRIDE_V2",
+        "-H 'Authorization: Bearer MINE-v2'",
+        &format!("{api}/v2/override"),
+    );
+    s += &get(
+        "OTHER_HOST",
+        "-k",
+        &format!("https://other.test:{port}/v1/data"),
+    );
+    s += &get(
+        "DOTDOT",
+        "--path-as-is -o /dev/null",
+        &format!("{api}/v1/../admin"),
+    );
+    s += &format!(
+        "curl -s -m 10 -D /tmp/echo-head -o /dev/null '{api}/v1/echo'\n\
+         if grep -qF \"$S\" /tmp/echo-head; then echo ECHO SECRET_SEEN; \
+         elif grep -qi '^x-echo' /tmp/echo-head; then echo ECHO OTHER_ECHO; \
+         elif grep -q '^HTTP/1.1 200' /tmp/echo-head; then echo ECHO STRIPPED; \
+         else echo ECHO FAILED; fi\n"
+    );
+    // Python's own TLS stack (OpenSSL through `ssl`, trusting SSL_CERT_FILE), and a ClientHello
+    // naming another host inside the CONNECT to the credentialed one.
+    s += &PY_PROBE
+        .replace("API", &api)
+        .replace("PORT", &port.to_string());
+    s += "if env | grep -qF \"$S\"; then echo ENV SECRET_SEEN; else echo ENV NOT_SEEN; fi\n";
+    s += "echo planted-control-value > /tmp/control\n";
+    s += "f=$(grep -rlsF \"$S\" /etc /tmp /work /output /proc/[0-9]*/environ 2>/dev/null | head -1); echo FILES ${f:-NOT_SEEN}\n";
+    s += "c=$(grep -rlsF planted-control /etc /tmp /work /output /proc/[0-9]*/environ 2>/dev/null | head -1); echo CONTROL ${c:-NOT_FOUND}\n";
+    // The supervisor (and its gateway thread) is not among the processes the sandbox sees.
+    s += "n=0; for p in /proc/[0-9]*; do if tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q \"agentjail\"\" run\"; then n=$((n+1)); fi; done; echo SUPERVISOR_VISIBLE $n\n";
+    s += "echo CA_KEY $(grep -rlsE 'PRIVATE KEY' /etc /tmp /work 2>/dev/null | head -1)\n";
+    s += "echo BUNDLE_CERTS $(grep -c 'BEGIN CERTIFICATE' /etc/agentjail/ca-bundle.pem)\n";
+    s
+}
+
+#[test]
+fn credentials_reach_only_the_bound_host_and_paths_and_never_the_sandbox() {
+    in_netns(|| {
+        let work = tmp();
+        let port = 8443;
+        let Some(_upstream) = tls_upstream(work.path(), port) else {
+            return;
+        };
+        let dns_port = dns(names());
+        let secret = format!("Bearer {SECRET_PART}-{}", std::process::id());
+        let o = run(
+            work.path(),
+            dns_port,
+            port,
+            Some(&secret),
+            &work.path().join("ca.pem"),
+            &probe(port),
+        );
+        let seen = seen(work.path());
+        let ctx = format!(
+            "{}\n{}\nupstream saw {seen:?}\n{}",
+            o.stdout, o.stderr, o.report
+        );
+        let at = |host: &str, path: &str| -> Vec<Vec<String>> {
+            seen.iter()
+                .filter(|(h, p, _)| h.starts_with(host) && p == path)
+                .map(|(_, _, a)| a.clone())
+                .collect()
+        };
+        // The upstream receives the secret on /v1/, and only the secret.
+        assert_eq!(o.line("V1"), "UPSTREAM-OK 200", "{ctx}");
+        assert_eq!(
+            at("api.test", "/v1/data"),
+            vec![vec![secret.clone()]],
+            "{ctx}"
+        );
+        // Another path goes without it.
+        assert_eq!(o.line("V2"), "UPSTREAM-OK 200", "{ctx}");
+        assert_eq!(
+            at("api.test", "/v2/data"),
+            vec![Vec::<String>::new()],
+            "{ctx}"
+        );
+        // The sandbox cannot choose the value: its own header is replaced on /v1/ and dropped
+        // elsewhere.
+        assert_eq!(o.line("OVERRIDE_V1"), "UPSTREAM-OK 200", "{ctx}");
+        assert_eq!(
+            at("api.test", "/v1/override"),
+            vec![vec![secret.clone()]],
+            "{ctx}"
+        );
+        assert_eq!(o.line("OVERRIDE_V2"), "UPSTREAM-OK 200", "{ctx}");
+        assert_eq!(
+            at("api.test", "/v2/override"),
+            vec![Vec::<String>::new()],
+            "{ctx}"
+        );
+        // Another allowed host never gets it (a plain tunnel; the gateway cannot add anything).
+        assert_eq!(o.line("OTHER_HOST"), "UPSTREAM-OK 200", "{ctx}");
+        assert_eq!(
+            at("other.test", "/v1/data"),
+            vec![Vec::<String>::new()],
+            "{ctx}"
+        );
+        // A path that a server could normalise out of /v1/ is refused before it leaves.
+        assert_eq!(o.line("DOTDOT"), "400", "{ctx}");
+        assert!(seen.iter().all(|(_, p, _)| !p.contains("admin")), "{ctx}");
+        assert!(o.denied("dot segment"), "{ctx}");
+        // Python's default TLS context trusts the run's CA through SSL_CERT_FILE.
+        assert_eq!(o.line("PY"), "UPSTREAM-OK", "{ctx}");
+        assert_eq!(
+            at("api.test", "/v1/py"),
+            vec![vec![secret.clone()]],
+            "{ctx}"
+        );
+        // A ClientHello naming another host is refused before any request goes anywhere.
+        assert!(o.line("FRONTED").starts_with("ERR"), "{ctx}");
+        assert!(seen.iter().all(|(_, p, _)| p != "/v1/fronted"), "{ctx}");
+        assert!(o.denied("sni_mismatch"), "{ctx}");
+        // The upstream echoed the secret; the gateway removed those headers.
+        assert_eq!(
+            at("api.test", "/v1/echo"),
+            vec![vec![secret.clone()]],
+            "{ctx}"
+        );
+        assert_eq!(o.line("ECHO"), "STRIPPED", "{ctx}");
+        // Not in the sandbox's environment, files or visible processes; the search works.
+        assert_eq!(o.line("ENV"), "NOT_SEEN", "{ctx}");
+        assert_eq!(o.line("FILES"), "NOT_SEEN", "{ctx}");
+        assert_eq!(o.line("CONTROL"), "/tmp/control", "{ctx}");
+        assert_eq!(o.line("SUPERVISOR_VISIBLE"), "0", "{ctx}");
+        // The run's CA: its certificate is in the bundle (with the system's), its key nowhere.
+        assert_eq!(o.line("CA_KEY"), "", "{ctx}");
+        let certs: u32 = o.line("BUNDLE_CERTS").parse().unwrap();
+        assert!(certs >= 2, "{ctx}");
+        // Reports name the credential, never its value.
+        assert!(
+            o.report_text
+                .contains("credential authorization for api.test added"),
+            "{ctx}"
+        );
+        for (what, text) in [
+            ("report", &o.report_text),
+            ("stdout", &o.stdout),
+            ("stderr", &o.stderr),
+        ] {
+            assert!(
+                !text.contains(SECRET_PART),
+                "the secret is in the {what}: {ctx}"
+            );
+        }
+        assert_eq!(o.code, Some(0), "{ctx}");
+    });
+}
+
+#[test]
+fn a_credentialed_upstream_with_an_untrusted_certificate_is_refused() {
+    in_netns(|| {
+        let work = tmp();
+        let port = 8444;
+        let Some(_upstream) = tls_upstream(work.path(), port) else {
+            return;
+        };
+        let dns_port = dns(names());
+        let secret = format!("Bearer {SECRET_PART}-{}", std::process::id());
+        // The gateway trusts only wrong-ca.pem: the upstream's certificate does not verify.
+        let o = run(
+            work.path(),
+            dns_port,
+            port,
+            Some(&secret),
+            &work.path().join("wrong-ca.pem"),
+            &format!(
+                "echo V1 $(curl -s -m 10 -o /dev/null -w '%{{http_code}}' https://api.test:{port}/v1/data || echo CURL_FAILED)\n"
+            ),
+        );
+        let ctx = format!("{}\n{}\n{}", o.stdout, o.stderr, o.report);
+        assert_eq!(o.line("V1"), "502", "{ctx}");
+        assert!(seen(work.path()).is_empty(), "{ctx}");
+        assert!(o.denied("upstream TLS with api.test failed"), "{ctx}");
+        assert!(!o.report_text.contains(SECRET_PART), "{ctx}");
+    });
+}
+
+#[test]
+fn a_missing_secret_fails_the_run_before_it_starts() {
+    let work = tmp();
+    std::fs::write(work.path().join("ca.pem"), "").unwrap();
+    let o = run(
+        work.path(),
+        53,
+        8445,
+        None,
+        &work.path().join("ca.pem"),
+        "echo STARTED",
+    );
+    assert!(!o.stdout.contains("STARTED"), "{}", o.stdout);
+    assert_ne!(o.code, Some(0));
+    assert!(
+        o.stderr.contains("AJ_TEST_TOKEN is not set")
+            || o.report_text.contains("AJ_TEST_TOKEN is not set"),
+        "{}\n{}",
+        o.stderr,
+        o.report_text
+    );
+}
