@@ -554,7 +554,8 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
     // A shared store (PostgreSQL) writes the inputs into this node's object folder first.
     let shas = job.inputs.iter().map(|i| i.sha256.clone()).collect();
     let ready = store.materialise(shas).await.map_err(|e| e.to_string());
-    let outcome = match ready.and_then(|()| prepare(&state, &task, &job)) {
+    let outcome = match ready.and_then(|()| prepare(&state, &task, &job).map_err(|e| e.to_string()))
+    {
         Ok(manifest) => spawn_and_wait(&state, &task, &job, manifest).await,
         Err(e) => {
             tracing::error!(job_id = %job.job_id, error = %e, "preparing the job folder failed");
