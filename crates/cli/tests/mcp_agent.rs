@@ -9,7 +9,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-use common::serve::{example_schema, sha256_hex};
+use common::serve::{actor, fixed_task};
+use common::serve::{
+    example_schema, json_output, python_code_task, sha256_hex, summarize_csv_task,
+};
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -32,65 +35,37 @@ max_input_bytes = 4096
 
 [tenants.acme]
 
-[actors.alice]
-tenant = "acme"
-token_sha256 = "{a}"
-
-[tasks.summarize_csv]
-description = "Summarize one CSV with model-proposed Python"
-code = "allowed"
-command = ["/usr/bin/python3", "/input/code.py", "/input/data.csv", "/output/summary.json"]
-env = {{ LANG = "C.UTF-8", API_KEY = "{SECRET}" }}
-allowed_actors = ["alice"]
-[[tasks.summarize_csv.inputs]]
-mount = "/input/data.csv"
-media_types = ["text/csv"]
-max_bytes = 4096
-[tasks.summarize_csv.output]
-path = "/output/summary.json"
-media_type = "application/json"
-max_bytes = 100000
-schema = '''{schema}'''
-[tasks.summarize_csv.limits]
-seconds = 20
-memory_mb = 256
-processes = 16
-
-[tasks.slow]
-description = "Runs model-proposed Python for at most 2 s"
-code = "allowed"
-command = ["/usr/bin/python3", "/input/code.py"]
-allowed_actors = ["alice"]
-[tasks.slow.output]
-path = "/output/o.json"
-media_type = "application/json"
-max_bytes = 1000
-[tasks.slow.limits]
-seconds = 2
-
-[tasks.fixed_fail]
-description = "A fixed program that fails"
-code = "forbidden"
-command = ["/usr/bin/python3", "-c", "import sys; sys.stderr.write('FIXED-STDERR-SENTINEL\\n'); sys.exit(3)"]
-allowed_actors = ["alice"]
-[tasks.fixed_fail.output]
-path = "/output/o.json"
-media_type = "application/json"
-max_bytes = 1000
-
+{alice}{summarize}{slow}{fixed}{fixed_output}
 [tasks.custom_rt]
 description = "Runs model-proposed code in a runtime the operator describes"
 code = "allowed"
 runtime = "Custom runtime note: Python 3 with the operator's plotting kit"
 command = ["/usr/bin/python3", "/input/code.py"]
 allowed_actors = ["alice"]
-[tasks.custom_rt.output]
-path = "/output/o.json"
-media_type = "application/json"
-max_bytes = 1000
-"#,
-        a = sha256_hex(ALICE.as_bytes()),
-        schema = example_schema(),
+{custom_output}"#,
+        alice = actor("alice", "acme", ALICE, false),
+        fixed = fixed_task(
+            "fixed_fail",
+            "A fixed program that fails",
+            r#"["/usr/bin/python3", "-c", "import sys; sys.stderr.write('FIXED-STDERR-SENTINEL\\n'); sys.exit(3)"]"#,
+            r#"allowed_actors = ["alice"]"#,
+        ),
+        summarize = summarize_csv_task(
+            &format!(
+                "env = {{ LANG = \"C.UTF-8\", API_KEY = \"{SECRET}\" }}\nallowed_actors = [\"alice\"]"
+            ),
+            4096,
+            &example_schema(),
+            "seconds = 20\nmemory_mb = 256\nprocesses = 16",
+        ),
+        slow = python_code_task(
+            "slow",
+            "Runs model-proposed Python for at most 2 s",
+            r#"allowed_actors = ["alice"]"#,
+            2,
+        ),
+        fixed_output = json_output("fixed_fail", "o.json", 1000),
+        custom_output = json_output("custom_rt", "o.json", 1000),
     )
 }
 

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-use common::serve::{SLEEPY_TASK, Serve, sha256_hex, write_config};
+use common::serve::{Serve, actor, json_output, sleepy_task, write_config};
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -22,31 +22,21 @@ fn config() -> String {
         r#"
 [tenants.acme]
 [tenants.evil]
-
-[actors.alice]
-tenant = "acme"
-token_sha256 = "{a}"
-
-[actors.mallory]
-tenant = "evil"
-token_sha256 = "{m}"
-
-{SLEEPY_TASK}
+{alice}{mallory}
+{sleepy}
 [tasks.counted]
 description = "Counts with model-proposed Python"
 code = "allowed"
 command = ["/usr/bin/python3", "/input/code.py"]
 allowed_actors = ["alice"]
-[tasks.counted.output]
-path = "/output/o.json"
-media_type = "application/json"
-max_bytes = 1000
-schema = '{{"type": "object", "required": ["rows"], "additionalProperties": false, "properties": {{"rows": {{"type": "integer"}}}}}}'
+{counted_output}schema = '{{"type": "object", "required": ["rows"], "additionalProperties": false, "properties": {{"rows": {{"type": "integer"}}}}}}'
 [tasks.counted.limits]
 seconds = 30
 "#,
-        a = sha256_hex(ALICE),
-        m = sha256_hex(MALLORY),
+        alice = actor("alice", "acme", ALICE, false),
+        mallory = actor("mallory", "evil", MALLORY, false),
+        sleepy = sleepy_task(),
+        counted_output = json_output("counted", "o.json", 1000),
     )
 }
 

@@ -8,7 +8,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-use common::serve::{Serve, example_schema, sha256_hex, write_config};
+use common::serve::{
+    Serve, csv_input, example_schema, json_output, python_code_task, sha256_hex,
+    summarize_csv_task, write_config,
+};
+use common::serve::{actor, fixed_task};
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -26,7 +30,6 @@ const CSV: &str = "region,units\nnorth,12\nsouth,7\nzz-secret-marker-row,3\n";
 const CODE: &str = include_str!("../../../examples/csv-summary/summarize.py");
 
 fn config(extra_server: &str) -> String {
-    let schema = example_schema();
     format!(
         r#"
 [server]
@@ -35,69 +38,26 @@ fn config(extra_server: &str) -> String {
 [tenants.acme]
 [tenants.globex]
 
-[actors.alice]
-tenant = "acme"
-token_sha256 = "{a}"
-operator = true
-
-[actors.bob]
-tenant = "acme"
-token_sha256 = "{b}"
-
-[actors.gina]
-tenant = "globex"
-token_sha256 = "{g}"
-
-[tasks.summarize_csv]
-description = "Summarize one CSV with model-proposed Python"
-code = "allowed"
-command = ["/usr/bin/python3", "/input/code.py", "/input/data.csv", "/output/summary.json"]
-allowed_actors = ["alice", "gina"]
-[[tasks.summarize_csv.inputs]]
-mount = "/input/data.csv"
-media_types = ["text/csv"]
-max_bytes = 100000
-[tasks.summarize_csv.output]
-path = "/output/summary.json"
-media_type = "application/json"
-max_bytes = 100000
-schema = '''{schema}'''
-[tasks.summarize_csv.limits]
-seconds = 2
-memory_mb = 256
-processes = 16
-output_mb = 1
-
-[tasks.slow]
-description = "Sleeps"
-code = "allowed"
-command = ["/usr/bin/python3", "/input/code.py"]
-allowed_tenants = ["acme"]
-[tasks.slow.output]
-path = "/output/o.json"
-media_type = "application/json"
-max_bytes = 1000
-[tasks.slow.limits]
-seconds = 3
-
-[tasks.line_count]
-description = "Fixed program: count lines"
-code = "forbidden"
-command = ["/usr/bin/python3", "-c", "import json; json.dump({{'lines': sum(1 for _ in open('/input/data.csv'))}}, open('/output/count.json', 'w'))"]
-allowed_tenants = ["acme"]
-[[tasks.line_count.inputs]]
-mount = "/input/data.csv"
-media_types = ["text/csv"]
-max_bytes = 100000
-[tasks.line_count.output]
-path = "/output/count.json"
-media_type = "application/json"
-max_bytes = 1000
-schema = {{ type = "object", required = ["lines"] }}
+{alice}{bob}{gina}{summarize}{slow}{line_count}{line_input}{line_output}schema = {{ type = "object", required = ["lines"] }}
 "#,
-        a = sha256_hex(ALICE),
-        b = sha256_hex(BOB),
-        g = sha256_hex(GINA),
+        alice = actor("alice", "acme", ALICE, true),
+        bob = actor("bob", "acme", BOB, false),
+        gina = actor("gina", "globex", GINA, false),
+        line_count = fixed_task(
+            "line_count",
+            "Fixed program: count lines",
+            r#"["/usr/bin/python3", "-c", "import json; json.dump({'lines': sum(1 for _ in open('/input/data.csv'))}, open('/output/count.json', 'w'))"]"#,
+            r#"allowed_tenants = ["acme"]"#,
+        ),
+        summarize = summarize_csv_task(
+            r#"allowed_actors = ["alice", "gina"]"#,
+            100_000,
+            &example_schema(),
+            "seconds = 2\nmemory_mb = 256\nprocesses = 16\noutput_mb = 1",
+        ),
+        slow = python_code_task("slow", "Sleeps", r#"allowed_tenants = ["acme"]"#, 3),
+        line_input = csv_input("line_count", 100_000),
+        line_output = json_output("line_count", "count.json", 1000),
     )
 }
 

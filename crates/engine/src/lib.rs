@@ -34,9 +34,11 @@ mod step;
 pub mod supervisor;
 mod sys;
 pub mod term;
+pub mod timing;
+mod userns;
 
 pub use agentjail_manifest::ValidatedManifest;
-pub use inside::timing;
+
 pub use plan::RootImage;
 pub use supervisor::{
     Outcome, RunOptions, STREAM_LIMIT, Sink, discard_prespawned, prespawn, run, run_on,

@@ -103,7 +103,7 @@ impl Drop for Cleanup {
             Some(pidfd) => kill_and_reap(&pidfd),
             None => {}
         }
-        crate::inside::timing::mark("cleanup: init reaped");
+        crate::timing::mark("cleanup: init reaped");
         drop(self.cgroup.take());
     }
 }
@@ -214,7 +214,7 @@ fn write_all(fd: BorrowedFd<'_>, mut b: &[u8]) -> rustix::io::Result<()> {
 /// caller: the message, then the setting and its one-line fix. Under Ubuntu's AppArmor
 /// restriction the clone succeeds and the init's first mount fails, so both paths use this.
 pub(crate) fn with_userns_hint(msg: String) -> String {
-    match crate::check::userns_hint_for(&msg) {
+    match crate::userns::userns_hint_for(&msg) {
         Some(h) => format!("{msg}; {h}"),
         None => msg,
     }

@@ -115,8 +115,8 @@ pub(crate) struct RootError {
 
 /// Runs one step: its result, or a [`RootError`] naming it.
 pub(crate) fn root_step<T>(step: RootStep, r: io::Result<T>) -> Result<T, RootError> {
-    if crate::inside::timing::every_step() {
-        crate::inside::timing::mark(&step.to_string());
+    if crate::timing::every_step() {
+        crate::timing::mark(&step.to_string());
     }
     r.map_err(|source| RootError { step, source })
 }

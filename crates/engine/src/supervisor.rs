@@ -66,8 +66,8 @@ pub fn run_on(
     }
     let mut report = base_report(vm);
     report.image = image;
-    inside::timing::init_from_env();
-    inside::timing::mark("supervisor: start");
+    crate::timing::init_from_env();
+    crate::timing::mark("supervisor: start");
     let root_mode = rustix::process::geteuid().is_root();
     let limits = vm.manifest.limits;
     let mut degraded: Vec<String> = Vec::new();
@@ -81,7 +81,7 @@ pub fn run_on(
         return refuse(report, degraded);
     }
 
-    inside::timing::mark("supervisor: plan");
+    crate::timing::mark("supervisor: plan");
     let mut plan = Plan::for_root(vm, root);
     // Secrets bound to destinations: read here (the supervisor's own environment and files,
     // never the task's), with the run's CA whose certificate the sandbox trusts.
@@ -133,7 +133,7 @@ pub fn run_on(
     }) {
         return abort(report, e.to_string());
     }
-    inside::timing::mark("supervisor: plan sent");
+    crate::timing::mark("supervisor: plan sent");
 
     // While the init builds the root: the cgroups. Only the command's processes join them
     // (the init stays outside), so pids.max is exactly `processes`.
@@ -170,7 +170,7 @@ pub fn run_on(
     if let Err(e) = hand_over_cgroups(cgroup.as_ref(), &ctl_s) {
         return abort(report, e.to_string());
     }
-    inside::timing::mark("supervisor: cgroups handed over");
+    crate::timing::mark("supervisor: cgroups handed over");
     report.isolation = Isolation {
         kind: "native".into(),
         user_ns: true,
@@ -275,7 +275,7 @@ pub fn run_on(
             init_done = true;
         }
     }
-    inside::timing::mark("supervisor: init done");
+    crate::timing::mark("supervisor: init done");
     let wall = start.elapsed();
     // Every process but the init is gone now: drain what is left.
     while ctl_open && has_data(ctl_s.as_fd()) {
@@ -284,7 +284,7 @@ pub fn run_on(
     while out.pump() {}
     while err.pump() {}
 
-    inside::timing::mark("supervisor: streams drained");
+    crate::timing::mark("supervisor: streams drained");
     if let Some(g) = gateway {
         record_network(&mut report, g.stop());
     }
@@ -431,7 +431,7 @@ fn prespawn_now(root_mode: bool) -> StepResult<Prespawned> {
             })
         }
         Ok(Cloned::Parent { pid, pidfd }) => {
-            inside::timing::mark("supervisor: init cloned");
+            crate::timing::mark("supervisor: init cloned");
             drop((ctl_c, out_w, err_w));
             // Start the init on another CPU than this one. Left to itself, the scheduler
             // often queues it behind this process, and the two run one after the other
@@ -461,7 +461,7 @@ fn prespawn_now(root_mode: bool) -> StepResult<Prespawned> {
                 kill_and_reap(&pidfd);
                 return Err(e);
             }
-            inside::timing::mark("supervisor: id maps written");
+            crate::timing::mark("supervisor: id maps written");
             Ok(Prespawned {
                 pidfd,
                 ctl: ctl_s,
@@ -726,7 +726,7 @@ impl State {
                         cpu_us,
                         maxrss_kb,
                     } => {
-                        inside::timing::mark("supervisor: exit message");
+                        crate::timing::mark("supervisor: exit message");
                         self.exit = Some((status, cpu_us, maxrss_kb))
                     }
                 }

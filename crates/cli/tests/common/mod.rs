@@ -38,10 +38,16 @@ pub fn agentjail<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Out {
         .env_remove("AGENTJAIL_IMAGE_STORE")
         .output()
         .expect("run agentjail");
-    Out {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    Out::from(o)
+}
+
+impl From<std::process::Output> for Out {
+    fn from(o: std::process::Output) -> Out {
+        Out {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
     }
 }
 

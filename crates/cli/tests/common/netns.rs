@@ -231,10 +231,15 @@ pub fn run_sh(work: &Path, flags: &[String], seconds: u32, script: &str) -> RunO
         .stdin(Stdio::null())
         .output()
         .expect("run agentjail");
+    let super::Out {
+        code,
+        stdout,
+        stderr,
+    } = out.into();
     RunOut {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        code,
+        stdout,
+        stderr,
         report: std::fs::read(&report)
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())

@@ -44,20 +44,76 @@ pub fn write_token(dir: &Path, name: &str, token: &str) -> PathBuf {
     tok
 }
 
+/// `[actors.NAME]` of `tenant`, holding `token` (its digest), an operator when `operator`.
+pub fn actor(name: &str, tenant: &str, token: &str, operator: bool) -> String {
+    format!(
+        "\n[actors.{name}]\ntenant = \"{tenant}\"\ntoken_sha256 = \"{}\"\n{}",
+        sha256_hex(token),
+        if operator { "operator = true\n" } else { "" }
+    )
+}
+
+/// `[tasks.NAME]` running a fixed program (`code = "forbidden"`): `command` is its TOML array,
+/// `who` the line naming its callers.
+pub fn fixed_task(name: &str, description: &str, command: &str, who: &str) -> String {
+    format!(
+        "\n[tasks.{name}]\ndescription = \"{description}\"\ncode = \"forbidden\"\ncommand = {command}\n{who}\n"
+    )
+}
+
+/// `[[tasks.TASK.inputs]]`: one CSV mounted at `/input/data.csv`, of at most `max_bytes`.
+pub fn csv_input(task: &str, max_bytes: u32) -> String {
+    format!(
+        "[[tasks.{task}.inputs]]\nmount = \"/input/data.csv\"\nmedia_types = [\"text/csv\"]\nmax_bytes = {max_bytes}\n"
+    )
+}
+
+/// `[tasks.TASK.output]`: JSON at `/output/FILE`, of at most `max_bytes`.
+pub fn json_output(task: &str, file: &str, max_bytes: u32) -> String {
+    format!(
+        "[tasks.{task}.output]\npath = \"/output/{file}\"\nmedia_type = \"application/json\"\nmax_bytes = {max_bytes}\n"
+    )
+}
+
+/// `[tasks.NAME]` running model-proposed Python (`/input/code.py`) with an `o.json` output of
+/// at most 1000 bytes and a time limit; `who` is the line naming its callers (e.g.
+/// `allowed_actors = ["alice"]`).
+pub fn python_code_task(name: &str, description: &str, who: &str, seconds: u32) -> String {
+    format!(
+        "\n[tasks.{name}]\ndescription = \"{description}\"\ncode = \"allowed\"\ncommand = [\"/usr/bin/python3\", \"/input/code.py\"]\n{who}\n{}[tasks.{name}.limits]\nseconds = {seconds}\n",
+        json_output(name, "o.json", 1000)
+    )
+}
+
 /// The `[tasks.sleepy]` table: model-proposed Python for up to two minutes, for `alice`.
-pub const SLEEPY_TASK: &str = r#"
-[tasks.sleepy]
-description = "Runs code for up to two minutes"
+pub fn sleepy_task() -> String {
+    python_code_task(
+        "sleepy",
+        "Runs code for up to two minutes",
+        r#"allowed_actors = ["alice"]"#,
+        120,
+    )
+}
+
+/// The seed's `[tasks.summarize_csv]` (model-proposed Python over one CSV of at most
+/// `input_bytes`, a verified `summary.json` against `schema`): `lines` are its other keys (who
+/// may call it, env, …), `limits` the lines of its limits table.
+pub fn summarize_csv_task(lines: &str, input_bytes: u32, schema: &str, limits: &str) -> String {
+    format!(
+        r#"
+[tasks.summarize_csv]
+description = "Summarize one CSV with model-proposed Python"
 code = "allowed"
-command = ["/usr/bin/python3", "/input/code.py"]
-allowed_actors = ["alice"]
-[tasks.sleepy.output]
-path = "/output/o.json"
-media_type = "application/json"
-max_bytes = 1000
-[tasks.sleepy.limits]
-seconds = 120
-"#;
+command = ["/usr/bin/python3", "/input/code.py", "/input/data.csv", "/output/summary.json"]
+{lines}
+{}{}schema = '''{schema}'''
+[tasks.summarize_csv.limits]
+{limits}
+"#,
+        csv_input("summarize_csv", input_bytes),
+        json_output("summarize_csv", "summary.json", 100_000),
+    )
+}
 
 /// The configuration the MCP client tests (Python and TypeScript SDKs) share: tenant `acme`,
 /// actors `alice` and `ops` (an operator), `summarize_csv` (with `schema` and its time limit),
@@ -66,50 +122,24 @@ pub fn mcp_config(alice_token: &str, ops_token: &str, schema: &str, seconds: u32
     format!(
         r#"
 [tenants.acme]
-
-[actors.alice]
-tenant = "acme"
-token_sha256 = "{a}"
-
-[actors.ops]
-tenant = "acme"
-token_sha256 = "{o}"
-operator = true
-
-[tasks.summarize_csv]
-description = "Summarize one CSV with model-proposed Python"
-code = "allowed"
-command = ["/usr/bin/python3", "/input/code.py", "/input/data.csv", "/output/summary.json"]
-allowed_actors = ["alice"]
-expose_stderr_bytes = 2048
-[[tasks.summarize_csv.inputs]]
-mount = "/input/data.csv"
-media_types = ["text/csv"]
-max_bytes = 100000
-[tasks.summarize_csv.output]
-path = "/output/summary.json"
-media_type = "application/json"
-max_bytes = 100000
-schema = '''{schema}'''
-[tasks.summarize_csv.limits]
-seconds = {seconds}
-{SLEEPY_TASK}
-[tasks.admin_only]
-description = "Fixed program for operators"
-code = "forbidden"
-command = ["/usr/bin/python3", "-c", "print(1)"]
-allowed_actors = ["ops"]
-[[tasks.admin_only.inputs]]
-mount = "/input/data.csv"
-media_types = ["text/csv"]
-max_bytes = 100000
-[tasks.admin_only.output]
-path = "/output/o.json"
-media_type = "application/json"
-max_bytes = 1000
-"#,
-        a = sha256_hex(alice_token),
-        o = sha256_hex(ops_token),
+{alice}{ops}{summarize}{sleepy}{admin}{input}{output}"#,
+        alice = actor("alice", "acme", alice_token, false),
+        ops = actor("ops", "acme", ops_token, true),
+        admin = fixed_task(
+            "admin_only",
+            "Fixed program for operators",
+            r#"["/usr/bin/python3", "-c", "print(1)"]"#,
+            r#"allowed_actors = ["ops"]"#,
+        ),
+        summarize = summarize_csv_task(
+            "allowed_actors = [\"alice\"]\nexpose_stderr_bytes = 2048",
+            100_000,
+            schema,
+            &format!("seconds = {seconds}"),
+        ),
+        sleepy = sleepy_task(),
+        input = csv_input("admin_only", 100_000),
+        output = json_output("admin_only", "o.json", 1000),
     )
 }
 
