@@ -31,7 +31,7 @@ fi
 work=$(mktemp -d /tmp/agentjail-bench-service-XXXXXX)
 chmod 755 "$work"
 trap 'rm -rf "$work"' EXIT
-AJ="$aj" AJ_BASE="$base" WORK="$work" N="$n" ROUNDS="$rounds" exec python3 - <<'PY'
+AJ="$aj" AJ_BASE="$base" WORK="$work" N="$n" ROUNDS="$rounds" python3 - <<'PY'
 import hashlib, http.client, json, os, re, shutil, statistics, subprocess, sys, threading, time
 
 aj, work, n, rounds = os.environ["AJ"], os.environ["WORK"], int(os.environ["N"]), int(os.environ["ROUNDS"])
