@@ -8,9 +8,12 @@
 #            the service's runner is given: the same manifest (inputs, output, schema, limits,
 #            env), output dir, report, and a receipt signed with a key.
 # The two alternate for ROUNDS rounds (service, direct, service, direct, …), each service round
-# on a fresh data directory after a short warm-up; the medians and their ratio are printed.
+# on a fresh data directory after a short warm-up; the medians and their ratio are printed,
+# with the load average (1 min) at the start of each round.
 # Usage: bench/service.sh [N] [ROUNDS]   (as root, like CI; needs python3; builds the release
-# binary, or takes the one in $AGENTJAIL_BIN, e.g. to compare two builds)
+# binary, or takes the one in $AGENTJAIL_BIN). With AGENTJAIL_BIN_BASE=another-binary, every
+# round also runs a service round with that build, right after this one's (an A/B of two
+# builds of the service on the same, possibly loaded, machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-200}
@@ -21,13 +24,18 @@ if [ -z "${AGENTJAIL_BIN:-}" ]; then
 else
   aj=$(realpath "$AGENTJAIL_BIN")
 fi
+base=""
+if [ -n "${AGENTJAIL_BIN_BASE:-}" ]; then
+  base=$(realpath "$AGENTJAIL_BIN_BASE")
+fi
 work=$(mktemp -d /tmp/agentjail-bench-service-XXXXXX)
 chmod 755 "$work"
 trap 'rm -rf "$work"' EXIT
-AJ="$aj" WORK="$work" N="$n" ROUNDS="$rounds" exec python3 - <<'PY'
+AJ="$aj" AJ_BASE="$base" WORK="$work" N="$n" ROUNDS="$rounds" python3 - <<'PY'
 import hashlib, http.client, json, os, re, shutil, statistics, subprocess, sys, threading, time
 
 aj, work, n, rounds = os.environ["AJ"], os.environ["WORK"], int(os.environ["N"]), int(os.environ["ROUNDS"])
+aj_base = os.environ.get("AJ_BASE") or None
 ex = "examples/csv-summary"
 csv = open(f"{ex}/report.csv", "rb").read()
 code = open(f"{ex}/summarize.py").read()
@@ -89,9 +97,9 @@ def direct_round(r):
     return dt
 
 
-def service_round(r):
+def service_round(r, binary=aj):
     data = f"{work}/data{r}"
-    p = subprocess.Popen([aj, "serve", "--config", f"{work}/config.toml", "--listen", "127.0.0.1:0",
+    p = subprocess.Popen([binary, "serve", "--config", f"{work}/config.toml", "--listen", "127.0.0.1:0",
                           "--data-dir", data], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True, env={**os.environ, "AGENTJAIL_LOG": "warn"})
     port = None
@@ -151,18 +159,32 @@ def service_round(r):
     return dt
 
 
-svc, dir_ = [], []
+svc, svc_base, dir_ = [], [], []
 for r in range(rounds):
+    load = os.getloadavg()[0]
     s = service_round(r)
     svc.append(n / s)
+    line = f"round {r + 1} (load {load:.1f}): service {n} runs in {s:.2f} s = {n / s:.1f} runs/s; "
+    if aj_base:
+        b = service_round(f"{r}-base", aj_base)
+        svc_base.append(n / b)
+        line += f"base service {n / b:.1f} runs/s; "
     t = direct_round(r)
     dir_.append(n / t)
-    print(f"round {r + 1}: service {n} runs in {s:.2f} s = {n / s:.1f} runs/s; "
-          f"direct {n} runs in {t:.2f} s = {n / t:.1f} runs/s; ratio {t / s:.3f}", flush=True)
+    line += f"direct {n} runs in {t:.2f} s = {n / t:.1f} runs/s; ratio {t / s:.3f}"
+    if aj_base:
+        line += f" (base {t / b:.3f})"
+    print(line, flush=True)
 ms, md = statistics.median(svc), statistics.median(dir_)
-print(f"\nmedian of {rounds} rounds, {n} CSV-summary runs each:")
+print(f"\nmedian of {rounds} rounds, {n} CSV-summary runs each (load average now {os.getloadavg()[0]:.1f}):")
 print(f"  service (8 clients, {SLOTS} slots): {ms:6.1f} runs/s")
+if aj_base:
+    print(f"  base service (AGENTJAIL_BIN_BASE): {statistics.median(svc_base):6.1f} runs/s")
 print(f"  direct  (2 at a time)           : {md:6.1f} runs/s")
 print(f"  service / direct                : {ms / md:6.3f}  (per-round ratios: "
       + ", ".join(f"{a / b:.3f}" for a, b in zip(svc, dir_)) + ")")
+if aj_base:
+    mb = statistics.median(svc_base)
+    print(f"  base service / direct           : {mb / md:6.3f}  (per-round ratios: "
+          + ", ".join(f"{a / b:.3f}" for a, b in zip(svc_base, dir_)) + ")")
 PY

@@ -1482,3 +1482,200 @@ fn slow_and_abusive_clients_are_bounded() {
         "{metrics}"
     );
 }
+
+/// The service's own database, opened by the test: to inject a store failure (a trigger) or to
+/// hold its write lock, as a slow or failing store would.
+fn service_db(dir: &Path) -> rusqlite::Connection {
+    let db = rusqlite::Connection::open(dir.join("data/private/agentjail.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    db
+}
+
+/// A fixed-program task whose payload writes its output at once (the sentinel of its having
+/// run) and then stays alive for `seconds`, its command line marked with `marker`.
+fn sentinel_task(marker: &str, seconds: u32) -> String {
+    format!(
+        r#"
+[tasks.sentinel]
+description = "Writes its output at once, then stays alive"
+code = "forbidden"
+command = ["/usr/bin/python3", "-c", "import json, time; json.dump({{'ran': True}}, open('/output/o.json', 'w')); time.sleep({seconds})", "{marker}"]
+allowed_tenants = ["acme"]
+[tasks.sentinel.output]
+path = "/output/o.json"
+media_type = "application/json"
+max_bytes = 1000
+[tasks.sentinel.limits]
+seconds = 60
+"#
+    )
+}
+
+/// Issue #15, the runner's start: the runner is spawned before the run is recorded as started
+/// (its start-up overlaps the store's write), but it reads its manifest before anything else
+/// and gets it only once the `running` mark is committed. Here the store refuses that mark for
+/// one request (a trigger in the service's own database): the runner must end without running
+/// the payload — no payload process ever seen in /proc, no sentinel output — and the run is
+/// recorded `setup_error`, never left `queued`. A control run of the same task first shows that
+/// the payload does run, is seen, and writes its sentinel when nothing fails.
+#[test]
+fn a_failed_running_mark_stops_the_started_runner_before_its_payload() {
+    let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = common::tmp();
+    let data = dir.path().join("data");
+    let marker = format!(
+        "mark-marker-{}",
+        dir.path().file_name().unwrap().to_string_lossy()
+    );
+    let s = Server::start_with(
+        dir.path(),
+        "max_concurrent_runs = 2",
+        &sentinel_task(&marker, 2),
+    );
+    let executions = Executions::watch(marker.clone());
+    let body = |id: &str| json!({"request_id": id, "task": "sentinel", "inputs": []});
+    let v: Value = s.run(ALICE, &body("control"), "").json().unwrap();
+    assert_eq!(v["status"], "ok", "{v}");
+    assert_eq!(v["artifact"]["json"]["ran"], true, "{v}");
+    assert_eq!(
+        executions.count(),
+        1,
+        "the control run's payload was not seen"
+    );
+
+    service_db(dir.path())
+        .execute_batch(
+            "CREATE TRIGGER refuse_mark BEFORE UPDATE OF status ON runs
+             WHEN NEW.status = 'running' AND OLD.request_id = 'mark-fails'
+             BEGIN SELECT RAISE(ABORT, 'injected: the running mark fails'); END;",
+        )
+        .unwrap();
+    let v: Value = s.run(ALICE, &body("mark-fails"), "").json().unwrap();
+    assert_eq!(v["status"], "setup_error", "{v}");
+    assert!(
+        v["reason"].as_str().unwrap_or("").contains("not run"),
+        "{v}"
+    );
+    let job = data.join("jobs").join(v["job_id"].as_str().unwrap());
+    // The runner had been started (before the mark) and ended for want of its manifest.
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(job.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["status"], "setup_error", "{report}");
+    assert!(
+        report["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("stdin ended before the manifest"),
+        "{report}"
+    );
+    // Longer than the watcher's period: a payload that had started would have been seen.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        executions.finish(),
+        1,
+        "the payload ran although its run was never recorded as started"
+    );
+    assert!(!job.join("out").join("o.json").exists());
+    assert!(files_containing(&job, b"\"ran\"").is_empty());
+    let (path, log) = audit(dir.path());
+    agentjail_server::audit::verify_chain(&path).unwrap();
+    let starts = log
+        .lines()
+        .filter(|l| l.contains("\"run_start\"") && l.contains("\"mark-fails\""))
+        .count();
+    assert_eq!(starts, 0, "a run that never started has a run_start record");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("\"run_end\"") && l.contains("\"mark-fails\"")),
+        "no run_end record for the refused run"
+    );
+}
+
+/// Issue #15, the run slot: it is released as soon as the runner exits; reading the report,
+/// copying the outputs, recording the outcome and auditing happen outside it. With one slot, a
+/// first run holds it until the test kills its payload, a second waits queued. The test then
+/// holds the database's write lock (as a slow store would be slow), so the first run's outcome
+/// cannot be recorded; the second run's runner must still be started (seen in /proc, in its
+/// job folder) while the first run's record still reads `running`. Then the lock is let go and
+/// both end as they should. On a service that holds the slot until the outcome is recorded,
+/// the second runner never starts while the lock is held.
+#[test]
+fn the_run_slot_is_free_while_the_previous_outcome_is_recorded() {
+    let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = common::tmp();
+    let marker = format!(
+        "slot-marker-{}",
+        dir.path().file_name().unwrap().to_string_lossy()
+    );
+    let s = Server::start_with(
+        dir.path(),
+        "max_concurrent_runs = 1\nmax_queued_runs = 2",
+        &sentinel_task(&marker, 600),
+    );
+    let a: Value = s
+        .run(
+            ALICE,
+            &json!({"request_id": "first", "task": "sentinel", "inputs": []}),
+            "?wait=false",
+        )
+        .json()
+        .unwrap();
+    let job_a = a["job_id"].as_str().unwrap().to_string();
+    wait_status(&s, "first", "running");
+    let b: Value = s
+        .run(
+            ALICE,
+            &json!({"request_id": "second", "task": "slow", "inputs": [],
+                "code": "open('/output/o.json', 'w').write('{}')"}),
+            "?wait=false",
+        )
+        .json()
+        .unwrap();
+    let job_b = b["job_id"].as_str().unwrap().to_string();
+    assert_eq!(
+        s.get(ALICE, "/v1/runs/second").json::<Value>().unwrap()["status"],
+        "queued"
+    );
+    let runners = |job: &str| -> Vec<(ProcId, String)> {
+        procs_matching(job)
+            .into_iter()
+            .filter(|(_, c)| c.contains(" run --lifeline "))
+            .collect()
+    };
+    // No HTTP from here until the lock is let go: the service's one database connection
+    // waits for it, and so would every request.
+    let db = service_db(dir.path());
+    db.execute_batch("BEGIN IMMEDIATE").unwrap();
+    kill_payload(&marker);
+    // The service waits up to 10 s for the lock (its busy timeout); look for 6 s.
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while runners(&job_b).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the second run's runner was not started while the first run's outcome waited to be recorded: the run slot is held through the recording"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let first_status: String = db
+        .query_row(
+            "SELECT status FROM runs WHERE request_id = 'first'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        first_status, "running",
+        "the first run's outcome was recorded although the database was locked"
+    );
+    assert!(
+        runners(&job_a).is_empty(),
+        "the first run's runner is still alive"
+    );
+    db.execute_batch("ROLLBACK").unwrap();
+    drop(db);
+    wait_status(&s, "first", "signaled");
+    let v = wait_status(&s, "second", "ok");
+    assert!(v.get("started_at").is_some(), "{v}");
+    let (path, _) = audit(dir.path());
+    agentjail_server::audit::verify_chain(&path).unwrap();
+}

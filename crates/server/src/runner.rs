@@ -269,7 +269,19 @@ fn read_bounded(p: &Path, max: u64) -> Option<Vec<u8>> {
     (buf.len() as u64 <= max).then_some(buf)
 }
 
-async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<u8>) -> Outcome {
+/// A runner that has been started in its job folder and waits for its manifest on the
+/// lifeline. `agentjail run --lifeline` reads nothing before its manifest, so nothing of the
+/// run can happen before [`hand_over_and_wait`]; [`Started::abort`] ends it instead.
+struct Started {
+    child: tokio::process::Child,
+    /// The write end of the runner's stdin: the manifest goes through it, then it stays open
+    /// until the runner exits.
+    lifeline: std::io::PipeWriter,
+}
+
+/// Starts the runner (`agentjail run --lifeline …`) in the job folder, its stdout and stderr
+/// to the folder's logs. It then waits for its manifest.
+fn spawn_runner(state: &AppState, task: &Task, job: &Job) -> Result<Started, &'static str> {
     use std::os::unix::fs::OpenOptionsExt;
     let dir = job_dir(state, &job.job_id);
     let log = |name: &str| {
@@ -280,19 +292,16 @@ async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<
             .open(dir.join(name))
     };
     let (Ok(stdout), Ok(stderr)) = (log("stdout.log"), log("stderr.log")) else {
-        return setup_failed("cannot create the job's log files");
+        return Err("cannot create the job's log files");
     };
     // The lifeline: the runner's stdin is a pipe whose write end only this process holds
     // (close-on-exec, so no other child keeps it). The manifest goes through it first; then it
     // stays open until the run ends. If this process dies, the runner sees the hang-up, kills
     // its sandbox and exits: no run outlives the service.
-    let (lifeline_r, lifeline_w) = match std::io::pipe() {
-        Ok(p) => p,
-        Err(e) => {
-            tracing::error!(job_id = %job.job_id, error = %e, "cannot create the lifeline pipe");
-            return setup_failed("cannot create the lifeline pipe");
-        }
-    };
+    let (lifeline_r, lifeline) = std::io::pipe().map_err(|e| {
+        tracing::error!(job_id = %job.job_id, error = %e, "cannot create the lifeline pipe");
+        "cannot create the lifeline pipe"
+    })?;
     let data = &state.inner.data_dir;
     let mut cmd = tokio::process::Command::new(&state.inner.runner);
     cmd.arg("run")
@@ -328,18 +337,56 @@ async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<
         .stdout(Stdio::from(stdout))
         .stderr(Stdio::from(stderr))
         .kill_on_drop(true);
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!(job_id = %job.job_id, error = %e, runner = %state.inner.runner.display(), "cannot start the runner");
-            return setup_failed("cannot start the runner");
+    let child = cmd.spawn().map_err(|e| {
+        tracing::error!(job_id = %job.job_id, error = %e, runner = %state.inner.runner.display(), "cannot start the runner");
+        "cannot start the runner"
+    })?;
+    // `cmd` holds the read end until dropped (here); the runner's copy is the only one left.
+    Ok(Started { child, lifeline })
+}
+
+impl Started {
+    /// Ends a runner that must not run: the lifeline is closed before any manifest was
+    /// written, so the runner reads end-of-file where its manifest should be and exits
+    /// without starting anything (its report says so). Waits for it; kills it if it lingers.
+    async fn abort(self) {
+        let Started {
+            mut child,
+            lifeline,
+        } = self;
+        drop(lifeline);
+        if tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .is_err()
+        {
+            let _ = child.kill().await;
         }
-    };
-    // `cmd` holds the read end until dropped; the runner's copy is the only one that matters.
-    drop(cmd);
+    }
+}
+
+/// How the runner's process ended. Once this is known the run slot is released; the job
+/// folder is read afterwards ([`collect`]).
+enum Ended {
+    /// It exited by itself.
+    Exited(std::process::ExitStatus),
+    /// The client cancelled; it was killed.
+    Cancelled,
+    /// It outlived the guard time and was killed, or waiting for it failed.
+    Lost,
+    /// The manifest could not be handed over; it was killed.
+    HandOffFailed,
+}
+
+/// Hands the manifest over (from here on the run may execute) and waits for the runner to
+/// exit, bounded by the task's limit plus a margin, or to be cancelled.
+async fn hand_over_and_wait(started: Started, task: &Task, job: &Job, manifest: Vec<u8>) -> Ended {
+    let Started {
+        mut child,
+        lifeline,
+    } = started;
     let writer = tokio::task::spawn_blocking(move || {
         use std::io::Write;
-        let mut w = lifeline_w;
+        let mut w = lifeline;
         let r = w.write_all(&manifest);
         (w, r)
     });
@@ -352,7 +399,7 @@ async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<
         }
         Err(_) => {
             let _ = child.kill().await;
-            return setup_failed("handing the manifest to the runner failed");
+            return Ended::HandOffFailed;
         }
     };
     // The sandbox enforces the task's limit; this bounds a runner that hangs for any other reason.
@@ -363,8 +410,31 @@ async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<
             // SIGKILL to the runner: the sandbox's init has PDEATHSIG=KILL, and its pid
             // namespace (every process of the run) dies with it.
             let _ = child.kill().await;
-            let (status, reason) = cancelled_outcome(task, true);
             tracing::info!(job_id = %job.job_id, "run cancelled; runner killed");
+            return Ended::Cancelled;
+        }
+    };
+    match waited {
+        Ok(Ok(s)) => Ended::Exited(s),
+        Ok(Err(e)) => {
+            tracing::error!(job_id = %job.job_id, error = %e, "waiting for the runner failed");
+            let _ = child.kill().await;
+            Ended::Lost
+        }
+        Err(_) => {
+            let _ = child.kill().await;
+            Ended::Lost
+        }
+    }
+}
+
+/// What the runner left in the job folder (its report, receipt and the task's artifact), read
+/// after it ended and outside the run slot.
+fn collect(state: &AppState, task: &Task, job: &Job, ended: Ended) -> Outcome {
+    let exit = match ended {
+        Ended::Exited(s) => s,
+        Ended::Cancelled => {
+            let (status, reason) = cancelled_outcome(task, true);
             return Outcome {
                 status,
                 reason: Some(reason),
@@ -374,30 +444,21 @@ async fn spawn_and_wait(state: &AppState, task: &Task, job: &Job, manifest: Vec<
                 denials: 0,
             };
         }
-    };
-    let exit = match waited {
-        Ok(Ok(s)) => Some(s),
-        Ok(Err(e)) => {
-            tracing::error!(job_id = %job.job_id, error = %e, "waiting for the runner failed");
-            None
+        Ended::Lost => {
+            return Outcome {
+                status: RunState::Unknown,
+                reason: Some(
+                    "the runner did not finish in time and was killed; outcome unknown".into(),
+                ),
+                report: None,
+                receipt: None,
+                artifact: None,
+                denials: 0,
+            };
         }
-        Err(_) => {
-            let _ = child.kill().await;
-            None
-        }
+        Ended::HandOffFailed => return setup_failed("handing the manifest to the runner failed"),
     };
-    let Some(exit) = exit else {
-        return Outcome {
-            status: RunState::Unknown,
-            reason: Some(
-                "the runner did not finish in time and was killed; outcome unknown".into(),
-            ),
-            report: None,
-            receipt: None,
-            artifact: None,
-            denials: 0,
-        };
-    };
+    let dir = job_dir(state, &job.job_id);
     let report_bytes = read_bounded(&dir.join("report.json"), 4 * 1024 * 1024);
     let report: Option<RunReport> = report_bytes
         .as_deref()
@@ -453,8 +514,54 @@ fn setup_failed(reason: &str) -> Outcome {
     }
 }
 
+/// Records the end of a run that never started (cancelled while queued, expired, or its
+/// runner could not be started or its start could not be recorded): the outcome, the metric
+/// and the `run_end` (or `run_refused`) audit record.
+async fn end_unstarted(
+    state: &AppState,
+    job: &Job,
+    status: RunState,
+    reason: String,
+    event: Event,
+) {
+    let r = state
+        .store()
+        .finish_run(FinishRun {
+            job_id: job.job_id.clone(),
+            status,
+            reason: Some(reason.clone()),
+            now: now(),
+            report: None,
+            receipt: None,
+            artifact: None,
+            artifact_sha256: None,
+        })
+        .await;
+    if let Err(e) = r {
+        tracing::error!(error = %e, job_id = %job.job_id, status = status.as_str(), "recording the end of a run that did not start failed");
+    }
+    metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => status.as_str()).increment(1);
+    state
+        .store()
+        .audit(Event {
+            status: Some(status.into()),
+            reason: Some(reason),
+            ..event
+        })
+        .await;
+}
+
 /// Runs one admitted job to its recorded end. Spawned on its own task, so a client that
 /// disconnects never cancels a run.
+///
+/// The run slot (`max_concurrent_runs`) is held from the runner's start to its exit, nothing
+/// more: the runner is started before the run is recorded as started (its start-up overlaps
+/// the store's write), but gets its manifest, and so can run anything, only once the
+/// `running` mark is committed and `run_start` audited; if the mark fails, the runner is ended
+/// through its lifeline before it has a manifest. After it exits, the slot is released, and
+/// only then are its report and artifact read, the outcome recorded and `run_end` audited
+/// (still before the record says the run ended; a crash in between leaves it in flight, so
+/// `unknown` at the next start-up). The admission (queue) slot is held until the end.
 pub async fn execute(state: AppState, job: Job, _admission: Admission) {
     let Some(task) = state.inner.config.tasks.get(&job.task).cloned() else {
         return;
@@ -472,75 +579,84 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
         ..Default::default()
     };
     let store = state.store();
-    let _permit = match permit {
+    let permit = match permit {
         Some(Ok(p)) => p,
         Some(Err(_)) => return,
         None => {
             let (status, reason) = cancelled_outcome(&task, false);
-            let r = store
-                .finish_run(FinishRun {
-                    job_id: job.job_id.clone(),
-                    status,
-                    reason: Some(reason.clone()),
-                    now: now(),
-                    report: None,
-                    receipt: None,
-                    artifact: None,
-                    artifact_sha256: None,
-                })
-                .await;
-            if let Err(e) = r {
-                tracing::error!(error = %e, "recording a cancelled job failed");
-            }
-            metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => status.as_str()).increment(1);
-            state
-                .store()
-                .audit(Event {
-                    event: "run_end",
-                    status: Some(status.into()),
-                    reason: Some(reason),
-                    ..base
-                })
-                .await;
+            let ev = Event {
+                event: "run_end",
+                ..base
+            };
+            end_unstarted(&state, &job, status, reason, ev).await;
             return;
         }
     };
     if now() >= job.job_expires_at {
-        let r = store
-            .finish_run(FinishRun {
-                job_id: job.job_id.clone(),
-                status: RunState::Expired,
-                reason: Some("the job id expired before a run slot was free".into()),
-                now: now(),
-                report: None,
-                receipt: None,
-                artifact: None,
-                artifact_sha256: None,
-            })
-            .await;
-        if let Err(e) = r {
-            tracing::error!(error = %e, "recording an expired job failed");
-        }
-        metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => RunState::Expired.as_str()).increment(1);
-        state
-            .store()
-            .audit(Event {
-                event: "run_refused",
-                decision: Some("deny"),
-                reason: Some("job id expired before it started".into()),
-                status: Some(RunState::Expired.into()),
-                ..base
-            })
-            .await;
+        drop(permit);
+        let ev = Event {
+            event: "run_refused",
+            decision: Some("deny"),
+            ..base
+        };
+        let reason = "the job id expired before a run slot was free".to_string();
+        end_unstarted(&state, &job, RunState::Expired, reason, ev).await;
         return;
     }
-    match store.mark_running(&job.job_id, now()).await {
-        Ok(true) => {}
-        Ok(false) => return,
-        Err(e) => {
-            tracing::error!(error = %e, "marking a run as running failed");
+    let started = Instant::now();
+    // A shared store (PostgreSQL) writes the inputs into this node's object folder first.
+    let shas = job.inputs.iter().map(|i| i.sha256.clone()).collect();
+    let spawned = store
+        .materialise(shas)
+        .await
+        .map_err(|e| {
+            tracing::error!(job_id = %job.job_id, error = %e, "fetching the run's inputs from the store failed");
+            "the run's inputs could not be fetched from the store"
+        })
+        .and_then(|()| {
+            prepare(&state, &task, &job).map_err(|e| {
+                tracing::error!(job_id = %job.job_id, error = %e, "preparing the job folder failed");
+                "the job folder could not be prepared"
+            })
+        })
+        .and_then(|manifest| Ok((manifest, spawn_runner(&state, &task, &job)?)));
+    let (manifest, runner) = match spawned {
+        Ok(s) => s,
+        Err(why) => {
+            drop(permit);
+            let _ = std::fs::remove_file(code_path(&state, &job.job_id));
+            make_private(&job_dir(&state, &job.job_id));
+            let ev = Event {
+                event: "run_end",
+                ..base
+            };
+            end_unstarted(&state, &job, RunState::SetupError, why.into(), ev).await;
             return;
         }
+    };
+    let marked = store.mark_running(&job.job_id, now()).await;
+    if !matches!(marked, Ok(true)) {
+        // Not recorded as started: the runner never gets its manifest.
+        runner.abort().await;
+        drop(permit);
+        let _ = std::fs::remove_file(code_path(&state, &job.job_id));
+        make_private(&job_dir(&state, &job.job_id));
+        match marked {
+            Err(e) => {
+                tracing::error!(job_id = %job.job_id, error = %e, "marking a run as running failed; it was not run");
+                let ev = Event {
+                    event: "run_end",
+                    ..base
+                };
+                let reason = "the run could not be recorded as started, so it was not run".into();
+                end_unstarted(&state, &job, RunState::SetupError, reason, ev).await;
+            }
+            // No longer queued: someone else ended it; nothing is recorded here.
+            _ => {
+                let _ = std::fs::remove_dir_all(job_dir(&state, &job.job_id));
+            }
+        }
+        return;
     }
     state
         .store()
@@ -550,23 +666,16 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
         })
         .await;
     metrics::gauge!("agentjail_runs_in_flight").increment(1.0);
-    let started = Instant::now();
-    // A shared store (PostgreSQL) writes the inputs into this node's object folder first.
-    let shas = job.inputs.iter().map(|i| i.sha256.clone()).collect();
-    let ready = store.materialise(shas).await.map_err(|e| e.to_string());
-    let outcome = match ready.and_then(|()| prepare(&state, &task, &job).map_err(|e| e.to_string()))
-    {
-        Ok(manifest) => spawn_and_wait(&state, &task, &job, manifest).await,
-        Err(e) => {
-            tracing::error!(job_id = %job.job_id, error = %e, "preparing the job folder failed");
-            setup_failed("the job folder could not be prepared")
-        }
-    };
+    let ended = hand_over_and_wait(runner, &task, &job, manifest).await;
     let elapsed = started.elapsed();
+    // The runner has exited (or was killed): the slot is free for the next run while this
+    // one's outcome is read and recorded.
+    drop(permit);
+    metrics::gauge!("agentjail_runs_in_flight").decrement(1.0);
+    let outcome = collect(&state, &task, &job, ended);
     // The code was needed only for the run; the folder (logs) stays until the task's retention.
     let _ = std::fs::remove_file(code_path(&state, &job.job_id));
     make_private(&job_dir(&state, &job.job_id));
-    metrics::gauge!("agentjail_runs_in_flight").decrement(1.0);
     metrics::histogram!("agentjail_run_duration_seconds", "task" => job.task.clone())
         .record(elapsed.as_secs_f64());
     metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => outcome.status.as_str())
