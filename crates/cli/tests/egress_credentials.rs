@@ -14,100 +14,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, UdpSocket};
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::net::Ipv4Addr;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
 
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_agentjail"))
-}
-
-fn skip_or_panic(why: &str) {
-    assert!(std::env::var_os("CI").is_none(), "{why} (under CI)");
-    eprintln!("SKIP: {why}");
-}
-
-/// Runs `f` on a thread inside a new network namespace with only `lo`, up.
-fn in_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    std::thread::spawn(move || {
-        // SAFETY: unshare with a flag only changes this thread's network namespace.
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            skip_or_panic(&format!(
-                "cannot create a network namespace (needs root): {}",
-                std::io::Error::last_os_error()
-            ));
-            return None;
-        }
-        let up = Command::new("ip")
-            .args(["link", "set", "lo", "up"])
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        if !up {
-            skip_or_panic("`ip link set lo up` failed");
-            return None;
-        }
-        let links = Command::new("ip").args(["-o", "link"]).output().ok()?;
-        let links = String::from_utf8_lossy(&links.stdout).into_owned();
-        assert_eq!(
-            links.lines().count(),
-            1,
-            "only loopback may exist here: {links}"
-        );
-        Some(f())
-    })
-    .join()
-    .expect("test thread")
-}
-
-/// A minimal DNS server on 127.0.0.1: one A record per known name, NXDOMAIN otherwise.
+/// The shared test DNS server (one A record per known name, NXDOMAIN otherwise).
 fn dns(answers: HashMap<&'static str, Ipv4Addr>) -> u16 {
-    let sock = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-    let port = sock.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 512];
-        loop {
-            let Ok((n, peer)) = sock.recv_from(&mut buf) else {
-                return;
-            };
-            let q = &buf[..n];
-            if n < 17 {
-                continue;
-            }
-            let mut i = 12;
-            let mut labels = Vec::new();
-            while i < n && q[i] != 0 {
-                let len = q[i] as usize;
-                labels
-                    .push(String::from_utf8_lossy(&q[i + 1..(i + 1 + len).min(n)]).to_lowercase());
-                i += 1 + len;
-            }
-            let qend = i + 5;
-            if qend > n {
-                continue;
-            }
-            let qtype = u16::from_be_bytes([q[i + 1], q[i + 2]]);
-            let name = labels.join(".");
-            let known = answers.get(name.as_str());
-            let mut resp = Vec::new();
-            resp.extend_from_slice(&q[0..2]);
-            resp.extend_from_slice(&[0x81, 0x80 | if known.is_some() { 0 } else { 3 }]);
-            resp.extend_from_slice(&[0, 1]);
-            let ip = known.filter(|_| qtype == 1);
-            resp.extend_from_slice(&[0, u8::from(ip.is_some()), 0, 0, 0, 0]);
-            resp.extend_from_slice(&q[12..qend]);
-            if let Some(ip) = ip {
-                resp.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4]);
-                resp.extend_from_slice(&ip.octets());
-            }
-            let _ = sock.send_to(&resp, peer);
-        }
-    });
-    port
+    common::netns::dns(answers.into_iter().map(|(k, v)| (k, vec![v])).collect()).0
 }
 
 /// Kills the child when dropped.
@@ -222,7 +140,7 @@ srv.serve_forever()
 
 fn tls_upstream(dir: &Path, port: u16) -> Option<Reap> {
     if !make_pki(dir) {
-        skip_or_panic("openssl could not make the test certificates");
+        common::skip("openssl could not make the test certificates");
         return None;
     }
     std::fs::write(dir.join("upstream.py"), UPSTREAM).unwrap();
@@ -237,7 +155,7 @@ fn tls_upstream(dir: &Path, port: u16) -> Option<Reap> {
         .stderr(Stdio::null())
         .spawn();
     let Ok(child) = child else {
-        skip_or_panic("python3 is not installed");
+        common::skip("python3 is not installed");
         return None;
     };
     let child = Reap(child);
@@ -269,12 +187,6 @@ fn seen(dir: &Path) -> Vec<(String, String, Vec<String>)> {
             )
         })
         .collect()
-}
-
-fn tmp() -> tempfile::TempDir {
-    let d = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    d
 }
 
 struct Out {
@@ -338,7 +250,7 @@ fn run(
     std::fs::write(&mpath, manifest.to_string()).unwrap();
     let report = work.join("report.json");
     let _ = std::fs::remove_file(&report);
-    let mut cmd = Command::new(bin());
+    let mut cmd = Command::new(common::bin());
     cmd.args(["run", "--egress-dns", &format!("127.0.0.1:{dns_port}")])
         .arg("--report")
         .arg(&report)
@@ -452,8 +364,8 @@ fn probe(port: u16) -> String {
 
 #[test]
 fn credentials_reach_only_the_bound_host_and_paths_and_never_the_sandbox() {
-    in_netns(|| {
-        let work = tmp();
+    common::netns::in_netns(&[], || {
+        let work = common::tmp();
         let port = 8443;
         let Some(_upstream) = tls_upstream(work.path(), port) else {
             return;
@@ -567,8 +479,8 @@ fn credentials_reach_only_the_bound_host_and_paths_and_never_the_sandbox() {
 
 #[test]
 fn a_credentialed_upstream_with_an_untrusted_certificate_is_refused() {
-    in_netns(|| {
-        let work = tmp();
+    common::netns::in_netns(&[], || {
+        let work = common::tmp();
         let port = 8444;
         let Some(_upstream) = tls_upstream(work.path(), port) else {
             return;
@@ -596,7 +508,7 @@ fn a_credentialed_upstream_with_an_untrusted_certificate_is_refused() {
 
 #[test]
 fn a_missing_secret_fails_the_run_before_it_starts() {
-    let work = tmp();
+    let work = common::tmp();
     std::fs::write(work.path().join("ca.pem"), "").unwrap();
     let o = run(
         work.path(),

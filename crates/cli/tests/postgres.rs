@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::pg::{self, Pg};
-use reqwest::blocking::{Client, Response};
+use common::serve::Api;
+use reqwest::blocking::Client;
 use serde_json::{Value, json};
 
 const ALICE: &str = "tok-alice-pg-1";
@@ -93,10 +94,16 @@ seconds = 30
 
 struct Server {
     child: Child,
-    base: String,
+    api: Api,
     stderr: Arc<Mutex<String>>,
-    http: Client,
     dir: PathBuf,
+}
+
+impl std::ops::Deref for Server {
+    type Target = Api;
+    fn deref(&self) -> &Api {
+        &self.api
+    }
 }
 
 /// Starts `serve` on `db` as node `node`, its data in `dir/data`; None if it exits first
@@ -160,47 +167,10 @@ impl Server {
             base.unwrap_or_else(|| panic!("server did not start:\n{}", stderr.lock().unwrap()));
         Server {
             child,
-            base,
+            api: Api::new(&base),
             stderr,
-            http: Client::builder()
-                .timeout(Duration::from_secs(60))
-                .build()
-                .unwrap(),
             dir: dir.to_path_buf(),
         }
-    }
-
-    fn url(&self, p: &str) -> String {
-        format!("{}{p}", self.base)
-    }
-
-    fn upload(&self, token: &str, body: &str) -> Value {
-        let r = self
-            .http
-            .post(self.url("/v1/inputs?name=data.csv&media_type=text/csv"))
-            .bearer_auth(token)
-            .body(body.to_string())
-            .send()
-            .unwrap();
-        assert_eq!(r.status(), 201);
-        r.json().unwrap()
-    }
-
-    fn run(&self, token: &str, body: &Value, query: &str) -> Response {
-        self.http
-            .post(self.url(&format!("/v1/runs{query}")))
-            .bearer_auth(token)
-            .json(body)
-            .send()
-            .unwrap()
-    }
-
-    fn get(&self, token: &str, p: &str) -> Response {
-        self.http
-            .get(self.url(p))
-            .bearer_auth(token)
-            .send()
-            .unwrap()
     }
 
     fn status_of(&self, id: &str) -> Value {
@@ -292,7 +262,7 @@ fn core_behaviours_on_postgres() {
     let dir = tempdir();
     let s = Server::start(dir.path(), &pg, "node-a", "m-core");
 
-    let up = s.upload(ALICE, CSV);
+    let up = s.upload(ALICE, CSV, "text/csv");
     let id = up["input_id"].as_str().unwrap();
     assert_eq!(
         pg.psql(&format!("SELECT count(*) FROM inputs WHERE id = '{id}'")),
@@ -389,7 +359,7 @@ fn two_replicas_execute_each_request_once() {
     let (da, db) = (tempdir(), tempdir());
     let a = Server::start(da.path(), &pg, "node-a", "m-two");
     let b = Server::start(db.path(), &pg, "node-b", "m-two");
-    let up = a.upload(ALICE, CSV);
+    let up = a.upload(ALICE, CSV, "text/csv");
     let input = up["input_id"].as_str().unwrap().to_string();
     let a = Arc::new(a);
     let b = Arc::new(b);
@@ -584,7 +554,7 @@ fn a_database_restart_loses_and_doubles_nothing() {
     let Some(pg) = Pg::start() else { return };
     let da = tempdir();
     let a = Arc::new(Server::start(da.path(), &pg, "node-a", "m-restart"));
-    let up = a.upload(ALICE, CSV);
+    let up = a.upload(ALICE, CSV, "text/csv");
     let input = up["input_id"].as_str().unwrap().to_string();
     let n = 60;
     let a2 = a.clone();
@@ -649,7 +619,7 @@ fn audit_chain_in_the_database_verifies_and_detects_tampering() {
     let (da, db) = (tempdir(), tempdir());
     let a = Server::start(da.path(), &pg, "node-a", "m-audit");
     let b = Server::start(db.path(), &pg, "node-b", "m-audit");
-    let up = a.upload(ALICE, CSV);
+    let up = a.upload(ALICE, CSV, "text/csv");
     let input = up["input_id"].as_str().unwrap().to_string();
     // Both replicas append at once.
     let hs: Vec<_> = [Arc::new(a), Arc::new(b)]
@@ -723,7 +693,7 @@ fn retention_sweeps_the_database_and_every_replica() {
         &pg,
         &config_with("node-b", "m-ret", server, retention),
     );
-    let up = a.upload(ALICE, CSV);
+    let up = a.upload(ALICE, CSV, "text/csv");
     let input = up["input_id"].as_str().unwrap().to_string();
     // Run on B: B materialises the input from the database.
     let body = json!({"request_id": "ret-1", "task": "line_count", "inputs": [input]});

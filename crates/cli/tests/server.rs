@@ -8,11 +8,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+use common::serve::{Api, actor, fixed_task};
 use common::serve::{
     Serve, csv_input, example_schema, json_output, python_code_task, sha256_hex,
     summarize_csv_task, write_config,
 };
-use common::serve::{actor, fixed_task};
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use reqwest::blocking::{Client, Response};
+use reqwest::blocking::Response;
 use serde_json::{Value, json};
 
 const ALICE: &str = "tok-alice-7c1f0e";
@@ -63,9 +63,15 @@ fn config(extra_server: &str) -> String {
 
 struct Server {
     serve: Serve,
-    base: String,
+    api: Api,
     stderr: Arc<Mutex<String>>,
-    http: Client,
+}
+
+impl std::ops::Deref for Server {
+    type Target = Api;
+    fn deref(&self) -> &Api {
+        &self.api
+    }
 }
 
 impl Server {
@@ -78,47 +84,10 @@ impl Server {
         let cfg = write_config(dir, &(config(extra_server) + extra_tables));
         let serve = Serve::start(&cfg, &dir.join("data"), &[("AGENTJAIL_LOG", "info")]);
         Server {
-            base: serve.base.clone(),
+            api: Api::new(&serve.base),
             stderr: serve.log.clone(),
             serve,
-            http: Client::builder()
-                .timeout(Duration::from_secs(60))
-                .build()
-                .unwrap(),
         }
-    }
-
-    fn url(&self, p: &str) -> String {
-        format!("{}{p}", self.base)
-    }
-
-    fn upload(&self, token: &str, body: &str, media_type: &str) -> Value {
-        let r = self
-            .http
-            .post(self.url(&format!("/v1/inputs?name=data.csv&media_type={media_type}")))
-            .bearer_auth(token)
-            .body(body.to_string())
-            .send()
-            .unwrap();
-        assert_eq!(r.status(), 201);
-        r.json().unwrap()
-    }
-
-    fn run(&self, token: &str, body: &Value, query: &str) -> Response {
-        self.http
-            .post(self.url(&format!("/v1/runs{query}")))
-            .bearer_auth(token)
-            .json(body)
-            .send()
-            .unwrap()
-    }
-
-    fn get(&self, token: &str, p: &str) -> Response {
-        self.http
-            .get(self.url(p))
-            .bearer_auth(token)
-            .send()
-            .unwrap()
     }
 
     fn kill(&mut self) {

@@ -212,3 +212,62 @@ impl Drop for Serve {
         self.kill();
     }
 }
+
+/// A blocking client of one server's HTTP API, the bearer token given per call.
+pub struct Api {
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    pub http: reqwest::blocking::Client,
+}
+
+impl Api {
+    pub fn new(base: &str) -> Api {
+        Api {
+            base: base.to_string(),
+            http: reqwest::blocking::Client::builder()
+                .timeout(std::time::Duration::from_secs(60))
+                .build()
+                .expect("an HTTP client"),
+        }
+    }
+
+    pub fn url(&self, p: &str) -> String {
+        format!("{}{p}", self.base)
+    }
+
+    /// Uploads `body` as the input `data.csv` of type `media_type`; it must be accepted (201).
+    pub fn upload(&self, token: &str, body: &str, media_type: &str) -> serde_json::Value {
+        let r = self
+            .http
+            .post(self.url(&format!("/v1/inputs?name=data.csv&media_type={media_type}")))
+            .bearer_auth(token)
+            .body(body.to_string())
+            .send()
+            .expect("the upload is answered");
+        assert_eq!(r.status(), 201);
+        r.json().expect("the upload's answer is JSON")
+    }
+
+    /// Submits a run (`query`: e.g. `?wait=true`, or empty).
+    pub fn run(
+        &self,
+        token: &str,
+        body: &serde_json::Value,
+        query: &str,
+    ) -> reqwest::blocking::Response {
+        self.http
+            .post(self.url(&format!("/v1/runs{query}")))
+            .bearer_auth(token)
+            .json(body)
+            .send()
+            .expect("the submission is answered")
+    }
+
+    pub fn get(&self, token: &str, p: &str) -> reqwest::blocking::Response {
+        self.http
+            .get(self.url(p))
+            .bearer_auth(token)
+            .send()
+            .expect("the request is answered")
+    }
+}
