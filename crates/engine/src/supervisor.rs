@@ -131,7 +131,8 @@ pub fn run_on(
             &[memfd.as_fd()],
         )
     }) {
-        return abort(report, e.to_string());
+        let why = init_failure(&ctl_s, &mut report, e);
+        return abort(report, why);
     }
     crate::timing::mark("supervisor: plan sent");
 
@@ -168,7 +169,8 @@ pub fn run_on(
         }
     };
     if let Err(e) = hand_over_cgroups(cgroup.as_ref(), &ctl_s) {
-        return abort(report, e.to_string());
+        let why = init_failure(&ctl_s, &mut report, e);
+        return abort(report, why);
     }
     crate::timing::mark("supervisor: cgroups handed over");
     report.isolation = Isolation {
@@ -733,9 +735,34 @@ impl State {
                 true
             }
             Ok(None) => false,
+            // The init exited with a message of ours unread: the kernel then reports
+            // ECONNRESET once, before the messages the init queued (its `SetupFailed` among
+            // them), which the next read returns.
+            Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => true,
             Err(_) => false,
         }
     }
+}
+
+/// A message to the init could not be sent (`failed`): the init has most likely exited after
+/// queuing why (`SetupFailed`, naming its step). That reason wins over the send error.
+fn init_failure(ctl: &OwnedFd, report: &mut RunReport, failed: SetupError) -> String {
+    let mut st = State::default();
+    // Bounded: the init sends a handful of messages before it can fail.
+    for _ in 0..16 {
+        let mut fds = [PollFd::new(ctl, PollFlags::IN)];
+        let wait = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 500_000_000,
+        };
+        if !matches!(poll(&mut fds, Some(&wait)), Ok(n) if n > 0) || !st.take(ctl, report) {
+            break;
+        }
+        if let Some(why) = st.setup_failed.take() {
+            return why;
+        }
+    }
+    failed.to_string()
 }
 
 fn finish(
