@@ -12,6 +12,7 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -544,7 +545,7 @@ fn a_killed_replica_marks_only_its_own_runs_unknown() {
     );
 }
 
-/// PostgreSQL stopped (fast: connections cut) for 2 s and started again during a stream of
+/// PostgreSQL stopped (fast: connections cut) and started again during a stream of
 /// submissions and runs: each answer is 200/202 or 503 with Retry-After, never 500; runs in
 /// flight record their end once the database is back; resubmitting the 503 ones (same
 /// request_id) records every request exactly once: none lost, none doubled.
@@ -556,32 +557,61 @@ fn a_database_restart_loses_and_doubles_nothing() {
     let a = Arc::new(Server::start(da.path(), &pg, "node-a", "m-restart"));
     let up = a.upload(ALICE, CSV, "text/csv");
     let input = up["input_id"].as_str().unwrap().to_string();
-    let n = 60;
-    let a2 = a.clone();
+    // The outage is made to meet the stream, whatever the machine's speed: the database goes
+    // down only after runs were accepted (some still in flight), comes back only after
+    // submissions were refused, and the stream ends only after more were accepted again.
+    let stop = Arc::new(AtomicBool::new(false));
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let refused_n = Arc::new(AtomicUsize::new(0));
+    let (a2, stop2, accepted2, refused2) =
+        (a.clone(), stop.clone(), accepted.clone(), refused_n.clone());
     let submitter = std::thread::spawn(move || {
         let mut refused = Vec::new();
         let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
-        for i in 0..n {
+        let mut i = 0;
+        while !stop2.load(Ordering::SeqCst) {
             let body =
                 json!({"request_id": format!("st-{i}"), "task": "line_count", "inputs": [input]});
             let r = a2.run(ALICE, &body, "?wait=false");
             let st = r.status().as_u16();
             *statuses.entry(st).or_default() += 1;
             match st {
-                200 | 202 => {}
+                200 | 202 => {
+                    accepted2.fetch_add(1, Ordering::SeqCst);
+                }
                 503 => {
                     assert!(r.headers().get("retry-after").is_some());
                     refused.push(body);
+                    refused2.fetch_add(1, Ordering::SeqCst);
                 }
                 other => panic!("answer {other}: {}", r.text().unwrap()),
             }
+            i += 1;
             std::thread::sleep(Duration::from_millis(60));
         }
-        (refused, statuses)
+        (refused, statuses, i)
     });
-    std::thread::sleep(Duration::from_millis(800));
-    pg.restart(Duration::from_secs(2));
-    let (refused, statuses) = submitter.join().unwrap();
+    let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_for("10 accepted runs", &|| {
+        accepted.load(Ordering::SeqCst) >= 10
+    });
+    pg.stop();
+    wait_for("3 refused submissions", &|| {
+        refused_n.load(Ordering::SeqCst) >= 3
+    });
+    pg.start_again();
+    let before = accepted.load(Ordering::SeqCst);
+    wait_for("10 runs accepted after the restart", &|| {
+        accepted.load(Ordering::SeqCst) >= before + 10
+    });
+    stop.store(true, Ordering::SeqCst);
+    let (refused, statuses, n) = submitter.join().unwrap();
     eprintln!("answers around the restart: {statuses:?}");
     assert!(
         !refused.is_empty(),

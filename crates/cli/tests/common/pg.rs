@@ -185,8 +185,8 @@ impl Pg {
         );
     }
 
-    /// Stops the cluster (fast shutdown: open connections are cut), waits `down`, starts it.
-    pub fn restart(&self, down: std::time::Duration) {
+    /// Stops the cluster (fast shutdown: open connections are cut).
+    pub fn stop(&self) {
         let o = self.as_owner(
             "pg_ctl",
             &[
@@ -203,7 +203,10 @@ impl Pg {
             "pg_ctl stop: {}",
             String::from_utf8_lossy(&o.stderr)
         );
-        std::thread::sleep(down);
+    }
+
+    /// Starts the cluster again after [`Pg::stop`].
+    pub fn start_again(&self) {
         self.pg_ctl_start();
     }
 
