@@ -13,6 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 agentjail=${1:-target/x86_64-unknown-linux-gnu/debug/agentjail}
+agentjail=$(realpath "$agentjail")   # the runc checks run it from a folder of their own
 dir=deploy/kubernetes
 versions=(1.33.0 1.35.0)
 fail=0
