@@ -36,6 +36,7 @@ fuzz_target!(|data: &[u8]| {
             ports: vec![443, 80],
         }],
         allow_private,
+        ..EgressPolicy::default()
     });
     let _ = parse_host(dest);
     for default in [None, Some(80), Some(443)] {
