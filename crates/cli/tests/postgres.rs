@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::pg::{self, Pg};
-use common::serve::Api;
+use common::serve::{Api, sha256_hex, sleeper_task};
 use reqwest::blocking::Client;
 use serde_json::{Value, json};
 
@@ -26,11 +26,7 @@ const GINA: &str = "tok-gina-pg-2";
 const CSV: &str = "region,units\nnorth,12\nsouth,7\n";
 
 fn sha(s: &str) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(s.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    sha256_hex(s)
 }
 
 fn config(node: &str, marker: &str) -> String {
@@ -75,21 +71,10 @@ max_bytes = 1000
 [tasks.line_count.retention]
 {retention}
 
-[tasks.sleeper]
-description = "Sleeps as long as its argument says, then writes its output"
-code = "forbidden"
-command = ["/usr/bin/python3", "-c", "import json, sys, time; time.sleep(float(sys.argv[2])); json.dump({{'args': sys.argv[1:]}}, open('/output/o.json', 'w'))", "{marker}"]
-max_args = 1
-allowed_tenants = ["acme"]
-[tasks.sleeper.output]
-path = "/output/o.json"
-media_type = "application/json"
-max_bytes = 1000
-[tasks.sleeper.limits]
-seconds = 30
-"#,
+{sleeper}"#,
         a = sha(ALICE),
         g = sha(GINA),
+        sleeper = sleeper_task(marker, 30),
     )
 }
 

@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-use common::serve::{Api, actor, fixed_task};
+use common::serve::{Api, actor, fixed_task, sleeper_task};
 use common::serve::{
     Serve, csv_input, example_schema, json_output, python_code_task, sha256_hex,
     summarize_csv_task, write_config,
@@ -756,22 +756,7 @@ fn sigkill_of_the_service_kills_its_runs_and_retry_runs_once() {
     );
     // A fixed program (retry is allowed only without code and without network): it sleeps
     // long enough that an orphan would still be alive when the test looks, then writes output.
-    let task = format!(
-        r#"
-[tasks.sleeper]
-description = "Sleeps as long as its argument says, then writes its output"
-code = "forbidden"
-command = ["/usr/bin/python3", "-c", "import json, sys, time; time.sleep(float(sys.argv[2])); json.dump({{'args': sys.argv[1:]}}, open('/output/o.json', 'w'))", "{marker}"]
-max_args = 1
-allowed_tenants = ["acme"]
-[tasks.sleeper.output]
-path = "/output/o.json"
-media_type = "application/json"
-max_bytes = 1000
-[tasks.sleeper.limits]
-seconds = 20
-"#
-    );
+    let task = sleeper_task(&marker, 20);
     let mut s = Server::start_with(dir.path(), "max_concurrent_runs = 2", &task);
     let executions = Executions::watch(marker.clone());
     let body = json!({"request_id": "crash-1", "task": "sleeper", "inputs": [], "args": ["6"]});
