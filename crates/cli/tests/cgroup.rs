@@ -150,7 +150,7 @@ fn manifest_cpu_limit_reaches_the_report() {
 /// Every per-run cgroup directory (memory, pids, cpuacct and now cpu) is gone after the run.
 #[test]
 fn per_run_cgroups_are_removed() {
-    let child = Command::new(env!("CARGO_BIN_EXE_agentjail"))
+    let child = Command::new(common::bin())
         .args(["run", "--cpus", "0.5", "--", "/bin/true"])
         .env_remove("XDG_DATA_HOME")
         .spawn()

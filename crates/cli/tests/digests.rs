@@ -154,7 +154,7 @@ fn an_input_that_vanishes_before_it_is_hashed_fails_the_run() {
     let receipt = d.path().join("receipt.json");
     let key = d.path().join("key.pem");
     let report = d.path().join("report.json");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_agentjail"))
+    let mut child = Command::new(common::bin())
         .args([
             OsStr::new("run"),
             OsStr::new("--manifest"),

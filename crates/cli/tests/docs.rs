@@ -241,7 +241,11 @@ fn run_block(b: &Block, dir: &Path, results: &Path) -> Vec<(String, i32)> {
             r.display()
         ));
     }
-    let bin = Path::new(env!("CARGO_BIN_EXE_agentjail")).parent().unwrap();
+    // The binary under test (as tests/common's `bin()`: `AGENTJAIL_TEST_BIN` names another build).
+    let bin_file = std::env::var_os("AGENTJAIL_TEST_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_agentjail").into());
+    let bin = bin_file.parent().unwrap();
     let path = format!(
         "{}:{}",
         bin.display(),

@@ -124,7 +124,7 @@ fn mcp_over_stdio_with_the_python_sdk() {
                 "--mode",
                 mode,
                 "--bin",
-                env!("CARGO_BIN_EXE_agentjail"),
+                &common::bin_str(),
                 "--config",
                 cfg.to_str().unwrap(),
                 "--data-dir",
@@ -141,7 +141,7 @@ fn mcp_over_stdio_with_the_python_sdk() {
     // A token that is not the named actor's is refused before serving.
     let wrong = dir.path().join("wrong.token");
     std::fs::write(&wrong, "not-a-token").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_agentjail"))
+    let out = Command::new(common::bin())
         .args(["mcp", "--tenant", "acme", "--actor", "alice", "--config"])
         .arg(&cfg)
         .arg("--data-dir")
@@ -154,7 +154,7 @@ fn mcp_over_stdio_with_the_python_sdk() {
     assert!(!out.status.success());
     assert!(out.stdout.is_empty(), "stdout belongs to the protocol");
     assert!(String::from_utf8_lossy(&out.stderr).contains("matches no configured actor"));
-    let out = Command::new(env!("CARGO_BIN_EXE_agentjail"))
+    let out = Command::new(common::bin())
         .args(["mcp", "--tenant", "acme", "--actor", "ops", "--config"])
         .arg(&cfg)
         .arg("--data-dir")
@@ -278,7 +278,7 @@ fn a_naive_agent_on_the_python_sdk_succeeds_by_its_second_attempt() {
     let out = Command::new("python3")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/agent.py"))
         .arg("--bin")
-        .arg(env!("CARGO_BIN_EXE_agentjail"))
+        .arg(common::bin())
         .arg("--config")
         .arg(&cfg)
         .arg("--data-dir")

@@ -97,7 +97,7 @@ impl Session {
     fn start(dir: &Path, extra: &[&str]) -> Session {
         let cfg = common::serve::write_config(dir, &config());
         let data = dir.join("data");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_agentjail"))
+        let mut child = Command::new(common::bin())
             .args(["mcp", "--tenant", "acme", "--actor", "alice", "--config"])
             .arg(&cfg)
             .arg("--data-dir")

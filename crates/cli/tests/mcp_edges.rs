@@ -466,7 +466,7 @@ fn stdio_bad_framing_gets_parse_errors() {
             config()
         ),
     );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_agentjail"))
+    let mut child = Command::new(common::bin())
         .args(["mcp", "--tenant", "acme", "--actor", "alice", "--config"])
         .arg(&cfg)
         .arg("--data-dir")

@@ -45,7 +45,7 @@ fn openapi_document_is_valid_and_the_service_conforms_to_it() {
         .tempdir()
         .unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_agentjail"))
+    let mut child = Command::new(common::bin())
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir.path().join("data"))
         .stdin(Stdio::null())

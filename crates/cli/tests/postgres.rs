@@ -109,7 +109,7 @@ fn spawn_cfg(dir: &Path, db: &str, cfg_text: &str) -> (Child, Arc<Mutex<String>>
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let cfg = dir.join("config.toml");
     std::fs::write(&cfg, cfg_text).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_agentjail"))
+    let mut child = Command::new(common::bin())
         .args(["serve", "--listen", "127.0.0.1:0", "--config"])
         .arg(&cfg)
         .arg("--data-dir")
@@ -224,7 +224,7 @@ fn tempdir() -> tempfile::TempDir {
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn agentjail(args: &[&str], env: &[(&str, &str)]) -> common::Out {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_agentjail"));
+    let mut c = Command::new(common::bin());
     c.args(args).env_remove("PGPASSWORD");
     for (k, v) in env {
         c.env(k, v);

@@ -951,7 +951,7 @@ fn startup_sweep_kills_only_this_data_dirs_leftover_runners() {
         "command": ["/usr/bin/python3", "-c", "import time; time.sleep(60)", marker],
     });
     let runner = |data_dir: &Path, cwd: &Path| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_agentjail"))
+        let mut c = Command::new(common::bin())
             .args(["run", "--lifeline", "--allow-degraded"])
             .env("AGENTJAIL_SERVICE_DATA", data_dir)
             .current_dir(cwd)

@@ -19,7 +19,6 @@
 pub mod api;
 pub mod app;
 pub mod audit;
-pub mod config;
 pub mod db;
 pub mod mcp;
 pub mod pg;
@@ -29,6 +28,10 @@ pub mod runner;
 pub mod selftest;
 pub mod service;
 pub mod store;
+
+/// The configuration and its schema: its own crate (`agentjail-config`), so that the parser
+/// can be fuzzed without building the service.
+pub use agentjail_config as config;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

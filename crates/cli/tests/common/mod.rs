@@ -32,7 +32,7 @@ impl Out {
 /// Runs `agentjail ARGS` with the caller's data-directory and image-store settings removed, so
 /// a developer's own key or store cannot leak into a test.
 pub fn agentjail<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Out {
-    let o = Command::new(env!("CARGO_BIN_EXE_agentjail"))
+    let o = Command::new(bin())
         .args(args)
         .env_remove("XDG_DATA_HOME")
         .env_remove("AGENTJAIL_IMAGE_STORE")
@@ -51,9 +51,26 @@ impl From<std::process::Output> for Out {
     }
 }
 
-/// The binary under test.
+/// The binary under test: this build's `agentjail`, or the build that `AGENTJAIL_TEST_BIN`
+/// names (an absolute path; `.ci/run` runs the CLI's tests again against the musl build).
 pub fn bin() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_BIN_EXE_agentjail"))
+    match std::env::var_os("AGENTJAIL_TEST_BIN") {
+        Some(p) => {
+            let p = std::path::PathBuf::from(p);
+            assert!(
+                p.is_absolute() && p.is_file(),
+                "AGENTJAIL_TEST_BIN={} is not an absolute path to a file",
+                p.display()
+            );
+            p
+        }
+        None => std::path::PathBuf::from(env!("CARGO_BIN_EXE_agentjail")),
+    }
+}
+
+/// [`bin`] as a string, for argument lists.
+pub fn bin_str() -> String {
+    bin().to_str().expect("a UTF-8 path").to_owned()
 }
 
 /// A world-readable temporary folder (the sandbox user is an unprivileged host uid), removed

@@ -215,7 +215,7 @@ impl RunOut {
 pub fn run_sh(work: &Path, flags: &[String], seconds: u32, script: &str) -> RunOut {
     let report = work.join(format!("report-{}.json", std::process::id()));
     let _ = std::fs::remove_file(&report);
-    let out = Command::new(env!("CARGO_BIN_EXE_agentjail"))
+    let out = Command::new(super::bin())
         .arg("run")
         .arg("--report")
         .arg(&report)

@@ -178,7 +178,7 @@ impl Serve {
     /// Starts `agentjail serve` with `cfg` and the data directory `data` (and `env` set), and
     /// waits for its "listening on" line.
     pub fn start(cfg: &Path, data: &Path, env: &[(&str, &str)]) -> Serve {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentjail"));
+        let mut cmd = Command::new(super::bin());
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(cfg)
             .arg("--data-dir")
