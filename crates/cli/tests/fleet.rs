@@ -433,3 +433,73 @@ fn a_worker_that_lost_its_lease_kills_its_sandbox_and_is_refused() {
     assert_eq!(api.run(ALICE, &body, "?wait=false").status(), 202);
     assert_eq!(wait_final(&api, "after")["status"], "ok");
 }
+
+/// Labels: a run of a task type with `labels = ["gpu"]` waits in the queue while only a worker
+/// without that label runs; a worker with `--labels gpu` claims it. SIGTERM to that worker
+/// mid-run: it claims nothing more, finishes the run (`ok`), leaves `workers` and exits 0.
+#[test]
+fn labels_route_runs_and_sigterm_finishes_the_held_run() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pg) = Pg::start() else { return };
+    let (d_api, d_plain, d_gpu) = (tempdir(), tempdir(), tempdir());
+    let marker = marker_for(&d_api, "labels");
+    let gpu_task = sleeper_task(&marker, 30)
+        .replace("[tasks.sleeper", "[tasks.gpu")
+        .replace(
+            "allowed_tenants = [\"acme\"]",
+            "allowed_tenants = [\"acme\"]\nlabels = [\"gpu\"]",
+        );
+    let cfg = format!("{}\n{gpu_task}", config(&marker));
+    let (_api_node, api) = api(d_api.path(), &pg, &cfg);
+    let plain = worker(d_plain.path(), &pg, &cfg, "plain");
+    let body = json!({"request_id": "needs-gpu", "task": "gpu", "inputs": [], "args": ["3"]});
+    assert_eq!(api.run(ALICE, &body, "?wait=false").status(), 202);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(status_of(&api, "needs-gpu")["status"], "queued");
+    assert!(plain.job_folders().is_empty());
+    let (mut gpu, _) = Node::start(
+        d_gpu.path(),
+        &pg,
+        &cfg,
+        &[
+            "worker",
+            "--slots",
+            "1",
+            "--node-id",
+            "gpu-1",
+            "--labels",
+            "gpu",
+        ],
+        "claiming runs",
+    );
+    wait_status(&api, "needs-gpu", "running", 20);
+    let pid = gpu.pid().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let exit = loop {
+        if let Some(s) = gpu.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker did not stop:\n{}",
+            gpu.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(exit.code(), Some(0), "{}", gpu.log());
+    let v = status_of(&api, "needs-gpu");
+    assert_eq!(v["status"], "ok", "{v}");
+    assert_eq!(gpu.job_folders().len(), 1);
+    assert!(plain.job_folders().is_empty());
+    assert_eq!(
+        pg.psql("SELECT string_agg(node_id, ',' ORDER BY node_id) FROM workers"),
+        "plain"
+    );
+}
