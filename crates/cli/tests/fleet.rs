@@ -65,6 +65,11 @@ impl Node {
     /// Starts `agentjail ARGS --config DIR/config.toml --data-dir DIR/data --database URL` and
     /// waits for a stderr line containing `ready`; returns the node and that line.
     fn start(dir: &Path, pg: &Pg, cfg: &str, args: &[&str], ready: &str) -> (Node, String) {
+        Node::start_at(dir, &pg.url(), cfg, args, ready)
+    }
+
+    /// [`Node::start`] with the database at `url`.
+    fn start_at(dir: &Path, url: &str, cfg: &str, args: &[&str], ready: &str) -> (Node, String) {
         std::fs::create_dir_all(dir).unwrap();
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         let cfg_path = dir.join("config.toml");
@@ -75,7 +80,7 @@ impl Node {
             .arg(&cfg_path)
             .arg("--data-dir")
             .arg(dir.join("data"))
-            .args(["--database", &pg.url()])
+            .args(["--database", url])
             .env("PGPASSWORD", pg::PASSWORD)
             .env("AGENTJAIL_LOG", "info")
             .stdin(Stdio::null())
@@ -502,4 +507,123 @@ fn labels_route_runs_and_sigterm_finishes_the_held_run() {
         pg.psql("SELECT string_agg(node_id, ',' ORDER BY node_id) FROM workers"),
         "plain"
     );
+}
+
+/// A TCP relay between a worker and PostgreSQL whose link can be cut: while cut, it forwards
+/// nothing in either direction and holds new connections (packets dropped, as when a network
+/// link goes down, not refused); restored, it forwards what was held.
+struct Link {
+    port: u16,
+    cut: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Link {
+    fn new(upstream_port: u16) -> Link {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let c2 = cut.clone();
+        std::thread::spawn(move || {
+            for conn in l.incoming() {
+                let Ok(down) = conn else { continue };
+                let cut = c2.clone();
+                std::thread::spawn(move || {
+                    while cut.load(Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    let Ok(up) = std::net::TcpStream::connect(("127.0.0.1", upstream_port)) else {
+                        return;
+                    };
+                    let pump = |mut from: std::net::TcpStream,
+                                mut to: std::net::TcpStream,
+                                cut: Arc<AtomicBool>| {
+                        use std::io::{Read, Write};
+                        let mut buf = [0u8; 16384];
+                        loop {
+                            let n = match from.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            while cut.load(Ordering::SeqCst) {
+                                std::thread::sleep(Duration::from_millis(50));
+                            }
+                            if to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = to.shutdown(std::net::Shutdown::Write);
+                    };
+                    let (d2, u2) = (down.try_clone().unwrap(), up.try_clone().unwrap());
+                    let c3 = cut.clone();
+                    let t = std::thread::spawn(move || pump(d2, u2, c3));
+                    pump(up, down, cut);
+                    let _ = t.join();
+                });
+            }
+        });
+        Link { port, cut }
+    }
+
+    fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Fencing, by cutting the link: a worker reaches PostgreSQL through a link that is cut
+/// mid-run. With no database, the worker kills its sandbox by its own clock once its lease
+/// ends; the API replica marks the run `unknown`; when the link is back, the worker's late
+/// result is refused by the fencing and the run stays `unknown`.
+#[test]
+fn a_worker_cut_off_from_the_database_kills_its_sandbox_and_is_refused() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pg) = Pg::start() else { return };
+    let (d_api, d_w) = (tempdir(), tempdir());
+    let marker = marker_for(&d_api, "cut");
+    let cfg = config(&marker);
+    let (_api_node, api) = api(d_api.path(), &pg, &cfg);
+    let port = pg
+        .url()
+        .split("127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap()
+        .parse::<u16>()
+        .unwrap();
+    let link = Link::new(port);
+    let url = pg
+        .url()
+        .replace(&format!(":{port}/"), &format!(":{}/", link.port));
+    let (w, _) = Node::start_at(
+        d_w.path(),
+        &url,
+        &cfg,
+        &["worker", "--slots", "1", "--node-id", "w-cut"],
+        "claiming runs",
+    );
+    let body = json!({"request_id": "cut", "task": "sleeper", "inputs": [], "args": ["25"]});
+    assert_eq!(api.run(ALICE, &body, "?wait=false").status(), 202);
+    wait_status(&api, "cut", "running", 30);
+    wait_payloads(&marker, 1, 20);
+    link.set_cut(true);
+    // Lease 3 s, renewed every second: the sandbox is gone within about 3 s, without any
+    // answer from the database.
+    wait_payloads(&marker, 0, 8);
+    assert!(w.log().contains("killing the sandbox"), "{}", w.log());
+    let v = wait_status(&api, "cut", "unknown", 15);
+    assert!(v["reason"].as_str().unwrap_or("").contains("lease"), "{v}");
+    link.set_cut(false);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !w.log().contains("the result was refused by fencing") {
+        assert!(
+            Instant::now() < deadline,
+            "no fencing refusal in the worker's log:\n{}",
+            w.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let v = status_of(&api, "cut");
+    assert_eq!(v["status"], "unknown", "{v}");
+    assert_eq!(audited(&pg, "run_start", "cut"), "1");
+    assert_eq!(audited(&pg, "run_end", "cut"), "0");
 }
