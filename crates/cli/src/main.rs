@@ -82,6 +82,9 @@ enum Command {
     /// Serve the orchestrator's tools over MCP on stdin/stdout (docs/mcp.md) as one actor. The
     /// token comes from --token-file or $AGENTJAIL_TOKEN, never from the command line.
     Mcp(cmd::mcp::McpArgs),
+    /// Claim and execute runs from the shared PostgreSQL queue, without the HTTP API
+    /// (docs/deploy.md, "The fleet"); stops claiming on SIGTERM and finishes the runs it holds.
+    Worker(cmd::worker::WorkerArgs),
     /// Attack this host's sandbox with the escape corpus and report what holds
     /// (docs/selftest.md); exit 0 only when no probe failed.
     Selftest(cmd::selftest::SelftestArgs),
@@ -205,6 +208,7 @@ fn dispatch(cli: Cli) -> Result<u8, String> {
         Command::Report { .. } => cmd::report::run(),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Mcp(a) => cmd::mcp::run(a),
+        Command::Worker(a) => cmd::worker::run(a),
         Command::Selftest(a) => cmd::selftest::run(a),
         Command::Audit(c) => cmd::audit::dispatch(c),
         Command::Config { .. } => cmd::config::run(),

@@ -137,6 +137,16 @@ pub struct ServerSettings {
     /// host name. Letters, digits, `.`, `_`, `-`; at most 64 bytes.
     #[serde(default)]
     pub node_id: Option<String>,
+    /// PostgreSQL only: the lease of a claimed run, in seconds (default 30, 2 to 3600). The
+    /// executor renews it every third of it; one that cannot renew it before it ends (by its own
+    /// clock) kills the run's sandbox, and any node then marks the run `unknown`
+    /// (docs/deploy.md, "Leases and fencing").
+    #[serde(default = "d_lease")]
+    pub lease_seconds: u64,
+}
+
+fn d_lease() -> u64 {
+    30
 }
 
 fn d_header_timeout() -> u64 {
@@ -198,6 +208,7 @@ impl Default for ServerSettings {
             database: None,
             database_password_file: None,
             node_id: None,
+            lease_seconds: d_lease(),
         }
     }
 }
@@ -277,6 +288,10 @@ pub struct Task {
     /// Tenants whose every actor may use the task.
     #[serde(default)]
     pub allowed_tenants: Vec<String>,
+    /// PostgreSQL fleet only: the labels an executor must have (`worker --labels`) to claim
+    /// this task's runs (default: none, any executor). Names as for tenants.
+    #[serde(default)]
+    pub labels: Vec<String>,
     /// How long outputs and logs of its runs are kept.
     #[serde(default)]
     pub retention: Retention,
@@ -485,6 +500,9 @@ impl Config {
                 "server.header_timeout_seconds, body_timeout_seconds, max_connections and auth_failure_audit_seconds must be positive",
             ));
         }
+        if !(2..=3600).contains(&s.lease_seconds) {
+            return Err(err("server.lease_seconds must be 2 to 3600"));
+        }
         if s.job_ttl_seconds == 0 || s.sweep_interval_seconds == 0 {
             return Err(err(
                 "server.job_ttl_seconds and sweep_interval_seconds must be positive",
@@ -674,6 +692,9 @@ impl Config {
         }
         if t.max_args > 64 {
             return Err(at("max_args", "at most 64".into()));
+        }
+        if let Some(l) = t.labels.iter().find(|l| !is_name(l)) {
+            return Err(at("labels", format!("{l:?}: use 1-64 of a-z 0-9 _ -")));
         }
         Ok(())
     }

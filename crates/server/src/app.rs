@@ -45,7 +45,13 @@ pub(crate) struct Inner {
     /// The SQLite handle behind `store`, for tests that inspect the records.
     #[cfg(test)]
     pub db: db::Db,
-    pub run_slots: Semaphore,
+    /// Run slots: runs executing at once on this node (`--slots`, else `max_concurrent_runs`).
+    pub run_slots: Arc<Semaphore>,
+    /// How many run slots this node has (0: an API replica that executes nothing).
+    pub slots: usize,
+    /// The PostgreSQL queue, when the store is PostgreSQL: runs are enqueued there and
+    /// executors claim them (crate::fleet); None: SQLite, this node runs what it admits.
+    pub queue: Option<crate::pg::PgStore>,
     /// Runs admitted (queued or running); bounded by concurrency + queue.
     pub admitted: AtomicUsize,
     pub max_admitted: usize,

@@ -71,7 +71,7 @@ pub enum DbError {
 }
 
 /// One stored input.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct InputRow {
     pub id: String,
     pub sha256: String,

@@ -20,6 +20,7 @@ pub mod api;
 pub mod app;
 pub mod audit;
 pub mod db;
+pub mod fleet;
 pub mod mcp;
 pub mod pg;
 pub mod policy;
@@ -67,6 +68,108 @@ pub struct ServeOptions {
     pub allow_degraded: bool,
     /// Shared PostgreSQL store URL (default: the config's `server.database`, else SQLite).
     pub database: Option<String>,
+    /// Run slots of this node (default `max_concurrent_runs`); 0 (PostgreSQL only): an API
+    /// replica that executes nothing.
+    pub slots: Option<usize>,
+}
+
+/// `agentjail worker`: an executor of a PostgreSQL deployment, without the HTTP API.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerOptions {
+    /// Configuration file (the one `serve` uses: task types, data dir, database).
+    pub config: Option<PathBuf>,
+    /// Data directory (job folders, objects, the receipt key); one per worker process.
+    pub data_dir: Option<PathBuf>,
+    /// PostgreSQL URL (else the config's `server.database`; one of them is required).
+    pub database: Option<String>,
+    /// Runs executing at once (default `max_concurrent_runs`, else the CPUs); at least 1.
+    pub slots: Option<usize>,
+    /// The labels this worker has: it claims runs of task types whose labels it all has.
+    pub labels: Vec<String>,
+    /// This node's id (default the config's `server.node_id`, else the host name).
+    pub node_id: Option<String>,
+    /// Run even where a protection cannot be applied.
+    pub allow_degraded: bool,
+}
+
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("AGENTJAIL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+}
+
+/// Runs a worker until SIGTERM/SIGINT: then it claims no more runs, waits for those it holds
+/// and leaves the `workers` table (docs/deploy.md, "The fleet").
+pub fn worker_blocking(opts: WorkerOptions) -> Result<(), ServerError> {
+    init_tracing();
+    let mut config = match &opts.config {
+        Some(p) => Config::load(p)?,
+        None => {
+            return Err(ServerError::Io(
+                "agentjail worker needs --config (the task types, keys and data directory the service uses)".into(),
+            ));
+        }
+    };
+    if let Some(d) = &opts.data_dir {
+        config.server.data_dir = Some(d.clone());
+    }
+    if let Some(u) = &opts.database {
+        config.server.database = Some(u.clone());
+    }
+    if let Some(n) = &opts.node_id {
+        config.server.node_id = Some(n.clone());
+    }
+    if config.server.database.is_none() {
+        return Err(ServerError::Io(
+            "agentjail worker needs a PostgreSQL database (--database URL or server.database)"
+                .into(),
+        ));
+    }
+    if opts.slots == Some(0) {
+        return Err(ServerError::Io(
+            "--slots must be at least 1 for a worker".into(),
+        ));
+    }
+    if let Some(l) = opts.labels.iter().find(|l| !config::is_name(l)) {
+        return Err(ServerError::Io(format!(
+            "--labels: {l:?} is not a label (1-64 of a-z 0-9 _ -)"
+        )));
+    }
+    let Launch {
+        data_dir,
+        runner,
+        allow_degraded,
+        rt,
+    } = Launch::resolve(&config, opts.allow_degraded)?;
+    selftest::at_startup(&runner, config.server.selftest)?;
+    rt.block_on(async move {
+        let state = AppState::open_with(config, &data_dir, runner, allow_degraded, opts.slots)?;
+        runner::spawn_sweeper(state.clone());
+        let Some((stop, exec)) = fleet::start(&state, opts.labels.clone()) else {
+            return Err(ServerError::Io(
+                "agentjail worker needs a PostgreSQL database".into(),
+            ));
+        };
+        eprintln!(
+            "agentjail worker: claiming runs with {} slot(s), labels [{}] (data in {})",
+            state.inner.slots,
+            opts.labels.join(","),
+            state.data_dir().display()
+        );
+        shutdown_signal().await;
+        tracing::info!("stopping: no more claims; finishing the runs held");
+        stop.cancel();
+        if let Some(e) = exec {
+            let _ = e.await;
+        }
+        tracing::info!("stopped");
+        Ok(())
+    })
 }
 
 /// The JSON Schema of the configuration.
@@ -81,14 +184,7 @@ pub fn example_config() -> &'static str {
 
 /// Starts the service and blocks until SIGINT/SIGTERM. Builds its own tokio runtime.
 pub fn serve_blocking(opts: ServeOptions) -> Result<(), ServerError> {
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("AGENTJAIL_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .try_init();
+    init_tracing();
     let mut config = match &opts.config {
         Some(p) => Config::load(p)?,
         None => {
@@ -128,9 +224,11 @@ pub fn serve_blocking(opts: ServeOptions) -> Result<(), ServerError> {
     } = Launch::resolve(&config, opts.allow_degraded)?;
     selftest::at_startup(&runner, config.server.selftest)?;
     rt.block_on(async move {
-        let state = AppState::open(config, &data_dir, runner, allow_degraded)?;
+        let state = AppState::open_with(config, &data_dir, runner, allow_degraded, opts.slots)?;
         selftest::publish_metrics();
         runner::spawn_sweeper(state.clone());
+        // On PostgreSQL: the lease sweeper, the cluster gauges and (with slots) the executor.
+        let _fleet = fleet::start(&state, Vec::new());
         service::spawn_auth_failure_flusher(state.clone());
         let app = router(state.clone()).await;
         let listener = tokio::net::TcpListener::bind(listen)

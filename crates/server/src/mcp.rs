@@ -1579,6 +1579,8 @@ pub fn serve_stdio_blocking(opts: McpOptions) -> Result<(), crate::app::ServerEr
         use rmcp::ServiceExt;
         let state = AppState::open(config, &data_dir, runner, allow_degraded)?;
         crate::runner::spawn_sweeper(state.clone());
+        // On PostgreSQL the runs this process accepts are queued; it executes them too.
+        let _fleet = crate::fleet::start(&state, Vec::new());
         let caller = service::authenticate(&state, Some(&opts.token), "mcp stdio".into())
             .await
             .ok_or_else(|| ServerError::Io("the token matches no configured actor".into()))?;

@@ -94,6 +94,28 @@ const MIGRATIONS: &[&str] = &[
         hash TEXT NOT NULL,
         record TEXT NOT NULL
     );",
+    // 2: the queue (docs/deploy.md, "Leases and fencing"): what an executor needs to run a
+    // run it did not admit (`spec`: its inputs' records and code), the labels it needs, and
+    // the claim: `owner`, a fencing token from `run_fence` (new on every claim) and the
+    // lease's end (the database's clock). Live executors in `workers`; the cluster-wide
+    // count of expired leases in `cluster_counters`.
+    "ALTER TABLE runs ADD COLUMN spec TEXT;
+    ALTER TABLE runs ADD COLUMN labels TEXT[] NOT NULL DEFAULT '{}';
+    ALTER TABLE runs ADD COLUMN owner TEXT;
+    ALTER TABLE runs ADD COLUMN fence BIGINT;
+    ALTER TABLE runs ADD COLUMN lease_expires_at TIMESTAMPTZ;
+    CREATE SEQUENCE run_fence;
+    CREATE INDEX runs_queue ON runs(created_at) WHERE status = 'queued' AND owner IS NULL;
+    CREATE INDEX runs_leases ON runs(lease_expires_at) WHERE owner IS NOT NULL AND status IN ('queued', 'running');
+    CREATE TABLE workers (
+        node_id TEXT PRIMARY KEY,
+        slots INTEGER NOT NULL,
+        labels TEXT[] NOT NULL,
+        started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        heartbeat_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    );
+    CREATE TABLE cluster_counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
+    INSERT INTO cluster_counters (name, value) VALUES ('expired_leases', 0);",
 ];
 
 /// How many migrations this version knows (tests compare `schema_migrations` with it).
@@ -753,16 +775,29 @@ impl Store for PgStore {
 
     fn mark_in_flight_unknown(&self, now: i64) -> Result<Vec<InFlight>, StoreError> {
         block_on(async {
-            let c = self.client().await?;
-            let rows = c
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(pg_err)?;
+            // Claimed by this node but never started (the runner gets its manifest only after
+            // the `running` mark): back to the queue, nothing of it ran.
+            tx.execute(
+                "UPDATE runs SET owner = NULL, fence = NULL, lease_expires_at = NULL
+                 WHERE owner = $1 AND status = 'queued'",
+                &[&self.node],
+            )
+            .await
+            .map_err(pg_err)?;
+            // Running here, or admitted here before the queue existed (no spec): unknown.
+            // Queued runs nobody claimed stay queued: any executor takes them.
+            let rows = tx
                 .query(
                     "UPDATE runs SET status = 'unknown', reason = 'the service stopped while the run was in flight; its outcome is unknown', finished_at = $1
-                     WHERE node_id = $2 AND status IN ('queued', 'running')
+                     WHERE node_id = $2 AND (status = 'running' OR (status = 'queued' AND spec IS NULL))
                      RETURNING tenant, request_id, task, job_id",
                     &[&now, &self.node],
                 )
                 .await
                 .map_err(pg_err)?;
+            tx.commit().await.map_err(pg_err)?;
             Ok(rows
                 .iter()
                 .map(|r| InFlight {
@@ -864,6 +899,327 @@ pub fn export(
     out.flush()
         .map_err(|e| format!("writing the export: {e}"))?;
     Ok(n)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The queue: claims, leases, fencing (docs/deploy.md, "Leases and fencing")
+
+/// What an executor needs to run a run it did not admit, stored with the run (`runs.spec`)
+/// until it ends: its inputs' records and its code.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct JobSpec {
+    pub inputs: Vec<InputRow>,
+    pub code: Option<String>,
+}
+
+/// A run this node claimed: its record, its spec and its fencing token.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub run: RunRow,
+    pub spec: String,
+    pub fence: i64,
+}
+
+/// A run whose lease expired while it ran (now `unknown`).
+#[derive(Debug, Clone)]
+pub struct Expired {
+    pub run: InFlight,
+    pub owner: String,
+}
+
+/// The cluster's gauges, read from the database.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClusterGauges {
+    pub queue_depth: i64,
+    pub oldest_queued_seconds: i64,
+    pub live_workers: i64,
+    pub expired_leases: i64,
+}
+
+impl PgStore {
+    /// Records a new queued run with what an executor needs to run it (`spec`) and the labels
+    /// an executor must have, unless one with its (tenant, request_id) exists (atomically, as
+    /// [`Store::insert_run`]).
+    pub async fn enqueue(
+        &self,
+        row: RunRow,
+        spec: &JobSpec,
+        labels: &[String],
+    ) -> Result<Insert, StoreError> {
+        let spec = serde_json::to_string(spec)
+            .map_err(|e| StoreError::Database(format!("encoding a run's spec: {e}")))?;
+        let labels = labels.to_vec();
+        let c = self.client().await?;
+        let status = row.status.as_str();
+        let n = c
+            .execute(
+                &format!("INSERT INTO runs ({RUN_COLS}, node_id, spec, labels) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25)
+                 ON CONFLICT (tenant, request_id) DO NOTHING"),
+                &[
+                    &row.tenant, &row.request_id, &row.body_sha256, &row.task, &row.actor,
+                    &row.job_id, &row.job_expires_at, &status, &row.reason, &row.created_at,
+                    &row.started_at, &row.finished_at, &row.inputs, &row.report, &row.receipt,
+                    &row.artifact, &row.artifact_sha256, &row.outputs_expire_at,
+                    &row.logs_expire_at, &row.outputs_deleted, &row.args, &row.manifest_digest,
+                    &self.node, &spec, &labels,
+                ],
+            )
+            .await
+            .map_err(pg_err)?;
+        drop(c);
+        if n == 1 {
+            return Ok(Insert::Inserted);
+        }
+        match self.get_run_async(&row.tenant, &row.request_id).await? {
+            Some(existing) => Ok(Insert::Exists(Box::new(existing))),
+            None => Err(StoreError::Database(
+                "a conflicting run vanished after its insert".into(),
+            )),
+        }
+    }
+
+    /// Runs waiting for an executor (queued, unclaimed).
+    pub async fn queue_depth(&self) -> Result<i64, StoreError> {
+        let c = self.client().await?;
+        let r = c
+            .query_one(
+                "SELECT count(*) FROM runs WHERE status = 'queued' AND owner IS NULL",
+                &[],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(r.get(0))
+    }
+
+    /// Claims the oldest queued run whose labels this executor has (`FOR UPDATE SKIP LOCKED`:
+    /// concurrent claimers never wait for, nor take, the same row): owner = this node, a new
+    /// fencing token, the lease until the database's `now() + lease`.
+    pub async fn claim(
+        &self,
+        labels: &[String],
+        lease: Duration,
+    ) -> Result<Option<Claimed>, StoreError> {
+        let labels = labels.to_vec();
+        let secs = lease.as_secs_f64();
+        let c = self.client().await?;
+        let row = c
+            .query_opt(
+                &format!(
+                    "UPDATE runs SET owner = $1, node_id = $1, fence = nextval('run_fence'),
+                        lease_expires_at = now() + make_interval(secs => $2)
+                     WHERE (tenant, request_id) = (
+                        SELECT tenant, request_id FROM runs
+                        WHERE status = 'queued' AND owner IS NULL AND spec IS NOT NULL AND labels <@ $3
+                        ORDER BY created_at, job_id LIMIT 1 FOR UPDATE SKIP LOCKED)
+                     AND status = 'queued' AND owner IS NULL
+                     RETURNING {RUN_COLS}, spec, fence"
+                ),
+                &[&self.node, &secs, &labels],
+            )
+            .await
+            .map_err(pg_err)?;
+        let Some(r) = row else { return Ok(None) };
+        Ok(Some(Claimed {
+            run: run_from_row(&r)?,
+            spec: r.get(22),
+            fence: r.get(23),
+        }))
+    }
+
+    /// Extends the lease of `job_id` held with `fence` to `now() + lease`; false: refused (the
+    /// lease expired or was taken, or the run ended).
+    pub async fn heartbeat(
+        &self,
+        job_id: &str,
+        fence: i64,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let secs = lease.as_secs_f64();
+        let c = self.client().await?;
+        let n = c
+            .execute(
+                "UPDATE runs SET lease_expires_at = now() + make_interval(secs => $3)
+                 WHERE job_id = $1 AND fence = $2 AND status IN ('queued', 'running')
+                 AND lease_expires_at > now()",
+                &[&job_id, &fence, &secs],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(n == 1)
+    }
+
+    /// The fenced `running` mark: only while `fence` holds an unexpired lease on the run. A
+    /// retry after a lost reply finds its own mark (same `started_at`).
+    pub async fn mark_running_fenced(
+        &self,
+        job_id: &str,
+        fence: i64,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        self.persist("mark_running", || async move {
+            let c = self.client().await?;
+            let n = c
+                .execute(
+                    "UPDATE runs SET status = 'running', started_at = $3
+                     WHERE job_id = $1 AND fence = $2 AND lease_expires_at > now()
+                     AND (status = 'queued' OR (status = 'running' AND started_at = $3))",
+                    &[&job_id, &fence, &now],
+                )
+                .await
+                .map_err(pg_err)?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    /// The fenced end of a run: result, report, artifact and receipt in one statement, only
+    /// while `fence` holds an unexpired lease on the run in flight; else
+    /// [`StoreError::Fenced`] and nothing is written.
+    pub async fn finish_fenced(&self, f: FinishRun, fence: i64) -> Result<(), StoreError> {
+        self.persist("finish_run", || {
+            let f = f.clone();
+            async move {
+                let c = self.client().await?;
+                let status = f.status.as_str();
+                let n = c
+                    .execute(
+                        "UPDATE runs SET status = $2, reason = $3, finished_at = $4, report = $5, receipt = $6, artifact = $7, artifact_sha256 = $8, spec = NULL
+                         WHERE job_id = $1 AND fence = $9 AND lease_expires_at > now() AND status IN ('queued', 'running')",
+                        &[&f.job_id, &status, &f.reason, &f.now, &f.report, &f.receipt, &f.artifact, &f.artifact_sha256, &fence],
+                    )
+                    .await
+                    .map_err(pg_err)?;
+                if n == 1 {
+                    Ok(())
+                } else {
+                    Err(StoreError::Fenced(fence))
+                }
+            }
+        })
+        .await
+    }
+
+    /// Operator retry of an `unknown` run on the queue: queued again, unclaimed, with a new job
+    /// id and its spec; false if it was not `unknown` any more.
+    pub async fn requeue(
+        &self,
+        tenant: &str,
+        request_id: &str,
+        (job_id, expires): (String, i64),
+        spec: &JobSpec,
+    ) -> Result<bool, StoreError> {
+        let spec = serde_json::to_string(spec)
+            .map_err(|e| StoreError::Database(format!("encoding a run's spec: {e}")))?;
+        let c = self.client().await?;
+        let n = c
+            .execute(
+                "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL,
+                    owner = NULL, fence = NULL, lease_expires_at = NULL, spec = $5
+                 WHERE tenant = $1 AND request_id = $2 AND status = 'unknown'",
+                &[&tenant, &request_id, &job_id, &expires, &spec],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(n == 1)
+    }
+
+    /// Any node's sweep of expired leases, in one transaction: a run that was `running` becomes
+    /// `unknown` (its executor is gone or cut off and has killed, or will kill, its sandbox; an
+    /// operator reconciles it); a run claimed but never started goes back to the queue
+    /// (nothing of it ran: the runner gets its manifest only after the fenced `running`
+    /// mark). Counts both in `cluster_counters.expired_leases`.
+    pub async fn expire_leases(&self, now: i64) -> Result<(Vec<Expired>, u64), StoreError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(pg_err)?;
+        let rows = tx
+            .query(
+                "UPDATE runs SET status = 'unknown', finished_at = $1,
+                    reason = 'the lease of its executor (node ' || owner || ') expired while it ran: the executor stopped renewing it, so it was killed or cut off; the outcome is unknown, reconcile it'
+                 WHERE status = 'running' AND owner IS NOT NULL AND lease_expires_at < now()
+                 RETURNING tenant, request_id, task, job_id, owner",
+                &[&now],
+            )
+            .await
+            .map_err(pg_err)?;
+        let requeued = tx
+            .execute(
+                "UPDATE runs SET owner = NULL, fence = NULL, lease_expires_at = NULL
+                 WHERE status = 'queued' AND owner IS NOT NULL AND lease_expires_at < now()",
+                &[],
+            )
+            .await
+            .map_err(pg_err)?;
+        let total = rows.len() as i64 + requeued as i64;
+        if total > 0 {
+            tx.execute(
+                "UPDATE cluster_counters SET value = value + $1 WHERE name = 'expired_leases'",
+                &[&total],
+            )
+            .await
+            .map_err(pg_err)?;
+        }
+        tx.commit().await.map_err(pg_err)?;
+        let expired = rows
+            .iter()
+            .map(|r| Expired {
+                run: InFlight {
+                    tenant: r.get(0),
+                    request_id: r.get(1),
+                    task: r.get(2),
+                    job_id: r.get(3),
+                },
+                owner: r.get(4),
+            })
+            .collect();
+        Ok((expired, requeued))
+    }
+
+    /// Records this executor as live (slots, labels, heartbeat now).
+    pub async fn worker_alive(&self, slots: usize, labels: &[String]) -> Result<(), StoreError> {
+        let (slots, labels) = (slots as i32, labels.to_vec());
+        let c = self.client().await?;
+        c.execute(
+            "INSERT INTO workers (node_id, slots, labels) VALUES ($1, $2, $3)
+             ON CONFLICT (node_id) DO UPDATE SET slots = $2, labels = $3, heartbeat_at = now()",
+            &[&self.node, &slots, &labels],
+        )
+        .await
+        .map_err(pg_err)?;
+        Ok(())
+    }
+
+    /// Removes this executor from `workers` (a graceful stop).
+    pub async fn worker_gone(&self) -> Result<(), StoreError> {
+        let c = self.client().await?;
+        c.execute("DELETE FROM workers WHERE node_id = $1", &[&self.node])
+            .await
+            .map_err(pg_err)?;
+        Ok(())
+    }
+
+    /// The cluster's gauges; a worker is live when its heartbeat is younger than `live`.
+    pub async fn cluster_gauges(&self, live: Duration) -> Result<ClusterGauges, StoreError> {
+        let secs = live.as_secs_f64();
+        let c = self.client().await?;
+        let r = c
+            .query_one(
+                "SELECT
+                    (SELECT count(*) FROM runs WHERE status = 'queued' AND owner IS NULL),
+                    (SELECT COALESCE(GREATEST(EXTRACT(EPOCH FROM now())::bigint - min(created_at), 0), 0)
+                        FROM runs WHERE status = 'queued' AND owner IS NULL),
+                    (SELECT count(*) FROM workers WHERE heartbeat_at > now() - make_interval(secs => $1)),
+                    (SELECT COALESCE(max(value), 0) FROM cluster_counters WHERE name = 'expired_leases')",
+                &[&secs],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(ClusterGauges {
+            queue_depth: r.get(0),
+            oldest_queued_seconds: r.get(1),
+            live_workers: r.get(2),
+            expired_leases: r.get(3),
+        })
+    }
 }
 
 #[cfg(test)]

@@ -37,6 +37,60 @@ pub struct Job {
     /// init dies with its parent, and the pid namespace with its init). None for HTTP runs: a
     /// client that disconnects never cancels them.
     pub cancel: Option<CancellationToken>,
+    /// A run claimed from the PostgreSQL queue: every write of it is fenced, and the sandbox is
+    /// killed when the lease is lost. None: a run of this node's own (SQLite).
+    pub lease: Option<Lease>,
+}
+
+/// The claim an executor holds on a run (docs/deploy.md, "Leases and fencing").
+#[derive(Clone)]
+pub struct Lease {
+    /// The queue the run was claimed from.
+    pub queue: crate::pg::PgStore,
+    /// The fencing token of this claim: every write of the run is conditioned on it.
+    pub fence: i64,
+    /// Cancelled by the heartbeat when the lease is lost (renewal refused, or not renewed
+    /// before its end by this process's monotonic clock): the sandbox is killed.
+    pub lost: CancellationToken,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease").field("fence", &self.fence).finish()
+    }
+}
+
+/// Resolves when the job's lease is lost; never for a job without one.
+async fn lease_lost(job: &Job) {
+    match &job.lease {
+        Some(l) => l.lost.cancelled().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The `running` mark: fenced for a claimed run.
+async fn mark_started(state: &AppState, job: &Job) -> Result<bool, crate::store::StoreError> {
+    match &job.lease {
+        Some(l) => {
+            l.queue
+                .mark_running_fenced(&job.job_id, l.fence, now())
+                .await
+        }
+        None => state.store().mark_running(&job.job_id, now()).await,
+    }
+}
+
+/// Records the end of a run: fenced for a claimed run (refused: [`crate::store::StoreError::Fenced`],
+/// nothing written).
+async fn record_end(
+    state: &AppState,
+    job: &Job,
+    f: FinishRun,
+) -> Result<(), crate::store::StoreError> {
+    match &job.lease {
+        Some(l) => l.queue.finish_fenced(f, l.fence).await,
+        None => state.store().finish_run(f).await,
+    }
 }
 
 /// Resolves when `c` is cancelled; never when there is no token.
@@ -151,6 +205,7 @@ pub fn manifest_digest(
         code: None,
         args: args.to_vec(),
         cancel: None,
+        lease: None,
     };
     let schema = state.inner.schemas.get(task_name);
     let mut m = build_manifest(state, task, &job, schema.is_some());
@@ -375,6 +430,8 @@ enum Ended {
     Lost,
     /// The manifest could not be handed over; it was killed.
     HandOffFailed,
+    /// The executor lost its lease on the run; it was killed.
+    LeaseLost,
 }
 
 /// Hands the manifest over (from here on the run may execute) and waits for the runner to
@@ -402,6 +459,11 @@ async fn hand_over_and_wait(started: Started, task: &Task, job: &Job, manifest: 
             return Ended::HandOffFailed;
         }
     };
+    if job.lease.as_ref().is_some_and(|l| l.lost.is_cancelled()) {
+        let _ = child.kill().await;
+        tracing::error!(job_id = %job.job_id, "lease lost: the runner and its sandbox were killed");
+        return Ended::LeaseLost;
+    }
     // The sandbox enforces the task's limit; this bounds a runner that hangs for any other reason.
     let guard = Duration::from_secs(task.limits.seconds + 60);
     let waited = tokio::select! {
@@ -412,6 +474,13 @@ async fn hand_over_and_wait(started: Started, task: &Task, job: &Job, manifest: 
             let _ = child.kill().await;
             tracing::info!(job_id = %job.job_id, "run cancelled; runner killed");
             return Ended::Cancelled;
+        }
+        _ = lease_lost(job) => {
+            // The same kill: the runner, then its sandbox with it. Another node may now mark
+            // the run `unknown`; nothing of this execution can be recorded any more.
+            let _ = child.kill().await;
+            tracing::error!(job_id = %job.job_id, "lease lost: the runner and its sandbox were killed");
+            return Ended::LeaseLost;
         }
     };
     match waited {
@@ -457,6 +526,18 @@ fn collect(state: &AppState, task: &Task, job: &Job, ended: Ended) -> Outcome {
             };
         }
         Ended::HandOffFailed => return setup_failed("handing the manifest to the runner failed"),
+        Ended::LeaseLost => {
+            return Outcome {
+                status: RunState::Unknown,
+                reason: Some(
+                    "the executor lost its lease and killed the sandbox; outcome unknown".into(),
+                ),
+                report: None,
+                receipt: None,
+                artifact: None,
+                denials: 0,
+            };
+        }
     };
     let dir = job_dir(state, &job.job_id);
     let report_bytes = read_bounded(&dir.join("report.json"), 4 * 1024 * 1024);
@@ -524,9 +605,10 @@ async fn end_unstarted(
     reason: String,
     event: Event,
 ) {
-    let r = state
-        .store()
-        .finish_run(FinishRun {
+    let r = record_end(
+        state,
+        job,
+        FinishRun {
             job_id: job.job_id.clone(),
             status,
             reason: Some(reason.clone()),
@@ -535,10 +617,14 @@ async fn end_unstarted(
             receipt: None,
             artifact: None,
             artifact_sha256: None,
-        })
-        .await;
+        },
+    )
+    .await;
     if let Err(e) = r {
         tracing::error!(error = %e, job_id = %job.job_id, status = status.as_str(), "recording the end of a run that did not start failed");
+        if matches!(e, crate::store::StoreError::Fenced(_)) {
+            return;
+        }
     }
     metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => status.as_str()).increment(1);
     state
@@ -562,13 +648,43 @@ async fn end_unstarted(
 /// only then are its report and artifact read, the outcome recorded and `run_end` audited
 /// (still before the record says the run ended; a crash in between leaves it in flight, so
 /// `unknown` at the next start-up). The admission (queue) slot is held until the end.
-pub async fn execute(state: AppState, job: Job, _admission: Admission) {
+///
+/// A run claimed from the PostgreSQL queue (`job.lease`) comes with its run slot (`slot`),
+/// taken by the executor before it claimed; its writes are fenced, and a lost lease kills it.
+pub async fn execute(
+    state: AppState,
+    job: Job,
+    _admission: Option<Admission>,
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
+) {
     let Some(task) = state.inner.config.tasks.get(&job.task).cloned() else {
+        if let Some(l) = &job.lease {
+            // A task type this executor's configuration lacks: ended as a set-up error.
+            tracing::error!(job_id = %job.job_id, task = %job.task, "a claimed run names a task type this node's configuration does not have");
+            let f = FinishRun {
+                job_id: job.job_id.clone(),
+                status: RunState::SetupError,
+                reason: Some(
+                    "the executor that claimed the run does not know its task type".into(),
+                ),
+                now: now(),
+                report: None,
+                receipt: None,
+                artifact: None,
+                artifact_sha256: None,
+            };
+            if let Err(e) = l.queue.finish_fenced(f, l.fence).await {
+                tracing::error!(job_id = %job.job_id, error = %e, "recording a set-up error failed");
+            }
+        }
         return;
     };
-    let permit = tokio::select! {
-        p = state.inner.run_slots.acquire() => Some(p),
-        _ = cancelled(job.cancel.as_ref()) => None,
+    let permit = match slot {
+        Some(p) => Some(Ok(p)),
+        None => tokio::select! {
+            p = state.inner.run_slots.clone().acquire_owned() => Some(p),
+            _ = cancelled(job.cancel.as_ref()) => None,
+        },
     };
     let base = Event {
         actor: Some(job.actor.clone()),
@@ -634,7 +750,13 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
             return;
         }
     };
-    let marked = store.mark_running(&job.job_id, now()).await;
+    let marked = if job.lease.as_ref().is_some_and(|l| l.lost.is_cancelled()) {
+        Err(crate::store::StoreError::Fenced(
+            job.lease.as_ref().map_or(0, |l| l.fence),
+        ))
+    } else {
+        mark_started(&state, &job).await
+    };
     if !matches!(marked, Ok(true)) {
         // Not recorded as started: the runner never gets its manifest.
         runner.abort().await;
@@ -642,6 +764,12 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
         let _ = std::fs::remove_file(code_path(&state, &job.job_id));
         make_private(&job_dir(&state, &job.job_id));
         match marked {
+            Err(e @ crate::store::StoreError::Fenced(_)) => {
+                tracing::error!(job_id = %job.job_id, error = %e, "the running mark was refused by fencing; the run was not started here");
+            }
+            Ok(false) if job.lease.is_some() => {
+                tracing::error!(job_id = %job.job_id, "the running mark was refused by fencing (the lease expired or was taken); the run was not started here");
+            }
             Err(e) => {
                 tracing::error!(job_id = %job.job_id, error = %e, "marking a run as running failed; it was not run");
                 let ev = Event {
@@ -700,8 +828,10 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
         .artifact
         .as_deref()
         .map(|a| format!("sha256:{}", crate::config::sha256_hex(a)));
-    let r = store
-        .finish_run(FinishRun {
+    let r = record_end(
+        &state,
+        &job,
+        FinishRun {
             job_id: job.job_id.clone(),
             status: outcome.status,
             reason: outcome.reason.clone(),
@@ -710,9 +840,17 @@ pub async fn execute(state: AppState, job: Job, _admission: Admission) {
             receipt: outcome.receipt,
             artifact: outcome.artifact,
             artifact_sha256: sha,
-        })
-        .await;
+        },
+    )
+    .await;
     if let Err(e) = r {
+        if let crate::store::StoreError::Fenced(fence) = e {
+            // Another node owns the run now, or has ended it (`unknown`): this execution's
+            // late result is not recorded, and no `run_end` is audited for it.
+            tracing::error!(job_id = %job.job_id, fence, status = outcome.status.as_str(), "the result was refused by fencing (the lease expired or was taken); nothing recorded");
+            metrics::counter!("agentjail_fenced_writes_total").increment(1);
+            return;
+        }
         tracing::error!(error = %e, "recording a finished run failed");
     }
     state
@@ -914,6 +1052,7 @@ mod tests {
             code: Some("print(1)".into()),
             args: vec![],
             cancel: None,
+            lease: None,
         };
         let m = build_manifest(&state, &task, &job, true);
         assert_eq!(m.command, task.command);

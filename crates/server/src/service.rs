@@ -87,6 +87,18 @@ impl AppState {
         runner: PathBuf,
         allow_degraded: bool,
     ) -> Result<AppState, ServerError> {
+        AppState::open_with(config, data_dir, runner, allow_degraded, None)
+    }
+
+    /// [`AppState::open`] with this node's run slots (`serve --slots`, `worker --slots`;
+    /// default `max_concurrent_runs`); 0 (PostgreSQL only): this node executes nothing.
+    pub fn open_with(
+        config: Config,
+        data_dir: &Path,
+        runner: PathBuf,
+        allow_degraded: bool,
+        slots: Option<usize>,
+    ) -> Result<AppState, ServerError> {
         use std::os::unix::fs::PermissionsExt;
         let io = |what: &str, p: &Path, e: std::io::Error| {
             ServerError::Io(format!("{what} {}: {e}", p.display()))
@@ -136,28 +148,36 @@ impl AppState {
         // Create the receipt key now, so concurrent runs never race to create it.
         agentjail_verify::receipt::ReceiptKey::load_or_create(&private.join("receipt-key.pem"))
             .map_err(|e| ServerError::Io(format!("receipt key: {e}")))?;
-        let concurrency = config.server.max_concurrent_runs.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(2)
-        });
+        let concurrency = slots
+            .or(config.server.max_concurrent_runs)
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(2)
+            });
+        if concurrency == 0 && config.server.database.is_none() {
+            return Err(ServerError::Io(
+                "--slots 0 needs a shared PostgreSQL database (--database): without one nothing would run the runs this node accepts".into(),
+            ));
+        }
         // The store: PostgreSQL when the configuration names a database (shared by replicas),
         // else SQLite and the audit file in the private folder.
-        let (store, sqlite): (Arc<dyn store::Store>, Option<db::Db>) = match &config.server.database
-        {
-            Some(url) => (
-                Arc::new(open_pg(&config, url, &data_dir, concurrency)?),
-                None,
-            ),
-            None => {
-                let db = db::Db::open(&private.join("agentjail.db"))?;
-                let audit = audit::AuditLog::open(&private.join("audit.jsonl"))?;
-                (
-                    Arc::new(store::SqliteStore::new(db.clone(), audit)),
-                    Some(db),
-                )
-            }
-        };
+        let (store, sqlite, queue): (Arc<dyn store::Store>, Option<db::Db>, _) =
+            match &config.server.database {
+                Some(url) => {
+                    let pg = open_pg(&config, url, &data_dir, concurrency)?;
+                    (Arc::new(pg.clone()), None, Some(pg))
+                }
+                None => {
+                    let db = db::Db::open(&private.join("agentjail.db"))?;
+                    let audit = audit::AuditLog::open(&private.join("audit.jsonl"))?;
+                    (
+                        Arc::new(store::SqliteStore::new(db.clone(), audit)),
+                        Some(db),
+                        None,
+                    )
+                }
+            };
         let mut schemas = std::collections::BTreeMap::new();
         for (name, t) in &config.tasks {
             if let Some(s) = &t.output.schema {
@@ -179,7 +199,9 @@ impl AppState {
                 #[cfg(test)]
                 db: sqlite
                     .ok_or_else(|| ServerError::Io("unit tests inspect SQLite only".into()))?,
-                run_slots: Semaphore::new(concurrency),
+                run_slots: Arc::new(Semaphore::new(concurrency)),
+                slots: concurrency,
+                queue,
                 admitted: AtomicUsize::new(0),
                 metrics: metrics_handle(),
                 schemas,
@@ -190,6 +212,9 @@ impl AppState {
         #[cfg(not(test))]
         drop(sqlite);
         zero_metrics(&state.inner.config);
+        if state.inner.queue.is_some() {
+            crate::fleet::zero_cluster_metrics();
+        }
         runner::reconcile_at_startup(&state)?;
         Ok(state)
     }
@@ -624,6 +649,10 @@ pub(crate) async fn submit(
             .map_err(|_| Failure::Internal)?,
         ),
     };
+    if let Some(queue) = &state.inner.queue {
+        drop(admission);
+        return enqueue(state, queue, caller, ev, row, admitted, wait, cancel).await;
+    }
     let admitted_slot = admission.is_some();
     let inserted = if admitted_slot {
         state.store().insert_run(row.clone()).await?
@@ -674,11 +703,12 @@ pub(crate) async fn submit(
         code: admitted.code,
         args: admitted.args,
         cancel,
+        lease: None,
     };
     let Some(admission) = admission else {
         return Err(Failure::Internal);
     };
-    let handle = tokio::spawn(runner::execute(state.clone(), job, admission));
+    let handle = tokio::spawn(runner::execute(state.clone(), job, Some(admission), None));
     if wait {
         let _ = handle.await;
     }
@@ -687,6 +717,73 @@ pub(crate) async fn submit(
         .get_run(&caller.tenant, &req.request_id)
         .await?
         .ok_or(Failure::Internal)
+}
+
+/// [`submit`] on PostgreSQL: the run is recorded `queued` with what an executor needs to run
+/// it, and any node's executor claims it (crate::fleet). The queue is bounded cluster-wide by
+/// `max_queued_runs` (unclaimed runs); beyond it new work is refused as overloaded, replays are
+/// still answered. `wait` polls the record until it is final; `cancel` (MCP) stops the wait
+/// only: the run is on another node's executor.
+#[allow(clippy::too_many_arguments)]
+async fn enqueue(
+    state: &AppState,
+    queue: &crate::pg::PgStore,
+    caller: &Caller,
+    ev: Event,
+    row: RunRow,
+    admitted: policy::Admitted<'_>,
+    wait: bool,
+    cancel: Option<CancellationToken>,
+) -> Result<RunRow, Failure> {
+    let body_sha = row.body_sha256.clone();
+    let full = queue.queue_depth().await? >= state.inner.config.server.max_queued_runs as i64;
+    let inserted = if full {
+        match state.store().get_run(&row.tenant, &row.request_id).await? {
+            Some(r) => Insert::Exists(Box::new(r)),
+            None => {
+                metrics::counter!("agentjail_overload_refusals_total").increment(1);
+                return Err(deny(state, caller, ev, Refusal::Overloaded).await);
+            }
+        }
+    } else {
+        let spec = crate::pg::JobSpec {
+            inputs: admitted.inputs,
+            code: admitted.code,
+        };
+        queue
+            .enqueue(row.clone(), &spec, &admitted.task.labels)
+            .await?
+    };
+    if let Insert::Exists(existing) = inserted {
+        return replay(
+            state,
+            caller,
+            ev,
+            *existing,
+            &body_sha,
+            wait,
+            cancel.as_ref(),
+        )
+        .await;
+    }
+    state
+        .store()
+        .audit(Event {
+            event: "run_accepted",
+            decision: Some("allow"),
+            job_id: Some(row.job_id.clone()),
+            ..ev
+        })
+        .await;
+    if wait {
+        wait_for(state, &row.tenant, &row.request_id, cancel.as_ref()).await
+    } else {
+        state
+            .store()
+            .get_run(&row.tenant, &row.request_id)
+            .await?
+            .ok_or(Failure::Internal)
+    }
 }
 
 /// Answers a repeated request_id: the recorded run for the same body, a conflict for another.
@@ -899,11 +996,37 @@ pub(crate) async fn reconcile(
         {
             return Err(deny(state, caller, ev, e).await);
         }
+        let job_id = format!("job_{}", random_hex(16).map_err(|_| Failure::Internal)?);
+        let expires = now() + state.inner.config.server.job_ttl_seconds as i64;
+        if let Some(queue) = &state.inner.queue {
+            // On PostgreSQL the retry goes back on the queue: any executor claims it.
+            let spec = crate::pg::JobSpec {
+                inputs: rows,
+                code: None,
+            };
+            if queue
+                .requeue(tenant, rid, (job_id.clone(), expires), &spec)
+                .await?
+            {
+                state
+                    .store()
+                    .audit(Event {
+                        decision: Some("allow"),
+                        reason: Some("retry".into()),
+                        job_id: Some(job_id.clone()),
+                        ..ev
+                    })
+                    .await;
+            }
+            return state
+                .store()
+                .get_run(&caller.tenant, &r.request_id)
+                .await?
+                .ok_or(Failure::Internal);
+        }
         let Some(admission) = Admission::try_take(state) else {
             return Err(deny(state, caller, ev, Refusal::Overloaded).await);
         };
-        let job_id = format!("job_{}", random_hex(16).map_err(|_| Failure::Internal)?);
-        let expires = now() + state.inner.config.server.job_ttl_seconds as i64;
         let ok = state
             .store()
             .reconcile(tenant, rid, Some((job_id.clone(), expires)), now())
@@ -929,8 +1052,9 @@ pub(crate) async fn reconcile(
                 code: None,
                 args,
                 cancel: None,
+                lease: None,
             };
-            let _ = tokio::spawn(runner::execute(state.clone(), job, admission)).await;
+            let _ = tokio::spawn(runner::execute(state.clone(), job, Some(admission), None)).await;
         }
     }
     state

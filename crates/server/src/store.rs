@@ -36,6 +36,12 @@ pub enum StoreError {
     /// The audit log could not be written.
     #[error("audit: {0}")]
     Audit(String),
+    /// A write of a claimed run was refused by its fencing token: the lease it held expired or
+    /// was taken, or the run ended; nothing was written.
+    #[error(
+        "refused by fencing: fencing token {0} no longer holds a live lease on the run; nothing recorded"
+    )]
+    Fenced(i64),
 }
 
 impl From<DbError> for StoreError {

@@ -13,3 +13,4 @@ pub mod report;
 pub mod run;
 pub mod selftest;
 pub mod serve;
+pub mod worker;

@@ -24,6 +24,10 @@ pub struct ServeArgs {
     /// server.database, else SQLite in the data directory].
     #[arg(long, value_name = "URL")]
     database: Option<String>,
+    /// Runs this replica executes at once [default: the config's max_concurrent_runs, else
+    /// the CPUs]; with --database, 0 makes it an API replica that only enqueues (workers run).
+    #[arg(long, value_name = "N")]
+    slots: Option<usize>,
 }
 
 pub fn run(a: ServeArgs) -> Result<u8, String> {
@@ -33,6 +37,7 @@ pub fn run(a: ServeArgs) -> Result<u8, String> {
         data_dir: a.data_dir,
         allow_degraded: a.allow_degraded,
         database: a.database,
+        slots: a.slots,
     })
     .map(|()| 0)
     .map_err(|e| e.to_string())

@@ -1,0 +1,629 @@
+//! The worker fleet on PostgreSQL (issue #19, part 2): `serve --slots 0` (an API replica that
+//! only enqueues) and `agentjail worker` processes that claim runs with leases and fencing
+//! tokens, on a throwaway cluster (tests/common/pg.rs), against the real binary.
+//! What is attacked: execute-once across workers; a worker killed mid-run (its sandbox dies
+//! with it, the run becomes `unknown` when its lease expires, it never runs twice); a worker
+//! whose lease is taken from it while it is stopped (it kills its sandbox and its late
+//! result is refused by the fencing); the cluster gauges.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::pg::{self, Pg};
+use common::serve::{Api, sha256_hex, sleeper_task};
+use serde_json::{Value, json};
+
+const ALICE: &str = "tok-alice-fleet-1";
+
+/// One configuration for every node: a 3-second lease, the `sleeper` task (its processes carry
+/// `marker` in their command line).
+fn config(marker: &str) -> String {
+    format!(
+        r#"
+[server]
+node_id = "api"
+lease_seconds = 3
+auth_failure_audit_seconds = 3600
+
+[tenants.acme]
+
+[actors.alice]
+tenant = "acme"
+token_sha256 = "{a}"
+operator = true
+{sleeper}"#,
+        a = sha256_hex(ALICE),
+        sleeper = sleeper_task(marker, 30),
+    )
+}
+
+fn tempdir() -> tempfile::TempDir {
+    let d = tempfile::Builder::new()
+        .prefix("agentjail-fleet-test-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+/// A process of ours with its stderr collected; killed (SIGKILL) when dropped.
+struct Node {
+    child: Child,
+    log: Arc<Mutex<String>>,
+    dir: PathBuf,
+}
+
+impl Node {
+    /// Starts `agentjail ARGS --config DIR/config.toml --data-dir DIR/data --database URL` and
+    /// waits for a stderr line containing `ready`; returns the node and that line.
+    fn start(dir: &Path, pg: &Pg, cfg: &str, args: &[&str], ready: &str) -> (Node, String) {
+        Node::start_at(dir, &pg.url(), cfg, args, ready)
+    }
+
+    /// [`Node::start`] with the database at `url`.
+    fn start_at(dir: &Path, url: &str, cfg: &str, args: &[&str], ready: &str) -> (Node, String) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let cfg_path = dir.join("config.toml");
+        std::fs::write(&cfg_path, cfg).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_agentjail"))
+            .args(args)
+            .arg("--config")
+            .arg(&cfg_path)
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .args(["--database", url])
+            .env("PGPASSWORD", pg::PASSWORD)
+            .env("AGENTJAIL_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let log = Arc::new(Mutex::new(String::new()));
+        let mut found = None;
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            log.lock().unwrap().push_str(&(line.clone() + "\n"));
+            if line.contains(ready) {
+                found = Some(line);
+                break;
+            }
+        }
+        let l2 = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                l2.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        let found =
+            found.unwrap_or_else(|| panic!("{args:?} did not start:\n{}", log.lock().unwrap()));
+        (
+            Node {
+                child,
+                log,
+                dir: dir.to_path_buf(),
+            },
+            found,
+        )
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Job folders this node created (one per execution it started).
+    fn job_folders(&self) -> Vec<String> {
+        std::fs::read_dir(self.dir.join("data/jobs"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // A stopped process cannot die of SIGKILL until it is continued.
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.pid().to_string()])
+            .stderr(Stdio::null())
+            .status();
+        self.kill();
+    }
+}
+
+/// `serve --slots 0` on `dir`: the API replica; returns it and its client.
+fn api(dir: &Path, pg: &Pg, cfg: &str) -> (Node, Api) {
+    let (n, line) = Node::start(
+        dir,
+        pg,
+        cfg,
+        &["serve", "--listen", "127.0.0.1:0", "--slots", "0"],
+        "listening on ",
+    );
+    let base = line
+        .split("listening on ")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    (n, Api::new(&base))
+}
+
+/// `worker --slots 1 --node-id ID` on `dir`.
+fn worker(dir: &Path, pg: &Pg, cfg: &str, id: &str) -> Node {
+    Node::start(
+        dir,
+        pg,
+        cfg,
+        &["worker", "--slots", "1", "--node-id", id],
+        "claiming runs",
+    )
+    .0
+}
+
+fn status_of(api: &Api, id: &str) -> Value {
+    api.get(ALICE, &format!("/v1/runs/{id}")).json().unwrap()
+}
+
+fn wait_status(api: &Api, id: &str, want: &str, secs: u64) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let v = status_of(api, id);
+        if v["status"] == want {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{id} never reached {want}: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn wait_final(api: &Api, id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let v = status_of(api, id);
+        if v["status"] != "queued" && v["status"] != "running" {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{id} never finished: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// How many `event` records the audit chain holds for `request_id`.
+fn audited(pg: &Pg, event: &str, request_id: &str) -> String {
+    pg.psql(&format!(
+        "SELECT count(*) FROM audit_log WHERE record LIKE '%\"event\":\"{event}\"%' AND record LIKE '%\"request_id\":\"{request_id}\"%'"
+    ))
+}
+
+/// The payload processes of the `sleeper` task carrying `marker`.
+fn payloads(marker: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default();
+        if cmdline.starts_with("/usr/bin/python3") && cmdline.contains(marker) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+fn wait_payloads(marker: &str, n: usize, secs: u64) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while payloads(marker).len() != n {
+        assert!(
+            Instant::now() < deadline,
+            "expected {n} payload process(es) of {marker}, found {:?}",
+            payloads(marker)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One value of `/metrics`, by its series' name.
+fn metric(api: &Api, name: &str) -> Option<f64> {
+    let text = api
+        .http
+        .get(api.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    text.lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+fn marker_for(d: &tempfile::TempDir, what: &str) -> String {
+    format!(
+        "fleet-{what}-{}",
+        d.path().file_name().unwrap().to_string_lossy()
+    )
+}
+
+/// The serialised test lock: each test starts a cluster and several processes.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// `serve --slots 0` and two workers: every run finishes `ok` exactly once (one `run_start`,
+/// one job folder, on a worker, none on the API replica), spread over both workers. The
+/// cluster gauges are on the API replica's `/metrics` from start-up.
+#[test]
+fn two_workers_execute_each_run_once() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pg) = Pg::start() else { return };
+    let (d_api, d_w1, d_w2) = (tempdir(), tempdir(), tempdir());
+    let cfg = config(&marker_for(&d_api, "once"));
+    let (api_node, api) = api(d_api.path(), &pg, &cfg);
+    for g in [
+        "agentjail_cluster_queue_depth",
+        "agentjail_cluster_oldest_queued_seconds",
+        "agentjail_cluster_live_workers",
+        "agentjail_cluster_expired_leases_total",
+    ] {
+        assert_eq!(metric(&api, g), Some(0.0), "{g} at start-up");
+    }
+    // Queued before any worker exists: they wait in the queue, visible in the gauges.
+    let n = 6;
+    for i in 0..n {
+        let body =
+            json!({"request_id": format!("r-{i}"), "task": "sleeper", "inputs": [], "args": ["1"]});
+        assert_eq!(api.run(ALICE, &body, "?wait=false").status(), 202);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&api, "agentjail_cluster_queue_depth") != Some(n as f64) {
+        assert!(Instant::now() < deadline, "the queue depth never read {n}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(status_of(&api, "r-0")["status"], "queued");
+    let w1 = worker(d_w1.path(), &pg, &cfg, "w1");
+    let w2 = worker(d_w2.path(), &pg, &cfg, "w2");
+    for i in 0..n {
+        let v = wait_final(&api, &format!("r-{i}"));
+        assert_eq!(v["status"], "ok", "{v}");
+        assert_eq!(audited(&pg, "run_start", &format!("r-{i}")), "1");
+        assert_eq!(audited(&pg, "run_end", &format!("r-{i}")), "1");
+    }
+    let (f1, f2) = (w1.job_folders(), w2.job_folders());
+    assert_eq!(
+        f1.len() + f2.len(),
+        n,
+        "one job folder per run: {f1:?} {f2:?}"
+    );
+    assert!(
+        !f1.is_empty() && !f2.is_empty(),
+        "both workers ran some: {f1:?} {f2:?}"
+    );
+    assert!(
+        api_node.job_folders().is_empty(),
+        "the API replica ran nothing"
+    );
+    assert_eq!(
+        pg.psql("SELECT count(DISTINCT node_id) FROM runs WHERE status = 'ok'"),
+        "2"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&api, "agentjail_cluster_live_workers") != Some(2.0)
+        || metric(&api, "agentjail_cluster_queue_depth") != Some(0.0)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the gauges never read 2 live workers, an empty queue"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(w1);
+    drop(w2);
+    drop(api_node);
+}
+
+/// `kill -9` of a worker mid-run: its payload is gone within seconds (the runner's lifeline),
+/// the run becomes `unknown` once its lease expires (any node's sweeper), the expired lease is
+/// counted, and another worker never runs it again.
+#[test]
+fn a_killed_worker_leaves_its_run_unknown_never_twice() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pg) = Pg::start() else { return };
+    let (d_api, d_w1, d_w2) = (tempdir(), tempdir(), tempdir());
+    let marker = marker_for(&d_api, "kill");
+    let cfg = config(&marker);
+    let (_api_node, api) = api(d_api.path(), &pg, &cfg);
+    let mut w1 = worker(d_w1.path(), &pg, &cfg, "w1");
+    let body = json!({"request_id": "victim", "task": "sleeper", "inputs": [], "args": ["20"]});
+    assert_eq!(api.run(ALICE, &body, "?wait=false").status(), 202);
+    wait_status(&api, "victim", "running", 30);
+    wait_payloads(&marker, 1, 20);
+    w1.kill(); // SIGKILL
+    wait_payloads(&marker, 0, 3);
+    let w2 = worker(d_w2.path(), &pg, &cfg, "w2");
+    let v = wait_status(&api, "victim", "unknown", 15);
+    assert!(v["reason"].as_str().unwrap_or("").contains("lease"), "{v}");
+    // The lease expired under a live worker: it must not take the run again.
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(status_of(&api, "victim")["status"], "unknown");
+    assert!(payloads(&marker).is_empty(), "the run executed again");
+    assert!(w2.job_folders().is_empty(), "w2 started the killed run");
+    assert_eq!(audited(&pg, "run_start", "victim"), "1");
+    assert_eq!(audited(&pg, "run_unknown", "victim"), "1");
+    assert!(metric(&api, "agentjail_cluster_expired_leases_total").unwrap_or(0.0) >= 1.0);
+}
+
+/// Fencing: a worker stopped (SIGSTOP) past its lease. Meanwhile the API replica's sweeper
+/// marks the run `unknown`. Continued, the worker finds its lease gone: it kills its sandbox
+/// (the payload, still sleeping, disappears), its late result is refused by the fencing (in
+/// its log), and the run stays `unknown` with no `run_end`.
+#[test]
+fn a_worker_that_lost_its_lease_kills_its_sandbox_and_is_refused() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pg) = Pg::start() else { return };
+    let (d_api, d_w) = (tempdir(), tempdir());
+    let marker = marker_for(&d_api, "fence");
+    let cfg = config(&marker);
+    let (_api_node, api) = api(d_api.path(), &pg, &cfg);
+    let w = worker(d_w.path(), &pg, &cfg, "w-stopped");
+    let body = json!({"request_id": "fenced", "task": "sleeper", "inputs": [], "args": ["25"]});
+    assert_eq!(api.run(ALICE, &body, "?wait=false").status(), 202);
+    wait_status(&api, "fenced", "running", 30);
+    wait_payloads(&marker, 1, 20);
+    let pid = w.pid().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let v = wait_status(&api, "fenced", "unknown", 15);
+    assert!(v["reason"].as_str().unwrap_or("").contains("lease"), "{v}");
+    // Still sleeping in its sandbox: the stopped worker could not kill it.
+    assert_eq!(payloads(&marker).len(), 1);
+    assert!(
+        Command::new("kill")
+            .args(["-CONT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    wait_payloads(&marker, 0, 5);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !w.log().contains("the result was refused by fencing") {
+        assert!(
+            Instant::now() < deadline,
+            "no fencing refusal in the worker's log:\n{}",
+            w.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(w.log().contains("lease"), "{}", w.log());
+    std::thread::sleep(Duration::from_secs(1));
+    let v = status_of(&api, "fenced");
+    assert_eq!(v["status"], "unknown", "{v}");
+    assert!(
+        v.get("report").is_none() && v.get("artifact").is_none(),
+        "{v}"
+    );
+    assert_eq!(audited(&pg, "run_start", "fenced"), "1");
+    assert_eq!(audited(&pg, "run_end", "fenced"), "0");
+    // The worker lives on and takes new work.
+    let body = json!({"request_id": "after", "task": "sleeper", "inputs": [], "args": ["0"]});
+    assert_eq!(api.run(ALICE, &body, "?wait=false").status(), 202);
+    assert_eq!(wait_final(&api, "after")["status"], "ok");
+}
+
+/// Labels: a run of a task type with `labels = ["gpu"]` waits in the queue while only a worker
+/// without that label runs; a worker with `--labels gpu` claims it. SIGTERM to that worker
+/// mid-run: it claims nothing more, finishes the run (`ok`), leaves `workers` and exits 0.
+#[test]
+fn labels_route_runs_and_sigterm_finishes_the_held_run() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pg) = Pg::start() else { return };
+    let (d_api, d_plain, d_gpu) = (tempdir(), tempdir(), tempdir());
+    let marker = marker_for(&d_api, "labels");
+    let gpu_task = sleeper_task(&marker, 30)
+        .replace("[tasks.sleeper", "[tasks.gpu")
+        .replace(
+            "allowed_tenants = [\"acme\"]",
+            "allowed_tenants = [\"acme\"]\nlabels = [\"gpu\"]",
+        );
+    let cfg = format!("{}\n{gpu_task}", config(&marker));
+    let (_api_node, api) = api(d_api.path(), &pg, &cfg);
+    let plain = worker(d_plain.path(), &pg, &cfg, "plain");
+    let body = json!({"request_id": "needs-gpu", "task": "gpu", "inputs": [], "args": ["3"]});
+    assert_eq!(api.run(ALICE, &body, "?wait=false").status(), 202);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(status_of(&api, "needs-gpu")["status"], "queued");
+    assert!(plain.job_folders().is_empty());
+    let (mut gpu, _) = Node::start(
+        d_gpu.path(),
+        &pg,
+        &cfg,
+        &[
+            "worker",
+            "--slots",
+            "1",
+            "--node-id",
+            "gpu-1",
+            "--labels",
+            "gpu",
+        ],
+        "claiming runs",
+    );
+    wait_status(&api, "needs-gpu", "running", 20);
+    let pid = gpu.pid().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let exit = loop {
+        if let Some(s) = gpu.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker did not stop:\n{}",
+            gpu.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(exit.code(), Some(0), "{}", gpu.log());
+    let v = status_of(&api, "needs-gpu");
+    assert_eq!(v["status"], "ok", "{v}");
+    assert_eq!(gpu.job_folders().len(), 1);
+    assert!(plain.job_folders().is_empty());
+    assert_eq!(
+        pg.psql("SELECT string_agg(node_id, ',' ORDER BY node_id) FROM workers"),
+        "plain"
+    );
+}
+
+/// A TCP relay between a worker and PostgreSQL whose link can be cut: while cut, it forwards
+/// nothing in either direction and holds new connections (packets dropped, as when a network
+/// link goes down, not refused); restored, it forwards what was held.
+struct Link {
+    port: u16,
+    cut: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Link {
+    fn new(upstream_port: u16) -> Link {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let c2 = cut.clone();
+        std::thread::spawn(move || {
+            for conn in l.incoming() {
+                let Ok(down) = conn else { continue };
+                let cut = c2.clone();
+                std::thread::spawn(move || {
+                    while cut.load(Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    let Ok(up) = std::net::TcpStream::connect(("127.0.0.1", upstream_port)) else {
+                        return;
+                    };
+                    let pump = |mut from: std::net::TcpStream,
+                                mut to: std::net::TcpStream,
+                                cut: Arc<AtomicBool>| {
+                        use std::io::{Read, Write};
+                        let mut buf = [0u8; 16384];
+                        loop {
+                            let n = match from.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            while cut.load(Ordering::SeqCst) {
+                                std::thread::sleep(Duration::from_millis(50));
+                            }
+                            if to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = to.shutdown(std::net::Shutdown::Write);
+                    };
+                    let (d2, u2) = (down.try_clone().unwrap(), up.try_clone().unwrap());
+                    let c3 = cut.clone();
+                    let t = std::thread::spawn(move || pump(d2, u2, c3));
+                    pump(up, down, cut);
+                    let _ = t.join();
+                });
+            }
+        });
+        Link { port, cut }
+    }
+
+    fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Fencing, by cutting the link: a worker reaches PostgreSQL through a link that is cut
+/// mid-run. With no database, the worker kills its sandbox by its own clock once its lease
+/// ends; the API replica marks the run `unknown`; when the link is back, the worker's late
+/// result is refused by the fencing and the run stays `unknown`.
+#[test]
+fn a_worker_cut_off_from_the_database_kills_its_sandbox_and_is_refused() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pg) = Pg::start() else { return };
+    let (d_api, d_w) = (tempdir(), tempdir());
+    let marker = marker_for(&d_api, "cut");
+    let cfg = config(&marker);
+    let (_api_node, api) = api(d_api.path(), &pg, &cfg);
+    let port = pg
+        .url()
+        .split("127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap()
+        .parse::<u16>()
+        .unwrap();
+    let link = Link::new(port);
+    let url = pg
+        .url()
+        .replace(&format!(":{port}/"), &format!(":{}/", link.port));
+    let (w, _) = Node::start_at(
+        d_w.path(),
+        &url,
+        &cfg,
+        &["worker", "--slots", "1", "--node-id", "w-cut"],
+        "claiming runs",
+    );
+    let body = json!({"request_id": "cut", "task": "sleeper", "inputs": [], "args": ["25"]});
+    assert_eq!(api.run(ALICE, &body, "?wait=false").status(), 202);
+    wait_status(&api, "cut", "running", 30);
+    wait_payloads(&marker, 1, 20);
+    link.set_cut(true);
+    // Lease 3 s, renewed every second: the sandbox is gone within about 3 s, without any
+    // answer from the database.
+    wait_payloads(&marker, 0, 8);
+    assert!(w.log().contains("killing the sandbox"), "{}", w.log());
+    let v = wait_status(&api, "cut", "unknown", 15);
+    assert!(v["reason"].as_str().unwrap_or("").contains("lease"), "{v}");
+    link.set_cut(false);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !w.log().contains("the result was refused by fencing") {
+        assert!(
+            Instant::now() < deadline,
+            "no fencing refusal in the worker's log:\n{}",
+            w.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let v = status_of(&api, "cut");
+    assert_eq!(v["status"], "unknown", "{v}");
+    assert_eq!(audited(&pg, "run_start", "cut"), "1");
+    assert_eq!(audited(&pg, "run_end", "cut"), "0");
+}

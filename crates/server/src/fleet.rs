@@ -1,0 +1,315 @@
+//! The executors of a PostgreSQL deployment (docs/deploy.md, "The fleet"; "Leases and
+//! fencing"): `agentjail worker` and `serve --slots N` claim queued runs from the database and
+//! run them, each under a lease renewed by a heartbeat and a fencing token that conditions
+//! every write of the run. Every node also sweeps expired leases and publishes the cluster's
+//! gauges.
+//!
+//! - Claiming: [`crate::pg::PgStore::claim`] (`FOR UPDATE SKIP LOCKED`, oldest first, labels
+//!   matched), only while this node has a free run slot (the slot is taken first). An idle
+//!   executor polls every [`POLL`] (no LISTEN/NOTIFY: a pooled connection cannot hold a
+//!   LISTEN, and a poll also finds runs given back by an expired claim).
+//! - Heartbeat: every lease/3, `UPDATE … WHERE fence = $token AND lease not expired`. A
+//!   refused renewal, or no successful one before the lease's end measured from the moment the
+//!   last renewal was *sent* (this process's monotonic clock, so never later than the
+//!   database's end), cancels [`crate::runner::Lease::lost`]: the runner is killed, its sandbox
+//!   dies with it, and nothing more of the run is recorded.
+//! - Sweeping: [`crate::pg::PgStore::expire_leases`] on every node every lease/3.
+
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::app::{AppState, now};
+use crate::audit::Event;
+use crate::pg::{Claimed, JobSpec, PgStore};
+use crate::run_state::RunState;
+use crate::runner::{self, Job, Lease};
+
+/// How often an idle executor looks for work.
+pub const POLL: Duration = Duration::from_millis(250);
+
+/// The cluster gauges, at zero until the first reading (present from start-up).
+pub(crate) fn zero_cluster_metrics() {
+    metrics::gauge!("agentjail_cluster_queue_depth").set(0.0);
+    metrics::gauge!("agentjail_cluster_oldest_queued_seconds").set(0.0);
+    metrics::gauge!("agentjail_cluster_live_workers").set(0.0);
+    metrics::counter!("agentjail_cluster_expired_leases_total").absolute(0);
+    metrics::counter!("agentjail_fenced_writes_total").increment(0);
+}
+
+fn lease_of(state: &AppState) -> Duration {
+    Duration::from_secs(state.inner.config.server.lease_seconds)
+}
+
+/// Every node of a PostgreSQL deployment: sweeps expired leases and refreshes the cluster
+/// gauges, until `stop`.
+pub fn spawn_cluster_tasks(state: AppState, queue: PgStore, stop: CancellationToken) {
+    let every = (lease_of(&state) / 3).max(Duration::from_secs(1));
+    tokio::spawn(async move {
+        loop {
+            sweep_leases(&state, &queue).await;
+            match queue.cluster_gauges(lease_of(&state) * 2).await {
+                Ok(g) => {
+                    metrics::gauge!("agentjail_cluster_queue_depth").set(g.queue_depth as f64);
+                    metrics::gauge!("agentjail_cluster_oldest_queued_seconds")
+                        .set(g.oldest_queued_seconds as f64);
+                    metrics::gauge!("agentjail_cluster_live_workers").set(g.live_workers as f64);
+                    metrics::counter!("agentjail_cluster_expired_leases_total")
+                        .absolute(g.expired_leases.max(0) as u64);
+                }
+                Err(e) => tracing::warn!(error = %e, "reading the cluster gauges failed"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = stop.cancelled() => return,
+            }
+        }
+    });
+}
+
+async fn sweep_leases(state: &AppState, queue: &PgStore) {
+    match queue.expire_leases(now()).await {
+        Ok((expired, requeued)) => {
+            if requeued > 0 {
+                tracing::warn!(
+                    requeued,
+                    "claims that expired before their runs started went back to the queue"
+                );
+            }
+            for e in expired {
+                tracing::warn!(request_id = %e.run.request_id, job_id = %e.run.job_id, owner = %e.owner, "a lease expired while its run was running: marked unknown; an operator reconciles it");
+                metrics::counter!("agentjail_unknown_outcomes_total").increment(1);
+                state
+                    .store()
+                    .audit(Event {
+                        event: "run_unknown",
+                        tenant: Some(e.run.tenant),
+                        task: Some(e.run.task),
+                        request_id: Some(e.run.request_id),
+                        job_id: Some(e.run.job_id),
+                        status: Some(RunState::Unknown.into()),
+                        reason: Some(format!(
+                            "the lease of node {} expired while the run was running; marked unknown, not re-run",
+                            e.owner
+                        )),
+                        ..Default::default()
+                    })
+                    .await;
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "sweeping expired leases failed"),
+    }
+}
+
+/// The executor: claims runs while this node has free run slots, runs each under its lease,
+/// until `stop`; then claims no more and waits for the runs it holds to finish. Also keeps
+/// this node's row in `workers` fresh.
+pub async fn run_executor(
+    state: AppState,
+    queue: PgStore,
+    labels: Vec<String>,
+    stop: CancellationToken,
+) {
+    let lease = lease_of(&state);
+    let slots = state.inner.slots;
+    let alive = {
+        let (queue, labels, stop) = (queue.clone(), labels.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Err(e) = queue.worker_alive(slots, &labels).await {
+                    tracing::warn!(error = %e, "recording this executor as live failed");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(lease / 3) => {}
+                    _ = stop.cancelled() => return,
+                }
+            }
+        })
+    };
+    let mut running = JoinSet::new();
+    loop {
+        while running.try_join_next().is_some() {}
+        let permit = tokio::select! {
+            p = state.inner.run_slots.clone().acquire_owned() => p,
+            _ = stop.cancelled() => break,
+        };
+        let Ok(permit) = permit else { break };
+        if stop.is_cancelled() {
+            break;
+        }
+        let sent = Instant::now();
+        match queue.claim(&labels, lease).await {
+            Ok(Some(c)) => {
+                tracing::info!(request_id = %c.run.request_id, job_id = %c.run.job_id, fence = c.fence, "claimed a run");
+                running.spawn(run_claimed(state.clone(), queue.clone(), c, permit, sent));
+            }
+            Ok(None) => {
+                drop(permit);
+                tokio::select! {
+                    _ = tokio::time::sleep(POLL) => {}
+                    _ = stop.cancelled() => break,
+                }
+            }
+            Err(e) => {
+                drop(permit);
+                tracing::warn!(error = %e, "claiming a run failed; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.cancelled() => break,
+                }
+            }
+        }
+    }
+    let held = running.len();
+    if held > 0 {
+        tracing::info!(
+            runs = held,
+            "stopping: claiming no more runs; waiting for the runs this executor holds"
+        );
+    }
+    while running.join_next().await.is_some() {}
+    let _ = alive.await;
+    if let Err(e) = queue.worker_gone().await {
+        tracing::warn!(error = %e, "removing this executor from the workers table failed");
+    }
+}
+
+/// Runs one claimed run under its lease: the heartbeat renews it; the run's writes are fenced.
+async fn run_claimed(
+    state: AppState,
+    queue: PgStore,
+    c: Claimed,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    claimed_at: Instant,
+) {
+    let lease = lease_of(&state);
+    let lost = CancellationToken::new();
+    let done = CancellationToken::new();
+    let run = c.run;
+    let heartbeat = tokio::spawn(heartbeat(
+        queue.clone(),
+        run.job_id.clone(),
+        c.fence,
+        lease,
+        claimed_at + lease,
+        lost.clone(),
+        done.clone(),
+    ));
+    let spec: Result<JobSpec, _> = serde_json::from_str(&c.spec);
+    let args: Result<Vec<String>, _> = serde_json::from_str(&run.args);
+    let lease_h = Lease {
+        queue: queue.clone(),
+        fence: c.fence,
+        lost,
+    };
+    match (spec, args) {
+        (Ok(spec), Ok(args)) => {
+            let job = Job {
+                tenant: run.tenant,
+                actor: run.actor,
+                request_id: run.request_id,
+                task: run.task,
+                job_id: run.job_id,
+                job_expires_at: run.job_expires_at,
+                inputs: spec.inputs,
+                code: spec.code,
+                args,
+                cancel: None,
+                lease: Some(lease_h),
+            };
+            runner::execute(state, job, None, Some(permit)).await;
+        }
+        _ => {
+            drop(permit);
+            tracing::error!(job_id = %run.job_id, "a claimed run's spec or args cannot be read; ended as a set-up error");
+            let f = crate::store::FinishRun {
+                job_id: run.job_id.clone(),
+                status: RunState::SetupError,
+                reason: Some("the queued run's record cannot be read".into()),
+                now: now(),
+                report: None,
+                receipt: None,
+                artifact: None,
+                artifact_sha256: None,
+            };
+            if let Err(e) = queue.finish_fenced(f, c.fence).await {
+                tracing::error!(job_id = %run.job_id, error = %e, "recording a set-up error failed");
+            }
+        }
+    }
+    done.cancel();
+    let _ = heartbeat.await;
+}
+
+/// Renews the lease every `lease`/3 until `done`; cancels `lost` when a renewal is refused or
+/// when `deadline` (the end of the last renewal sent, by this process's monotonic clock)
+/// passes without a successful one.
+async fn heartbeat(
+    queue: PgStore,
+    job_id: String,
+    fence: i64,
+    lease: Duration,
+    mut deadline: Instant,
+    lost: CancellationToken,
+    done: CancellationToken,
+) {
+    let every = lease / 3;
+    loop {
+        let deadline_t = tokio::time::Instant::from_std(deadline);
+        tokio::select! {
+            _ = done.cancelled() => return,
+            _ = tokio::time::sleep_until(deadline_t) => {
+                tracing::error!(%job_id, fence, "no lease renewal succeeded before the lease ended: killing the sandbox");
+                lost.cancel();
+                return;
+            }
+            _ = tokio::time::sleep(every) => {}
+        }
+        let sent = Instant::now();
+        let r = tokio::select! {
+            _ = done.cancelled() => return,
+            _ = tokio::time::sleep_until(deadline_t) => {
+                tracing::error!(%job_id, fence, "no lease renewal succeeded before the lease ended: killing the sandbox");
+                lost.cancel();
+                return;
+            }
+            r = queue.heartbeat(&job_id, fence, lease) => r,
+        };
+        match r {
+            Ok(true) => deadline = sent + lease,
+            Ok(false) => {
+                if done.is_cancelled() {
+                    return;
+                }
+                tracing::error!(%job_id, fence, "the lease renewal was refused (the lease expired or was taken): killing the sandbox");
+                lost.cancel();
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(%job_id, fence, error = %e, "renewing the lease failed; retrying until the lease ends");
+            }
+        }
+    }
+}
+
+/// On PostgreSQL: starts this node's lease sweeper and gauges, and its executor when it has
+/// run slots. Returns the executor (to wait for at a graceful stop) and its stop token; None
+/// on SQLite.
+pub fn start(
+    state: &AppState,
+    labels: Vec<String>,
+) -> Option<(CancellationToken, Option<tokio::task::JoinHandle<()>>)> {
+    let queue = state.inner.queue.clone()?;
+    let stop = CancellationToken::new();
+    spawn_cluster_tasks(state.clone(), queue.clone(), stop.clone());
+    let exec = (state.inner.slots > 0).then(|| {
+        tokio::spawn(run_executor(
+            state.clone(),
+            queue,
+            labels,
+            stop.child_token(),
+        ))
+    });
+    Some((stop, exec))
+}
