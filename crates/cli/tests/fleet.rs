@@ -74,7 +74,7 @@ impl Node {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         let cfg_path = dir.join("config.toml");
         std::fs::write(&cfg_path, cfg).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_agentjail"))
+        let mut child = Command::new(common::bin())
             .args(args)
             .arg("--config")
             .arg(&cfg_path)
