@@ -107,10 +107,12 @@ pub fn object_path(state: &AppState, sha256: &str) -> PathBuf {
     state.inner.data_dir.join("objects").join(sha256)
 }
 
-/// The manifest of a job: [`policy::manifest`] with this data directory's paths.
-pub fn build_manifest(state: &AppState, task: &Task, job: &Job, has_schema: bool) -> Manifest {
+/// The manifest of a job: [`policy::manifest`] with this data directory's paths (the task's
+/// output schema is the file written once at start-up, `DATA/schemas/<sha256>.json`).
+pub fn build_manifest(state: &AppState, task: &Task, job: &Job) -> Manifest {
     let code_file = code_path(state, &job.job_id);
     let objects = state.inner.data_dir.join("objects");
+    let schema = state.inner.schemas.get(&job.task).map(|s| s.file.as_path());
     policy::manifest(
         task,
         &job.request_id,
@@ -120,15 +122,22 @@ pub fn build_manifest(state: &AppState, task: &Task, job: &Job, has_schema: bool
         JobPaths {
             objects: &objects,
             code_file: &code_file,
-            has_schema,
+            schema,
         },
     )
 }
 
+/// How the manifest digest names a task's output schema file: the name it had in the job
+/// folder before schemas were written once per schema (content-addressed). The digest covers
+/// the schema's text anyway; keeping the old name keeps the digests recorded before the change
+/// (so their retries) valid.
+const DIGEST_SCHEMA_NAME: &str = "output.schema.json";
+
 /// The digest of what a request runs, the same for every attempt: `sha256:` over the RFC 8785
 /// JSON of `{"manifest", "output_schema"}`, the manifest as [`build_manifest`] builds it minus
 /// the attempt's own parts (the job id's expiry; the code file's path, which names the job),
-/// and the task's output schema text (the manifest names only the schema's file). Recorded
+/// and the task's output schema text (the manifest names only the schema's file, and the
+/// digest names that file [`DIGEST_SCHEMA_NAME`] whatever its path). Recorded
 /// with the run at admission; a retry whose rebuilt manifest has another digest (the task
 /// type's command, env, limits, network, isolation, output or schema changed) is refused.
 /// A manifest without a canonical form is an error, never the digest of empty bytes.
@@ -152,9 +161,12 @@ pub fn manifest_digest(
         args: args.to_vec(),
         cancel: None,
     };
-    let schema = state.inner.schemas.get(task_name);
-    let mut m = build_manifest(state, task, &job, schema.is_some());
+    let schema = state.inner.schemas.get(task_name).map(|s| &s.text);
+    let mut m = build_manifest(state, task, &job);
     m.expires_at = None;
+    if m.output_schema.is_some() {
+        m.output_schema = Some(DIGEST_SCHEMA_NAME.into());
+    }
     let doc = serde_json::json!({ "manifest": m, "output_schema": schema });
     let bytes = serde_jcs::to_vec(&doc)?;
     Ok(format!("sha256:{}", crate::config::sha256_hex(&bytes)))
@@ -205,8 +217,8 @@ pub fn code_path(state: &AppState, job_id: &str) -> PathBuf {
 /// The environment variable that marks a runner as this data directory's (start-up sweep).
 pub const SERVICE_MARK: &str = "AGENTJAIL_SERVICE_DATA";
 
-/// Prepares the job folder (0700: the schema 0600; the runner adds logs, report, receipt and
-/// output) and the code file; returns the manifest as one line of JSON, which reaches the
+/// Prepares the job folder (0700; the runner adds logs, report, receipt and output) and the
+/// code file (the output schema was written once at start-up); returns the manifest as one line of JSON, which reaches the
 /// runner through its stdin and is never written to disk (it holds the task's env values).
 fn prepare(state: &AppState, task: &Task, job: &Job) -> Result<Vec<u8>, PrepareError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -222,11 +234,7 @@ fn prepare(state: &AppState, task: &Task, job: &Job) -> Result<Vec<u8>, PrepareE
         write_private(&p, code.as_bytes())?;
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).map_err(io_at(&p))?;
     }
-    let schema = state.inner.schemas.get(&job.task);
-    if let Some(s) = schema {
-        write_private(&dir.join("output.schema.json"), s.as_bytes())?;
-    }
-    let m = build_manifest(state, task, job, schema.is_some());
+    let m = build_manifest(state, task, job);
     let mut line = serde_json::to_vec(&m)?;
     line.push(b'\n');
     Ok(line)
@@ -310,6 +318,8 @@ fn spawn_runner(state: &AppState, task: &Task, job: &Job) -> Result<Started, &'s
         .arg(data.join("objects"))
         .arg("--source-root")
         .arg(data.join("code"))
+        .arg("--source-root")
+        .arg(data.join("schemas"))
         .args(["--output-dir", "out", "--report", "report.json"])
         .args(["--receipt", "receipt.json", "--key"])
         .arg(data.join("private").join("receipt-key.pem"));
@@ -915,7 +925,7 @@ mod tests {
             args: vec![],
             cancel: None,
         };
-        let m = build_manifest(&state, &task, &job, true);
+        let m = build_manifest(&state, &task, &job);
         assert_eq!(m.command, task.command);
         assert_eq!(m.limits, task.limits);
         assert_eq!(m.network, Network::Deny);
@@ -936,7 +946,7 @@ mod tests {
         let mut strict = task.clone();
         strict.isolation = agentjail_manifest::Tier::Gvisor;
         assert_eq!(
-            build_manifest(&state, &strict, &job, true).isolation,
+            build_manifest(&state, &strict, &job).isolation,
             agentjail_manifest::Tier::Gvisor
         );
     }
