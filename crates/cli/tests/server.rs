@@ -1709,3 +1709,69 @@ fn the_output_schema_is_written_once_per_schema_not_per_job() {
     assert_eq!(of_schema(strict).len(), 1, "{:?}", files(&schemas));
     assert_eq!(files(&schemas).len(), before.len() + 1);
 }
+
+/// Issue #15, performance (per-run file-system work): the runner's stdout and stderr come back
+/// through pipes that the service drains into the job folder; a log file is created only once
+/// its stream has a first byte (a run that writes nothing costs no log inode), 0600, and holds
+/// what the command wrote (the sentinels), bounded.
+#[test]
+fn run_logs_are_created_only_for_streams_that_have_output() {
+    let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = common::tmp();
+    let data = dir.path().join("data");
+    let task = r#"
+[tasks.talk]
+description = "Runs the request's code"
+code = "allowed"
+command = ["/usr/bin/python3", "/input/code.py"]
+allowed_tenants = ["acme"]
+[tasks.talk.output]
+path = "/output/o.json"
+media_type = "application/json"
+max_bytes = 1000
+"#;
+    let s = Server::start_with(dir.path(), "", task);
+    let job_of = |id: &str, code: &str| {
+        let body = json!({"request_id": id, "task": "talk", "inputs": [], "code": code});
+        s.run(ALICE, &body, "");
+        let v = wait_status(&s, id, "ok");
+        data.join("jobs").join(v["job_id"].as_str().unwrap())
+    };
+    let silent = job_of(
+        "logs-silent",
+        "import json\njson.dump({}, open('/output/o.json', 'w'))\n",
+    );
+    assert!(silent.join("report.json").exists(), "{}", silent.display());
+    for log in ["stdout.log", "stderr.log"] {
+        assert!(
+            !silent.join(log).exists(),
+            "a run that wrote nothing left {log}: {:?}",
+            std::fs::read_to_string(silent.join(log))
+        );
+    }
+    let talk = job_of(
+        "logs-talk",
+        "import json, sys\nprint('zz-out-sentinel')\nprint('zz-err-sentinel', file=sys.stderr)\nsys.stdout.write('x' * 3000000)\njson.dump({}, open('/output/o.json', 'w'))\n",
+    );
+    let out = std::fs::read(talk.join("stdout.log")).unwrap();
+    let err = std::fs::read_to_string(talk.join("stderr.log")).unwrap();
+    assert!(
+        out.starts_with(b"zz-out-sentinel\n"),
+        "{:?}",
+        &out[..out.len().min(64)]
+    );
+    assert!(
+        out.len() < 2 * 1024 * 1024,
+        "stdout.log is not bounded: {} bytes",
+        out.len()
+    );
+    assert!(err.contains("zz-err-sentinel"), "{err}");
+    for log in ["stdout.log", "stderr.log"] {
+        let m = std::fs::metadata(talk.join(log))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777;
+        assert_eq!(m, 0o600, "{log} is {m:o}");
+    }
+}

@@ -285,23 +285,101 @@ struct Started {
     /// The write end of the runner's stdin: the manifest goes through it, then it stays open
     /// until the runner exits.
     lifeline: std::io::PipeWriter,
+    /// Its stdout and stderr, on their way to the job folder.
+    logs: Logs,
+}
+
+/// Most of each of the runner's streams kept in its log: the runner passes at most
+/// [`agentjail_engine::STREAM_LIMIT`] of the command's stdout and of its stderr through, plus
+/// its own few messages.
+const LOG_LIMIT: u64 = agentjail_engine::STREAM_LIMIT + 64 * 1024;
+
+/// How long the logs may take to reach end-of-file once the runner has exited (its sandbox
+/// died with it, so normally at once).
+const LOG_DRAIN: Duration = Duration::from_secs(5);
+
+/// The runner's stdout and stderr, drained from pipes into the job folder's `stdout.log` and
+/// `stderr.log` (0600). A log file is created only once its stream has a first byte, so a run
+/// that writes nothing costs no inode; each keeps at most [`LOG_LIMIT`] bytes (the rest is
+/// read and dropped, so the runner never blocks on a full pipe).
+struct Logs(Vec<tokio::task::JoinHandle<()>>);
+
+impl Logs {
+    fn start(
+        dir: &Path,
+        stdout: Option<tokio::process::ChildStdout>,
+        stderr: Option<tokio::process::ChildStderr>,
+    ) -> Logs {
+        let mut tasks = Vec::with_capacity(2);
+        if let Some(s) = stdout {
+            tasks.push(tokio::spawn(drain_log(s, dir.join("stdout.log"))));
+        }
+        if let Some(s) = stderr {
+            tasks.push(tokio::spawn(drain_log(s, dir.join("stderr.log"))));
+        }
+        Logs(tasks)
+    }
+
+    /// Waits, after the runner exited, for both streams to end and be written; gives up
+    /// (drops the pipes) after [`LOG_DRAIN`].
+    async fn finish(self) {
+        let deadline = tokio::time::Instant::now() + LOG_DRAIN;
+        for t in self.0 {
+            let abort = t.abort_handle();
+            if tokio::time::timeout_at(deadline, t).await.is_err() {
+                abort.abort();
+            }
+        }
+    }
+}
+
+/// Copies one of the runner's streams into `path` (see [`Logs`]).
+async fn drain_log(mut from: impl tokio::io::AsyncRead + Unpin, path: PathBuf) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut file: Option<std::fs::File> = None;
+    let mut room = LOG_LIMIT;
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let keep = (n as u64).min(room) as usize;
+        if keep == 0 {
+            continue;
+        }
+        if file.is_none() {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+            {
+                Ok(f) => file = Some(f),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot create a run's log; its output is dropped");
+                    room = 0;
+                    continue;
+                }
+            }
+        }
+        if let Some(f) = file.as_mut()
+            && let Err(e) = f.write_all(&buf[..keep])
+        {
+            tracing::warn!(path = %path.display(), error = %e, "cannot write a run's log; the rest is dropped");
+            room = 0;
+            continue;
+        }
+        room -= keep as u64;
+    }
 }
 
 /// Starts the runner (`agentjail run --lifeline …`) in the job folder, its stdout and stderr
-/// to the folder's logs. It then waits for its manifest.
+/// through pipes to the folder's logs ([`Logs`]). It then waits for its manifest.
 fn spawn_runner(state: &AppState, task: &Task, job: &Job) -> Result<Started, &'static str> {
-    use std::os::unix::fs::OpenOptionsExt;
     let dir = job_dir(state, &job.job_id);
-    let log = |name: &str| {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(dir.join(name))
-    };
-    let (Ok(stdout), Ok(stderr)) = (log("stdout.log"), log("stderr.log")) else {
-        return Err("cannot create the job's log files");
-    };
     // The lifeline: the runner's stdin is a pipe whose write end only this process holds
     // (close-on-exec, so no other child keeps it). The manifest goes through it first; then it
     // stays open until the run ends. If this process dies, the runner sees the hang-up, kills
@@ -344,15 +422,20 @@ fn spawn_runner(state: &AppState, task: &Task, job: &Job) -> Result<Started, &'s
     }
     cmd.current_dir(&dir)
         .stdin(Stdio::from(lifeline_r))
-        .stdout(Stdio::from(stdout))
-        .stderr(Stdio::from(stderr))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .kill_on_drop(true);
-    let child = cmd.spawn().map_err(|e| {
+    let mut child = cmd.spawn().map_err(|e| {
         tracing::error!(job_id = %job.job_id, error = %e, runner = %state.inner.runner.display(), "cannot start the runner");
         "cannot start the runner"
     })?;
+    let logs = Logs::start(&dir, child.stdout.take(), child.stderr.take());
     // `cmd` holds the read end until dropped (here); the runner's copy is the only one left.
-    Ok(Started { child, lifeline })
+    Ok(Started {
+        child,
+        lifeline,
+        logs,
+    })
 }
 
 impl Started {
@@ -363,6 +446,7 @@ impl Started {
         let Started {
             mut child,
             lifeline,
+            logs,
         } = self;
         drop(lifeline);
         if tokio::time::timeout(Duration::from_secs(10), child.wait())
@@ -371,6 +455,7 @@ impl Started {
         {
             let _ = child.kill().await;
         }
+        logs.finish().await;
     }
 }
 
@@ -388,12 +473,26 @@ enum Ended {
 }
 
 /// Hands the manifest over (from here on the run may execute) and waits for the runner to
-/// exit, bounded by the task's limit plus a margin, or to be cancelled.
+/// exit, bounded by the task's limit plus a margin, or to be cancelled; then for its logs.
 async fn hand_over_and_wait(started: Started, task: &Task, job: &Job, manifest: Vec<u8>) -> Ended {
     let Started {
-        mut child,
+        child,
         lifeline,
+        logs,
     } = started;
+    let ended = run_to_exit(child, lifeline, task, job, manifest).await;
+    logs.finish().await;
+    ended
+}
+
+/// [`hand_over_and_wait`] up to the runner's exit.
+async fn run_to_exit(
+    mut child: tokio::process::Child,
+    lifeline: std::io::PipeWriter,
+    task: &Task,
+    job: &Job,
+    manifest: Vec<u8>,
+) -> Ended {
     let writer = tokio::task::spawn_blocking(move || {
         use std::io::Write;
         let mut w = lifeline;
