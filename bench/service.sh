@@ -9,7 +9,8 @@
 #            env), output dir, report, and a receipt signed with a key.
 # The two alternate for ROUNDS rounds (service, direct, service, direct, …), each service round
 # on a fresh data directory after a short warm-up; the medians and their ratio are printed,
-# with the load average (1 min) at the start of each round.
+# with the load average (1 min) at the start of each round, and the service process's own CPU
+# per run (its threads, from /proc/<pid>/stat; not its runners).
 # Usage: bench/service.sh [N] [ROUNDS]   (as root, like CI; needs python3; builds the release
 # binary, or takes the one in $AGENTJAIL_BIN). With AGENTJAIL_BIN_BASE=another-binary, every
 # round also runs a service round with that build, right after this one's (an A/B of two
@@ -145,21 +146,32 @@ def service_round(r, binary=aj):
             errors.append(e)
 
     threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+    cpu0 = service_cpu(p.pid)
     t0 = time.monotonic()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     dt = time.monotonic() - t0
+    cpu = [(b - a) / n for a, b in zip(cpu0, service_cpu(p.pid))]
     p.terminate()
     p.wait()
     shutil.rmtree(data)
     if errors:
         sys.exit(f"service round {r}: {errors[0]!r}")
+    cpus.setdefault(binary, []).append(cpu)
     return dt
 
 
+def service_cpu(pid):
+    """The service's own CPU (its threads, not its runners), user and system, in ms."""
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return [int(f[11]) * 1000 / tick, int(f[12]) * 1000 / tick]
+
+
 svc, svc_base, dir_ = [], [], []
+cpus = {}
 for r in range(rounds):
     load = os.getloadavg()[0]
     s = service_round(r)
@@ -183,6 +195,11 @@ if aj_base:
 print(f"  direct  (2 at a time)           : {md:6.1f} runs/s")
 print(f"  service / direct                : {ms / md:6.3f}  (per-round ratios: "
       + ", ".join(f"{a / b:.3f}" for a, b in zip(svc, dir_)) + ")")
+for b, label in ((aj, "service"), (aj_base, "base service")):
+    if b in cpus:
+        u = statistics.median(c[0] for c in cpus[b])
+        k = statistics.median(c[1] for c in cpus[b])
+        print(f"  {label} process's own CPU per run (median): user {u:.2f} ms, sys {k:.2f} ms")
 if aj_base:
     mb = statistics.median(svc_base)
     print(f"  base service / direct           : {mb / md:6.3f}  (per-round ratios: "

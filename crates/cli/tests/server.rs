@@ -1633,3 +1633,145 @@ fn the_run_slot_is_free_while_the_previous_outcome_is_recorded() {
     let (path, _) = audit(dir.path());
     agentjail_server::audit::verify_chain(&path).unwrap();
 }
+
+/// Issue #15, performance (per-run file-system work): the task's output schema is written once
+/// per schema, at start-up, content-addressed (`DATA/schemas/<sha256>.json`, 0600 in a 0700
+/// folder), and never into a job folder; runs still have their output checked against it (the
+/// sentinel: a schema that the payload's output breaks makes the run `output_rejected`, one it
+/// meets makes it `ok`).
+#[test]
+fn the_output_schema_is_written_once_per_schema_not_per_job() {
+    let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = common::tmp();
+    let data = dir.path().join("data");
+    const SCHEMA: &str = r#"{"type": "object", "required": ["mode"]}"#;
+    let s = Server::start_with(dir.path(), "", &echo_task("a", SCHEMA));
+    let schemas = data.join("schemas");
+    let files = |d: &Path| -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(d)
+            .unwrap_or_else(|e| panic!("{}: {e}", d.display()))
+            .map(|e| e.unwrap().path())
+            .collect();
+        v.sort();
+        v
+    };
+    let before = files(&schemas);
+    // The test configuration's other tasks have schemas too: one file per schema.
+    let of_schema = |schema: &str| -> Vec<PathBuf> {
+        let want: Value = serde_json::from_str(schema).unwrap();
+        files(&schemas)
+            .into_iter()
+            .filter(|f| {
+                serde_json::from_slice::<Value>(&std::fs::read(f).unwrap()).ok()
+                    == Some(want.clone())
+            })
+            .collect()
+    };
+    let mine = of_schema(SCHEMA);
+    assert_eq!(mine.len(), 1, "one schema, one file: {before:?}");
+    let file = &mine[0];
+    let text = std::fs::read(file).unwrap();
+    assert_eq!(
+        file.file_name().unwrap().to_string_lossy(),
+        format!("{}.json", sha256_hex(&text)),
+        "the schema file is named by its content"
+    );
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&schemas), 0o700);
+    assert_eq!(mode(file), 0o600);
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::metadata(file).unwrap().ino();
+    for i in 0..2 {
+        let id = format!("schema-once-{i}");
+        let body = json!({"request_id": id, "task": "echo", "inputs": [], "args": ["0"]});
+        assert_eq!(s.run(ALICE, &body, "").status(), 200);
+        let v = wait_status(&s, &id, "ok");
+        let job = data.join("jobs").join(v["job_id"].as_str().unwrap());
+        assert!(job.is_dir(), "{}", job.display());
+        assert!(
+            !job.join("output.schema.json").exists(),
+            "a job folder holds a copy of the schema"
+        );
+    }
+    assert_eq!(files(&schemas), before, "a run wrote a schema file");
+    assert_eq!(
+        std::fs::metadata(file).unwrap().ino(),
+        ino,
+        "a run rewrote the schema file"
+    );
+    drop(s);
+    // The sentinel: the schema is applied (the payload writes {"mode": "a"}, a string).
+    let strict = r#"{"type": "object", "properties": {"mode": {"type": "integer"}}}"#;
+    let s = Server::start_with(dir.path(), "", &echo_task("a", strict));
+    let body = json!({"request_id": "schema-strict", "task": "echo", "inputs": [], "args": ["0"]});
+    s.run(ALICE, &body, "");
+    wait_status(&s, "schema-strict", "output_rejected");
+    assert_eq!(of_schema(strict).len(), 1, "{:?}", files(&schemas));
+    assert_eq!(files(&schemas).len(), before.len() + 1);
+}
+
+/// Issue #15, performance (per-run file-system work): the runner's stdout and stderr come back
+/// through pipes that the service drains into the job folder; a log file is created only once
+/// its stream has a first byte (a run that writes nothing costs no log inode), 0600, and holds
+/// what the command wrote (the sentinels), bounded.
+#[test]
+fn run_logs_are_created_only_for_streams_that_have_output() {
+    let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = common::tmp();
+    let data = dir.path().join("data");
+    let task = r#"
+[tasks.talk]
+description = "Runs the request's code"
+code = "allowed"
+command = ["/usr/bin/python3", "/input/code.py"]
+allowed_tenants = ["acme"]
+[tasks.talk.output]
+path = "/output/o.json"
+media_type = "application/json"
+max_bytes = 1000
+"#;
+    let s = Server::start_with(dir.path(), "", task);
+    let job_of = |id: &str, code: &str| {
+        let body = json!({"request_id": id, "task": "talk", "inputs": [], "code": code});
+        s.run(ALICE, &body, "");
+        let v = wait_status(&s, id, "ok");
+        data.join("jobs").join(v["job_id"].as_str().unwrap())
+    };
+    let silent = job_of(
+        "logs-silent",
+        "import json\njson.dump({}, open('/output/o.json', 'w'))\n",
+    );
+    assert!(silent.join("report.json").exists(), "{}", silent.display());
+    for log in ["stdout.log", "stderr.log"] {
+        assert!(
+            !silent.join(log).exists(),
+            "a run that wrote nothing left {log}: {:?}",
+            std::fs::read_to_string(silent.join(log))
+        );
+    }
+    let talk = job_of(
+        "logs-talk",
+        "import json, sys\nprint('zz-out-sentinel')\nprint('zz-err-sentinel', file=sys.stderr)\nsys.stdout.write('x' * 3000000)\njson.dump({}, open('/output/o.json', 'w'))\n",
+    );
+    let out = std::fs::read(talk.join("stdout.log")).unwrap();
+    let err = std::fs::read_to_string(talk.join("stderr.log")).unwrap();
+    assert!(
+        out.starts_with(b"zz-out-sentinel\n"),
+        "{:?}",
+        &out[..out.len().min(64)]
+    );
+    assert!(
+        out.len() < 2 * 1024 * 1024,
+        "stdout.log is not bounded: {} bytes",
+        out.len()
+    );
+    assert!(err.contains("zz-err-sentinel"), "{err}");
+    for log in ["stdout.log", "stderr.log"] {
+        let m = std::fs::metadata(talk.join(log))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777;
+        assert_eq!(m, 0o600, "{log} is {m:o}");
+    }
+}

@@ -29,6 +29,13 @@ pub enum ServerError {
     Store(#[from] store::StoreError),
 }
 
+/// A task's output schema: its text (pretty JSON) and its content-addressed file.
+#[derive(Debug, Clone)]
+pub struct TaskSchema {
+    pub text: String,
+    pub file: PathBuf,
+}
+
 /// Everything the handlers share.
 #[derive(Clone)]
 pub struct AppState {
@@ -56,8 +63,9 @@ pub(crate) struct Inner {
     pub admitted: AtomicUsize,
     pub max_admitted: usize,
     pub metrics: PrometheusHandle,
-    /// Compiled output schemas by task (validated at start-up).
-    pub schemas: std::collections::BTreeMap<String, String>,
+    /// Compiled output schemas by task (validated at start-up), each with the file it was
+    /// written to once at start-up (`DATA/schemas/<sha256>.json`), which runs name.
+    pub schemas: std::collections::BTreeMap<String, TaskSchema>,
     /// Authentication failures not yet audited (aggregated records).
     pub auth_failures: AuthFailures,
     /// Exclusive lock on the data directory, held for the life of the process.

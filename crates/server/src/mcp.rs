@@ -1004,8 +1004,15 @@ fn stderr_tail(state: &AppState, task: Option<&Task>, job_id: &str) -> Option<St
     // Read a little more than the tail, so that a secret cut by the tail's start is still
     // recognised (and redacted) whole.
     let margin = secrets.iter().map(|v| v.len() as u64).max().unwrap_or(0);
-    let p = crate::runner::job_dir(state, job_id).join("stderr.log");
-    let mut f = std::fs::File::open(p).ok()?;
+    let dir = crate::runner::job_dir(state, job_id);
+    let mut f = match std::fs::File::open(dir.join("stderr.log")) {
+        Ok(f) => f,
+        // A run that wrote nothing to stderr has no log (it is created at the first byte).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && dir.is_dir() => {
+            return Some(tail_text(&[], max as usize, &secrets));
+        }
+        Err(_) => return None,
+    };
     let len = f.metadata().ok()?.len();
     let want = max.saturating_add(margin);
     f.seek(SeekFrom::Start(len.saturating_sub(want))).ok()?;

@@ -498,8 +498,8 @@ pub struct JobPaths<'a> {
     pub objects: &'a Path,
     /// The job's code file (`DATA/code/<job_id>`).
     pub code_file: &'a Path,
-    /// Whether the job folder holds the task's output schema (`output.schema.json`).
-    pub has_schema: bool,
+    /// The task's output schema file (`DATA/schemas/<sha256>.json`), if it has a schema.
+    pub schema: Option<&'a Path>,
 }
 
 /// The manifest of a run. Everything comes from the task type and server-resolved ids: the
@@ -534,8 +534,8 @@ pub fn manifest(
         });
     }
     m.output = Some(task.output.path.clone());
-    if paths.has_schema {
-        m.output_schema = Some("output.schema.json".into());
+    if let Some(schema) = paths.schema {
+        m.output_schema = Some(schema.to_string_lossy().into_owned());
     }
     m.network = task.network.clone();
     m.isolation = task.isolation;
@@ -909,7 +909,7 @@ tasks:
             JobPaths {
                 objects,
                 code_file: code,
-                has_schema: false,
+                schema: None,
             },
         );
         assert_eq!(m.command, ["/usr/bin/python3", "/input/code.py", "--v"]);

@@ -161,10 +161,12 @@ pub fn object_path(state: &AppState, sha256: &str) -> PathBuf {
     state.inner.data_dir.join("objects").join(sha256)
 }
 
-/// The manifest of a job: [`policy::manifest`] with this data directory's paths.
-pub fn build_manifest(state: &AppState, task: &Task, job: &Job, has_schema: bool) -> Manifest {
+/// The manifest of a job: [`policy::manifest`] with this data directory's paths (the task's
+/// output schema is the file written once at start-up, `DATA/schemas/<sha256>.json`).
+pub fn build_manifest(state: &AppState, task: &Task, job: &Job) -> Manifest {
     let code_file = code_path(state, &job.job_id);
     let objects = state.inner.data_dir.join("objects");
+    let schema = state.inner.schemas.get(&job.task).map(|s| s.file.as_path());
     policy::manifest(
         task,
         &job.request_id,
@@ -174,15 +176,22 @@ pub fn build_manifest(state: &AppState, task: &Task, job: &Job, has_schema: bool
         JobPaths {
             objects: &objects,
             code_file: &code_file,
-            has_schema,
+            schema,
         },
     )
 }
 
+/// How the manifest digest names a task's output schema file: the name it had in the job
+/// folder before schemas were written once per schema (content-addressed). The digest covers
+/// the schema's text anyway; keeping the old name keeps the digests recorded before the change
+/// (so their retries) valid.
+const DIGEST_SCHEMA_NAME: &str = "output.schema.json";
+
 /// The digest of what a request runs, the same for every attempt: `sha256:` over the RFC 8785
 /// JSON of `{"manifest", "output_schema"}`, the manifest as [`build_manifest`] builds it minus
 /// the attempt's own parts (the job id's expiry; the code file's path, which names the job),
-/// and the task's output schema text (the manifest names only the schema's file). Recorded
+/// and the task's output schema text (the manifest names only the schema's file, and the
+/// digest names that file [`DIGEST_SCHEMA_NAME`] whatever its path). Recorded
 /// with the run at admission; a retry whose rebuilt manifest has another digest (the task
 /// type's command, env, limits, network, isolation, output or schema changed) is refused.
 /// A manifest without a canonical form is an error, never the digest of empty bytes.
@@ -207,9 +216,12 @@ pub fn manifest_digest(
         cancel: None,
         lease: None,
     };
-    let schema = state.inner.schemas.get(task_name);
-    let mut m = build_manifest(state, task, &job, schema.is_some());
+    let schema = state.inner.schemas.get(task_name).map(|s| &s.text);
+    let mut m = build_manifest(state, task, &job);
     m.expires_at = None;
+    if m.output_schema.is_some() {
+        m.output_schema = Some(DIGEST_SCHEMA_NAME.into());
+    }
     let doc = serde_json::json!({ "manifest": m, "output_schema": schema });
     let bytes = serde_jcs::to_vec(&doc)?;
     Ok(format!("sha256:{}", crate::config::sha256_hex(&bytes)))
@@ -260,8 +272,8 @@ pub fn code_path(state: &AppState, job_id: &str) -> PathBuf {
 /// The environment variable that marks a runner as this data directory's (start-up sweep).
 pub const SERVICE_MARK: &str = "AGENTJAIL_SERVICE_DATA";
 
-/// Prepares the job folder (0700: the schema 0600; the runner adds logs, report, receipt and
-/// output) and the code file; returns the manifest as one line of JSON, which reaches the
+/// Prepares the job folder (0700; the runner adds logs, report, receipt and output) and the
+/// code file (the output schema was written once at start-up); returns the manifest as one line of JSON, which reaches the
 /// runner through its stdin and is never written to disk (it holds the task's env values).
 fn prepare(state: &AppState, task: &Task, job: &Job) -> Result<Vec<u8>, PrepareError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -277,11 +289,7 @@ fn prepare(state: &AppState, task: &Task, job: &Job) -> Result<Vec<u8>, PrepareE
         write_private(&p, code.as_bytes())?;
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).map_err(io_at(&p))?;
     }
-    let schema = state.inner.schemas.get(&job.task);
-    if let Some(s) = schema {
-        write_private(&dir.join("output.schema.json"), s.as_bytes())?;
-    }
-    let m = build_manifest(state, task, job, schema.is_some());
+    let m = build_manifest(state, task, job);
     let mut line = serde_json::to_vec(&m)?;
     line.push(b'\n');
     Ok(line)
@@ -332,23 +340,101 @@ struct Started {
     /// The write end of the runner's stdin: the manifest goes through it, then it stays open
     /// until the runner exits.
     lifeline: std::io::PipeWriter,
+    /// Its stdout and stderr, on their way to the job folder.
+    logs: Logs,
+}
+
+/// Most of each of the runner's streams kept in its log: the runner passes at most
+/// [`agentjail_engine::STREAM_LIMIT`] of the command's stdout and of its stderr through, plus
+/// its own few messages.
+const LOG_LIMIT: u64 = agentjail_engine::STREAM_LIMIT + 64 * 1024;
+
+/// How long the logs may take to reach end-of-file once the runner has exited (its sandbox
+/// died with it, so normally at once).
+const LOG_DRAIN: Duration = Duration::from_secs(5);
+
+/// The runner's stdout and stderr, drained from pipes into the job folder's `stdout.log` and
+/// `stderr.log` (0600). A log file is created only once its stream has a first byte, so a run
+/// that writes nothing costs no inode; each keeps at most [`LOG_LIMIT`] bytes (the rest is
+/// read and dropped, so the runner never blocks on a full pipe).
+struct Logs(Vec<tokio::task::JoinHandle<()>>);
+
+impl Logs {
+    fn start(
+        dir: &Path,
+        stdout: Option<tokio::process::ChildStdout>,
+        stderr: Option<tokio::process::ChildStderr>,
+    ) -> Logs {
+        let mut tasks = Vec::with_capacity(2);
+        if let Some(s) = stdout {
+            tasks.push(tokio::spawn(drain_log(s, dir.join("stdout.log"))));
+        }
+        if let Some(s) = stderr {
+            tasks.push(tokio::spawn(drain_log(s, dir.join("stderr.log"))));
+        }
+        Logs(tasks)
+    }
+
+    /// Waits, after the runner exited, for both streams to end and be written; gives up
+    /// (drops the pipes) after [`LOG_DRAIN`].
+    async fn finish(self) {
+        let deadline = tokio::time::Instant::now() + LOG_DRAIN;
+        for t in self.0 {
+            let abort = t.abort_handle();
+            if tokio::time::timeout_at(deadline, t).await.is_err() {
+                abort.abort();
+            }
+        }
+    }
+}
+
+/// Copies one of the runner's streams into `path` (see [`Logs`]).
+async fn drain_log(mut from: impl tokio::io::AsyncRead + Unpin, path: PathBuf) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut file: Option<std::fs::File> = None;
+    let mut room = LOG_LIMIT;
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let keep = (n as u64).min(room) as usize;
+        if keep == 0 {
+            continue;
+        }
+        if file.is_none() {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+            {
+                Ok(f) => file = Some(f),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot create a run's log; its output is dropped");
+                    room = 0;
+                    continue;
+                }
+            }
+        }
+        if let Some(f) = file.as_mut()
+            && let Err(e) = f.write_all(&buf[..keep])
+        {
+            tracing::warn!(path = %path.display(), error = %e, "cannot write a run's log; the rest is dropped");
+            room = 0;
+            continue;
+        }
+        room -= keep as u64;
+    }
 }
 
 /// Starts the runner (`agentjail run --lifeline …`) in the job folder, its stdout and stderr
-/// to the folder's logs. It then waits for its manifest.
+/// through pipes to the folder's logs ([`Logs`]). It then waits for its manifest.
 fn spawn_runner(state: &AppState, task: &Task, job: &Job) -> Result<Started, &'static str> {
-    use std::os::unix::fs::OpenOptionsExt;
     let dir = job_dir(state, &job.job_id);
-    let log = |name: &str| {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(dir.join(name))
-    };
-    let (Ok(stdout), Ok(stderr)) = (log("stdout.log"), log("stderr.log")) else {
-        return Err("cannot create the job's log files");
-    };
     // The lifeline: the runner's stdin is a pipe whose write end only this process holds
     // (close-on-exec, so no other child keeps it). The manifest goes through it first; then it
     // stays open until the run ends. If this process dies, the runner sees the hang-up, kills
@@ -365,6 +451,8 @@ fn spawn_runner(state: &AppState, task: &Task, job: &Job) -> Result<Started, &'s
         .arg(data.join("objects"))
         .arg("--source-root")
         .arg(data.join("code"))
+        .arg("--source-root")
+        .arg(data.join("schemas"))
         .args(["--output-dir", "out", "--report", "report.json"])
         .args(["--receipt", "receipt.json", "--key"])
         .arg(data.join("private").join("receipt-key.pem"));
@@ -389,15 +477,20 @@ fn spawn_runner(state: &AppState, task: &Task, job: &Job) -> Result<Started, &'s
     }
     cmd.current_dir(&dir)
         .stdin(Stdio::from(lifeline_r))
-        .stdout(Stdio::from(stdout))
-        .stderr(Stdio::from(stderr))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .kill_on_drop(true);
-    let child = cmd.spawn().map_err(|e| {
+    let mut child = cmd.spawn().map_err(|e| {
         tracing::error!(job_id = %job.job_id, error = %e, runner = %state.inner.runner.display(), "cannot start the runner");
         "cannot start the runner"
     })?;
+    let logs = Logs::start(&dir, child.stdout.take(), child.stderr.take());
     // `cmd` holds the read end until dropped (here); the runner's copy is the only one left.
-    Ok(Started { child, lifeline })
+    Ok(Started {
+        child,
+        lifeline,
+        logs,
+    })
 }
 
 impl Started {
@@ -408,6 +501,7 @@ impl Started {
         let Started {
             mut child,
             lifeline,
+            logs,
         } = self;
         drop(lifeline);
         if tokio::time::timeout(Duration::from_secs(10), child.wait())
@@ -416,6 +510,7 @@ impl Started {
         {
             let _ = child.kill().await;
         }
+        logs.finish().await;
     }
 }
 
@@ -435,12 +530,26 @@ enum Ended {
 }
 
 /// Hands the manifest over (from here on the run may execute) and waits for the runner to
-/// exit, bounded by the task's limit plus a margin, or to be cancelled.
+/// exit, bounded by the task's limit plus a margin, or to be cancelled; then for its logs.
 async fn hand_over_and_wait(started: Started, task: &Task, job: &Job, manifest: Vec<u8>) -> Ended {
     let Started {
-        mut child,
+        child,
         lifeline,
+        logs,
     } = started;
+    let ended = run_to_exit(child, lifeline, task, job, manifest).await;
+    logs.finish().await;
+    ended
+}
+
+/// [`hand_over_and_wait`] up to the runner's exit.
+async fn run_to_exit(
+    mut child: tokio::process::Child,
+    lifeline: std::io::PipeWriter,
+    task: &Task,
+    job: &Job,
+    manifest: Vec<u8>,
+) -> Ended {
     let writer = tokio::task::spawn_blocking(move || {
         use std::io::Write;
         let mut w = lifeline;
@@ -1054,7 +1163,7 @@ mod tests {
             cancel: None,
             lease: None,
         };
-        let m = build_manifest(&state, &task, &job, true);
+        let m = build_manifest(&state, &task, &job);
         assert_eq!(m.command, task.command);
         assert_eq!(m.limits, task.limits);
         assert_eq!(m.network, Network::Deny);
@@ -1075,7 +1184,7 @@ mod tests {
         let mut strict = task.clone();
         strict.isolation = agentjail_manifest::Tier::Gvisor;
         assert_eq!(
-            build_manifest(&state, &strict, &job, true).isolation,
+            build_manifest(&state, &strict, &job).isolation,
             agentjail_manifest::Tier::Gvisor
         );
     }

@@ -19,7 +19,8 @@ use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 
 use crate::app::{
-    AppState, AuthFailures, Inner, ServerError, metrics_handle, now, random_hex, zero_metrics,
+    AppState, AuthFailures, Inner, ServerError, TaskSchema, metrics_handle, now, random_hex,
+    zero_metrics,
 };
 use crate::audit::{self, Event};
 use crate::config::{self, CodePolicy, Config};
@@ -178,14 +179,20 @@ impl AppState {
                     )
                 }
             };
+        // Each output schema is written once, here, named by its content; runs name that file
+        // (none is written per job). The runner (root, outside the sandbox) reads it.
+        let schema_dir = data_dir.join("schemas");
+        std::fs::create_dir_all(&schema_dir).map_err(|e| io("cannot create", &schema_dir, e))?;
+        std::fs::set_permissions(&schema_dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| io("cannot set permissions of", &schema_dir, e))?;
         let mut schemas = std::collections::BTreeMap::new();
         for (name, t) in &config.tasks {
             if let Some(s) = &t.output.schema {
                 let v = s.value().map_err(config::ConfigError)?;
-                schemas.insert(
-                    name.clone(),
-                    serde_json::to_string_pretty(&v).unwrap_or_default(),
-                );
+                let text = serde_json::to_string_pretty(&v).unwrap_or_default();
+                let file = schema_dir.join(format!("{}.json", config::sha256_hex(text.as_bytes())));
+                write_schema(&file, &text).map_err(|e| io("cannot write", &file, e))?;
+                schemas.insert(name.clone(), TaskSchema { text, file });
             }
         }
         let state = AppState {
@@ -218,6 +225,30 @@ impl AppState {
         runner::reconcile_at_startup(&state)?;
         Ok(state)
     }
+}
+
+/// Writes a content-addressed schema file atomically (0600): a temporary file beside it, then
+/// renamed over it, so that a runner never reads a partial schema. Rewritten at every start, so
+/// that a file changed on disk since is replaced by what its name says.
+fn write_schema(file: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| {
+            f.write_all(text.as_bytes())?;
+            f.sync_all()
+        })
+        .and_then(|()| std::fs::rename(&tmp, file));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// Opens the PostgreSQL store named by `url` (docs/server.md, "PostgreSQL"): the password
