@@ -65,7 +65,13 @@ pids+=($!)
 pids+=($!)
 (cd "$work" && exec openssl s_server -quiet -WWW -accept 127.0.0.1:8443 -cert cert.pem -key key.pem) >/dev/null 2>&1 &
 pids+=($!)
-sleep 1
+# Wait until every upstream accepts (a fixed sleep was too short on a loaded machine).
+for port in 8080 8081 8443; do
+  for _ in $(seq 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+    sleep 0.1
+  done
+done
 # The workload, the same text run directly and inside the sandbox.
 many=""
 for _ in $(seq "$requests"); do many="$many -o /dev/null http://127.0.0.1:8081/small.txt"; done

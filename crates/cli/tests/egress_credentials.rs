@@ -18,6 +18,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
@@ -527,4 +528,144 @@ fn a_missing_secret_fails_the_run_before_it_starts() {
         o.stderr,
         o.report_text
     );
+}
+
+/// The sandbox's side of the service test: the credentialed request, then searches of its
+/// environment and files for the secret, with a planted control; results as the task's JSON
+/// output.
+const SERVE_PROBE: &str = r#"S="sk-agentjail""-test-s3cret"
+v1=$(curl -s -m 10 -w ' %{http_code}' https://api.test:8443/v1/data 2>/dev/null || echo CURL_FAILED)
+if env | grep -qF "$S"; then e=SECRET_SEEN; else e=NOT_SEEN; fi
+echo planted-control-value > /tmp/control
+f=$(grep -rlsF "$S" /etc /tmp /work /output /proc/[0-9]*/environ 2>/dev/null | head -1)
+c=$(grep -rlsF planted-control /etc /tmp /work /output /proc/[0-9]*/environ 2>/dev/null | head -1)
+printf '{"v1": "%s", "env": "%s", "files": "%s", "control": "%s"}' "$v1" "$e" "${f:-NOT_SEEN}" "${c:-NOT_FOUND}" > /output/o.json
+"#;
+
+/// Every file below `dir` (recursively) whose bytes contain `needle`.
+fn files_containing(dir: &Path, needle: &[u8]) -> Vec<String> {
+    let mut hits = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return hits;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        let Ok(ft) = e.file_type() else { continue };
+        if ft.is_dir() {
+            hits.extend(files_containing(&p, needle));
+        } else if ft.is_file()
+            && let Ok(b) = std::fs::read(&p)
+            && b.windows(needle.len()).any(|w| w == needle)
+        {
+            hits.push(p.display().to_string());
+        }
+    }
+    hits
+}
+
+/// The credential flow through `agentjail serve`: a task type binds the secret
+/// (`value_from = "env:AJ_TEST_TOKEN"`, in the service's environment) to api.test; the runner
+/// gets it, the upstream receives the header, and the sandbox's environment and files, the
+/// service's data directory (job folders, audit log, database) and its log never hold it.
+///
+/// The runner resolves names with the host's `/etc/hosts` (the service has no test DNS
+/// option), so the service runs under `unshare -m` with a private `/etc/hosts` naming
+/// api.test, inside the test's network namespace.
+#[test]
+fn credentials_through_the_service_reach_the_upstream_and_no_log_or_job_folder() {
+    common::netns::in_netns(&[], || {
+        let work = common::tmp();
+        let port = 8443;
+        let Some(_upstream) = tls_upstream(work.path(), port) else {
+            return;
+        };
+        if Command::new("unshare").arg("--version").output().is_err() {
+            common::skip("unshare(1) is not installed");
+            return;
+        }
+        let hosts = work.path().join("hosts");
+        std::fs::write(&hosts, "127.0.0.1 localhost api.test\n").unwrap();
+        std::fs::set_permissions(&hosts, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let alice = "tok-alice-cred-81d2";
+        let script = SERVE_PROBE.replace("'''", "");
+        let cfg = format!(
+            r#"
+[tenants.acme]
+{actor}
+[tasks.cred]
+description = "Calls an API whose key the service holds"
+code = "forbidden"
+command = ["/bin/sh", "-c", '''{script}''']
+allowed_tenants = ["acme"]
+network = {{ allow = [{{ host = "api.test", ports = [{port}] }}], allow_private = ["127.0.0.1/32"], credentials = [{{ host = "api.test", header = "Authorization", value_from = "env:AJ_TEST_TOKEN", paths = ["/v1/"] }}], upstream_ca_file = "{ca}" }}
+{output}[tasks.cred.limits]
+seconds = 60
+"#,
+            actor = common::serve::actor("alice", "acme", alice, false),
+            ca = work.path().join("ca.pem").display(),
+            output = common::serve::json_output("cred", "o.json", 1000),
+        );
+        let cfg = common::serve::write_config(work.path(), &cfg);
+        let data = work.path().join("data");
+        let secret = format!("Bearer {SECRET_PART}-{}", std::process::id());
+        let mut cmd = Command::new("unshare");
+        cmd.args(["-m", "--", "/bin/sh", "-c"])
+            .arg("mount --bind \"$1\" /etc/hosts && shift && exec \"$@\"")
+            .arg("sh")
+            .arg(&hosts)
+            .arg(common::bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&cfg)
+            .arg("--data-dir")
+            .arg(&data)
+            .env("AJ_TEST_TOKEN", &secret)
+            .env("AGENTJAIL_LOG", "debug");
+        let serve = common::serve::Serve::spawn(cmd);
+        let api = common::serve::Api::new(&serve.base);
+        let r = api.run(
+            alice,
+            &serde_json::json!({"request_id": "cred-1", "task": "cred", "inputs": []}),
+            "",
+        );
+        let status = r.status();
+        let body: Value = r.json().unwrap();
+        let seen = seen(work.path());
+        let ctx = format!("{status} {body:#}\nupstream saw {seen:?}\n{}", serve.log());
+        assert_eq!(status, 200, "{ctx}");
+        assert_eq!(body["status"], "ok", "{ctx}");
+        let art = &body["artifact"]["json"];
+        // The upstream received the secret; the sandbox got the answer.
+        assert_eq!(art["v1"], "UPSTREAM-OK 200", "{ctx}");
+        let got: Vec<_> = seen
+            .iter()
+            .filter(|(h, p, _)| h.starts_with("api.test") && p == "/v1/data")
+            .map(|(_, _, a)| a.clone())
+            .collect();
+        assert_eq!(got, vec![vec![secret.clone()]], "{ctx}");
+        // Not in the sandbox's environment or files; the search finds a planted value.
+        assert_eq!(art["env"], "NOT_SEEN", "{ctx}");
+        assert_eq!(art["files"], "NOT_SEEN", "{ctx}");
+        assert_eq!(art["control"], "/tmp/control", "{ctx}");
+        // The report names the credential, never its value.
+        assert!(
+            body.to_string()
+                .contains("credential authorization for api.test added"),
+            "{ctx}"
+        );
+        assert!(!body.to_string().contains(SECRET_PART), "{ctx}");
+        // Nowhere in the service's data directory (job folders with the runner's stdout,
+        // stderr, report and receipt; the audit log; the database) nor in its log. A control:
+        // the same search finds the run's request id in the audit log.
+        let audit = data.join("private/audit.jsonl");
+        assert!(
+            files_containing(&data, b"cred-1").contains(&audit.display().to_string()),
+            "the search must find the request id in the audit log: {ctx}"
+        );
+        assert_eq!(
+            files_containing(&data, SECRET_PART.as_bytes()),
+            Vec::<String>::new(),
+            "{ctx}"
+        );
+        assert!(!serve.log().contains(SECRET_PART), "{ctx}");
+    });
 }

@@ -25,7 +25,20 @@ use std::sync::atomic::Ordering;
 /// A tiny HTTP/1.1 server with hand-written answers (so it can send what hyper would not).
 fn upstream(bind: Ipv4Addr) -> Upstream {
     common::netns::upstream(bind, |path| {
-        let answer: String = if path == "/ok" {
+        let answer: String = if path == "/addaddr" {
+            // Gives the namespace (the gateway host) a new address while the gateway runs.
+            let ok = Command::new("ip")
+                .args(["addr", "add", "11.77.0.1/32", "dev", "lo"])
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            let body = if ok { "ADDED\n" } else { "FAILED\n" };
+            format!(
+                "HTTP/1.1 {} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                if ok { 200 } else { 500 },
+                body.len()
+            )
+        } else if path == "/ok" {
             "HTTP/1.1 200 OK\r\nContent-Length: 12\r\nConnection: close\r\n\r\nUPSTREAM-OK\n".into()
         } else if let Some(rest) = path.strip_prefix("/loc/") {
             // /loc/<status>?to=<url>: any status with a Location header.
@@ -81,6 +94,7 @@ fn names() -> HashMap<&'static str, Ipv4Addr> {
         ("allowed.test", Ipv4Addr::LOCALHOST),
         ("evil.test", Ipv4Addr::LOCALHOST),
         ("own.test", Ipv4Addr::new(11, 22, 33, 44)),
+        ("late.test", Ipv4Addr::new(11, 77, 0, 1)),
     ])
 }
 
@@ -329,6 +343,53 @@ fn the_gateway_hosts_own_addresses_are_refused_like_loopback() {
             up.connections.load(Ordering::SeqCst),
             1,
             "only the control request may reach the upstream"
+        );
+    });
+}
+
+/// The gateway caches the host's own addresses and refreshes them on the kernel's address
+/// events: an address added while it runs must be refused on the very next request (a cache
+/// with a time to live would let it through; see `ownaddr.rs`' unit tests). 11.77.0.1 is
+/// public, so only the own-address check can refuse it.
+#[test]
+fn an_address_added_while_the_gateway_runs_is_refused_on_the_next_request() {
+    in_netns(&[], || {
+        let up = upstream(Ipv4Addr::UNSPECIFIED);
+        let dns_port = dns(names());
+        let work = common::tmp();
+        let p = up.port;
+        // BEFORE: 11.77.0.1 is nobody's yet (no route: 502); ADD makes it the host's own
+        // address (the upstream runs `ip addr add` in the namespace); AFTER must be refused.
+        let script = format!(
+            "{}echo ADD $(curl -s -m 5 'http://allowed.test:{p}/addaddr')\n{}{}",
+            curl("BEFORE", &format!("http://late.test:{p}/ok")),
+            curl("AFTER", &format!("http://late.test:{p}/ok")),
+            curl("CONTROL", &format!("http://allowed.test:{p}/ok")),
+        );
+        let o = run(
+            work.path(),
+            &flags(
+                dns_port,
+                &[format!("allowed.test:{p}"), format!("late.test:{p}")],
+                &["127.0.0.1/32"],
+            ),
+            &script,
+        );
+        assert_eq!(o.line("ADD"), "ADDED", "{}\n{}", o.stdout, o.stderr);
+        assert_eq!(o.line("BEFORE"), "502", "{}", o.report);
+        assert_eq!(o.line("AFTER"), "403", "{}", o.report);
+        assert_eq!(o.line("CONTROL"), "200", "{}", o.report);
+        let d = o.denials("own address");
+        assert!(
+            d.iter()
+                .any(|d| d["detail"].as_str().unwrap().contains("late.test")),
+            "{}",
+            o.report
+        );
+        assert_eq!(
+            up.connections.load(Ordering::SeqCst),
+            2,
+            "only the ADD and CONTROL requests may reach the upstream"
         );
     });
 }

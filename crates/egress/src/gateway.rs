@@ -27,6 +27,7 @@ use crate::decision::{Decision, Log, method_name, ms, now_ms, sanitize};
 use crate::host::{Host, Target, TargetError, parse_authority, parse_host};
 use crate::intercept::{HostTls, Interception, ambiguous_path};
 use crate::meter::{BoxError, Budget, Dir, Flow, Meter, MeteredBody, MeteredStream, reserve};
+use crate::ownaddr::OwnAddrs;
 use crate::policy::{CompiledPolicy, PolicyError, compile_policy};
 use crate::resolve::Resolve;
 use crate::sni::{First, check_client_hello, read_client_hello};
@@ -83,6 +84,8 @@ pub(crate) struct Shared {
     requests: AtomicU64,
     /// The credential flow, when the policy binds secrets to hosts.
     intercept: Option<Arc<Interception>>,
+    /// The gateway host's own addresses, blocked like loopback.
+    own: OwnAddrs,
 }
 
 /// The egress gateway. Build it with [`Gateway::new`], run it with [`Gateway::serve`].
@@ -426,6 +429,7 @@ impl Gateway {
                 budget: Arc::new(Budget::new(limits.max_bytes_up, limits.max_bytes_down)),
                 requests: AtomicU64::new(0),
                 intercept: intercept.map(Arc::new),
+                own: OwnAddrs::new(),
             }),
         }
     }
@@ -847,12 +851,7 @@ async fn handle_inner(
     let mut d = base_decision(&method_name(req.method()), now_ms());
     d.host = target.host.to_string();
     d.port = target.port;
-    if !reserve(&shared.requests, shared.limits.max_requests, 1) {
-        let reason = format!("max_requests ({}) exceeded", shared.limits.max_requests);
-        shared.deny(d, start, &reason, None);
-        let mut r = refusal(StatusCode::TOO_MANY_REQUESTS, &reason);
-        r.headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    if let Some(r) = over_max_requests(&shared, &d, start) {
         return Ok(r);
     }
     if req.method() == hyper::Method::CONNECT {
@@ -905,6 +904,20 @@ where
         let _ = conn.await;
     });
     Ok((sender, AbortOnDrop(driver)))
+}
+
+/// Counts one request against `max_requests`; past it, records the denial and returns the
+/// `429` that closes the connection (the forward proxy and the terminated-TLS path alike).
+fn over_max_requests(shared: &Shared, d: &Decision, start: Instant) -> Option<Response<RespBody>> {
+    if reserve(&shared.requests, shared.limits.max_requests, 1) {
+        return None;
+    }
+    let reason = format!("max_requests ({}) exceeded", shared.limits.max_requests);
+    shared.deny(d.clone(), start, &reason, None);
+    let mut r = refusal(StatusCode::TOO_MANY_REQUESTS, &reason);
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    Some(r)
 }
 
 fn base_decision(method: &str, started_ms: u64) -> Decision {
@@ -975,8 +988,9 @@ impl Shared {
                 address: None,
             });
         }
-        // The host's own addresses, enumerated now (they can change while the gateway runs).
-        let own = own_addresses();
+        // The host's own addresses as of now (they can change while the gateway runs; the
+        // cache is refreshed on every address event the kernel reports).
+        let own = self.own.current();
         let mut note = None;
         for ip in &addrs {
             match self.policy.check_address_own(*ip, &own) {
@@ -1053,28 +1067,6 @@ impl Shared {
     }
 }
 
-/// Every address assigned to an interface in the gateway's network namespace, canonical.
-/// If they cannot be listed, the loopback addresses only (those are blocked anyway), and the
-/// failure is logged.
-fn own_addresses() -> Vec<IpAddr> {
-    match nix::ifaddrs::getifaddrs() {
-        Ok(list) => list
-            .filter_map(|i| i.address)
-            .filter_map(|a| {
-                if let Some(v4) = a.as_sockaddr_in() {
-                    Some(IpAddr::V4(v4.ip()))
-                } else {
-                    a.as_sockaddr_in6().map(|v6| canonical(IpAddr::V6(v6.ip())))
-                }
-            })
-            .collect(),
-        Err(e) => {
-            tracing::warn!(error = %e, "egress gateway could not list its own addresses");
-            Vec::new()
-        }
-    }
-}
-
 /// Host text recorded for a destination that could not be parsed: never userinfo.
 fn recorded_host(raw: &str, err: &TargetError) -> String {
     match err {
@@ -1097,12 +1089,7 @@ async fn handle(
 ) -> Result<Response<RespBody>, Infallible> {
     let start = Instant::now();
     let mut d = base_decision(&method_name(req.method()), now_ms());
-    if !reserve(&shared.requests, shared.limits.max_requests, 1) {
-        let reason = format!("max_requests ({}) exceeded", shared.limits.max_requests);
-        shared.deny(d, start, &reason, None);
-        let mut r = refusal(StatusCode::TOO_MANY_REQUESTS, &reason);
-        r.headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    if let Some(r) = over_max_requests(&shared, &d, start) {
         return Ok(r);
     }
     if req.method() == hyper::Method::CONNECT {

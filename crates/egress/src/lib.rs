@@ -73,6 +73,7 @@ mod gateway;
 pub mod host;
 mod intercept;
 mod meter;
+mod ownaddr;
 mod policy;
 mod resolve;
 mod sni;

@@ -1152,3 +1152,40 @@ fn pooled_upstream_connections_serve_only_the_destination_they_were_vetted_for()
         },
     );
 }
+
+/// `max_requests` (one helper for the forward proxy and the terminated-TLS path): past it, a
+/// request is answered `429` with `Connection: close` and leaves a denial; the ones before
+/// reach the upstream.
+#[test]
+fn max_requests_refuses_the_request_past_the_bound() {
+    in_netns(
+        "max_requests_refuses_the_request_past_the_bound",
+        || async {
+            let w = world().await;
+            let p = w.up.http.port();
+            let gw = w
+                .gateway(GatewayLimits {
+                    max_requests: 2,
+                    ..GatewayLimits::default()
+                })
+                .await;
+            let url = format!("http://allowed.test:{p}/hello");
+            let host = format!("allowed.test:{p}");
+            for _ in 0..2 {
+                assert_eq!(get(gw.addr, &url, &host).await.status, 200);
+            }
+            let r = get(gw.addr, &url, &host).await;
+            assert_eq!(r.status, 429, "{r:?}");
+            assert_eq!(r.header("connection").as_deref(), Some("close"), "{r:?}");
+            let log = gw.stop().await;
+            assert_eq!(
+                find(&log, |d| !d.allowed
+                    && d.reason == "max_requests (2) exceeded")
+                .len(),
+                1,
+                "{log:#?}"
+            );
+            assert_eq!(find(&log, |d| d.allowed).len(), 2, "{log:#?}");
+        },
+    );
+}
