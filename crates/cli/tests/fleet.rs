@@ -10,14 +10,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::pg::{self, Pg};
+use common::pg::{self, Node, Pg};
 use common::serve::{Api, sha256_hex, sleeper_task};
 use serde_json::{Value, json};
 
@@ -46,118 +44,14 @@ operator = true
 }
 
 fn tempdir() -> tempfile::TempDir {
-    let d = tempfile::Builder::new()
-        .prefix("agentjail-fleet-test-")
-        .tempdir()
-        .unwrap();
-    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    d
-}
-
-/// A process of ours with its stderr collected; killed (SIGKILL) when dropped.
-struct Node {
-    child: Child,
-    log: Arc<Mutex<String>>,
-    dir: PathBuf,
-}
-
-impl Node {
-    /// Starts `agentjail ARGS --config DIR/config.toml --data-dir DIR/data --database URL` and
-    /// waits for a stderr line containing `ready`; returns the node and that line.
-    fn start(dir: &Path, pg: &Pg, cfg: &str, args: &[&str], ready: &str) -> (Node, String) {
-        Node::start_at(dir, &pg.url(), cfg, args, ready)
-    }
-
-    /// [`Node::start`] with the database at `url`.
-    fn start_at(dir: &Path, url: &str, cfg: &str, args: &[&str], ready: &str) -> (Node, String) {
-        std::fs::create_dir_all(dir).unwrap();
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let cfg_path = dir.join("config.toml");
-        std::fs::write(&cfg_path, cfg).unwrap();
-        let mut child = Command::new(common::bin())
-            .args(args)
-            .arg("--config")
-            .arg(&cfg_path)
-            .arg("--data-dir")
-            .arg(dir.join("data"))
-            .args(["--database", url])
-            .env("PGPASSWORD", pg::PASSWORD)
-            .env("AGENTJAIL_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let log = Arc::new(Mutex::new(String::new()));
-        let mut found = None;
-        for line in lines.by_ref() {
-            let line = line.unwrap();
-            log.lock().unwrap().push_str(&(line.clone() + "\n"));
-            if line.contains(ready) {
-                found = Some(line);
-                break;
-            }
-        }
-        let l2 = log.clone();
-        std::thread::spawn(move || {
-            for line in lines.map_while(Result::ok) {
-                l2.lock().unwrap().push_str(&(line + "\n"));
-            }
-        });
-        let found =
-            found.unwrap_or_else(|| panic!("{args:?} did not start:\n{}", log.lock().unwrap()));
-        (
-            Node {
-                child,
-                log,
-                dir: dir.to_path_buf(),
-            },
-            found,
-        )
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    /// Job folders this node created (one per execution it started).
-    fn job_folders(&self) -> Vec<String> {
-        std::fs::read_dir(self.dir.join("data/jobs"))
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        // A stopped process cannot die of SIGKILL until it is continued.
-        let _ = Command::new("kill")
-            .args(["-CONT", &self.pid().to_string()])
-            .stderr(Stdio::null())
-            .status();
-        self.kill();
-    }
+    pg::tempdir("fleet")
 }
 
 /// `serve --slots 0` on `dir`: the API replica; returns it and its client.
 fn api(dir: &Path, pg: &Pg, cfg: &str) -> (Node, Api) {
     let (n, line) = Node::start(
         dir,
-        pg,
+        &pg.url(),
         cfg,
         &["serve", "--listen", "127.0.0.1:0", "--slots", "0"],
         "listening on ",
@@ -177,7 +71,7 @@ fn api(dir: &Path, pg: &Pg, cfg: &str) -> (Node, Api) {
 fn worker(dir: &Path, pg: &Pg, cfg: &str, id: &str) -> Node {
     Node::start(
         dir,
-        pg,
+        &pg.url(),
         cfg,
         &["worker", "--slots", "1", "--node-id", id],
         "claiming runs",
@@ -464,7 +358,7 @@ fn labels_route_runs_and_sigterm_finishes_the_held_run() {
     assert!(plain.job_folders().is_empty());
     let (mut gpu, _) = Node::start(
         d_gpu.path(),
-        &pg,
+        &pg.url(),
         &cfg,
         &[
             "worker",
@@ -594,7 +488,7 @@ fn a_worker_cut_off_from_the_database_kills_its_sandbox_and_is_refused() {
     let url = pg
         .url()
         .replace(&format!(":{port}/"), &format!(":{}/", link.port));
-    let (w, _) = Node::start_at(
+    let (w, _) = Node::start(
         d_w.path(),
         &url,
         &cfg,

@@ -8,15 +8,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::pg::{self, Pg};
+use common::pg::{self, Node, Pg};
 use common::serve::{Api, sha256_hex, sleeper_task};
 use reqwest::blocking::Client;
 use serde_json::{Value, json};
@@ -85,10 +83,8 @@ max_bytes = 1000
 }
 
 struct Server {
-    child: Child,
+    node: Node,
     api: Api,
-    stderr: Arc<Mutex<String>>,
-    dir: PathBuf,
 }
 
 impl std::ops::Deref for Server {
@@ -98,54 +94,24 @@ impl std::ops::Deref for Server {
     }
 }
 
-/// Starts `serve` on `db` as node `node`, its data in `dir/data`; None if it exits first
-/// (its stderr is then in the panic of [`Server::start`]).
-fn spawn(
-    dir: &Path,
-    db: &str,
-    node: &str,
-    marker: &str,
-) -> (Child, Arc<Mutex<String>>, Option<String>) {
+/// Starts `serve` on `db` as node `node`, its data in `dir/data`, and its base URL; None if it
+/// exits first (its stderr is then in the node's log).
+fn spawn(dir: &Path, db: &str, node: &str, marker: &str) -> (Node, Option<String>) {
     spawn_cfg(dir, db, &config(node, marker))
 }
 
 /// As [`spawn`], with the configuration's text.
-fn spawn_cfg(dir: &Path, db: &str, cfg_text: &str) -> (Child, Arc<Mutex<String>>, Option<String>) {
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let cfg = dir.join("config.toml");
-    std::fs::write(&cfg, cfg_text).unwrap();
-    let mut child = Command::new(common::bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&cfg)
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .args(["--database", db])
-        .env("PGPASSWORD", pg::PASSWORD)
-        .env("AGENTJAIL_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let stderr = Arc::new(Mutex::new(String::new()));
-    let mut base = None;
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        stderr.lock().unwrap().push_str(&(line.clone() + "\n"));
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            base = Some(rest.split_whitespace().next().unwrap().to_string());
-            break;
-        }
-    }
-    let s2 = stderr.clone();
-    std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok) {
-            s2.lock().unwrap().push_str(&(line + "\n"));
-        }
+fn spawn_cfg(dir: &Path, db: &str, cfg_text: &str) -> (Node, Option<String>) {
+    let args = ["serve", "--listen", "127.0.0.1:0"];
+    let (node, line) = Node::spawn(dir, db, cfg_text, &args, "listening on ");
+    let base = line.map(|l| {
+        let rest = l.split("listening on ").nth(1).unwrap_or_default();
+        rest.split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string()
     });
-    (child, stderr, base)
+    (node, base)
 }
 
 impl Server {
@@ -154,14 +120,11 @@ impl Server {
     }
 
     fn start_cfg(dir: &Path, pg: &Pg, cfg: &str) -> Server {
-        let (child, stderr, base) = spawn_cfg(dir, &pg.url(), cfg);
-        let base =
-            base.unwrap_or_else(|| panic!("server did not start:\n{}", stderr.lock().unwrap()));
+        let (node, base) = spawn_cfg(dir, &pg.url(), cfg);
+        let base = base.unwrap_or_else(|| panic!("server did not start:\n{}", node.log()));
         Server {
-            child,
+            node,
             api: Api::new(&base),
-            stderr,
-            dir: dir.to_path_buf(),
         }
     }
 
@@ -195,34 +158,16 @@ impl Server {
 
     /// Job folders this replica created (one per execution it started).
     fn job_folders(&self) -> Vec<String> {
-        std::fs::read_dir(self.dir.join("data/jobs"))
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.node.job_folders()
     }
 
     fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill();
+        self.node.kill();
     }
 }
 
 fn tempdir() -> tempfile::TempDir {
-    let d = tempfile::Builder::new()
-        .prefix("agentjail-pg-test-")
-        .tempdir()
-        .unwrap();
-    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    d
+    pg::tempdir("pg")
 }
 
 /// The serialised test lock: these tests start several servers and a cluster each; on two
@@ -275,7 +220,7 @@ fn core_behaviours_on_postgres() {
     let v: Value = r.json().unwrap();
     assert_eq!(v["status"], "ok", "{v}");
     assert_eq!(v["artifact"]["json"]["lines"], 3, "{v}");
-    assert!(s.dir.join("data/objects").join(sha(CSV)).exists());
+    assert!(s.node.dir.join("data/objects").join(sha(CSV)).exists());
     assert_eq!(
         pg.psql("SELECT node_id || ' ' || status FROM runs WHERE request_id = 'core-1'"),
         "node-a ok"
@@ -304,7 +249,7 @@ fn core_behaviours_on_postgres() {
     );
     assert_eq!(r.status(), 404, "{}", r.text().unwrap());
 
-    let log = s.stderr.lock().unwrap().clone();
+    let log = s.node.log();
     assert!(!log.contains(pg::PASSWORD), "the password is in the log");
     assert!(log.contains("store: PostgreSQL"), "{log}");
 
@@ -327,11 +272,10 @@ fn core_behaviours_on_postgres() {
             "TLS",
         ),
     ] {
-        let (mut child, stderr, base) = spawn(d2.path(), url, "node-x", "m");
-        let _ = child.kill();
-        let _ = child.wait();
+        let (mut node, base) = spawn(d2.path(), url, "node-x", "m");
+        node.kill();
         assert!(base.is_none(), "serve started with {url}");
-        let e = stderr.lock().unwrap().clone();
+        let e = node.log();
         assert!(e.contains(want), "{e}");
         assert!(
             !e.contains(pg::PASSWORD),
@@ -423,17 +367,9 @@ fn three_replicas_starting_at_once_migrate_once() {
             std::thread::spawn(move || spawn(&p, &url, &format!("node-{i}"), "m-three"))
         })
         .collect();
-    let mut started = Vec::new();
-    for h in hs {
-        let (child, stderr, base) = h.join().unwrap();
-        started.push((child, stderr, base));
-    }
-    for (_, stderr, base) in &started {
-        assert!(
-            base.is_some(),
-            "a replica did not start:\n{}",
-            stderr.lock().unwrap()
-        );
+    let started: Vec<(Node, Option<String>)> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    for (node, base) in &started {
+        assert!(base.is_some(), "a replica did not start:\n{}", node.log());
     }
     let versions =
         pg.psql("SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations");
@@ -442,16 +378,15 @@ fn three_replicas_starting_at_once_migrate_once() {
         .collect();
     assert_eq!(versions, want.join(","));
     let http = Client::new();
-    for (_, _, base) in &started {
+    for (_, base) in &started {
         let h = http
             .get(format!("{}/healthz", base.as_deref().unwrap()))
             .send()
             .unwrap();
         assert_eq!(h.status(), 200);
     }
-    for (mut c, _, _) in started {
-        let _ = c.kill();
-        let _ = c.wait();
+    for (mut node, _) in started {
+        node.kill();
     }
 }
 

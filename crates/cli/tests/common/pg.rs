@@ -269,3 +269,124 @@ impl Drop for Pg {
         );
     }
 }
+
+/// A temporary folder others may enter (the sandbox user is an unprivileged host uid), named
+/// `agentjail-<what>-test-…`; removed when dropped.
+pub fn tempdir(what: &str) -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::Builder::new()
+        .prefix(&format!("agentjail-{what}-test-"))
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+/// An `agentjail` process on a PostgreSQL database (`serve` or `worker`), its stderr collected;
+/// continued (if stopped) and killed when dropped.
+pub struct Node {
+    pub child: std::process::Child,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+    pub dir: PathBuf,
+}
+
+impl Node {
+    /// Starts `agentjail ARGS --config DIR/config.toml --data-dir DIR/data --database URL`
+    /// (`cfg`: the configuration's text; the password in PGPASSWORD) and reads its stderr up to
+    /// the first line containing `ready`, which it returns; None when the process ended first.
+    pub fn spawn(
+        dir: &Path,
+        url: &str,
+        cfg: &str,
+        args: &[&str],
+        ready: &str,
+    ) -> (Node, Option<String>) {
+        use std::io::{BufRead, BufReader};
+        use std::os::unix::fs::PermissionsExt;
+        use std::process::Stdio;
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let cfg_path = dir.join("config.toml");
+        std::fs::write(&cfg_path, cfg).unwrap();
+        let mut child = Command::new(super::bin())
+            .args(args)
+            .arg("--config")
+            .arg(&cfg_path)
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .args(["--database", url])
+            .env("PGPASSWORD", PASSWORD)
+            .env("AGENTJAIL_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut found = None;
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            log.lock().unwrap().push_str(&(line.clone() + "\n"));
+            if line.contains(ready) {
+                found = Some(line);
+                break;
+            }
+        }
+        let l2 = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                l2.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        let node = Node {
+            child,
+            log,
+            dir: dir.to_path_buf(),
+        };
+        (node, found)
+    }
+
+    /// [`Node::spawn`], which must reach its `ready` line (else a panic with its stderr).
+    pub fn start(dir: &Path, url: &str, cfg: &str, args: &[&str], ready: &str) -> (Node, String) {
+        let (node, found) = Node::spawn(dir, url, cfg, args, ready);
+        let found = found.unwrap_or_else(|| panic!("{args:?} did not start:\n{}", node.log()));
+        (node, found)
+    }
+
+    /// Its stderr so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Job folders this node created (one per execution it started).
+    pub fn job_folders(&self) -> Vec<String> {
+        std::fs::read_dir(self.dir.join("data/jobs"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // A stopped process cannot die of SIGKILL until it is continued.
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.pid().to_string()])
+            .stderr(std::process::Stdio::null())
+            .status();
+        self.kill();
+    }
+}
