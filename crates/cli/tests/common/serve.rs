@@ -85,7 +85,6 @@ pub fn python_code_task(name: &str, description: &str, who: &str, seconds: u32) 
     )
 }
 
-/// The `[tasks.sleepy]` table: model-proposed Python for up to two minutes, for `alice`.
 /// A fixed-program task `sleeper` (tenant `acme`): sleeps as long as its one argument says,
 /// then writes `{"args": [...]}` to /output/o.json; `marker` is in its command line, so that a
 /// test can find its processes; `seconds` is its time limit.
@@ -108,6 +107,7 @@ seconds = {seconds}
     )
 }
 
+/// The `[tasks.sleepy]` table: model-proposed Python for up to two minutes, for `alice`.
 pub fn sleepy_task() -> String {
     python_code_task(
         "sleepy",
