@@ -286,9 +286,106 @@ fn parse_ipv4(name: &str) -> Option<Ipv4Addr> {
     u32::try_from(v).ok().map(Ipv4Addr::from)
 }
 
+/// Where a `Location` value points, when it leaves the current origin.
+///
+/// `Ok(None)`: a relative reference (same scheme, host and port). `Ok(Some(t))`: an absolute
+/// or network-path reference to `t`. `Err`: ambiguous or non-HTTP; such redirects are refused
+/// rather than guessed at, because clients disagree on how to parse them.
+pub fn redirect_target(location: &[u8]) -> Result<Option<Target>, &'static str> {
+    let s = std::str::from_utf8(location).map_err(|_| "Location is not valid UTF-8")?;
+    if s.chars()
+        .any(|c| c.is_control() || c.is_whitespace() || c == '\\' || !c.is_ascii())
+    {
+        return Err("ambiguous Location (whitespace, control, backslash or non-ASCII)");
+    }
+    let (scheme, rest) = match s.find(':') {
+        Some(i)
+            if !s[..i].contains(['/', '?', '#'])
+                && s[..i].starts_with(|c: char| c.is_ascii_alphabetic())
+                && s[..i]
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')) =>
+        {
+            (Some(s[..i].to_ascii_lowercase()), &s[i + 1..])
+        }
+        _ => (None, s),
+    };
+    let default_port = match scheme.as_deref() {
+        None | Some("http") => 80,
+        Some("https") => 443,
+        Some(_) => return Err("redirect to a non-HTTP URL scheme"),
+    };
+    let Some(after) = rest.strip_prefix("//") else {
+        return if scheme.is_some() {
+            Err("absolute Location without an authority")
+        } else {
+            Ok(None)
+        };
+    };
+    let end = after.find(['/', '?', '#']).unwrap_or(after.len());
+    match parse_authority(&after[..end], Some(default_port)) {
+        Ok(t) => Ok(Some(t)),
+        Err(TargetError::Userinfo) => Err("Location carries userinfo"),
+        Err(_) => Err("Location has an invalid host or port"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn t(s: &str) -> Option<String> {
+        redirect_target(s.as_bytes())
+            .unwrap()
+            .map(|t| t.to_string())
+    }
+
+    #[test]
+    fn redirect_targets() {
+        assert_eq!(t("/next"), None);
+        assert_eq!(t("next?x=1"), None);
+        assert_eq!(t(""), None);
+        assert_eq!(t("?q"), None);
+        assert_eq!(t("http://Evil.test/x"), Some("evil.test:80".into()));
+        assert_eq!(t("HTTPS://evil.test"), Some("evil.test:443".into()));
+        assert_eq!(t("//evil.test:8080/x"), Some("evil.test:8080".into()));
+        assert_eq!(t("http://2130706433/"), Some("127.0.0.1:80".into()));
+        assert_eq!(
+            t("http://[::ffff:10.0.0.1]:81/"),
+            Some("10.0.0.1:81".into())
+        );
+        assert_eq!(t("http://evil.test?x"), Some("evil.test:80".into()));
+        assert_eq!(t("http://evil.test#x"), Some("evil.test:80".into()));
+        for bad in [
+            "http://allowed.test@evil.test/",
+            "http://user:pw@allowed.test/",
+            "http:\\\\evil.test",
+            "/\\evil.test",
+            "http:evil.test",
+            "ftp://evil.test/",
+            "javascript:alert(1)",
+            "http://evil .test/",
+            "http://evil.test:0/",
+            "http://evil.test:99999/",
+            "http:///x",
+            "http://ex\u{e4}mple.test/",
+        ] {
+            assert!(redirect_target(bad.as_bytes()).is_err(), "{bad:?}");
+        }
+        assert!(redirect_target(&[0xff, 0xfe]).is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn redirect_target_never_panics(loc in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..120)) {
+            let _ = redirect_target(&loc);
+        }
+
+        #[test]
+        fn redirect_target_text_never_panics(loc in "(https?:)?(//)?\\PC{0,60}") {
+            let _ = redirect_target(loc.as_bytes());
+        }
+    }
 
     fn ip(s: &str) -> Host {
         Host::Ip(s.parse().unwrap())

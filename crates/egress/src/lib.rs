@@ -67,27 +67,46 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+// The parsers and the policy stand alone: with `default-features = false` (no `gateway`
+// feature) the crate is only them, without tokio, hyper, rustls or hickory (the fuzz targets
+// build it that way, docs/fuzzing.md).
 pub mod addr;
+#[cfg(feature = "gateway")]
 mod decision;
+#[cfg(feature = "gateway")]
 mod gateway;
 pub mod host;
+#[cfg(feature = "gateway")]
 mod intercept;
+#[cfg(feature = "gateway")]
 mod meter;
+#[cfg(feature = "gateway")]
 mod ownaddr;
 mod policy;
+#[cfg(feature = "gateway")]
 mod resolve;
+#[cfg(feature = "gateway")]
 mod sni;
+#[cfg(feature = "gateway")]
 mod splice;
 
+#[cfg(feature = "gateway")]
 use std::sync::Arc;
+#[cfg(feature = "gateway")]
 use std::thread::JoinHandle;
 
+#[cfg(feature = "gateway")]
 pub use decision::{Decision, LOG_FULL, MAX_ALLOWED, MAX_REFUSALS};
-pub use gateway::{DENIED_HEADER, Gateway, GatewayLimits, redirect_target};
+#[cfg(feature = "gateway")]
+pub use gateway::{DENIED_HEADER, Gateway, GatewayLimits};
+pub use host::redirect_target;
+#[cfg(feature = "gateway")]
 pub use intercept::{CredentialError, Interception};
 pub use policy::{BlockedAddress, CompiledPolicy, NotAllowed, PolicyError, compile_policy};
+#[cfg(feature = "gateway")]
 pub use resolve::{HickoryResolver, Resolve, ResolveError, ResolveFuture, StaticResolver};
 
+#[cfg(feature = "gateway")]
 /// Failure to start a gateway with [`spawn_gateway`].
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -102,6 +121,7 @@ pub enum GatewayError {
     Thread(std::io::Error),
 }
 
+#[cfg(feature = "gateway")]
 /// A gateway running on its own thread (see [`spawn_gateway`]).
 #[derive(Debug)]
 pub struct GatewayHandle {
@@ -109,6 +129,7 @@ pub struct GatewayHandle {
     thread: Option<JoinHandle<Vec<Decision>>>,
 }
 
+#[cfg(feature = "gateway")]
 impl GatewayHandle {
     /// Stops the gateway (closing every connection) and returns its decision log.
     pub fn stop(mut self) -> Vec<Decision> {
@@ -134,6 +155,7 @@ impl GatewayHandle {
     }
 }
 
+#[cfg(feature = "gateway")]
 impl Drop for GatewayHandle {
     fn drop(&mut self) {
         if let Some(tx) = self.stop.take() {
@@ -142,6 +164,7 @@ impl Drop for GatewayHandle {
     }
 }
 
+#[cfg(feature = "gateway")]
 /// Starts a gateway on a thread of its own, with a small multi-threaded tokio runtime, serving
 /// `listener` until [`GatewayHandle::stop`]. For synchronous callers such as the supervisor.
 ///
@@ -155,6 +178,7 @@ pub fn spawn_gateway(
     spawn_gateway_with_credentials(policy, limits, resolver, listener, None)
 }
 
+#[cfg(feature = "gateway")]
 /// [`spawn_gateway`] with the credential flow prepared by [`Interception::prepare`].
 pub fn spawn_gateway_with_credentials(
     policy: &agentjail_manifest::EgressPolicy,
