@@ -261,3 +261,182 @@ pub fn egress_flags(dns_port: u16, allow: &[String], private: &[&str]) -> Vec<St
     }
     f
 }
+
+/// Test hosts on one machine (issue #19's fleet topology): each host is a named network
+/// namespace `agentjail-t-<pid>-<n>-<host>` with `lo` and one veth link `eth0` at
+/// `10.201.0.<i>/24`, whose peer (`v-<host>`) is a port of the bridge `br0` in a "switch"
+/// namespace. Nothing is added to the host's own namespace (no address, no route), so no
+/// packet of the test can leave the machine. Every namespace is deleted on drop (also when a
+/// test panics); kill the processes inside before (declare the topology first).
+pub struct Topology {
+    prefix: String,
+    hosts: Vec<String>,
+}
+
+fn ip_ok(args: &[&str]) -> Result<(), String> {
+    let o = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    if o.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))
+    }
+}
+
+static TOPOLOGIES: AtomicUsize = AtomicUsize::new(0);
+
+impl Topology {
+    /// Makes the switch and one host per name (at most 6 bytes each; host `i` of `hosts` gets
+    /// `10.201.0.<i+1>`). `None` (after [`skip`]) when `ip` or named namespaces are missing.
+    pub fn new(hosts: &[&str]) -> Option<Topology> {
+        if Command::new("ip").arg("-V").output().is_err() {
+            skip("`ip` (iproute2) not found");
+            return None;
+        }
+        if Command::new("nsenter").arg("--version").output().is_err() {
+            skip("`nsenter` (util-linux) not found");
+            return None;
+        }
+        // Namespaces left by a test process that was killed (drop never ran): their pid is gone.
+        for e in std::fs::read_dir("/run/netns")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid = name
+                .strip_prefix("agentjail-t-")
+                .and_then(|r| r.split('-').next())
+                .and_then(|p| p.parse::<u32>().ok());
+            if let Some(pid) = pid
+                && !Path::new(&format!("/proc/{pid}")).exists()
+            {
+                let _ = ip_ok(&["netns", "del", &name]);
+            }
+        }
+        let n = TOPOLOGIES.fetch_add(1, Ordering::SeqCst);
+        let mut t = Topology {
+            prefix: format!("agentjail-t-{}-{n}-", std::process::id()),
+            hosts: Vec::new(),
+        };
+        let sw = t.ns("sw");
+        if let Err(e) = ip_ok(&["netns", "add", &sw]) {
+            skip(&format!("cannot create a named network namespace: {e}"));
+            return None;
+        }
+        t.hosts.push("sw".into());
+        let setup = |t: &mut Topology| -> Result<(), String> {
+            ip_ok(&["-n", &sw, "link", "set", "lo", "up"])?;
+            ip_ok(&["-n", &sw, "link", "add", "br0", "type", "bridge"])?;
+            ip_ok(&["-n", &sw, "link", "set", "br0", "up"])?;
+            for (i, h) in hosts.iter().enumerate() {
+                assert!(h.len() <= 6 && *h != "sw", "host name {h:?}");
+                let ns = t.ns(h);
+                ip_ok(&["netns", "add", &ns])?;
+                t.hosts.push(h.to_string());
+                let port = format!("v-{h}");
+                ip_ok(&[
+                    "-n", &sw, "link", "add", &port, "type", "veth", "peer", "name", "eth0",
+                    "netns", &ns,
+                ])?;
+                ip_ok(&["-n", &sw, "link", "set", &port, "master", "br0", "up"])?;
+                ip_ok(&["-n", &ns, "link", "set", "lo", "up"])?;
+                let a = format!("10.201.0.{}/24", i + 1);
+                ip_ok(&["-n", &ns, "addr", "add", &a, "dev", "eth0"])?;
+                ip_ok(&["-n", &ns, "link", "set", "eth0", "up"])?;
+            }
+            Ok(())
+        };
+        if let Err(e) = setup(&mut t) {
+            // Under CI this is a failure; elsewhere (no CAP_NET_ADMIN…) a skip.
+            skip(&format!("cannot build the test hosts: {e}"));
+            return None;
+        }
+        Some(t)
+    }
+
+    /// The namespace's name of `host`.
+    pub fn ns(&self, host: &str) -> String {
+        format!("{}{host}", self.prefix)
+    }
+
+    /// The namespace's file of `host` (for `nsenter --net=`).
+    pub fn ns_path(&self, host: &str) -> String {
+        format!("/run/netns/{}", self.ns(host))
+    }
+
+    /// `host`'s address on the switch, e.g. `10.201.0.3`.
+    pub fn addr(&self, host: &str) -> String {
+        let i = self
+            .hosts
+            .iter()
+            .skip(1)
+            .position(|h| h == host)
+            .unwrap_or_else(|| panic!("no test host {host}"));
+        format!("10.201.0.{}", i + 1)
+    }
+
+    /// The command prefix that runs a program on `host`: `nsenter --net=… --` (only the network
+    /// namespace changes: no mount tricks, so /sys/fs/cgroup stays what the sandbox expects).
+    pub fn wrap(&self, host: &str) -> Vec<String> {
+        vec![
+            "nsenter".into(),
+            format!("--net={}", self.ns_path(host)),
+            "--".into(),
+        ]
+    }
+
+    /// Plugs `host`'s cable out of the switch (`down`) or back in: its switch port goes down,
+    /// so its packets are dropped silently and `eth0` loses its carrier.
+    pub fn set_link(&self, host: &str, up: bool) {
+        let port = format!("v-{host}");
+        ip_ok(&[
+            "-n",
+            &self.ns("sw"),
+            "link",
+            "set",
+            &port,
+            if up { "up" } else { "down" },
+        ])
+        .unwrap();
+    }
+
+    /// Runs `f` on a new thread whose network namespace is `host`'s (so is every thread it
+    /// starts, e.g. an HTTP client's runtime); a panic in `f` is the caller's panic.
+    pub fn run_on<T: Send>(&self, host: &str, f: impl FnOnce() -> T + Send) -> T {
+        let path = self.ns_path(host);
+        let r = std::thread::scope(|s| {
+            s.spawn(move || {
+                use std::os::fd::AsRawFd;
+                let ns = std::fs::File::open(&path).unwrap();
+                // SAFETY: setns with an open namespace file and CLONE_NEWNET only moves this
+                // thread (made for it) into that network namespace; `ns` outlives the call.
+                let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+                assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+                f()
+            })
+            .join()
+        });
+        match r {
+            Ok(v) => v,
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        for h in self.hosts.iter().rev() {
+            let _ = Command::new("ip")
+                .args(["netns", "del", &self.ns(h)])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}

@@ -20,6 +20,10 @@ pub struct Pg {
     /// The unprivileged user's (uid, gid); None when the test is not root (runs as itself).
     owner: Option<(u32, u32)>,
     pub port: u16,
+    /// The address it listens on (127.0.0.1, or its test host's, see [`Pg::start_on`]).
+    pub host: String,
+    /// The command prefix that puts its processes on a test host (`nsenter --net=… --`).
+    wrap: Vec<String>,
 }
 
 /// The folder holding initdb and pg_ctl: the newest /usr/lib/postgresql/*/bin, else PATH.
@@ -63,6 +67,14 @@ impl Pg {
     /// A fresh, running cluster with database [`DB`] owned by [`USER`]; None (after
     /// [`super::skip`]) when PostgreSQL or setpriv is missing.
     pub fn start() -> Option<Pg> {
+        Pg::start_on(Vec::new(), "127.0.0.1")
+    }
+
+    /// [`Pg::start`] on a test host: its processes start behind `wrap` (e.g.
+    /// [`super::netns::Topology::wrap`]) and it listens on `host` (that host's address) as well
+    /// as its unix socket; password clients are accepted from the subnets of its interfaces
+    /// (`samenet`).
+    pub fn start_on(wrap: Vec<String>, host: &str) -> Option<Pg> {
         let Some(bin) = bindir() else {
             super::skip("PostgreSQL's initdb/pg_ctl not found (apt-get install postgresql)");
             return None;
@@ -98,6 +110,8 @@ impl Pg {
             bin,
             owner,
             port: free_port(),
+            host: host.to_string(),
+            wrap,
         };
         let data = pg.data();
         let o = pg.as_owner(
@@ -121,6 +135,14 @@ impl Pg {
             "initdb failed: {}",
             String::from_utf8_lossy(&o.stderr)
         );
+        if pg.host != "127.0.0.1" {
+            use std::io::Write;
+            let mut hba = std::fs::OpenOptions::new()
+                .append(true)
+                .open(data.join("pg_hba.conf"))
+                .unwrap();
+            writeln!(hba, "host all all samenet scram-sha-256").unwrap();
+        }
         pg.pg_ctl_start();
         pg.psql_db("postgres", &format!("CREATE DATABASE {DB}"));
         Some(pg)
@@ -139,14 +161,14 @@ impl Pg {
         let exe = self.bin.join(prog);
         let mut c = match self.owner {
             Some((u, g)) => {
-                let mut c = Command::new("setpriv");
+                let mut c = self.command("setpriv");
                 c.arg(format!("--reuid={u}"))
                     .arg(format!("--regid={g}"))
                     .arg("--clear-groups")
                     .arg(&exe);
                 c
             }
-            None => Command::new(&exe),
+            None => self.command(exe.to_str().unwrap()),
         };
         c.args(args)
             .current_dir(self.dir.path())
@@ -155,9 +177,22 @@ impl Pg {
             .unwrap()
     }
 
+    /// `prog` behind the test host's prefix, if any.
+    fn command(&self, prog: &str) -> Command {
+        match self.wrap.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(prog);
+                c
+            }
+            None => Command::new(prog),
+        }
+    }
+
     fn pg_ctl_start(&self) {
         let opts = format!(
-            "-c listen_addresses=127.0.0.1 -p {} -k {} -c fsync=off -c max_connections=200",
+            "-c listen_addresses={} -p {} -k {} -c fsync=off -c max_connections=200",
+            self.host,
             self.port,
             self.dir.path().display()
         );
@@ -213,8 +248,8 @@ impl Pg {
     /// The URL `serve --database` takes (no password: PGPASSWORD carries it).
     pub fn url(&self) -> String {
         format!(
-            "postgres://{USER}@127.0.0.1:{}/{DB}?sslmode=disable",
-            self.port
+            "postgres://{USER}@{}:{}/{DB}?sslmode=disable",
+            self.host, self.port
         )
     }
 
@@ -301,6 +336,19 @@ impl Node {
         args: &[&str],
         ready: &str,
     ) -> (Node, Option<String>) {
+        Node::spawn_on(&[], dir, url, cfg, args, ready)
+    }
+
+    /// [`Node::spawn`] behind the command prefix `wrap` (e.g. `nsenter --net=… --`, which
+    /// execs the binary: the node's pid is the binary's).
+    pub fn spawn_on(
+        wrap: &[String],
+        dir: &Path,
+        url: &str,
+        cfg: &str,
+        args: &[&str],
+        ready: &str,
+    ) -> (Node, Option<String>) {
         use std::io::{BufRead, BufReader};
         use std::os::unix::fs::PermissionsExt;
         use std::process::Stdio;
@@ -308,7 +356,15 @@ impl Node {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         let cfg_path = dir.join("config.toml");
         std::fs::write(&cfg_path, cfg).unwrap();
-        let mut child = Command::new(super::bin())
+        let mut cmd = match wrap.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(super::bin());
+                c
+            }
+            None => Command::new(super::bin()),
+        };
+        let mut child = cmd
             .args(args)
             .arg("--config")
             .arg(&cfg_path)
@@ -349,7 +405,19 @@ impl Node {
 
     /// [`Node::spawn`], which must reach its `ready` line (else a panic with its stderr).
     pub fn start(dir: &Path, url: &str, cfg: &str, args: &[&str], ready: &str) -> (Node, String) {
-        let (node, found) = Node::spawn(dir, url, cfg, args, ready);
+        Node::start_on(&[], dir, url, cfg, args, ready)
+    }
+
+    /// [`Node::start`] behind the command prefix `wrap` (see [`Node::spawn_on`]).
+    pub fn start_on(
+        wrap: &[String],
+        dir: &Path,
+        url: &str,
+        cfg: &str,
+        args: &[&str],
+        ready: &str,
+    ) -> (Node, String) {
+        let (node, found) = Node::spawn_on(wrap, dir, url, cfg, args, ready);
         let found = found.unwrap_or_else(|| panic!("{args:?} did not start:\n{}", node.log()));
         (node, found)
     }
