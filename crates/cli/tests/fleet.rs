@@ -728,5 +728,51 @@ fn a_worker_serves_its_metrics_and_health() {
             >= 1.0,
         "the heartbeats while PostgreSQL was stopped failed:\n{text}"
     );
-    drop(w);
+
+    // SIGTERM while a run is held: not ready (draining), still healthy and answering, the
+    // run finishes `ok`, the worker exits 0.
+    let mut w = w;
+    let b = json!({"request_id": "probe-2", "task": "sleeper", "inputs": [], "args": ["4"]});
+    assert_eq!(api.run(ALICE, &b, "?wait=false").status(), 202);
+    wait_status(&api, "probe-2", "running", 60);
+    let pid = w.pid().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let drained = loop {
+        let (s, _, body) = get_plain(&base, "/readyz");
+        if s == 503 {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz never turned 503 after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(drained.contains("draining"), "{drained}");
+    assert_eq!(
+        get_plain(&base, "/healthz").0,
+        200,
+        "healthy while draining"
+    );
+    assert_eq!(wait_final(&api, "probe-2")["status"], "ok");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let exit = loop {
+        if let Some(s) = w.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker did not stop:\n{}",
+            w.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(exit.code(), Some(0), "{}", w.log());
 }
