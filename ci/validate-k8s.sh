@@ -8,7 +8,11 @@
 #  5. seccomp/agentjail.json is what seccomp/generate.py makes from Docker's default profile
 #     (Debian's golang-github-docker-docker-dev, fetched with `apt-get download`) and the
 #     engine's deny-list (crates/engine/src/seccomp.rs);
-#  6. the securityContext claims of docs/deploy.md, in runc containers (needs root and runc).
+#  6. the securityContext claims of docs/deploy.md, in runc containers (needs root and runc);
+#  7. the worker Deployment against the API's StatefulSet: the same pod and container
+#     securityContext, node selection and cgroup entrypoint (so the claims checked in 6, made
+#     with the StatefulSet's, hold for it too), probes on its --listen port, a grace period
+#     covering the longest task, and its own PodDisruptionBudget and NetworkPolicy.
 # Any error fails (exit 1). Usage: ci/validate-k8s.sh [AGENTJAIL_BINARY]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -141,6 +145,74 @@ if [ -n "${docker_default:-}" ] && [ -f "$docker_default" ] && [ -x "$agentjail"
     fi
   fi
 fi
+
+# 7. The worker Deployment.
+python3 - "$dir" <<'EOF' || bad "worker.yaml does not match what docs/deploy.md says of it"
+import os, re, sys, tomllib, yaml
+d = sys.argv[1]
+def docs(f):
+    return [x for x in yaml.safe_load_all(open(os.path.join(d, f))) if x]
+def one(f, kind, name):
+    found = [x for x in docs(f) if x["kind"] == kind and x["metadata"]["name"] == name]
+    assert len(found) == 1, f"{f}: no single {kind} {name}"
+    return found[0]
+errors = []
+def check(cond, msg):
+    if not cond:
+        errors.append(msg)
+api = one("statefulset.yaml", "StatefulSet", "agentjail")
+wk = one("worker.yaml", "Deployment", "agentjail-worker")
+ap, wp = api["spec"]["template"]["spec"], wk["spec"]["template"]["spec"]
+ac, wc = ap["containers"][0], wp["containers"][0]
+for key in ("securityContext", "hostUsers", "nodeSelector", "automountServiceAccountToken", "serviceAccountName"):
+    check(ap.get(key) == wp.get(key), f"pod {key} differs from the StatefulSet's: {wp.get(key)!r}")
+check(ac.get("securityContext") == wc.get("securityContext"),
+      f"container securityContext differs from the StatefulSet's: {wc.get('securityContext')!r}")
+def script(c):
+    return c["args"][0]
+def before_exec(c):
+    return script(c).split("exec /usr/local/bin/agentjail")[0]
+check(before_exec(ac) == before_exec(wc), "the cgroup entrypoint differs from the StatefulSet's")
+m = re.search(r"exec /usr/local/bin/agentjail worker ([^\n]*)", script(wc))
+check(m is not None, "the worker container does not exec `agentjail worker`")
+lm = re.search(r"--listen [^ :]+:(\d+)", m.group(1) if m else "")
+check(lm is not None, "the worker has no --listen ADDR:PORT (its probes would have no endpoint)")
+port = int(lm.group(1)) if lm else None
+ports = {p["name"]: p["containerPort"] for p in wc.get("ports", [])}
+for probe, paths in (("startupProbe", {"/healthz"}), ("readinessProbe", {"/readyz"}), ("livenessProbe", {"/metrics", "/healthz"})):
+    pr = wc.get(probe)
+    check(pr is not None, f"{probe} missing")
+    if pr:
+        g = pr.get("httpGet", {})
+        check(g.get("path") in paths, f"{probe} on {g.get('path')}, expected one of {sorted(paths)}")
+        p = g.get("port")
+        check(ports.get(p, p) == port, f"{probe} on port {p}, not the --listen port {port}")
+check(re.search(r"agentjail serve [^\n]*--slots 0", script(ac)) is not None,
+      "the API StatefulSet does not run `serve --slots 0` although workers ship")
+cm = one("configmap.yaml", "ConfigMap", "agentjail-config")
+config = tomllib.loads(cm["data"]["config.toml"])
+longest = max((t.get("limits", {}).get("seconds", 0) for t in config.get("tasks", {}).values()), default=0)
+grace = wp.get("terminationGracePeriodSeconds", 30)
+check(grace >= longest + 30, f"terminationGracePeriodSeconds {grace} < the longest task ({longest} s) + 30")
+for r in ("requests", "limits"):
+    check(set(wc.get("resources", {}).get(r, {})) >= {"cpu", "memory"}, f"resources.{r} needs cpu and memory")
+sel = {"app.kubernetes.io/name": "agentjail", "app.kubernetes.io/component": "worker"}
+check(wk["spec"]["selector"]["matchLabels"] == sel, "the Deployment's selector")
+pdb = one("pdb.yaml", "PodDisruptionBudget", "agentjail-worker")
+check(pdb["spec"]["selector"]["matchLabels"] == sel, "the workers' PDB does not select the workers")
+np = one("networkpolicy.yaml", "NetworkPolicy", "agentjail-worker")
+check(np["spec"]["podSelector"]["matchLabels"] == sel, "the workers' NetworkPolicy does not select the workers")
+ing = sorted(p["port"] for r in np["spec"].get("ingress", []) for p in r.get("ports", []))
+check(ing == [port], f"the workers' ingress ports {ing}, expected only [{port}]")
+eg = sorted({p["port"] for r in np["spec"].get("egress", []) for p in r.get("ports", [])})
+check(eg == [53, 5432], f"the workers' egress ports {eg}, expected only DNS and PostgreSQL")
+check(all(r.get("to") for r in np["spec"].get("egress", [])), "an egress rule of the workers without `to` (anywhere)")
+for e in errors:
+    print(f"validate-k8s: FAIL: worker.yaml: {e}", file=sys.stderr)
+if not errors:
+    print(f"validate-k8s: worker.yaml: the StatefulSet's securityContext and entrypoint, probes on :{port}, grace {grace} s >= {longest} s + 30, its PDB and NetworkPolicy (DNS and PostgreSQL only)")
+sys.exit(1 if errors else 0)
+EOF
 
 if [ $fail -ne 0 ]; then
   echo "validate-k8s: FAILED" >&2

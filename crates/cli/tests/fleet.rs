@@ -521,3 +521,258 @@ fn a_worker_cut_off_from_the_database_kills_its_sandbox_and_is_refused() {
     assert_eq!(audited(&pg, "run_start", "cut"), "1");
     assert_eq!(audited(&pg, "run_end", "cut"), "0");
 }
+
+/// The text of a plain GET (no token) and its status and content type.
+fn get_plain(base: &str, path: &str) -> (u16, String, String) {
+    let r = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+        .get(format!("{base}{path}"))
+        .send()
+        .unwrap();
+    let status = r.status().as_u16();
+    let ct = r
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap_or_default().to_string())
+        .unwrap_or_default();
+    (status, ct, r.text().unwrap())
+}
+
+/// One series' value in a Prometheus text body (`name` with its labels, as rendered).
+fn series(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.rsplit_once(' ').map(|(k, _)| k) == Some(name))
+        .and_then(|l| l.rsplit_once(' '))
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+fn wait_health(base: &str, want: u16, secs: u64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let (s, _, body) = get_plain(base, "/healthz");
+        if s == want {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/healthz never answered {want} (last {s}: {body})"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `worker --listen`: its own `/metrics` (every family at zero from start-up, then the run it
+/// executed counted, its slot busy while it runs, its heartbeats), `/healthz` and `/readyz`
+/// (200 while it reaches PostgreSQL and its heartbeat is fresh; 503 with a one-line reason
+/// once PostgreSQL is stopped; 200 again after PostgreSQL is back), and nothing else (404).
+#[test]
+fn a_worker_serves_its_metrics_and_health() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pg) = Pg::start() else { return };
+    let (d_api, d_w) = (tempdir(), tempdir());
+    let cfg = config(&marker_for(&d_api, "probe"));
+    let (_api_node, api) = api(d_api.path(), &pg, &cfg);
+    let (w, line) = Node::start(
+        d_w.path(),
+        &pg.url(),
+        &cfg,
+        &[
+            "worker",
+            "--slots",
+            "1",
+            "--node-id",
+            "w-probe",
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        "probes on http://",
+    );
+    let base = format!(
+        "http://{}",
+        line.split("probes on http://")
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+    );
+    let (s, ct, text) = get_plain(&base, "/metrics");
+    assert_eq!(s, 200, "{text}");
+    assert!(ct.starts_with("text/plain"), "{ct}");
+    for (name, want) in [
+        (r#"agentjail_runs_total{task="sleeper",status="ok"}"#, 0.0),
+        ("agentjail_runs_in_flight", 0.0),
+        ("agentjail_worker_slots_busy", 0.0),
+        ("agentjail_worker_slots_free", 1.0),
+        (
+            r#"agentjail_heartbeats_total{kind="node",result="failed"}"#,
+            0.0,
+        ),
+        (
+            r#"agentjail_heartbeats_total{kind="lease",result="ok"}"#,
+            0.0,
+        ),
+        (
+            r#"agentjail_heartbeats_total{kind="lease",result="failed"}"#,
+            0.0,
+        ),
+        (
+            r#"agentjail_heartbeats_total{kind="lease",result="refused"}"#,
+            0.0,
+        ),
+        ("agentjail_fenced_writes_total", 0.0),
+        ("agentjail_unknown_outcomes_total", 0.0),
+        ("agentjail_cluster_expired_leases_total", 0.0),
+    ] {
+        assert_eq!(
+            series(&text, name),
+            Some(want),
+            "{name} at start-up:\n{text}"
+        );
+    }
+    for g in [
+        "agentjail_cluster_queue_depth",
+        "agentjail_cluster_oldest_queued_seconds",
+        "agentjail_cluster_live_workers",
+    ] {
+        assert!(
+            series(&text, g).is_some(),
+            "{g} missing at start-up:\n{text}"
+        );
+    }
+    let body = wait_health(&base, 200, 20);
+    assert!(body.contains("ok"), "{body}");
+    assert_eq!(get_plain(&base, "/readyz").0, 200);
+    let (s, ct, body) = get_plain(&base, "/v1/runs/x");
+    assert_eq!(s, 404, "{body}");
+    assert_eq!(ct, "application/problem+json", "{body}");
+
+    // One run (3 s): the slot is busy while it runs, then it is counted.
+    let b = json!({"request_id": "probe-1", "task": "sleeper", "inputs": [], "args": ["3"]});
+    assert_eq!(api.run(ALICE, &b, "?wait=false").status(), 202);
+    wait_status(&api, "probe-1", "running", 60);
+    let text = get_plain(&base, "/metrics").2;
+    assert_eq!(
+        series(&text, "agentjail_worker_slots_busy"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        series(&text, "agentjail_worker_slots_free"),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(wait_final(&api, "probe-1")["status"], "ok");
+    let text = get_plain(&base, "/metrics").2;
+    assert_eq!(
+        series(&text, r#"agentjail_runs_total{task="sleeper",status="ok"}"#),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        series(
+            &text,
+            r#"agentjail_run_duration_seconds_count{task="sleeper"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        series(&text, "agentjail_worker_slots_busy"),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        series(&text, "agentjail_worker_slots_free"),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        series(
+            &text,
+            r#"agentjail_heartbeats_total{kind="node",result="ok"}"#
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
+        "{text}"
+    );
+    assert!(
+        series(
+            &text,
+            r#"agentjail_heartbeats_total{kind="lease",result="ok"}"#
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
+        "a 3 s run under a 3 s lease renews it:\n{text}"
+    );
+
+    // PostgreSQL stopped: unhealthy with a reason; back: healthy again.
+    pg.stop();
+    let body = wait_health(&base, 503, 30);
+    assert_eq!(body.trim().lines().count(), 1, "one line: {body:?}");
+    assert!(body.contains("database"), "{body}");
+    assert_eq!(get_plain(&base, "/readyz").0, 503);
+    pg.start_again();
+    wait_health(&base, 200, 60);
+    assert_eq!(get_plain(&base, "/readyz").0, 200);
+    let text = get_plain(&base, "/metrics").2;
+    assert!(
+        series(
+            &text,
+            r#"agentjail_heartbeats_total{kind="node",result="failed"}"#
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
+        "the heartbeats while PostgreSQL was stopped failed:\n{text}"
+    );
+
+    // SIGTERM while a run is held: not ready (draining), still healthy and answering, the
+    // run finishes `ok`, the worker exits 0.
+    let mut w = w;
+    let b = json!({"request_id": "probe-2", "task": "sleeper", "inputs": [], "args": ["4"]});
+    assert_eq!(api.run(ALICE, &b, "?wait=false").status(), 202);
+    wait_status(&api, "probe-2", "running", 60);
+    let pid = w.pid().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let drained = loop {
+        let (s, _, body) = get_plain(&base, "/readyz");
+        if s == 503 {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz never turned 503 after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(drained.contains("draining"), "{drained}");
+    assert_eq!(
+        get_plain(&base, "/healthz").0,
+        200,
+        "healthy while draining"
+    );
+    assert_eq!(wait_final(&api, "probe-2")["status"], "ok");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let exit = loop {
+        if let Some(s) = w.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker did not stop:\n{}",
+            w.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(exit.code(), Some(0), "{}", w.log());
+}

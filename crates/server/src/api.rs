@@ -56,7 +56,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(
+    pub(crate) fn new(
         status: StatusCode,
         slug: &'static str,
         title: &'static str,
@@ -86,7 +86,7 @@ impl ApiError {
             detail,
         )
     }
-    fn not_found(detail: impl Into<String>) -> Self {
+    pub(crate) fn not_found(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not-found", "Not found", detail)
     }
     fn internal() -> Self {
@@ -729,7 +729,8 @@ fn build(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::OpenAp
 }
 
 /// The answers every operation can give, added to the document so that it is the whole
-/// contract: `500` everywhere; for authenticated operations `400` (e.g. two `Authorization`
+/// contract: `500` everywhere; `503` with `Retry-After` (the store cannot be reached) on every
+/// operation but `/metrics` and `/v1/tasks`; for authenticated operations `400` (e.g. two `Authorization`
 /// headers) and `401` with `WWW-Authenticate`; for operations with a body `408`, `413` and
 /// (JSON bodies) `415`; the `Location` header of `202` and `Retry-After` of `429`.
 fn complete_contract(doc: &mut utoipa::openapi::OpenApi) {
@@ -777,10 +778,21 @@ fn complete_contract(doc: &mut utoipa::openapi::OpenApi) {
                 RefOr::T(b) => Some(b.content.keys().cloned().collect::<Vec<_>>()),
                 RefOr::Ref(_) => None,
             });
+            let from_memory = matches!(
+                op.operation_id.as_deref(),
+                Some("metrics_handler" | "list_tasks")
+            );
             let r = &mut op.responses.responses;
             r.entry("500".into()).or_insert_with(|| {
                 problem("Internal error; the detail is in the service log, not in the answer")
             });
+            // Every operation but /metrics and the catalogue (both from memory) reads or writes
+            // the store; on PostgreSQL an unreachable database is a 503 with Retry-After.
+            if !from_memory {
+                r.entry("503".into()).or_insert_with(|| {
+                    problem("The store (the PostgreSQL database) cannot be reached right now; retry after Retry-After seconds")
+                });
+            }
             if authed {
                 r.entry("400".into()).or_insert_with(|| {
                     problem("Malformed request (e.g. more than one Authorization header)")
@@ -805,6 +817,12 @@ fn complete_contract(doc: &mut utoipa::openapi::OpenApi) {
                 ("401", "WWW-Authenticate", "`Bearer`", false),
                 (
                     "429",
+                    "Retry-After",
+                    "Seconds to wait before trying again",
+                    true,
+                ),
+                (
+                    "503",
                     "Retry-After",
                     "Seconds to wait before trying again",
                     true,
@@ -936,6 +954,29 @@ mod tests {
             assert!(doc["paths"][p].is_object(), "{p}");
         }
         assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
+    }
+
+    /// The store's unavailability (503, Retry-After) is in the contract of every operation
+    /// that touches the store, and not of `/metrics` and `/v1/tasks` (served from memory).
+    #[test]
+    fn openapi_has_503_where_the_store_is_used() {
+        let doc = serde_json::to_value(openapi()).unwrap();
+        for (p, m) in [
+            ("/v1/inputs", "post"),
+            ("/v1/runs", "post"),
+            ("/v1/runs/{request_id}", "get"),
+            ("/healthz", "get"),
+        ] {
+            let r = &doc["paths"][p][m]["responses"]["503"];
+            assert!(r.is_object(), "{m} {p} has no 503");
+            assert!(
+                r["headers"]["Retry-After"].is_object(),
+                "{m} {p}: 503 without Retry-After"
+            );
+        }
+        for p in ["/metrics", "/v1/tasks"] {
+            assert!(doc["paths"][p]["get"]["responses"]["503"].is_null(), "{p}");
+        }
     }
 
     /// Each refusal keeps the HTTP status and problem title it had before the service layer.

@@ -14,7 +14,11 @@
 //!   database's end), cancels [`crate::runner::Lease::lost`]: the runner is killed, its sandbox
 //!   dies with it, and nothing more of the run is recorded.
 //! - Sweeping: [`crate::pg::PgStore::expire_leases`] on every node every lease/3.
+//! - The node's own state ([`NodeStatus`]: last heartbeat, slots busy, draining) is what a
+//!   worker's `/healthz` and `/readyz` answer from ([`crate::worker_http`]).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::task::JoinSet;
@@ -36,6 +40,110 @@ pub(crate) fn zero_cluster_metrics() {
     metrics::gauge!("agentjail_cluster_live_workers").set(0.0);
     metrics::counter!("agentjail_cluster_expired_leases_total").absolute(0);
     metrics::counter!("agentjail_fenced_writes_total").increment(0);
+}
+
+/// This executor's own state, for its probes and its slot gauges.
+#[derive(Debug, Default)]
+pub struct NodeStatus {
+    /// When this node's row in `workers` was last renewed successfully (monotonic clock).
+    last_heartbeat: std::sync::Mutex<Option<Instant>>,
+    /// Claimed runs this node is executing now.
+    busy: AtomicUsize,
+    /// Set at SIGTERM: no more claims; the runs held finish.
+    draining: AtomicBool,
+}
+
+impl NodeStatus {
+    /// How long ago the node's heartbeat last succeeded; None: never yet.
+    pub fn heartbeat_age(&self) -> Option<Duration> {
+        self.last_heartbeat
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map(|t| t.elapsed())
+    }
+    fn heartbeat_ok(&self) {
+        *self
+            .last_heartbeat
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+    /// Claimed runs executing now.
+    pub fn busy(&self) -> usize {
+        self.busy.load(Ordering::Acquire)
+    }
+    /// Whether the node stopped claiming (SIGTERM) and is finishing its runs.
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+    /// Stop claiming: from now on the readiness probe answers 503.
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+}
+
+/// Counts one claimed run as busy (in [`NodeStatus`] and the slot gauges) until dropped.
+struct Busy {
+    status: Arc<NodeStatus>,
+    slots: usize,
+}
+
+impl Busy {
+    fn new(status: Arc<NodeStatus>, slots: usize) -> Busy {
+        let busy = status.busy.fetch_add(1, Ordering::AcqRel) + 1;
+        slot_gauges(busy, slots);
+        Busy { status, slots }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let busy = self
+            .status
+            .busy
+            .fetch_sub(1, Ordering::AcqRel)
+            .saturating_sub(1);
+        slot_gauges(busy, self.slots);
+    }
+}
+
+fn slot_gauges(busy: usize, slots: usize) {
+    metrics::gauge!("agentjail_worker_slots_busy").set(busy as f64);
+    metrics::gauge!("agentjail_worker_slots_free").set(slots.saturating_sub(busy) as f64);
+}
+
+/// An executor's own families, at zero from start-up: its slots and its heartbeats (the
+/// node's row, `kind="node"`; the runs' leases, `kind="lease"`: `ok`, `failed` (the database
+/// did not answer; retried until the lease ends), `refused` (the lease was gone: the sandbox
+/// is killed)).
+pub(crate) fn zero_executor_metrics(slots: usize) {
+    metrics::describe_gauge!(
+        "agentjail_worker_slots_busy",
+        "Run slots of this executor running a claimed run"
+    );
+    metrics::describe_gauge!(
+        "agentjail_worker_slots_free",
+        "Run slots of this executor free"
+    );
+    metrics::describe_counter!(
+        "agentjail_heartbeats_total",
+        "Heartbeats of this executor: kind node (its workers row) or lease (a run's lease), result ok, failed or refused"
+    );
+    slot_gauges(0, slots);
+    for (kind, result) in [
+        ("node", "ok"),
+        ("node", "failed"),
+        ("lease", "ok"),
+        ("lease", "failed"),
+        ("lease", "refused"),
+    ] {
+        metrics::counter!("agentjail_heartbeats_total", "kind" => kind, "result" => result)
+            .increment(0);
+    }
+}
+
+fn count_heartbeat(kind: &'static str, result: &'static str) {
+    metrics::counter!("agentjail_heartbeats_total", "kind" => kind, "result" => result)
+        .increment(1);
 }
 
 fn lease_of(state: &AppState) -> Duration {
@@ -110,15 +218,24 @@ pub async fn run_executor(
     queue: PgStore,
     labels: Vec<String>,
     stop: CancellationToken,
+    status: Arc<NodeStatus>,
 ) {
     let lease = lease_of(&state);
     let slots = state.inner.slots;
     let alive = {
-        let (queue, labels, stop) = (queue.clone(), labels.clone(), stop.clone());
+        let (queue, labels, stop, status) =
+            (queue.clone(), labels.clone(), stop.clone(), status.clone());
         tokio::spawn(async move {
             loop {
-                if let Err(e) = queue.worker_alive(slots, &labels).await {
-                    tracing::warn!(error = %e, "recording this executor as live failed");
+                match queue.worker_alive(slots, &labels).await {
+                    Ok(()) => {
+                        status.heartbeat_ok();
+                        count_heartbeat("node", "ok");
+                    }
+                    Err(e) => {
+                        count_heartbeat("node", "failed");
+                        tracing::warn!(error = %e, "recording this executor as live failed");
+                    }
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(lease / 3) => {}
@@ -142,7 +259,15 @@ pub async fn run_executor(
         match queue.claim(&labels, lease).await {
             Ok(Some(c)) => {
                 tracing::info!(request_id = %c.run.request_id, job_id = %c.run.job_id, fence = c.fence, "claimed a run");
-                running.spawn(run_claimed(state.clone(), queue.clone(), c, permit, sent));
+                let busy = Busy::new(status.clone(), slots);
+                running.spawn(run_claimed(
+                    state.clone(),
+                    queue.clone(),
+                    c,
+                    permit,
+                    sent,
+                    busy,
+                ));
             }
             Ok(None) => {
                 drop(permit);
@@ -182,6 +307,7 @@ async fn run_claimed(
     c: Claimed,
     permit: tokio::sync::OwnedSemaphorePermit,
     claimed_at: Instant,
+    busy: Busy,
 ) {
     let lease = lease_of(&state);
     let lost = CancellationToken::new();
@@ -240,6 +366,7 @@ async fn run_claimed(
     }
     done.cancel();
     let _ = heartbeat.await;
+    drop(busy);
 }
 
 /// Renews the lease every `lease`/3 until `done`; cancels `lost` when a renewal is refused or
@@ -277,39 +404,53 @@ async fn heartbeat(
             r = queue.heartbeat(&job_id, fence, lease) => r,
         };
         match r {
-            Ok(true) => deadline = sent + lease,
+            Ok(true) => {
+                count_heartbeat("lease", "ok");
+                deadline = sent + lease;
+            }
             Ok(false) => {
                 if done.is_cancelled() {
                     return;
                 }
+                count_heartbeat("lease", "refused");
                 tracing::error!(%job_id, fence, "the lease renewal was refused (the lease expired or was taken): killing the sandbox");
                 lost.cancel();
                 return;
             }
             Err(e) => {
+                count_heartbeat("lease", "failed");
                 tracing::warn!(%job_id, fence, error = %e, "renewing the lease failed; retrying until the lease ends");
             }
         }
     }
 }
 
+/// A started fleet node: its stop token, its executor (when it has run slots), its state.
+pub struct Started {
+    /// Cancelled at a graceful stop: no more claims, no more sweeps.
+    pub stop: CancellationToken,
+    /// The executor, to wait for at a graceful stop (it finishes the runs it holds).
+    pub exec: Option<tokio::task::JoinHandle<()>>,
+    /// This node's heartbeat, busy slots and draining flag.
+    pub status: Arc<NodeStatus>,
+}
+
 /// On PostgreSQL: starts this node's lease sweeper and gauges, and its executor when it has
-/// run slots. Returns the executor (to wait for at a graceful stop) and its stop token; None
-/// on SQLite.
-pub fn start(
-    state: &AppState,
-    labels: Vec<String>,
-) -> Option<(CancellationToken, Option<tokio::task::JoinHandle<()>>)> {
+/// run slots. None on SQLite.
+pub fn start(state: &AppState, labels: Vec<String>) -> Option<Started> {
     let queue = state.inner.queue.clone()?;
     let stop = CancellationToken::new();
+    let status = Arc::new(NodeStatus::default());
     spawn_cluster_tasks(state.clone(), queue.clone(), stop.clone());
     let exec = (state.inner.slots > 0).then(|| {
+        zero_executor_metrics(state.inner.slots);
         tokio::spawn(run_executor(
             state.clone(),
             queue,
             labels,
             stop.child_token(),
+            status.clone(),
         ))
     });
-    Some((stop, exec))
+    Some(Started { stop, exec, status })
 }

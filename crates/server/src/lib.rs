@@ -29,6 +29,7 @@ pub mod runner;
 pub mod selftest;
 pub mod service;
 pub mod store;
+pub mod worker_http;
 
 /// The configuration and its schema: its own crate (`agentjail-config`), so that the parser
 /// can be fuzzed without building the service.
@@ -90,6 +91,8 @@ pub struct WorkerOptions {
     pub node_id: Option<String>,
     /// Run even where a protection cannot be applied.
     pub allow_degraded: bool,
+    /// Where to serve this worker's `/metrics`, `/healthz` and `/readyz`; None: no listener.
+    pub listen: Option<SocketAddr>,
 }
 
 fn init_tracing() {
@@ -150,11 +153,29 @@ pub fn worker_blocking(opts: WorkerOptions) -> Result<(), ServerError> {
     rt.block_on(async move {
         let state = AppState::open_with(config, &data_dir, runner, allow_degraded, opts.slots)?;
         runner::spawn_sweeper(state.clone());
-        let Some((stop, exec)) = fleet::start(&state, opts.labels.clone()) else {
+        let Some(fleet::Started { stop, exec, status }) = fleet::start(&state, opts.labels.clone())
+        else {
             return Err(ServerError::Io(
                 "agentjail worker needs a PostgreSQL database".into(),
             ));
         };
+        if let Some(addr) = opts.listen {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| ServerError::Io(format!("cannot listen on {addr}: {e}")))?;
+            let local = listener
+                .local_addr()
+                .map_err(|e| ServerError::Io(e.to_string()))?;
+            let app = worker_http::router(state.clone(), status.clone());
+            let settings = state.inner.config.server.clone();
+            // Served until the process exits, through the drain after SIGTERM (the probes
+            // and the metrics stay readable while the held runs finish).
+            tokio::spawn(async move {
+                serve_bounded(listener, app, &settings, std::future::pending::<()>()).await;
+            });
+            eprintln!("agentjail worker: metrics and probes on http://{local}");
+            tracing::info!(%local, "worker endpoint listening");
+        }
         eprintln!(
             "agentjail worker: claiming runs with {} slot(s), labels [{}] (data in {})",
             state.inner.slots,
@@ -163,6 +184,7 @@ pub fn worker_blocking(opts: WorkerOptions) -> Result<(), ServerError> {
         );
         shutdown_signal().await;
         tracing::info!("stopping: no more claims; finishing the runs held");
+        status.set_draining();
         stop.cancel();
         if let Some(e) = exec {
             let _ = e.await;
@@ -242,7 +264,7 @@ pub fn serve_blocking(opts: ServeOptions) -> Result<(), ServerError> {
             state.data_dir().display()
         );
         tracing::info!(%local, "listening");
-        serve_bounded(listener, app, &state.inner.config.server).await;
+        serve_bounded(listener, app, &state.inner.config.server, shutdown_signal()).await;
         tracing::info!("stopped; runs still in flight will read `unknown` at the next start");
         Ok(())
     })
@@ -252,17 +274,19 @@ pub fn serve_blocking(opts: ServeOptions) -> Result<(), ServerError> {
 /// `max_connections` open connections (one beyond is closed at once), and
 /// `header_timeout_seconds` to send a request's headers, which is also how long an idle
 /// keep-alive connection stays open (hyper's header-read timer runs while it waits for the
-/// next request). The body timeout and the up-front 413 are [`api::bound_body`]'s.
+/// next request). The body timeout and the up-front 413 are [`api::bound_body`]'s. Stops
+/// accepting when `stop` completes.
 async fn serve_bounded(
     listener: tokio::net::TcpListener,
     app: axum::Router,
     s: &config::ServerSettings,
+    stop: impl std::future::Future<Output = ()>,
 ) {
     use hyper_util::rt::{TokioIo, TokioTimer};
     let slots = Arc::new(Semaphore::new(s.max_connections));
     let header_timeout = Duration::from_secs(s.header_timeout_seconds);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut stop = std::pin::pin!(shutdown_signal());
+    let mut stop = std::pin::pin!(stop);
     loop {
         let (stream, _peer) = tokio::select! {
             a = listener.accept() => match a {

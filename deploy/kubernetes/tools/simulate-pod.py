@@ -22,6 +22,7 @@ Needs root and runc. Each variant's bundle lives in a temporary folder, removed 
 """
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -236,12 +237,14 @@ def main():
         docker_profile = json.load(f)
     names = sys.argv[3:] or list(VARIANTS)
     cmd = os.environ.get("SIMULATE_CMD", "check")
-    entrypoint = statefulset_entrypoint().replace(
-        "exec /usr/local/bin/agentjail serve --config /etc/agentjail/config.toml",
-        "set +e\necho \"cgroup: $(cat /proc/self/cgroup); root's subtree_control: "
+    # The whole `exec … serve …` line (whatever flags follow) is replaced.
+    entrypoint = re.sub(
+        r"exec /usr/local/bin/agentjail serve --config /etc/agentjail/config.toml[^\n]*",
+        lambda _: "set +e\necho \"cgroup: $(cat /proc/self/cgroup); root's subtree_control: "
         "$(cat /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null)\"\n"
         "/opt/agentjail/agentjail check; echo check exit status $?\n"
-        "/opt/agentjail/agentjail selftest --tier native | grep -E '^\\[.*FAIL|passed'")
+        "/opt/agentjail/agentjail selftest --tier native | grep -E '^\\[.*FAIL|passed'",
+        statefulset_entrypoint())
     args = {
         "check": ["/opt/agentjail/agentjail", "check"],
         "run": ["/opt/agentjail/agentjail", "run", "--", "/bin/echo", "SENTINEL-ran-inside"],

@@ -31,6 +31,10 @@ pub struct WorkerArgs {
     /// Run even where a protection cannot be applied (listed in each report).
     #[arg(long)]
     allow_degraded: bool,
+    /// Serve this worker's GET /metrics, /healthz and /readyz on ADDR (e.g. 0.0.0.0:9464 in a
+    /// pod, 127.0.0.1:0 for any free port) [default: no listener].
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<std::net::SocketAddr>,
 }
 
 pub fn run(a: WorkerArgs) -> Result<u8, String> {
@@ -42,6 +46,7 @@ pub fn run(a: WorkerArgs) -> Result<u8, String> {
         labels: a.labels,
         node_id: a.node_id,
         allow_degraded: a.allow_degraded,
+        listen: a.listen,
     })
     .map(|()| 0)
     .map_err(|e| e.to_string())
