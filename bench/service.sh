@@ -2,15 +2,20 @@
 # The orchestrator against direct runs, side by side in one script run (issue #15):
 #   service: N CSV-summary runs (the example's summarize.py on its report.csv, the shipped
 #            `summarize_csv` task with the code in the request) submitted to `agentjail serve`
-#            (2 run slots) by 8 concurrent HTTP clients (keep-alive, `wait` = true), timed from
-#            the first request to the last answer; every run must end `ok`;
+#            (2 run slots) by 8 concurrent HTTP clients (keep-alive, `wait` = true; each a
+#            thread with one socket and a minimal HTTP/1.1 parser), timed from the first
+#            request to the last answer; every run must end `ok`;
 #   direct:  the same N runs as `agentjail run` processes, 2 at a time (xargs -P 2), with what
 #            the service's runner is given: the same manifest (inputs, output, schema, limits,
 #            env), output dir, report, and a receipt signed with a key.
 # The two alternate for ROUNDS rounds (service, direct, service, direct, …), each service round
 # on a fresh data directory after a short warm-up; the medians and their ratio are printed,
-# with the load average (1 min) at the start of each round, and the service process's own CPU
-# per run (its threads, from /proc/<pid>/stat; not its runners).
+# with the load average (1 min) at the start of each round, and the CPU each path spends per
+# run: direct, the runners' (getrusage of the waited-for children); service, the service
+# process's own (its threads, /proc/<pid>/stat utime/stime), its runners' (cutime/cstime: the
+# children it waited for) and the 8 HTTP clients' (this benchmark process's own CPU during the
+# round). Runs are CPU-bound on a small machine, so the ratio of those totals predicts the
+# throughput ratio even when other work shares the machine and makes the timed ratio scatter.
 # Usage: bench/service.sh [N] [ROUNDS]   (as root, like CI; needs python3; builds the release
 # binary, or takes the one in $AGENTJAIL_BIN). With AGENTJAIL_BIN_BASE=another-binary, every
 # round also runs a service round with that build, right after this one's (an A/B of two
@@ -33,7 +38,7 @@ work=$(mktemp -d /tmp/agentjail-bench-service-XXXXXX)
 chmod 755 "$work"
 trap 'rm -rf "$work"' EXIT
 AJ="$aj" AJ_BASE="$base" WORK="$work" N="$n" ROUNDS="$rounds" python3 - <<'PY'
-import hashlib, http.client, json, os, re, shutil, statistics, subprocess, sys, threading, time
+import hashlib, http.client, json, os, re, resource, shutil, socket, statistics, subprocess, sys, threading, time
 
 aj, work, n, rounds = os.environ["AJ"], os.environ["WORK"], int(os.environ["N"]), int(os.environ["ROUNDS"])
 aj_base = os.environ.get("AJ_BASE") or None
@@ -85,12 +90,17 @@ def direct_round(r):
                     "--report", f"{out}/warm.json", "--receipt", f"{out}/warm.receipt", "--key", key],
                    check=True, stdout=subprocess.DEVNULL)
     ids = "".join(f"{i}\n" for i in range(n)).encode()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     subprocess.run(["xargs", "-P", "2", "-I{}", aj, "run", "--manifest", f"{d}/manifest.json",
                     "--output-dir", f"{out}/{{}}", "--report", f"{out}/{{}}.json",
                     "--receipt", f"{out}/{{}}.receipt", "--key", key],
                    input=ids, check=True, stdout=subprocess.DEVNULL)
     dt = time.monotonic() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # The runners' CPU (xargs's too, negligible): every child is waited for, so it is counted.
+    cpus.setdefault("direct", []).append([(ru1.ru_utime - ru0.ru_utime) * 1000 / n,
+                                          (ru1.ru_stime - ru0.ru_stime) * 1000 / n])
     for i in range(n):
         rep = json.load(open(f"{out}/{i}.json"))
         assert rep["status"] == "ok", rep
@@ -133,27 +143,63 @@ def service_round(r, binary=aj):
     lock = threading.Lock()
     errors = []
 
+    head = (f"POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n"
+            "Content-Type: application/json\r\nContent-Length: ").encode()
+
     def client():
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        # HTTP/1.1 keep-alive over one socket per client, the request written and the answer
+        # read with a minimal parser (status line, Content-Length, body): http.client's
+        # header parsing (the email package) cost ~0.5 ms of CPU per request, on the same
+        # 2 cores as the service and its runners. The answer is checked as in `submit`.
+        sock = socket.create_connection(("127.0.0.1", port), timeout=120)
+        buf = b""
         try:
             while True:
                 with lock:
                     i = next(next_id, None)
                 if i is None:
                     return
-                submit(conn, f"bench-{i}")
+                body = json.dumps({"request_id": f"bench-{i}", "task": "summarize_csv",
+                                   "inputs": [input_id], "code": code}).encode()
+                sock.sendall(head + str(len(body)).encode() + b"\r\n\r\n" + body)
+                while b"\r\n\r\n" not in buf:
+                    chunk = sock.recv(65536)
+                    assert chunk, "the service closed the connection"
+                    buf += chunk
+                hdr, buf = buf.split(b"\r\n\r\n", 1)
+                lines = hdr.decode("latin-1").split("\r\n")
+                status = int(lines[0].split(" ", 2)[1])
+                length = None
+                for line in lines[1:]:
+                    k, _, v = line.partition(":")
+                    if k.strip().lower() == "content-length":
+                        length = int(v.strip())
+                assert length is not None, f"no Content-Length: {hdr!r}"
+                while len(buf) < length:
+                    chunk = sock.recv(65536)
+                    assert chunk, "the service closed the connection"
+                    buf += chunk
+                v, buf = json.loads(buf[:length]), buf[length:]
+                assert status == 200 and v["status"] == "ok", (status, v)
         except Exception as e:  # noqa: BLE001 (reported below)
             errors.append(e)
+        finally:
+            sock.close()
 
     threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
     cpu0 = service_cpu(p.pid)
+    me0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.monotonic()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     dt = time.monotonic() - t0
+    me1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = [(b - a) / n for a, b in zip(cpu0, service_cpu(p.pid))]
+    # This benchmark process's own CPU: the 8 HTTP clients (threads), part of the service path.
+    cpus.setdefault(("clients", binary), []).append([(me1.ru_utime - me0.ru_utime) * 1000 / n,
+                                                     (me1.ru_stime - me0.ru_stime) * 1000 / n])
     p.terminate()
     p.wait()
     shutil.rmtree(data)
@@ -164,10 +210,11 @@ def service_round(r, binary=aj):
 
 
 def service_cpu(pid):
-    """The service's own CPU (its threads, not its runners), user and system, in ms."""
+    """The service's own CPU (its threads), user and system, then its runners' (the children
+    it has waited for: utime, stime, cutime, cstime of /proc/<pid>/stat), in ms."""
     f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     tick = os.sysconf("SC_CLK_TCK")
-    return [int(f[11]) * 1000 / tick, int(f[12]) * 1000 / tick]
+    return [int(f[i]) * 1000 / tick for i in (11, 12, 13, 14)]
 
 
 svc, svc_base, dir_ = [], [], []
@@ -195,11 +242,27 @@ if aj_base:
 print(f"  direct  (2 at a time)           : {md:6.1f} runs/s")
 print(f"  service / direct                : {ms / md:6.3f}  (per-round ratios: "
       + ", ".join(f"{a / b:.3f}" for a, b in zip(svc, dir_)) + ")")
+
+def med(rows, i):
+    return statistics.median(r[i] for r in rows)
+
+
+# CPU per run (medians over the rounds, ms): runs are CPU-bound on this machine, so the ratio of
+# the CPU the two paths spend per run predicts their throughput ratio whatever else runs on it.
+dr = cpus["direct"]
+direct_cpu = med(dr, 0) + med(dr, 1)
+print(f"  CPU per run, direct: runners user {med(dr, 0):.2f} + sys {med(dr, 1):.2f} = {direct_cpu:.2f} ms")
 for b, label in ((aj, "service"), (aj_base, "base service")):
     if b in cpus:
-        u = statistics.median(c[0] for c in cpus[b])
-        k = statistics.median(c[1] for c in cpus[b])
-        print(f"  {label} process's own CPU per run (median): user {u:.2f} ms, sys {k:.2f} ms")
+        c, cl = cpus[b], cpus[("clients", b)]
+        own = med(c, 0) + med(c, 1)
+        runners = med(c, 2) + med(c, 3)
+        clients = med(cl, 0) + med(cl, 1)
+        total = own + runners + clients
+        print(f"  CPU per run, {label}: process user {med(c, 0):.2f} + sys {med(c, 1):.2f}; "
+              f"runners user {med(c, 2):.2f} + sys {med(c, 3):.2f}; HTTP clients user "
+              f"{med(cl, 0):.2f} + sys {med(cl, 1):.2f}; total {total:.2f} ms "
+              f"(direct / this: {direct_cpu / total:.3f})")
 if aj_base:
     mb = statistics.median(svc_base)
     print(f"  base service / direct           : {mb / md:6.3f}  (per-round ratios: "

@@ -24,6 +24,12 @@ pub struct Delivery {
     pub receipt: Option<PathBuf>,
     /// Signing key (default: the user's data directory).
     pub key: Option<PathBuf>,
+    /// The files go to a service's job folder (`run --job-dir`): delivered output is private
+    /// (folders 0700, files 0600, as the service keeps them) instead of 0644, and the report
+    /// and receipt are not fsync'd: the service reads them once the runner exited and records
+    /// them in its own store, durably, before it answers; after a crash before that, the run
+    /// is `unknown` whatever the folder holds.
+    pub for_service: bool,
 }
 
 /// What a finished run produced.
@@ -238,7 +244,7 @@ pub fn execute_in(
             || (report.status == Status::OutputRejected && vm.manifest.output.is_none())
         {
             if let (Some(d), Some(stage)) = (&delivery.output_dir, stage) {
-                deliver(stage, d, &report.output.files)?;
+                deliver(stage, d, &report.output.files, delivery.for_service)?;
             }
         } else {
             artifact = None;
@@ -260,7 +266,7 @@ pub fn execute_in(
             .collect::<Result<Vec<_>, _>>()?;
         let env = receipt::sign(key, &report, &inputs, &report.output.files)
             .map_err(|e| SetupFailure(e.to_string()))?;
-        write_atomic(path, env.to_json().as_bytes())?;
+        write_file(path, env.to_json().as_bytes(), !delivery.for_service)?;
     }
     timing::mark("pipeline: output verified, receipt signed");
     write_report(delivery, &report)?;
@@ -584,19 +590,33 @@ fn make_staging(dest: &Path) -> Result<tempfile::TempDir, SetupFailure> {
         })
 }
 
-/// Moves verified files from the staging folder into the destination (same file system).
-fn deliver(stage: &Path, dest: &Path, files: &[OutputFile]) -> Result<(), SetupFailure> {
+/// Moves verified files from the staging folder into the destination (same file system):
+/// files 0644 for a person; `private` (a service's job folder), folders 0700 and files 0600.
+fn deliver(
+    stage: &Path,
+    dest: &Path,
+    files: &[OutputFile],
+    private: bool,
+) -> Result<(), SetupFailure> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let fail =
         |e: std::io::Error| SetupFailure(format!("delivering output to {}: {e}", dest.display()));
-    std::fs::create_dir_all(dest).map_err(fail)?;
+    let mut folders = std::fs::DirBuilder::new();
+    folders.recursive(true);
+    if private {
+        folders.mode(0o700);
+    }
+    folders.create(dest).map_err(fail)?;
     for f in files {
         let to = dest.join(&f.path);
         if let Some(p) = to.parent() {
-            std::fs::create_dir_all(p).map_err(fail)?;
+            folders.create(p).map_err(fail)?;
         }
         std::fs::rename(stage.join(&f.path), &to).map_err(fail)?;
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o644));
+        // Staged files are the staging folder's (0600 by the copy); a person gets 0644.
+        if !private {
+            let _ = std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o644));
+        }
     }
     Ok(())
 }
@@ -606,13 +626,18 @@ fn write_report(delivery: &Delivery, r: &RunReport) -> Result<(), SetupFailure> 
         let mut bytes = serde_json::to_vec_pretty(r)
             .map_err(|e| SetupFailure(format!("cannot encode the report: {e}")))?;
         bytes.push(b'\n');
-        write_atomic(p, &bytes)?;
+        write_file(p, &bytes, !delivery.for_service)?;
     }
     Ok(())
 }
 
 /// Writes a file through a temporary sibling and a rename, so readers never see half of it.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SetupFailure> {
+    write_file(path, bytes, true)
+}
+
+/// [`write_atomic`], fsync'd before the rename only when `durable`.
+fn write_file(path: &Path, bytes: &[u8], durable: bool) -> Result<(), SetupFailure> {
     use std::io::Write;
     let fail = |e: std::io::Error| SetupFailure(format!("cannot write {}: {e}", path.display()));
     let dir = match path.parent() {
@@ -621,7 +646,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SetupFailure> {
     };
     let mut tmp = tempfile::NamedTempFile::new_in(&dir).map_err(fail)?;
     tmp.write_all(bytes).map_err(fail)?;
-    tmp.as_file().sync_all().map_err(fail)?;
+    if durable {
+        tmp.as_file().sync_all().map_err(fail)?;
+    }
     tmp.persist(path).map_err(|e| fail(e.error))?;
     Ok(())
 }

@@ -1023,6 +1023,94 @@ fn startup_sweep_kills_only_this_data_dirs_leftover_runners() {
     let _ = decoy.wait();
 }
 
+/// Issue #15 (performance): the service no longer starts its runner in the job folder (a child
+/// with a working directory is forked; without one, posix_spawn'd), but names the folder with
+/// `--job-dir`, and the runner changes into it before anything else. Attacked here with the
+/// runner started elsewhere: a source named relative to the job folder is found there (and the
+/// same name in the starting folder is not what runs), the relative report lands in the job
+/// folder; `--job-dir` is refused without `--lifeline`, and a job folder that does not exist
+/// ends the runner with no report written anywhere.
+#[test]
+fn runner_job_dir_is_the_lifeline_runs_folder() {
+    use std::io::Write;
+    let dir = common::tmp();
+    let job = dir.path().join("job");
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir_all(&job).unwrap();
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::write(job.join("data.txt"), "from-the-job-folder\n").unwrap();
+    std::fs::write(elsewhere.join("data.txt"), "from-the-start-folder\n").unwrap();
+    for d in [&job, &elsewhere] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(d.join("data.txt"), std::fs::Permissions::from_mode(0o644))
+            .unwrap();
+    }
+    let manifest = json!({
+        "inputs": [{"source": "data.txt", "mount": "/input/data.txt", "mode": "read-only"}],
+        "output": "/output/sub/o.txt",
+        "command": ["/bin/sh", "-c",
+            "cat /input/data.txt; mkdir /output/sub; cat /input/data.txt > /output/sub/o.txt"],
+    });
+    let runner = |job_dir: &Path| {
+        let mut c = Command::new(common::bin())
+            .args(["run", "--lifeline", "--allow-degraded", "--job-dir"])
+            .arg(job_dir)
+            .args(["--report", "report.json", "--output-dir", "out"])
+            .current_dir(&elsewhere)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut w = c.stdin.take().unwrap();
+        let _ = w.write_all(format!("{manifest}\n").as_bytes());
+        let out = c.wait_with_output().unwrap();
+        drop(w);
+        out
+    };
+    let out = runner(&job);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout, "from-the-job-folder\n", "{stderr}");
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(job.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["status"], "ok", "{report}");
+    assert!(!elsewhere.join("report.json").exists());
+    // What the runner delivers to a job folder is private already (the service no longer
+    // has to chmod it): folders 0700, files 0600; a person's `--output-dir` gets 0644.
+    assert_eq!(
+        std::fs::read_to_string(job.join("out/sub/o.txt")).unwrap(),
+        "from-the-job-folder\n"
+    );
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&job.join("out")), 0o700);
+    assert_eq!(mode(&job.join("out/sub")), 0o700);
+    assert_eq!(mode(&job.join("out/sub/o.txt")), 0o600);
+    assert_eq!(mode(&job.join("report.json")), 0o600);
+    // A job folder that is not there: refused before anything is read or written.
+    let out = runner(&dir.path().join("missing"));
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--job-dir"),
+        "{out:?}"
+    );
+    assert!(!elsewhere.join("report.json").exists());
+    // Only for the service's runner.
+    let out = Command::new(common::bin())
+        .args(["run", "--job-dir"])
+        .arg(&job)
+        .args(["--", "/bin/true"])
+        .current_dir(&elsewhere)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--lifeline"),
+        "{out:?}"
+    );
+}
+
 /// Every file and folder below `dir` with its mode.
 fn modes_below(dir: &Path) -> Vec<(PathBuf, u32, bool)> {
     let mut out = Vec::new();

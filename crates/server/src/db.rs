@@ -223,8 +223,10 @@ pub fn insert_input(
 
 /// The input `id` if it belongs to `tenant`.
 pub fn get_input(c: &Connection, tenant: &str, id: &str) -> Result<Option<InputRow>, DbError> {
-    Ok(c.query_row(
+    Ok(c.prepare_cached(
         "SELECT id, sha256, name, media_type, bytes, created_at FROM inputs WHERE id = ?1 AND tenant = ?2",
+    )?
+    .query_row(
         params![id, tenant],
         |r| {
             Ok(InputRow {
@@ -246,9 +248,10 @@ pub fn insert_run(c: &mut Connection, row: &RunRow) -> Result<Insert, DbError> {
     if let Some(existing) = get_run_tx(&tx, &row.tenant, &row.request_id)? {
         return Ok(Insert::Exists(Box::new(existing)));
     }
-    tx.execute(
+    tx.prepare_cached(
         &format!("INSERT INTO runs ({RUN_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)"),
-        params![
+    )?
+    .execute(params![
             row.tenant, row.request_id, row.body_sha256, row.task, row.actor, row.job_id,
             row.job_expires_at, row.status, row.reason, row.created_at, row.started_at,
             row.finished_at, row.inputs, row.report, row.receipt, row.artifact,
@@ -261,11 +264,11 @@ pub fn insert_run(c: &mut Connection, row: &RunRow) -> Result<Insert, DbError> {
 }
 
 fn get_run_tx(c: &Connection, tenant: &str, request_id: &str) -> Result<Option<RunRow>, DbError> {
-    Ok(c.query_row(
-        &format!("SELECT {RUN_COLS} FROM runs WHERE tenant = ?1 AND request_id = ?2"),
-        params![tenant, request_id],
-        run_from_row,
-    )
+    // Cached: the statement is parsed once, not at every request (docs/performance.md, #15).
+    Ok(c.prepare_cached(&format!(
+        "SELECT {RUN_COLS} FROM runs WHERE tenant = ?1 AND request_id = ?2"
+    ))?
+    .query_row(params![tenant, request_id], run_from_row)
     .optional()?)
 }
 
@@ -283,10 +286,11 @@ pub fn get_run(c: &Connection, tenant: &str, request_id: &str) -> Result<Option<
 /// between a free run slot and the next run's start (docs/performance.md).
 pub fn mark_running(c: &Connection, job_id: &str, now: i64) -> Result<bool, DbError> {
     c.pragma_update(None, "synchronous", "NORMAL")?;
-    let n = c.execute(
-        "UPDATE runs SET status = 'running', started_at = ?2 WHERE job_id = ?1 AND status = 'queued'",
-        params![job_id, now],
-    );
+    let n = c
+        .prepare_cached(
+            "UPDATE runs SET status = 'running', started_at = ?2 WHERE job_id = ?1 AND status = 'queued'",
+        )
+        .and_then(|mut st| st.execute(params![job_id, now]));
     // Restored whatever happened: every other commit stays fsync'd.
     c.pragma_update(None, "synchronous", "FULL")?;
     Ok(n? == 1)
@@ -306,11 +310,11 @@ pub struct Finish<'a> {
 
 /// Records the end of a run (only from `queued`/`running`: a finished record never changes).
 pub fn finish_run(c: &Connection, f: &Finish<'_>) -> Result<(), DbError> {
-    c.execute(
+    c.prepare_cached(
         "UPDATE runs SET status = ?2, reason = ?3, finished_at = ?4, report = ?5, receipt = ?6, artifact = ?7, artifact_sha256 = ?8
          WHERE job_id = ?1 AND status IN ('queued', 'running')",
-        params![f.job_id, f.status, f.reason, f.now, f.report, f.receipt, f.artifact, f.artifact_sha256],
-    )?;
+    )?
+    .execute(params![f.job_id, f.status, f.reason, f.now, f.report, f.receipt, f.artifact, f.artifact_sha256])?;
     Ok(())
 }
 

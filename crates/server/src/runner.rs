@@ -249,17 +249,22 @@ fn io_at(path: &Path) -> impl FnOnce(std::io::Error) -> PrepareError + '_ {
     }
 }
 
-/// Creates a file readable and writable by its owner only (0600) and writes `bytes`.
-fn write_private(path: &Path, bytes: &[u8]) -> Result<(), PrepareError> {
+/// Creates a file with mode `mode` (whatever the umask) and writes `bytes`.
+fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), PrepareError> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o600)
+        .mode(mode)
         .open(path)
-        .and_then(|mut f| f.write_all(bytes))
-        .map_err(io_at(path))
+        .map_err(io_at(path))?;
+    // The umask may have taken bits away; a chmod only then (it costs an inode write).
+    if f.metadata().map_err(io_at(path))?.permissions().mode() & 0o7777 != mode {
+        f.set_permissions(std::fs::Permissions::from_mode(mode))
+            .map_err(io_at(path))?;
+    }
+    f.write_all(bytes).map_err(io_at(path))
 }
 
 /// Where a job's code waits for its run: `DATA/code/<job_id>`. The sandbox's unprivileged
@@ -282,12 +287,20 @@ fn prepare(state: &AppState, task: &Task, job: &Job) -> Result<Vec<u8>, PrepareE
         .mode(0o700)
         .create(&dir)
         .map_err(io_at(&dir))?;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(io_at(&dir))?;
+    // The umask may have taken bits away; a chmod only then (it costs an inode write).
+    if std::fs::symlink_metadata(&dir)
+        .map_err(io_at(&dir))?
+        .permissions()
+        .mode()
+        & 0o7777
+        != 0o700
+    {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(io_at(&dir))?;
+    }
     if task.code == CodePolicy::Allowed {
         let code = job.code.as_deref().unwrap_or_default();
-        let p = code_path(state, &job.job_id);
-        write_private(&p, code.as_bytes())?;
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).map_err(io_at(&p))?;
+        write_new(&code_path(state, &job.job_id), code.as_bytes(), 0o644)?;
     }
     let m = build_manifest(state, task, job);
     let mut line = serde_json::to_vec(&m)?;
@@ -295,21 +308,31 @@ fn prepare(state: &AppState, task: &Task, job: &Job) -> Result<Vec<u8>, PrepareE
     Ok(line)
 }
 
-/// Makes everything below `dir` private (dirs 0700, files 0600): the runner delivers output
-/// files 0644, as `agentjail run` does for a person.
+/// Makes everything below `dir` private (dirs 0700, files 0600). The runner creates what it
+/// writes there private already (`run --job-dir`), so normally nothing is changed: a mode is
+/// set only where it is not the private one (a chmod dirties the inode: a disk write per file).
 fn make_private(dir: &Path) {
     use std::os::unix::fs::PermissionsExt;
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
     for e in entries.flatten() {
-        let Ok(ft) = e.file_type() else { continue };
+        let Ok(m) = std::fs::symlink_metadata(e.path()) else {
+            continue;
+        };
         let p = e.path();
-        if ft.is_dir() {
-            let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700));
+        let want = if m.is_dir() {
+            0o700
+        } else if m.is_file() {
+            0o600
+        } else {
+            continue;
+        };
+        if m.permissions().mode() & 0o7777 != want {
+            let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(want));
+        }
+        if m.is_dir() {
             make_private(&p);
-        } else if ft.is_file() {
-            let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600));
         }
     }
 }
@@ -321,7 +344,8 @@ struct Outcome {
     report: Option<String>,
     receipt: Option<String>,
     artifact: Option<Vec<u8>>,
-    denials: usize,
+    /// The kind of each of the report's denials (for the metric; the report is parsed once).
+    denials: Vec<String>,
 }
 
 fn read_bounded(p: &Path, max: u64) -> Option<Vec<u8>> {
@@ -445,16 +469,27 @@ fn spawn_runner(state: &AppState, task: &Task, job: &Job) -> Result<Started, &'s
     })?;
     let data = &state.inner.data_dir;
     let mut cmd = tokio::process::Command::new(&state.inner.runner);
+    // The runner changes into the job folder itself (`--job-dir`): a child started with a
+    // working directory (`current_dir`) is forked, which copies this multi-threaded process's
+    // page tables and makes every page copy-on-write until the exec; without one, std starts
+    // it with posix_spawn (clone with CLONE_VM | CLONE_VFORK). docs/performance.md (#15).
     cmd.arg("run")
         .arg("--lifeline")
+        .arg("--job-dir")
+        .arg(&dir)
         .arg("--source-root")
         .arg(data.join("objects"))
         .arg("--source-root")
         .arg(data.join("code"))
         .arg("--source-root")
         .arg(data.join("schemas"))
-        .args(["--output-dir", "out", "--report", "report.json"])
-        .args(["--receipt", "receipt.json", "--key"])
+        .arg("--output-dir")
+        .arg(dir.join("out"))
+        .arg("--report")
+        .arg(dir.join("report.json"))
+        .arg("--receipt")
+        .arg(dir.join("receipt.json"))
+        .arg("--key")
         .arg(data.join("private").join("receipt-key.pem"));
     if state.inner.allow_degraded {
         cmd.arg("--allow-degraded");
@@ -475,8 +510,7 @@ fn spawn_runner(state: &AppState, task: &Task, job: &Job) -> Result<Started, &'s
             }
         }
     }
-    cmd.current_dir(&dir)
-        .stdin(Stdio::from(lifeline_r))
+    cmd.stdin(Stdio::from(lifeline_r))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
@@ -550,13 +584,22 @@ async fn run_to_exit(
     job: &Job,
     manifest: Vec<u8>,
 ) -> Ended {
-    let writer = tokio::task::spawn_blocking(move || {
+    let small = manifest.len() <= 4096;
+    let write = move || {
         use std::io::Write;
         let mut w = lifeline;
         let r = w.write_all(&manifest);
         (w, r)
-    });
-    let _lifeline = match writer.await {
+    };
+    // A write of at most one page into the fresh, empty pipe never blocks (a pipe holds at
+    // least one page, however the system limits pipe buffers), so a manifest that small is
+    // written here; a larger one, which may wait for the runner to read, on a blocking thread.
+    let written = if small {
+        Ok(write())
+    } else {
+        tokio::task::spawn_blocking(write).await
+    };
+    let _lifeline = match written {
         Ok((w, Ok(()))) => Some(w),
         Ok((_, Err(e))) => {
             // The runner exited before reading its manifest; its report says why.
@@ -619,7 +662,7 @@ fn collect(state: &AppState, task: &Task, job: &Job, ended: Ended) -> Outcome {
                 report: None,
                 receipt: None,
                 artifact: None,
-                denials: 0,
+                denials: Vec::new(),
             };
         }
         Ended::Lost => {
@@ -631,7 +674,7 @@ fn collect(state: &AppState, task: &Task, job: &Job, ended: Ended) -> Outcome {
                 report: None,
                 receipt: None,
                 artifact: None,
-                denials: 0,
+                denials: Vec::new(),
             };
         }
         Ended::HandOffFailed => return setup_failed("handing the manifest to the runner failed"),
@@ -644,7 +687,7 @@ fn collect(state: &AppState, task: &Task, job: &Job, ended: Ended) -> Outcome {
                 report: None,
                 receipt: None,
                 artifact: None,
-                denials: 0,
+                denials: Vec::new(),
             };
         }
     };
@@ -686,7 +729,16 @@ fn collect(state: &AppState, task: &Task, job: &Job, ended: Ended) -> Outcome {
     Outcome {
         status,
         reason,
-        denials: report.denials.len(),
+        denials: report
+            .denials
+            .iter()
+            .map(|d| {
+                serde_json::to_value(d.kind)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default()
+            })
+            .collect(),
         report: serde_json::to_string(&report).ok(),
         receipt,
         artifact,
@@ -700,7 +752,7 @@ fn setup_failed(reason: &str) -> Outcome {
         report: None,
         receipt: None,
         artifact: None,
-        denials: 0,
+        denials: Vec::new(),
     }
 }
 
@@ -920,18 +972,8 @@ pub async fn execute(
     if outcome.status == RunState::Unknown {
         metrics::counter!("agentjail_unknown_outcomes_total").increment(1);
     }
-    if let Some(r) = outcome
-        .report
-        .as_deref()
-        .and_then(|r| serde_json::from_str::<RunReport>(r).ok())
-    {
-        for d in &r.denials {
-            let kind = serde_json::to_value(d.kind)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
-            metrics::counter!("agentjail_sandbox_denials_total", "kind" => kind).increment(1);
-        }
+    for kind in &outcome.denials {
+        metrics::counter!("agentjail_sandbox_denials_total", "kind" => kind.clone()).increment(1);
     }
     let sha = outcome
         .artifact
@@ -968,7 +1010,7 @@ pub async fn execute(
             event: "run_end",
             status: Some(outcome.status.into()),
             reason: outcome.reason,
-            denials: Some(outcome.denials),
+            denials: Some(outcome.denials.len()),
             duration_ms: Some(elapsed.as_millis() as u64),
             ..base
         })

@@ -72,6 +72,7 @@ pub fn run(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> 
             report,
             receipt: None,
             key: None,
+            for_service: false,
         },
     )
     .map_err(|SetupFailure(m)| m)?;

@@ -51,6 +51,12 @@ pub struct RunArgs {
     /// sandbox is killed and the run ends.
     #[arg(long, hide = true, conflicts_with = "manifest")]
     pub lifeline: bool,
+    /// For `agentjail serve` (with `--lifeline`): change into this folder (the job's) before
+    /// anything else, as if started there. The service names it here rather than starting the
+    /// runner in it, because a child given a working directory is started with fork(), and
+    /// without one with posix_spawn() (vfork: no copy of the service's page tables).
+    #[arg(long, hide = true, value_name = "DIR", requires = "lifeline")]
+    pub job_dir: Option<PathBuf>,
     /// Image store that a manifest's `image: sha256:…` is taken from (docs/images.md).
     #[arg(long, value_name = "DIR", env = "AGENTJAIL_IMAGE_STORE")]
     pub image_store: Option<PathBuf>,
@@ -85,6 +91,13 @@ pub fn report_setup_error(path: Option<&Path>, limits: Limits, msg: &str) {
 
 pub fn run(a: RunArgs) -> Result<u8, String> {
     agentjail_engine::timing::mark("run: arguments parsed");
+    if let Some(d) = &a.job_dir {
+        // Before anything is read or written: the relative --report, --receipt and
+        // --output-dir, and the sources' base folder, are the job folder's. On failure no
+        // report is written (it would land in the wrong folder); the service, finding none,
+        // records a set-up error.
+        std::env::set_current_dir(d).map_err(|e| format!("--job-dir {}: {e}", d.display()))?;
+    }
     let mut lifeline = None;
     let (manifest, policy) = match &a.manifest {
         None if a.lifeline => {
@@ -220,6 +233,7 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
         report: a.report.clone(),
         receipt: a.receipt.clone(),
         key: a.key.clone(),
+        for_service: a.job_dir.is_some(),
     };
     let finished = match pipeline::execute_in(&vm, &opts, &delivery, a.image_store.as_deref()) {
         Ok(f) => f,
