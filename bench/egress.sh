@@ -8,11 +8,16 @@
 #   - many small requests, one curl process each (new connection per request), and the same
 #     number on one kept-alive connection (one curl process, many URLs).
 # Runs entirely inside a network namespace made for it (loopback only). Needs root.
-# Usage: bench/egress.sh [SIZE_MB] [REQUESTS]   (AGENTJAIL_BIN=path: use that binary, no build)
+# Usage: bench/egress.sh [SIZE_MB] [REQUESTS] [ROUNDS]   (AGENTJAIL_BIN=path: use that binary,
+# no build). ROUNDS (default 1) runs direct, gateway, direct, gateway… with the same upstreams
+# and prints every round, then the median and the range of each figure (shares and ratios are
+# medians of the per-round values). AGENTJAIL_BENCH_CPUS sets the sandbox's limits.cpus
+# (default: the manifest default, 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 size_mb=${1:-1024}
 requests=${2:-200}
+rounds=${3:-1}
 [ -n "${AGENTJAIL_BIN:-}" ] || cargo build --release -q -p agentjail
 if [ "${AGENTJAIL_BENCH_IN_NETNS:-}" != 1 ]; then
   exec env AGENTJAIL_BENCH_IN_NETNS=1 unshare -n -- "$0" "$@"
@@ -84,22 +89,60 @@ curl -s -w 'ka %{time_total}\n'$many
 SH
 chmod 644 "$work/load.sh"
 manifest="$work/m.json"
+cpus=""
+[ -z "${AGENTJAIL_BENCH_CPUS:-}" ] || cpus="\"cpus\": $AGENTJAIL_BENCH_CPUS, "
 cat > "$manifest" <<JSON
 {"command": ["/bin/sh", "/input/load.sh"],
  "inputs": [{"source": "$work/load.sh", "mount": "/input/load.sh"}],
  "network": {"allow": [{"host": "127.0.0.1", "ports": [8080, 8081, 8443]}], "allow_private": ["127.0.0.1/32"]},
- "limits": {"seconds": 600, "memory_mb": 512, "processes": 16, "network_up_mb": 1024, "network_down_mb": 65536, "network_connections": 10000}}
+ "limits": {$cpus"seconds": 600, "memory_mb": 512, "processes": 16, "network_up_mb": 1024, "network_down_mb": 65536, "network_connections": 10000}}
 JSON
-direct=$(sh "$work/load.sh")
-proxied=$("$aj" run --manifest "$manifest")
 mbs() { awk -v k="$1" '$1 == k {printf "%.0f", $2/1048576}'; }
 median() { awk '/^time/ {print $2*1000}' | sort -n | awk '{a[NR]=$1} END {printf "%.3f", a[int((NR+1)/2)]}'; }
 ka() { awk -v n="$requests" '/^ka/ {s += $2} END {printf "%.3f", s*1000/n}'; }
-echo "download ${size_mb} MiB three ways and ${requests} small requests on loopback"
-printf '%-28s %12s %12s %8s\n' "" direct gateway share
-for k in slow fast tls; do
-  d=$(echo "$direct" | mbs $k); g=$(echo "$proxied" | mbs $k)
-  printf '%-28s %9s MB/s %7s MB/s %7s%%\n' "download ($k upstream)" "$d" "$g" "$(awk -v d="$d" -v g="$g" 'BEGIN {printf "%.0f", d ? 100*g/d : 0}')"
+share() { awk -v d="$1" -v g="$2" 'BEGIN {printf "%.0f", d ? 100*g/d : 0}'; }
+ratio() { awk -v d="$1" -v g="$2" 'BEGIN {printf "%.2f", d ? g/d : 0}'; }
+# One figure per line of $work/figures: "round name value".
+: > "$work/figures"
+for r in $(seq "$rounds"); do
+  direct=$(sh "$work/load.sh")
+  proxied=$("$aj" run --manifest "$manifest")
+  for k in slow fast tls; do
+    d=$(echo "$direct" | mbs $k); g=$(echo "$proxied" | mbs $k)
+    echo "$r $k.direct $d" >> "$work/figures"
+    echo "$r $k.gateway $g" >> "$work/figures"
+    echo "$r $k.share $(share "$d" "$g")" >> "$work/figures"
+  done
+  for k in new ka; do
+    if [ $k = new ]; then d=$(echo "$direct" | median); g=$(echo "$proxied" | median)
+    else d=$(echo "$direct" | ka); g=$(echo "$proxied" | ka); fi
+    echo "$r $k.direct $d" >> "$work/figures"
+    echo "$r $k.gateway $g" >> "$work/figures"
+    echo "$r $k.ratio $(ratio "$d" "$g")" >> "$work/figures"
+  done
+  if [ "$rounds" -gt 1 ]; then
+    awk -v r="$r" -v load="$(cut -d' ' -f1 /proc/loadavg)" '$1 == r {v[$2] = $3} END {
+      printf "round %d (load %s): slow %s%% fast %s%% tls %s%% (%s/%s MB/s) new %s/%s ms ka %s/%s ms (%s×)\n",
+        r, load, v["slow.share"], v["fast.share"], v["tls.share"], v["tls.direct"], v["tls.gateway"],
+        v["new.direct"], v["new.gateway"], v["ka.direct"], v["ka.gateway"], v["ka.ratio"]}' "$work/figures"
+  fi
 done
-printf '%-28s %10s ms %10s ms\n' "new connection per request" "$(echo "$direct" | median)" "$(echo "$proxied" | median)"
-printf '%-28s %10s ms %10s ms\n' "kept-alive, per request" "$(echo "$direct" | ka)" "$(echo "$proxied" | ka)"
+# Median (and, over several rounds, the range) of one figure.
+stat() {
+  awk -v k="$1" '$2 == k {print $3}' "$work/figures" | sort -g | awk -v n="$rounds" -v f="$2" -v unit="$3" '
+    {a[NR] = $1} END {
+      m = (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
+      printf f unit, m
+      if (n > 1) printf " [" f "-" f "]", a[1], a[NR] }'
+}
+if [ "$rounds" -gt 1 ]; then
+  echo "download ${size_mb} MiB three ways and ${requests} small requests on loopback, ${rounds} interleaved rounds: medians [min-max]"
+else
+  echo "download ${size_mb} MiB three ways and ${requests} small requests on loopback"
+fi
+printf '%-28s %22s %22s %18s\n' "" direct gateway "share / ratio"
+for k in slow fast tls; do
+  printf '%-28s %22s %22s %18s\n' "download ($k upstream)" "$(stat $k.direct %.0f ' MB/s')" "$(stat $k.gateway %.0f ' MB/s')" "$(stat $k.share %.0f %%)"
+done
+printf '%-28s %22s %22s %18s\n' "new connection per request" "$(stat new.direct %.3f ' ms')" "$(stat new.gateway %.3f ' ms')" "$(stat new.ratio %.2f ×)"
+printf '%-28s %22s %22s %18s\n' "kept-alive, per request" "$(stat ka.direct %.3f ' ms')" "$(stat ka.gateway %.3f ' ms')" "$(stat ka.ratio %.2f ×)"

@@ -165,7 +165,7 @@ impl Drop for GatewayHandle {
 }
 
 #[cfg(feature = "gateway")]
-/// Starts a gateway on a thread of its own, with a small multi-threaded tokio runtime, serving
+/// Starts a gateway on a thread of its own, with a single-threaded tokio runtime, serving
 /// `listener` until [`GatewayHandle::stop`]. For synchronous callers such as the supervisor.
 ///
 /// Outgoing connections are made from the network namespace of the calling thread.
@@ -188,8 +188,11 @@ pub fn spawn_gateway_with_credentials(
     intercept: Option<Interception>,
 ) -> Result<GatewayHandle, GatewayError> {
     let gateway = Gateway::with_credentials(policy, limits, resolver, intercept)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread: the gateway's work is I/O, and on a machine whose cores are shared with the
+    // sandbox and the upstreams, tasks handing each other work across worker threads (the
+    // client connection, the pooled upstream connection's driver, the relay) cost wake-ups
+    // and cache misses per request or chunk. Measured in docs/performance.md.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .thread_name("agentjail-egress")
         .enable_all()
         .build()
