@@ -122,6 +122,10 @@ async fn pump(src: &TcpStream, dst: &TcpStream, meter: &Meter, dir: Dir) -> io::
             return Ok(());
         }
         if moved {
+            // The loop awaits nothing while bytes keep moving: give the budget of tokio's
+            // cooperative scheduling its due, so a busy tunnel yields (every 128 moves) to
+            // the other connections, the lifetime timer and the shutdown on the one thread.
+            tokio::task::coop::consume_budget().await;
             continue;
         }
         // Nothing could move: wait until the source has bytes (if the pipe has room) or the
