@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::pg::{self, Node, Pg};
 use common::serve::{Api, sha256_hex, sleeper_task};
+use common::{payloads, wait_payloads};
 use serde_json::{Value, json};
 
 const ALICE: &str = "tok-alice-fleet-1";
@@ -112,35 +113,6 @@ fn audited(pg: &Pg, event: &str, request_id: &str) -> String {
     pg.psql(&format!(
         "SELECT count(*) FROM audit_log WHERE record LIKE '%\"event\":\"{event}\"%' AND record LIKE '%\"request_id\":\"{request_id}\"%'"
     ))
-}
-
-/// The payload processes of the `sleeper` task carrying `marker`.
-fn payloads(marker: &str) -> Vec<i32> {
-    let mut found = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-            .unwrap_or_default();
-        if cmdline.starts_with("/usr/bin/python3") && cmdline.contains(marker) {
-            found.push(pid);
-        }
-    }
-    found
-}
-
-fn wait_payloads(marker: &str, n: usize, secs: u64) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while payloads(marker).len() != n {
-        assert!(
-            Instant::now() < deadline,
-            "expected {n} payload process(es) of {marker}, found {:?}",
-            payloads(marker)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// One value of `/metrics`, by its series' name.

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use common::netns::Topology;
 use common::pg::{self, Node, Pg};
 use common::serve::{Api, sha256_hex, sleeper_task};
+use common::{payloads, wait_payloads};
 use serde_json::{Value, json};
 
 const ALICE: &str = "tok-alice-topology-1";
@@ -217,35 +218,6 @@ fn wait_status(api: &Api, id: &str, want: &str, secs: u64) -> Value {
         }
         assert!(Instant::now() < deadline, "{id} never reached {want}: {v}");
         std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// The processes whose command line holds `marker` (a task's payload).
-fn payloads(marker: &str) -> Vec<i32> {
-    let mut found = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-            .unwrap_or_default();
-        if cmdline.starts_with("/usr/bin/python3") && cmdline.contains(marker) {
-            found.push(pid);
-        }
-    }
-    found
-}
-
-fn wait_payloads(marker: &str, n: usize, secs: u64) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while payloads(marker).len() != n {
-        assert!(
-            Instant::now() < deadline,
-            "expected {n} payload process(es) of {marker}, found {:?}",
-            payloads(marker)
-        );
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

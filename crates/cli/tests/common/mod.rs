@@ -96,3 +96,33 @@ pub fn is_root() -> bool {
         })
         .unwrap_or(false)
 }
+
+/// The payload processes of the `sleeper` task carrying `marker`.
+pub fn payloads(marker: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default();
+        if cmdline.starts_with("/usr/bin/python3") && cmdline.contains(marker) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Waits up to `secs` seconds until exactly `n` payload processes of `marker` exist.
+pub fn wait_payloads(marker: &str, n: usize, secs: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while payloads(marker).len() != n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "expected {n} payload process(es) of {marker}, found {:?}",
+            payloads(marker)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
