@@ -1189,3 +1189,88 @@ fn max_requests_refuses_the_request_past_the_bound() {
         },
     );
 }
+
+/// `spawn_gateway` runs the gateway on one thread (a `current_thread` runtime): a tunnel whose
+/// bytes never stop must still let that thread serve everything else. While a client pumps
+/// data through an echo tunnel as fast as it can, another client's CONNECT is answered, and the
+/// streaming tunnel is closed at `max_connection_time` (its timer runs on the same thread).
+#[test]
+fn a_streaming_tunnel_does_not_starve_the_gateway_or_outlive_its_lifetime() {
+    in_netns(
+        "a_streaming_tunnel_does_not_starve_the_gateway_or_outlive_its_lifetime",
+        || async {
+            let w = world().await;
+            let echo_port = w.up.echo.port();
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let limits = GatewayLimits {
+                max_connection_time: Duration::from_secs(3),
+                max_bytes_up: 1 << 40,
+                max_bytes_down: 1 << 40,
+                ..GatewayLimits::default()
+            };
+            let handle = spawn_gateway(&w.policy(), limits, w.resolver(), listener).unwrap();
+            let target = format!("allowed.test:{echo_port}");
+            let (r, t) = connect(addr, &target).await;
+            assert_eq!(r.status, 200);
+            let (mut rd, mut wr) = t.unwrap().into_split();
+            let opened = std::time::Instant::now();
+            // Writer and reader as fast as they go: the echo keeps both directions busy.
+            let writer = tokio::spawn(async move {
+                let chunk = vec![0x5au8; 256 * 1024];
+                let mut sent = 0u64;
+                while wr.write_all(&chunk).await.is_ok() {
+                    sent += chunk.len() as u64;
+                }
+                sent
+            });
+            let reader = tokio::spawn(async move {
+                let mut buf = vec![0u8; 256 * 1024];
+                let mut got = 0u64;
+                loop {
+                    match rd.read(&mut buf).await {
+                        Ok(0) | Err(_) => return (got, opened.elapsed()),
+                        Ok(n) => got += n as u64,
+                    }
+                }
+            });
+            // Let the stream get going, then ask for a second tunnel.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let asked = std::time::Instant::now();
+            let second = tokio::time::timeout(Duration::from_secs(2), connect(addr, &target)).await;
+            let answered_in = asked.elapsed();
+            let (r2, t2) =
+                second.expect("a second CONNECT was not answered while a tunnel streamed");
+            assert_eq!(r2.status, 200, "second CONNECT: {r2:?}");
+            let mut t2 = t2.unwrap();
+            assert_eq!(echo_through(&mut t2, b"still here").await, b"still here");
+            drop(t2);
+            let (got, lived) = tokio::time::timeout(Duration::from_secs(10), reader)
+                .await
+                .expect("the streaming tunnel outlived max_connection_time by far")
+                .unwrap();
+            let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+            assert!(
+                got > 16 << 20,
+                "the tunnel was not streaming (only {got} bytes echoed): the test proves nothing"
+            );
+            assert!(
+                lived < Duration::from_secs(6),
+                "the streaming tunnel lived {lived:?} (max_connection_time 3 s)"
+            );
+            eprintln!(
+                "streamed {} MiB in {lived:?}; second CONNECT answered in {answered_in:?}",
+                got >> 20
+            );
+            let log = tokio::task::spawn_blocking(move || handle.stop())
+                .await
+                .unwrap();
+            assert!(
+                !find(&log, |d| !d.allowed
+                    && d.reason.contains("max_connection_time"))
+                .is_empty(),
+                "{log:#?}"
+            );
+        },
+    );
+}
