@@ -81,19 +81,11 @@ fn worker(dir: &Path, pg: &Pg, cfg: &str, id: &str) -> Node {
 }
 
 fn status_of(api: &Api, id: &str) -> Value {
-    api.get(ALICE, &format!("/v1/runs/{id}")).json().unwrap()
+    api.status_of(ALICE, id)
 }
 
 fn wait_status(api: &Api, id: &str, want: &str, secs: u64) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let v = status_of(api, id);
-        if v["status"] == want {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{id} never reached {want}: {v}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    api.wait_status(ALICE, id, want, secs)
 }
 
 fn wait_final(api: &Api, id: &str) -> Value {
@@ -352,18 +344,7 @@ fn labels_route_runs_and_sigterm_finishes_the_held_run() {
             .unwrap()
             .success()
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let exit = loop {
-        if let Some(s) = gpu.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the worker did not stop:\n{}",
-            gpu.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let exit = gpu.wait_exit(30);
     assert_eq!(exit.code(), Some(0), "{}", gpu.log());
     let v = status_of(&api, "needs-gpu");
     assert_eq!(v["status"], "ok", "{v}");
@@ -743,17 +724,6 @@ fn a_worker_serves_its_metrics_and_health() {
         "healthy while draining"
     );
     assert_eq!(wait_final(&api, "probe-2")["status"], "ok");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let exit = loop {
-        if let Some(s) = w.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the worker did not stop:\n{}",
-            w.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let exit = w.wait_exit(30);
     assert_eq!(exit.code(), Some(0), "{}", w.log());
 }

@@ -206,19 +206,11 @@ impl Fleet {
 }
 
 fn status_of(api: &Api, id: &str) -> Value {
-    api.get(ALICE, &format!("/v1/runs/{id}")).json().unwrap()
+    api.status_of(ALICE, id)
 }
 
 fn wait_status(api: &Api, id: &str, want: &str, secs: u64) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let v = status_of(api, id);
-        if v["status"] == want {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{id} never reached {want}: {v}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    api.wait_status(ALICE, id, want, secs)
 }
 
 fn wait_log(node: &Node, needle: &str, secs: u64) {

@@ -422,6 +422,23 @@ impl Node {
         (node, found)
     }
 
+    /// Waits up to `secs` seconds for the process to exit by itself (panics with its stderr
+    /// otherwise) and returns how it ended.
+    pub fn wait_exit(&mut self, secs: u64) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the process did not stop:\n{}",
+                self.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
     /// Its stderr so far.
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()

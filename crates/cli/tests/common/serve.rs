@@ -292,4 +292,33 @@ impl Api {
             .send()
             .expect("the request is answered")
     }
+
+    /// The run record of `request_id`, as `token`'s tenant sees it.
+    pub fn status_of(&self, token: &str, request_id: &str) -> serde_json::Value {
+        self.get(token, &format!("/v1/runs/{request_id}"))
+            .json()
+            .expect("the run record is JSON")
+    }
+
+    /// Polls the run record until its status is `want` (and returns it); panics after `secs`.
+    pub fn wait_status(
+        &self,
+        token: &str,
+        request_id: &str,
+        want: &str,
+        secs: u64,
+    ) -> serde_json::Value {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        loop {
+            let v = self.status_of(token, request_id);
+            if v["status"] == want {
+                return v;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{request_id} never reached {want}: {v}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
 }
