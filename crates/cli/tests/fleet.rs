@@ -297,6 +297,72 @@ fn a_worker_that_lost_its_lease_kills_its_sandbox_and_is_refused() {
     assert_eq!(wait_final(&api, "after")["status"], "ok");
 }
 
+/// A claim given up before its start. A worker killed after it claimed a run and prepared its
+/// job folder, but before the `running` mark (so nothing of the run ran), leaves the run claimed
+/// by it and the folder on its disk; a worker whose lease ran out before the mark (PostgreSQL
+/// down for longer than the lease) leaves the same. That state is set up here as such a kill
+/// leaves it (the window is microseconds wide; fleet_topology.rs's PostgreSQL restart hit it
+/// once: the run, claimed again by the same worker, found its old folder and ended
+/// `setup_error`). Restarted, the worker gives the claim up; the run goes back on the queue under
+/// a new job id, runs once, on that worker, and ends `ok`; the old folder is removed. A run
+/// claimed by a node that never comes back is put back by the lease sweep, also under a new id.
+#[test]
+fn a_claim_given_up_before_its_start_runs_later_under_a_new_job_id() {
+    use std::os::unix::fs::DirBuilderExt;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pg) = Pg::start() else { return };
+    let (d_api, d_w) = (tempdir(), tempdir());
+    let cfg = config(&marker_for(&d_api, "reclaim"));
+    let (_api_node, api) = api(d_api.path(), &pg, &cfg);
+    for id in ["claimed-here", "claimed-by-the-gone"] {
+        let body = json!({"request_id": id, "task": "sleeper", "inputs": [], "args": ["0"]});
+        assert_eq!(api.run(ALICE, &body, "?wait=false").status(), 202);
+    }
+    let job_of = |id: &str| {
+        pg.psql(&format!(
+            "SELECT job_id FROM runs WHERE request_id = '{id}'"
+        ))
+    };
+    let (here, gone) = (job_of("claimed-here"), job_of("claimed-by-the-gone"));
+    assert!(
+        here.starts_with("job_") && gone.starts_with("job_"),
+        "{here} {gone}"
+    );
+    // What the killed worker w1 left: its claim (a fence, a lease still running) and the folder
+    // it prepared; and a claim of a node that is gone for good, its lease expired.
+    pg.psql("UPDATE runs SET owner = 'w1', node_id = 'w1', fence = nextval('run_fence'), lease_expires_at = now() + interval '1 hour' WHERE request_id = 'claimed-here'");
+    pg.psql("UPDATE runs SET owner = 'gone', node_id = 'gone', fence = nextval('run_fence'), lease_expires_at = now() - interval '1 second' WHERE request_id = 'claimed-by-the-gone'");
+    let left = d_w.path().join("data/jobs").join(&here);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&left)
+        .unwrap();
+    std::fs::write(left.join("code"), "print('prepared, never run')\n").unwrap();
+    let w = worker(d_w.path(), &pg, &cfg, "w1");
+    for id in ["claimed-here", "claimed-by-the-gone"] {
+        let v = wait_final(&api, id);
+        assert_eq!(v["status"], "ok", "{v}\n{}", w.log());
+        assert_eq!(audited(&pg, "run_start", id), "1", "{id}");
+        assert_eq!(audited(&pg, "run_end", id), "1", "{id}");
+    }
+    let (now_here, now_gone) = (job_of("claimed-here"), job_of("claimed-by-the-gone"));
+    assert!(
+        now_here != here && now_here.starts_with("job_") && now_here.len() == here.len(),
+        "a new job id for the given-up claim: {here} -> {now_here}"
+    );
+    assert!(
+        now_gone != gone && now_gone.starts_with("job_"),
+        "a new job id for the expired claim: {gone} -> {now_gone}"
+    );
+    assert!(!left.exists(), "the given-up claim's folder is removed");
+    let mut folders = w.job_folders();
+    folders.sort();
+    let mut want = vec![now_here, now_gone];
+    want.sort();
+    assert_eq!(folders, want, "one folder per execution, under the new ids");
+}
+
 /// Labels: a run of a task type with `labels = ["gpu"]` waits in the queue while only a worker
 /// without that label runs; a worker with `--labels gpu` claims it. SIGTERM to that worker
 /// mid-run: it claims nothing more, finishes the run (`ok`), leaves `workers` and exits 0.

@@ -328,6 +328,11 @@ pub struct PgStore {
     objects: PathBuf,
 }
 
+/// SQL for a fresh job id, in the form of [`crate::app::random_hex`]'s (`job_` and 32 hex
+/// digits, from PostgreSQL's `gen_random_uuid()`, a core function since PostgreSQL 13): a run
+/// whose claim was given up before its start gets one when it goes back to the queue.
+const NEW_JOB_ID: &str = "'job_' || replace(gen_random_uuid()::text, '-', '')";
+
 const RUN_COLS: &str = "tenant, request_id, body_sha256, task, actor, job_id, job_expires_at, status, reason, created_at, started_at, finished_at, inputs, report, receipt, artifact, artifact_sha256, outputs_expire_at, logs_expire_at, outputs_deleted, args, manifest_digest";
 
 fn run_from_row(r: &Row) -> Result<RunRow, StoreError> {
@@ -773,19 +778,29 @@ impl Store for PgStore {
         })
     }
 
-    fn mark_in_flight_unknown(&self, now: i64) -> Result<Vec<InFlight>, StoreError> {
+    fn mark_in_flight_unknown(&self, now: i64) -> Result<(Vec<InFlight>, Vec<String>), StoreError> {
         block_on(async {
             let mut c = self.client().await?;
             let tx = c.transaction().await.map_err(pg_err)?;
             // Claimed by this node but never started (the runner gets its manifest only after
-            // the `running` mark): back to the queue, nothing of it ran.
-            tx.execute(
-                "UPDATE runs SET owner = NULL, fence = NULL, lease_expires_at = NULL
-                 WHERE owner = $1 AND status = 'queued'",
-                &[&self.node],
-            )
-            .await
-            .map_err(pg_err)?;
+            // the `running` mark): back to the queue under a new job id, nothing of it ran. The
+            // old ids are returned: their folders, prepared before the mark, are removed.
+            let given_up = tx
+                .query(
+                    &format!(
+                        "WITH given_up AS (
+                            SELECT job_id FROM runs WHERE owner = $1 AND status = 'queued' FOR UPDATE)
+                         UPDATE runs r SET owner = NULL, fence = NULL, lease_expires_at = NULL, job_id = {NEW_JOB_ID}
+                         FROM given_up g WHERE r.job_id = g.job_id
+                         RETURNING g.job_id"
+                    ),
+                    &[&self.node],
+                )
+                .await
+                .map_err(pg_err)?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
             // Running here, or admitted here before the queue existed (no spec): unknown.
             // Queued runs nobody claimed stay queued: any executor takes them.
             let rows = tx
@@ -798,7 +813,7 @@ impl Store for PgStore {
                 .await
                 .map_err(pg_err)?;
             tx.commit().await.map_err(pg_err)?;
-            Ok(rows
+            let unknown = rows
                 .iter()
                 .map(|r| InFlight {
                     tenant: r.get(0),
@@ -806,7 +821,8 @@ impl Store for PgStore {
                     task: r.get(2),
                     job_id: r.get(3),
                 })
-                .collect())
+                .collect();
+            Ok((unknown, given_up))
         })
         .map_err(StoreError::Io)?
     }
@@ -1127,7 +1143,8 @@ impl PgStore {
     /// `unknown` (its executor is gone or cut off and has killed, or will kill, its sandbox; an
     /// operator reconciles it); a run claimed but never started goes back to the queue
     /// (nothing of it ran: the runner gets its manifest only after the fenced `running`
-    /// mark). Counts both in `cluster_counters.expired_leases`.
+    /// mark) under a new job id, so that its next claim never meets a folder the given-up
+    /// claim prepared. Counts both in `cluster_counters.expired_leases`.
     pub async fn expire_leases(&self, now: i64) -> Result<(Vec<Expired>, u64), StoreError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(pg_err)?;
@@ -1143,8 +1160,10 @@ impl PgStore {
             .map_err(pg_err)?;
         let requeued = tx
             .execute(
-                "UPDATE runs SET owner = NULL, fence = NULL, lease_expires_at = NULL
-                 WHERE status = 'queued' AND owner IS NOT NULL AND lease_expires_at < now()",
+                &format!(
+                    "UPDATE runs SET owner = NULL, fence = NULL, lease_expires_at = NULL, job_id = {NEW_JOB_ID}
+                     WHERE status = 'queued' AND owner IS NOT NULL AND lease_expires_at < now()"
+                ),
                 &[],
             )
             .await

@@ -925,10 +925,15 @@ pub async fn execute(
         let _ = std::fs::remove_file(code_path(&state, &job.job_id));
         make_private(&job_dir(&state, &job.job_id));
         match marked {
+            // The claim is lost before the start: the run goes back to the queue (under a new
+            // job id) or is someone else's; nothing ran in this folder, which would otherwise
+            // stay until no retention ever reaches it.
             Err(e @ crate::store::StoreError::Fenced(_)) => {
+                let _ = std::fs::remove_dir_all(job_dir(&state, &job.job_id));
                 tracing::error!(job_id = %job.job_id, error = %e, "the running mark was refused by fencing; the run was not started here");
             }
             Ok(false) if job.lease.is_some() => {
+                let _ = std::fs::remove_dir_all(job_dir(&state, &job.job_id));
                 tracing::error!(job_id = %job.job_id, "the running mark was refused by fencing (the lease expired or was taken); the run was not started here");
             }
             Err(e) => {
@@ -1089,7 +1094,13 @@ pub fn reconcile_at_startup(state: &AppState) -> Result<(), ServerError> {
         );
     }
     let t = now();
-    let rows = state.store().mark_in_flight_unknown(t)?;
+    let (rows, given_up) = state.store().mark_in_flight_unknown(t)?;
+    for job_id in given_up {
+        // Claimed and prepared here, never started: the run is back on the queue under a new
+        // job id; nothing ran in this folder.
+        let _ = std::fs::remove_dir_all(job_dir(state, &job_id));
+        tracing::warn!(%job_id, "a claim this node held on a run it had not started was given up at start-up: the run is back on the queue under a new job id");
+    }
     for InFlight {
         tenant,
         request_id,

@@ -141,7 +141,10 @@ pub trait Store: Send + Sync {
     ) -> StoreFuture<'_, bool>;
     /// Start-up (blocking): every run of this node left `queued` or `running` becomes
     /// `unknown` (a shared store: only the runs this node owned).
-    fn mark_in_flight_unknown(&self, now: i64) -> Result<Vec<InFlight>, StoreError>;
+    /// Also returns the job ids of claims this node held on runs it had not started (a shared
+    /// store only): those runs went back to the queue under new job ids, and the folders
+    /// prepared for the old ones are the caller's to remove.
+    fn mark_in_flight_unknown(&self, now: i64) -> Result<(Vec<InFlight>, Vec<String>), StoreError>;
     /// Retention at `now`: clears expired outputs, lists expired job folders, deletes
     /// expired inputs no in-flight run refers to, and their orphaned objects.
     fn sweep(&self, now: i64, files: Arc<dyn RetentionFiles>) -> StoreFuture<'_, Swept>;
@@ -268,9 +271,9 @@ impl Store for SqliteStore {
         })
     }
 
-    fn mark_in_flight_unknown(&self, now: i64) -> Result<Vec<InFlight>, StoreError> {
+    fn mark_in_flight_unknown(&self, now: i64) -> Result<(Vec<InFlight>, Vec<String>), StoreError> {
         let rows = self.db.call_sync(|c| db::mark_in_flight_unknown(c, now))?;
-        Ok(rows
+        let unknown = rows
             .into_iter()
             .map(|(tenant, request_id, task, job_id)| InFlight {
                 tenant,
@@ -278,7 +281,8 @@ impl Store for SqliteStore {
                 task,
                 job_id,
             })
-            .collect())
+            .collect();
+        Ok((unknown, Vec::new()))
     }
 
     fn sweep(&self, now: i64, files: Arc<dyn RetentionFiles>) -> StoreFuture<'_, Swept> {
