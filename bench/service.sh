@@ -16,6 +16,8 @@
 # children it waited for) and the 8 HTTP clients' (this benchmark process's own CPU during the
 # round). Runs are CPU-bound on a small machine, so the ratio of those totals predicts the
 # throughput ratio even when other work shares the machine and makes the timed ratio scatter.
+# Each round also prints the share of the machine's CPU left idle while it ran (/proc/stat): on
+# an otherwise idle machine, what a path leaves unused between runs (waits, not work).
 # Usage: bench/service.sh [N] [ROUNDS]   (as root, like CI; needs python3; builds the release
 # binary, or takes the one in $AGENTJAIL_BIN). With AGENTJAIL_BIN_BASE=another-binary, every
 # round also runs a service round with that build, right after this one's (an A/B of two
@@ -34,7 +36,7 @@ base=""
 if [ -n "${AGENTJAIL_BIN_BASE:-}" ]; then
   base=$(realpath "$AGENTJAIL_BIN_BASE")
 fi
-work=$(mktemp -d /tmp/agentjail-bench-service-XXXXXX)
+work=$(mktemp -d "${TMPDIR:-/tmp}/agentjail-bench-service-XXXXXX")
 chmod 755 "$work"
 trap 'rm -rf "$work"' EXIT
 AJ="$aj" AJ_BASE="$base" WORK="$work" N="$n" ROUNDS="$rounds" python3 - <<'PY'
@@ -91,12 +93,14 @@ def direct_round(r):
                    check=True, stdout=subprocess.DEVNULL)
     ids = "".join(f"{i}\n" for i in range(n)).encode()
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    i0 = cpu_idle()
     t0 = time.monotonic()
     subprocess.run(["xargs", "-P", "2", "-I{}", aj, "run", "--manifest", f"{d}/manifest.json",
                     "--output-dir", f"{out}/{{}}", "--report", f"{out}/{{}}.json",
                     "--receipt", f"{out}/{{}}.receipt", "--key", key],
                    input=ids, check=True, stdout=subprocess.DEVNULL)
     dt = time.monotonic() - t0
+    idle.setdefault("direct", []).append(idle_share(i0, cpu_idle()))
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     # The runners' CPU (xargs's too, negligible): every child is waited for, so it is counted.
     cpus.setdefault("direct", []).append([(ru1.ru_utime - ru0.ru_utime) * 1000 / n,
@@ -189,12 +193,14 @@ def service_round(r, binary=aj):
     threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
     cpu0 = service_cpu(p.pid)
     me0 = resource.getrusage(resource.RUSAGE_SELF)
+    i0 = cpu_idle()
     t0 = time.monotonic()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     dt = time.monotonic() - t0
+    idle.setdefault(binary, []).append(idle_share(i0, cpu_idle()))
     me1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = [(b - a) / n for a, b in zip(cpu0, service_cpu(p.pid))]
     # This benchmark process's own CPU: the 8 HTTP clients (threads), part of the service path.
@@ -217,8 +223,21 @@ def service_cpu(pid):
     return [int(f[i]) * 1000 / tick for i in (11, 12, 13, 14)]
 
 
+def cpu_idle():
+    """The machine's idle and total CPU time so far (/proc/stat's first line, in ticks)."""
+    f = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    return f[3] + f[4], sum(f[:8])
+
+
+def idle_share(a, b):
+    """The share of the machine's CPU time left idle between two cpu_idle() readings: on a
+    machine with nothing else running, what a path leaves unused (waits between runs)."""
+    return (b[0] - a[0]) / max(1, b[1] - a[1])
+
+
 svc, svc_base, dir_ = [], [], []
 cpus = {}
+idle = {}
 for r in range(rounds):
     load = os.getloadavg()[0]
     s = service_round(r)
@@ -230,9 +249,9 @@ for r in range(rounds):
         line += f"base service {n / b:.1f} runs/s; "
     t = direct_round(r)
     dir_.append(n / t)
-    line += f"direct {n} runs in {t:.2f} s = {n / t:.1f} runs/s; ratio {t / s:.3f}"
+    line += f"direct {n} runs in {t:.2f} s = {n / t:.1f} runs/s; ratio {t / s:.3f}; CPU idle: service {idle[aj][-1]:.1%}, direct {idle['direct'][-1]:.1%}"
     if aj_base:
-        line += f" (base {t / b:.3f})"
+        line += f" (base {t / b:.3f}, CPU idle {idle[aj_base][-1]:.1%})"
     print(line, flush=True)
 ms, md = statistics.median(svc), statistics.median(dir_)
 print(f"\nmedian of {rounds} rounds, {n} CSV-summary runs each (load average now {os.getloadavg()[0]:.1f}):")
@@ -242,6 +261,9 @@ if aj_base:
 print(f"  direct  (2 at a time)           : {md:6.1f} runs/s")
 print(f"  service / direct                : {ms / md:6.3f}  (per-round ratios: "
       + ", ".join(f"{a / b:.3f}" for a, b in zip(svc, dir_)) + ")")
+
+print(f"  machine CPU left idle (median)  : service {statistics.median(idle[aj]):.1%}, "
+      f"direct {statistics.median(idle['direct']):.1%}")
 
 def med(rows, i):
     return statistics.median(r[i] for r in rows)
