@@ -89,6 +89,15 @@ impl ApiError {
     pub(crate) fn not_found(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not-found", "Not found", detail)
     }
+    /// The answer of a router's `method_not_allowed_fallback` (problem+json, like every error).
+    pub(crate) fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method-not-allowed",
+            "Method not allowed",
+            "this endpoint does not take this method",
+        )
+    }
     fn internal() -> Self {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -869,14 +878,7 @@ pub async fn router_with(state: AppState, more: Router<AppState>) -> Router {
     )
     .merge(more)
     .fallback(|| async { ApiError::not_found("no such endpoint") })
-    .method_not_allowed_fallback(|| async {
-        ApiError::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method-not-allowed",
-            "Method not allowed",
-            "this endpoint does not take this method",
-        )
-    })
+    .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
     .with_state(state)
 }
 

@@ -40,14 +40,7 @@ pub fn router(state: AppState, status: Arc<NodeStatus>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
-        .method_not_allowed_fallback(|| async {
-            ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method-not-allowed",
-                "Method not allowed",
-                "this endpoint does not take this method",
-            )
-        })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .with_state(Probe { state, status })
 }
 
