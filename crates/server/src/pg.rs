@@ -284,6 +284,17 @@ pub async fn migrate(pool: &Pool) -> Result<usize, StoreError> {
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await
         .map_err(pg_err)?;
+    // The queue's statements use gen_random_uuid() (NEW_JOB_ID), core since PostgreSQL 13.
+    let version: i32 = tx
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .map_err(pg_err)?
+        .get(0);
+    if version < 130_000 {
+        return Err(StoreError::Database(format!(
+            "PostgreSQL 13 or later is needed (the server's server_version_num is {version})"
+        )));
+    }
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations (
             version INTEGER PRIMARY KEY,

@@ -926,8 +926,10 @@ pub async fn execute(
         make_private(&job_dir(&state, &job.job_id));
         match marked {
             // The claim is lost before the start: the run goes back to the queue (under a new
-            // job id) or is someone else's; nothing ran in this folder, which would otherwise
-            // stay until no retention ever reaches it.
+            // job id), is someone else's, or (a mark that committed but whose answer was lost,
+            // retried after the lease ended) becomes `unknown` at the lease sweep. In each case
+            // this runner never had its manifest: nothing ran in this folder, and no retention
+            // would reach it under the old id.
             Err(e @ crate::store::StoreError::Fenced(_)) => {
                 let _ = std::fs::remove_dir_all(job_dir(&state, &job.job_id));
                 tracing::error!(job_id = %job.job_id, error = %e, "the running mark was refused by fencing; the run was not started here");
@@ -1092,6 +1094,14 @@ pub fn reconcile_at_startup(state: &AppState) -> Result<(), ServerError> {
             killed,
             "start-up sweep: killed runners left by a previous service"
         );
+    }
+    // Every code file is a previous process's: it is written when its run starts, and the
+    // runners are gone (above; the data directory's lock keeps any other process out). A run
+    // whose claim another node's sweep gave up while this node was down left one too.
+    if let Ok(entries) = std::fs::read_dir(state.inner.data_dir.join("code")) {
+        for e in entries.flatten() {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
     let t = now();
     let (rows, given_up) = state.store().mark_in_flight_unknown(t)?;
