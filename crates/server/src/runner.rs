@@ -923,19 +923,22 @@ pub async fn execute(
         runner.abort().await;
         drop(permit);
         let _ = std::fs::remove_file(code_path(&state, &job.job_id));
-        make_private(&job_dir(&state, &job.job_id));
+        // Nothing ran in the folder. It stays (private) only as the job of a recorded set-up
+        // error. Otherwise the claim was lost before the start (the run goes back to the queue
+        // under a new job id, is someone else's, or, after a mark that committed but whose
+        // answer was lost and was retried after the lease ended, becomes `unknown` at the
+        // lease sweep) or someone else ended the run: no retention would reach the folder.
+        let dir = job_dir(&state, &job.job_id);
+        if matches!(&marked, Err(e) if !matches!(e, crate::store::StoreError::Fenced(_))) {
+            make_private(&dir);
+        } else {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
         match marked {
-            // The claim is lost before the start: the run goes back to the queue (under a new
-            // job id), is someone else's, or (a mark that committed but whose answer was lost,
-            // retried after the lease ended) becomes `unknown` at the lease sweep. In each case
-            // this runner never had its manifest: nothing ran in this folder, and no retention
-            // would reach it under the old id.
             Err(e @ crate::store::StoreError::Fenced(_)) => {
-                let _ = std::fs::remove_dir_all(job_dir(&state, &job.job_id));
                 tracing::error!(job_id = %job.job_id, error = %e, "the running mark was refused by fencing; the run was not started here");
             }
             Ok(false) if job.lease.is_some() => {
-                let _ = std::fs::remove_dir_all(job_dir(&state, &job.job_id));
                 tracing::error!(job_id = %job.job_id, "the running mark was refused by fencing (the lease expired or was taken); the run was not started here");
             }
             Err(e) => {
@@ -948,9 +951,7 @@ pub async fn execute(
                 end_unstarted(&state, &job, RunState::SetupError, reason, ev).await;
             }
             // No longer queued: someone else ended it; nothing is recorded here.
-            _ => {
-                let _ = std::fs::remove_dir_all(job_dir(&state, &job.job_id));
-            }
+            _ => {}
         }
         return;
     }
@@ -1118,8 +1119,8 @@ pub fn reconcile_at_startup(state: &AppState) -> Result<(), ServerError> {
         job_id,
     } in rows
     {
+        // Its code file went with the rest of `DATA/code` above.
         let _ = std::fs::remove_dir_all(job_dir(state, &job_id));
-        let _ = std::fs::remove_file(code_path(state, &job_id));
         tracing::warn!(%tenant, %request_id, %job_id, %task, "run found in flight at start-up: marked unknown, not re-run; an operator reconciles it");
         metrics::counter!("agentjail_unknown_outcomes_total").increment(1);
         state.store().audit_blocking(&Event {
