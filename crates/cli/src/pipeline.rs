@@ -263,6 +263,12 @@ pub fn execute_in(
                     .map(|d| (i.mount.clone(), d))
                     .map_err(|e| SetupFailure(format!("input {}: {e}; no receipt", i.mount)))
             })
+            .chain(vm.inline.iter().map(|i| {
+                Ok((
+                    i.mount.clone(),
+                    agentjail_verify::digest::bytes_digest(i.content.as_bytes()),
+                ))
+            }))
             .collect::<Result<Vec<_>, _>>()?;
         let env = receipt::sign(key, &report, &inputs, &report.output.files)
             .map_err(|e| SetupFailure(e.to_string()))?;

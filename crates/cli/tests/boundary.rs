@@ -708,3 +708,108 @@ else:
     }
     assert_eq!(o.code, 0, "{}", o.stderr);
 }
+
+// --- inline inputs (#15): the request's code by value ---------------------------------------------
+
+/// An inline input (the service passes a request's code so, never as a host file) is
+/// read-only inside the sandbox wherever it is mounted, below the writable `/work` too, and
+/// its staging file system cannot be reached. The probe is itself an inline input (its code
+/// is on no host path it could be read from) and attacks both files; the controls: it reads
+/// both contents back whole, and it can write `/work` beside them. As root, as an ordinary
+/// user (the user namespace path), and on the gVisor tier (where the content is a file of the
+/// run's bundle, bound read-only by runsc).
+#[test]
+fn inline_inputs_are_read_only_even_below_work_and_their_staging_is_unreachable() {
+    let conf = "zz-inline-conf-91c2\n".repeat(1000);
+    let body = format!(
+        r#"
+import hashlib
+CONF = {conf:?}
+for name, path in (("code", "/input/probe.py"), ("conf", "/work/conf.txt")):
+    attempt(name + "-append", lambda: open(path, "a").write("x"))
+    attempt(name + "-write", lambda: os.open(path, os.O_WRONLY))
+    attempt(name + "-truncate", lambda: os.truncate(path, 0))
+    attempt(name + "-chmod", lambda: os.chmod(path, 0o777))
+    attempt(name + "-rename", lambda: os.rename(path, "/work/moved"))
+    attempt(name + "-unlink", lambda: os.unlink(path))
+    open("/work/other", "w").write("replacement")
+    attempt(name + "-replace", lambda: os.rename("/work/other", path))
+    attempt(name + "-symlink-over", lambda: os.symlink("/work/other", path))
+print("RESULT code-read", "whole" if open("/input/probe.py").read() == open(__file__).read() and "PROBE-COMPLETE" in open("/input/probe.py").read() else "changed", flush=True)
+print("RESULT conf-read", "whole" if open("/work/conf.txt").read() == CONF else "changed", flush=True)
+attempt("work-writable", lambda: open("/work/fine.txt", "w").write("ok"))
+staged = [p for p in os.listdir("/") if p.startswith("inline")]
+print("RESULT staging-visible", ",".join(staged) or "none", flush=True)
+"#
+    );
+    let source = probe_source(&body);
+    for who in ["root", "user", "gvisor"] {
+        let work = tmp();
+        let base = if who != "user" {
+            if !is_root() {
+                skip("not root: the root-mode run needs root");
+                return;
+            }
+            (Command::new(bin()), work.path().to_owned())
+        } else {
+            match as_nobody(work.path()) {
+                Some(b) => b,
+                None => return,
+            }
+        };
+        let (mut cmd, dir) = base;
+        let mut manifest = serde_json::json!({
+            "command": [PY, "/input/probe.py"],
+            "inline_inputs": [
+                {"mount": "/input/probe.py", "content": source},
+                {"mount": "/work/conf.txt", "content": conf},
+            ],
+        });
+        if who == "gvisor" {
+            if !Path::new("/usr/bin/runsc").exists() && !Path::new("/usr/local/bin/runsc").exists()
+            {
+                skip("runsc (gVisor) is not installed");
+                return;
+            }
+            manifest["isolation"] = "gvisor".into();
+        }
+        let m = dir.join("inline.json");
+        std::fs::write(&m, manifest.to_string()).unwrap();
+        std::fs::set_permissions(&m, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let report = dir.join("report.json");
+        cmd.arg("run")
+            .arg("--manifest")
+            .arg(&m)
+            .arg("--report")
+            .arg(&report);
+        if who == "user" {
+            cmd.arg("--allow-degraded");
+        }
+        let o = run_raw(cmd, &report);
+        for name in ["code", "conf"] {
+            for a in [
+                "append",
+                "write",
+                "truncate",
+                "chmod",
+                "rename",
+                "unlink",
+                "replace",
+                "symlink-over",
+            ] {
+                let r = o.probe(&format!("{name}-{a}"));
+                assert!(
+                    r.starts_with("errno="),
+                    "{who}: {name}-{a} was {r}\n{}",
+                    o.stdout
+                );
+            }
+        }
+        assert_eq!(o.probe("code-read"), "whole", "{who}: {}", o.stdout);
+        assert_eq!(o.probe("conf-read"), "whole", "{who}: {}", o.stdout);
+        assert_eq!(o.probe("work-writable"), "ok", "{who}: {}", o.stdout);
+        assert_eq!(o.probe("staging-visible"), "none", "{who}: {}", o.stdout);
+        assert_eq!(o.status(), "ok", "{who}: {}", o.report);
+        assert_eq!(o.code, 0, "{who}: {}", o.stderr);
+    }
+}

@@ -1168,7 +1168,13 @@ logs_seconds = 3600
 "#
     );
     let s = Server::start_with(dir.path(), "sweep_interval_seconds = 1", &task);
-    let code = "import json, os, time\nprint('log line')\ntime.sleep(2)\njson.dump({'key_len': len(os.environ['API_KEY'])}, open('/output/o.json', 'w'))\n";
+    // The request's code carries a sentinel of its own: the model's code is no more the
+    // host's to keep than the task's secrets (it went to `DATA/code/<job_id>`, 0644, until the
+    // code was carried in the manifest).
+    let code_mark = "zz-code-sentinel-7f3a";
+    let code = format!(
+        "# {code_mark}\nimport json, os, time\nprint('log line')\ntime.sleep(2)\njson.dump({{'key_len': len(os.environ['API_KEY']), 'code_len': len(open('/input/code.py').read())}}, open('/output/o.json', 'w'))\n"
+    );
     let body = json!({"request_id": "priv-1", "task": "keyed", "inputs": [], "code": code});
     assert_eq!(s.run(ALICE, &body, "?wait=false").status(), 202);
     let v = wait_status(&s, "priv-1", "running");
@@ -1188,14 +1194,20 @@ logs_seconds = 3600
             leaked.is_empty(),
             "{when}: the env value is on disk in {leaked:?}"
         );
+        let leaked = files_containing(&data, code_mark.as_bytes());
+        assert!(
+            leaked.is_empty(),
+            "{when}: the request's code is on disk in {leaked:?}"
+        );
     };
     std::thread::sleep(Duration::from_millis(500));
     check("while running");
     let v = wait_status(&s, "priv-1", "ok");
     assert_eq!(v["artifact"]["json"]["key_len"], secret.len(), "{v}");
+    // The sandbox read its code (the control: the code is not on disk because it was never
+    // needed there, not because the run failed to get it).
+    assert_eq!(v["artifact"]["json"]["code_len"], code.len(), "{v}");
     check("after the run");
-    // The code file is gone after the run.
-    assert_eq!(modes_below(&data.join("code")).len(), 0);
     assert!(job.join("out").exists() && job.join("report.json").exists());
 
     // Retention (outputs_seconds = 2, a sweep every second): 410 and the files are gone.

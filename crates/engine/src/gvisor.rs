@@ -628,6 +628,30 @@ fn write_bundle(work: &Path, plan: &Plan, out_dir: &Path) -> std::io::Result<()>
                 std::fs::write(&p, content)?;
                 std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644))?;
             }
+            Op::Inline { dest, content } => {
+                // runsc's gofer serves binds from host paths, so under gVisor an inline input
+                // is a file of the run's bundle (removed with it), bound read-only. The
+                // sandbox user must read it through the gofer, so it is 0644: in a folder
+                // that cannot be listed (0711), under a random name.
+                let dir = bundle.join("inline");
+                if !dir.exists() {
+                    std::fs::DirBuilder::new().mode(0o711).create(&dir)?;
+                }
+                let (mut f, src) = tempfile::Builder::new()
+                    .permissions(std::fs::Permissions::from_mode(0o644))
+                    .tempfile_in(&dir)?
+                    .keep()
+                    .map_err(|e| e.error)?;
+                std::io::Write::write_all(&mut f, content.as_bytes())?;
+                std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o644))?;
+                let p = at(dest);
+                if let Some(parent) = p.parent() {
+                    mkdirs(parent)?;
+                }
+                std::fs::write(&p, b"")?;
+                mounts.push(json!({"destination": dest, "type": "bind", "source": src,
+                                   "options": ["bind", "ro", "nosuid", "nodev"]}));
+            }
             Op::Tmpfs {
                 dest, size_bytes, ..
             } if dest == "/output" => {

@@ -592,7 +592,7 @@ fn start_root() -> StepResult<()> {
             "/tmp",
             "tmpfs",
             MountFlags::NOSUID | MountFlags::NODEV,
-            Some(c"size=64k,nr_inodes=16,mode=0755"),
+            Some(c"size=64k,nr_inodes=32,mode=0755"),
         ),
     )?;
     for d in ["/tmp/oldroot", "/tmp/newroot"] {
@@ -663,16 +663,20 @@ fn new(dest: &str) -> String {
     format!("/newroot{dest}")
 }
 
-/// Directories of the new root made so far (each parent is made once, not once per entry).
+/// Directories of the new root made so far (each parent is made once, not once per entry),
+/// and how many inline inputs were written (each has its own tmpfs, `/inline<n>`).
 #[derive(Default)]
-struct Made(std::collections::HashSet<std::path::PathBuf>);
+struct Made {
+    dirs: std::collections::HashSet<std::path::PathBuf>,
+    inline: usize,
+}
 
 fn mkdirs<S: RootSys>(sys: &mut S, path: &Path, made: &mut Made) -> RootResult<()> {
-    if made.0.contains(path) {
+    if made.dirs.contains(path) {
         return Ok(());
     }
     root_step(RootStep::Mkdir(path.to_path_buf()), sys.mkdir_all(path))?;
-    made.0.insert(path.to_path_buf());
+    made.dirs.insert(path.to_path_buf());
     Ok(())
 }
 
@@ -806,6 +810,55 @@ fn apply<S: RootSys>(sys: &mut S, op: &Op, made: &mut Made) -> RootResult<()> {
                 RootStep::Write(dest.clone()),
                 sys.write_file(&d, content.as_bytes()),
             )?;
+        }
+        Op::Inline { dest, content } => {
+            // Its own tmpfs in the staging root, which is detached with the host's root after
+            // the pivot: the bind at `dest` is then the only way to the file, and it is
+            // read-only (so below the writable /work too: the tmpfs's root directory, not
+            // /work, holds the file, and a bind mount cannot be unlinked or renamed over).
+            // Sized for the content; its pages are charged to the run's memory cgroup.
+            let dir = format!("/inline{}", made.inline);
+            made.inline += 1;
+            match sys.mkdir(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                    return Err(RootError {
+                        step: RootStep::Mkdir(dir.into()),
+                        source: e,
+                    });
+                }
+                _ => {}
+            }
+            let page = rustix::param::page_size();
+            let size = content.len().div_ceil(page) * page + page;
+            let data = format!("size={size},nr_inodes=2,mode=0755");
+            let cdata = cstr(&data)?;
+            root_step(
+                RootStep::MountTmpfs {
+                    dest: dest.clone(),
+                    data: data.clone(),
+                },
+                sys.mount(
+                    "agentjail",
+                    &dir,
+                    "tmpfs",
+                    MountFlags::NOSUID | MountFlags::NODEV,
+                    Some(cdata.as_c_str()),
+                ),
+            )?;
+            let file = format!("{dir}/content");
+            root_step(
+                RootStep::Write(dest.clone()),
+                sys.write_file(&file, content.as_bytes()),
+            )?;
+            let d = mountpoint(sys, dest, false, made)?;
+            root_step(
+                RootStep::Bind {
+                    src: "inline".into(),
+                    dest: dest.clone(),
+                },
+                sys.bind(&file, &d, false),
+            )?;
+            make_readonly(sys, &d, dest)?;
         }
     }
     Ok(())
@@ -1201,6 +1254,53 @@ mod tests {
         assert_eq!(
             rec.calls.last().unwrap(),
             "write_file /newroot/etc/passwd 1"
+        );
+    }
+
+    /// An inline input: its own tmpfs in the staging root (outside /newroot), sized for the
+    /// content, the file written there, then bound read-only at its mount; each input gets its
+    /// own tmpfs.
+    #[test]
+    fn an_inline_input_is_staged_in_its_own_tmpfs_and_bound_read_only() {
+        let mut rec = Recorder::default();
+        let inline = |dest: &str, content: &str| Op::Inline {
+            dest: dest.into(),
+            content: content.into(),
+        };
+        run(
+            &mut rec,
+            &[
+                inline("/input/code.py", "print(1)"),
+                inline("/work/conf", &"x".repeat(5000)),
+            ],
+        )
+        .unwrap();
+        let page = rustix::param::page_size();
+        let flags = (MountFlags::NOSUID | MountFlags::NODEV).bits();
+        assert_eq!(
+            rec.calls,
+            [
+                "mkdir /inline0".to_string(),
+                format!(
+                    "mount agentjail /inline0 tmpfs {flags:#x} size={},nr_inodes=2,mode=0755",
+                    2 * page
+                ),
+                "write_file /inline0/content 8".into(),
+                "mkdir_all /newroot/input".into(),
+                "create_mount_file /newroot/input/code.py".into(),
+                "bind /inline0/content /newroot/input/code.py recursive=false".into(),
+                format!("set_attrs /newroot/input/code.py {RO:#x}"),
+                "mkdir /inline1".into(),
+                format!(
+                    "mount agentjail /inline1 tmpfs {flags:#x} size={},nr_inodes=2,mode=0755",
+                    5000usize.div_ceil(page) * page + page
+                ),
+                "write_file /inline1/content 5000".into(),
+                "mkdir_all /newroot/work".into(),
+                "create_mount_file /newroot/work/conf".into(),
+                "bind /inline1/content /newroot/work/conf recursive=false".into(),
+                format!("set_attrs /newroot/work/conf {RO:#x}"),
+            ]
         );
     }
 

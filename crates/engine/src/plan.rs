@@ -68,6 +68,10 @@ pub enum Op {
     Symlink { target: String, dest: String },
     /// A small file written into the (later read-only) root.
     File { dest: String, content: String },
+    /// A read-only input given by value: written into a tmpfs of its own outside the new root
+    /// and bound read-only at `dest` (also below the writable `/work`). Its bytes never reach
+    /// the host's disk.
+    Inline { dest: String, content: String },
 }
 
 /// Inodes of the `/output` tmpfs: a little more than the collector examines
@@ -370,6 +374,13 @@ impl Plan {
                 src: input.host_path.clone(),
                 dest: input.mount.clone(),
                 dir: input.is_dir,
+            });
+            rules.push((input.mount.clone(), Access::ReadExec));
+        }
+        for input in &vm.inline {
+            ops.push(Op::Inline {
+                dest: input.mount.clone(),
+                content: input.content.clone(),
             });
             rules.push((input.mount.clone(), Access::ReadExec));
         }

@@ -53,6 +53,9 @@ pub mod bounds {
     pub const MAX_ENV_VALUE: usize = 32 * 1024;
     /// Inputs per run.
     pub const MAX_INPUTS: usize = 64;
+    /// Inline inputs per run, and bytes of each.
+    pub const MAX_INLINE_INPUTS: usize = 8;
+    pub const MAX_INLINE_BYTES: usize = 1024 * 1024;
     /// Command words and bytes per word.
     pub const MAX_ARGS: usize = 4_096;
     pub const MAX_ARG_BYTES: usize = 128 * 1024;
@@ -85,6 +88,11 @@ pub struct Manifest {
     /// Read-only inputs bound into the sandbox.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inputs: Vec<Input>,
+    /// Small read-only files given by value (e.g. model-proposed code): each is written into a
+    /// memory file system of its own inside the sandbox and bound read-only at its `mount`;
+    /// nothing of it reaches the host's disk. `agentjail serve` passes a request's `code` so.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inline_inputs: Vec<InlineInput>,
     /// The one artifact the run must produce, e.g. `/output/summary.json`. When set, the run is
     /// `ok` only if exactly this file exists and passes verification; other files are dropped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -154,6 +162,16 @@ pub struct Input {
     /// Only `read-only` exists.
     #[serde(default)]
     pub mode: Mode,
+}
+
+/// A read-only file given by value (see [`Manifest::inline_inputs`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InlineInput {
+    /// Where it appears in the sandbox: below `/input` or `/work`, like an input's mount.
+    pub mount: String,
+    /// The file's content, UTF-8 text of at most 1 MiB.
+    pub content: String,
 }
 
 /// Access mode of an input.
@@ -387,6 +405,8 @@ pub struct ValidatedManifest {
     pub manifest: Manifest,
     /// Resolved inputs, in manifest order.
     pub inputs: Vec<ResolvedInput>,
+    /// The inline inputs, their mounts normalized, in manifest order.
+    pub inline: Vec<InlineInput>,
     /// The output schema, resolved to a host path (CLI mode).
     pub output_schema_path: Option<PathBuf>,
     /// sha256 of the canonical JSON form of `manifest` (RFC 8785), `sha256:<hex>`.
@@ -413,6 +433,7 @@ impl Manifest {
             image_digest: None,
             user: User::Nonroot,
             inputs: Vec::new(),
+            inline_inputs: Vec::new(),
             output: None,
             output_schema: None,
             network: Network::Deny,
@@ -528,32 +549,19 @@ impl Manifest {
                 format!("at most {} inputs", bounds::MAX_INPUTS),
             ));
         }
+        if m.inline_inputs.len() > bounds::MAX_INLINE_INPUTS {
+            return Err(field(
+                "inline_inputs",
+                format!("at most {} inline inputs", bounds::MAX_INLINE_INPUTS),
+            ));
+        }
+        // Every mount so far (inputs, then inline inputs): no two may overlap.
+        let mut mounts: Vec<String> = Vec::new();
         let mut inputs: Vec<ResolvedInput> = Vec::with_capacity(m.inputs.len());
         for (i, input) in m.inputs.iter().enumerate() {
             let name = format!("inputs[{i}].mount");
-            let mount =
-                normalize_sandbox_path(&input.mount).map_err(|r| field(&name, r.to_string()))?;
-            if !(under(&mount, "/input") || under(&mount, "/work")) {
-                let hint = if mount == "/input" || mount == "/work" {
-                    "must name a path below /input or /work, not the folder itself".to_string()
-                } else if under(&mount, "/output") || mount == "/output" {
-                    "inputs cannot be mounted under /output, which holds only what the command writes".to_string()
-                } else {
-                    format!("{mount} is outside /input and /work")
-                };
-                return Err(field(&name, hint));
-            }
-            for other in &inputs {
-                if mount == other.mount
-                    || under(&mount, &other.mount)
-                    || under(&other.mount, &mount)
-                {
-                    return Err(field(
-                        &name,
-                        format!("{mount} overlaps the input mounted at {}", other.mount),
-                    ));
-                }
-            }
+            let mount = input_mount(&input.mount, &mounts).map_err(|r| field(&name, r))?;
+            mounts.push(mount.clone());
             let host_path = resolve_source(&input.source, policy)
                 .map_err(|r| field(format!("inputs[{i}].source"), r.to_string()))?;
             let meta = std::fs::metadata(&host_path).map_err(|e| {
@@ -572,6 +580,22 @@ impl Manifest {
                 host_path,
                 mount,
                 is_dir: meta.is_dir(),
+            });
+        }
+        let mut inline = Vec::with_capacity(m.inline_inputs.len());
+        for (i, input) in m.inline_inputs.iter().enumerate() {
+            let name = format!("inline_inputs[{i}].mount");
+            let mount = input_mount(&input.mount, &mounts).map_err(|r| field(&name, r))?;
+            mounts.push(mount.clone());
+            if input.content.len() > bounds::MAX_INLINE_BYTES {
+                return Err(field(
+                    format!("inline_inputs[{i}].content"),
+                    format!("at most {} bytes", bounds::MAX_INLINE_BYTES),
+                ));
+            }
+            inline.push(InlineInput {
+                mount,
+                content: input.content.clone(),
             });
         }
 
@@ -597,6 +621,7 @@ impl Manifest {
         Ok(ValidatedManifest {
             manifest: m,
             inputs,
+            inline,
             output_schema_path,
             digest,
         })
@@ -612,6 +637,28 @@ impl ValidatedManifest {
                 .and_then(|p| p.strip_prefix("/output/").map(str::to_owned))
         })
     }
+}
+
+/// An input's mount (a host or an inline input), normalized: below /input or /work, and
+/// overlapping none of `taken`.
+fn input_mount(mount: &str, taken: &[String]) -> Result<String, String> {
+    let mount = normalize_sandbox_path(mount).map_err(|r| r.to_string())?;
+    if !(under(&mount, "/input") || under(&mount, "/work")) {
+        return Err(if mount == "/input" || mount == "/work" {
+            "must name a path below /input or /work, not the folder itself".to_string()
+        } else if under(&mount, "/output") || mount == "/output" {
+            "inputs cannot be mounted under /output, which holds only what the command writes"
+                .to_string()
+        } else {
+            format!("{mount} is outside /input and /work")
+        });
+    }
+    for other in taken {
+        if mount == *other || under(&mount, other) || under(other, &mount) {
+            return Err(format!("{mount} overlaps the input mounted at {other}"));
+        }
+    }
+    Ok(mount)
 }
 
 fn is_id_char(c: char) -> bool {

@@ -111,6 +111,64 @@ fn refuses_mounts_outside_input_and_work() {
     }
 }
 
+/// Inline inputs (the service's code, by value) are mounted where inputs are, overlap nothing,
+/// and are bounded in number and size; a valid one is kept with its mount normalized.
+#[test]
+fn inline_inputs_are_checked_like_mounts_and_bounded() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("a"), "x").unwrap();
+    let check = |text: String| {
+        Manifest::parse(&text)
+            .unwrap()
+            .validate(&policy(d.path()), now())
+    };
+    for mount in [
+        "/etc/x",
+        "/output/a",
+        "/input",
+        "/work/../etc/x",
+        "/input/a",
+        "/input/a/b",
+    ] {
+        let e = check(format!(
+            "command: [x]\ninputs:\n - {{source: a, mount: /input/a}}\ninline_inputs:\n - {{mount: \"{mount}\", content: y}}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("inline_inputs[0].mount"), "{mount}: {e}");
+    }
+    let e = check("command: [x]\ninline_inputs:\n - {mount: /work/a, content: y}\n - {mount: /work/a, content: z}\n".into())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("inline_inputs[1].mount") && e.contains("overlaps"),
+        "{e}"
+    );
+    let nine: String = (0..9)
+        .map(|i| format!(" - {{mount: /input/f{i}, content: y}}\n"))
+        .collect();
+    let e = check(format!("command: [x]\ninline_inputs:\n{nine}"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("at most 8 inline inputs"), "{e}");
+    let mut m = Manifest::for_command(vec!["x".into()]);
+    m.inline_inputs.push(InlineInput {
+        mount: "/input/big".into(),
+        content: "y".repeat(bounds::MAX_INLINE_BYTES + 1),
+    });
+    let e = m
+        .clone()
+        .validate(&policy(d.path()), now())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("inline_inputs[0].content"), "{e}");
+    m.inline_inputs[0].content.pop();
+    m.inline_inputs[0].mount = "/work//code.py".into();
+    let vm = m.validate(&policy(d.path()), now()).unwrap();
+    assert_eq!(vm.inline[0].mount, "/work/code.py");
+    assert_eq!(vm.inline[0].content.len(), bounds::MAX_INLINE_BYTES);
+}
+
 #[test]
 fn refuses_sources_escaping_the_manifest_folder() {
     let outer = tempfile::tempdir().unwrap();

@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use agentjail_manifest::{Input, Manifest, Mode, Network};
+use agentjail_manifest::{InlineInput, Input, Manifest, Mode, Network};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -485,6 +485,7 @@ impl Admitted<'_> {
             &self.request_id,
             &self.args,
             &self.inputs,
+            self.code.as_deref(),
             job_expires_at,
             paths,
         )
@@ -496,20 +497,21 @@ impl Admitted<'_> {
 pub struct JobPaths<'a> {
     /// The content-addressed object store (`DATA/objects`).
     pub objects: &'a Path,
-    /// The job's code file (`DATA/code/<job_id>`).
-    pub code_file: &'a Path,
     /// The task's output schema file (`DATA/schemas/<sha256>.json`), if it has a schema.
     pub schema: Option<&'a Path>,
 }
 
 /// The manifest of a run. Everything comes from the task type and server-resolved ids: the
 /// request contributes only its request_id, its args (checked by [`check_request`]) and the
-/// contents (never the paths) of its inputs and code.
+/// contents (never the paths) of its inputs and code. The code is an inline input: the
+/// sandbox's init writes it into memory inside the sandbox, and it never reaches the host's
+/// disk (docs/server.md).
 pub fn manifest(
     task: &Task,
     request_id: &str,
     args: &[String],
     inputs: &[InputRow],
+    code: Option<&str>,
     job_expires_at: i64,
     paths: JobPaths<'_>,
 ) -> Manifest {
@@ -527,10 +529,9 @@ pub fn manifest(
         });
     }
     if task.code == CodePolicy::Allowed {
-        m.inputs.push(Input {
-            source: paths.code_file.to_string_lossy().into_owned(),
+        m.inline_inputs.push(InlineInput {
             mount: task.code_mount.clone(),
-            mode: Mode::ReadOnly,
+            content: code.unwrap_or_default().to_owned(),
         });
     }
     m.output = Some(task.output.path.clone());
@@ -903,12 +904,10 @@ tasks:
             .admit(vec![Some(input(1, "text/csv", 1))])
             .unwrap();
         let objects = Path::new("/data/objects");
-        let code = Path::new("/data/code/job_1");
         let m = a.manifest(
             0,
             JobPaths {
                 objects,
-                code_file: code,
                 schema: None,
             },
         );
@@ -920,12 +919,14 @@ tasks:
             .map(|i| (i.source.as_str(), i.mount.as_str()))
             .collect();
         let obj = format!("/data/objects/{}", "1".repeat(64));
+        assert_eq!(sources, [(obj.as_str(), "/input/a.csv")]);
+        // The code travels by value, never as a host path.
         assert_eq!(
-            sources,
-            [
-                (obj.as_str(), "/input/a.csv"),
-                ("/data/code/job_1", "/input/code.py")
-            ]
+            m.inline_inputs,
+            [InlineInput {
+                mount: "/input/code.py".into(),
+                content: "print(1)".into()
+            }]
         );
         assert!(m.inputs.iter().all(|i| i.mode == Mode::ReadOnly));
         assert_eq!(m.network, Network::Deny);

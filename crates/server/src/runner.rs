@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::app::{AppState, ServerError, now};
 use crate::audit::Event;
-use crate::config::{CodePolicy, Task};
+use crate::config::Task;
 use crate::db::InputRow;
 use crate::policy::{self, JobPaths};
 use crate::run_state::RunState;
@@ -164,7 +164,6 @@ pub fn object_path(state: &AppState, sha256: &str) -> PathBuf {
 /// The manifest of a job: [`policy::manifest`] with this data directory's paths (the task's
 /// output schema is the file written once at start-up, `DATA/schemas/<sha256>.json`).
 pub fn build_manifest(state: &AppState, task: &Task, job: &Job) -> Manifest {
-    let code_file = code_path(state, &job.job_id);
     let objects = state.inner.data_dir.join("objects");
     let schema = state.inner.schemas.get(&job.task).map(|s| s.file.as_path());
     policy::manifest(
@@ -172,10 +171,10 @@ pub fn build_manifest(state: &AppState, task: &Task, job: &Job) -> Manifest {
         &job.request_id,
         &job.args,
         &job.inputs,
+        job.code.as_deref(),
         job.job_expires_at,
         JobPaths {
             objects: &objects,
-            code_file: &code_file,
             schema,
         },
     )
@@ -189,8 +188,8 @@ const DIGEST_SCHEMA_NAME: &str = "output.schema.json";
 
 /// The digest of what a request runs, the same for every attempt: `sha256:` over the RFC 8785
 /// JSON of `{"manifest", "output_schema"}`, the manifest as [`build_manifest`] builds it minus
-/// the attempt's own parts (the job id's expiry; the code file's path, which names the job),
-/// and the task's output schema text (the manifest names only the schema's file, and the
+/// the attempt's own part (the job id's expiry) and the code (empty here: a run with code is
+/// never retried, its code is not kept), and the task's output schema text (the manifest names only the schema's file, and the
 /// digest names that file [`DIGEST_SCHEMA_NAME`] whatever its path). Recorded
 /// with the run at admission; a retry whose rebuilt manifest has another digest (the task
 /// type's command, env, limits, network, isolation, output or schema changed) is refused.
@@ -249,37 +248,13 @@ fn io_at(path: &Path) -> impl FnOnce(std::io::Error) -> PrepareError + '_ {
     }
 }
 
-/// Creates a file with mode `mode` (whatever the umask) and writes `bytes`.
-fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), PrepareError> {
-    use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(path)
-        .map_err(io_at(path))?;
-    // The umask may have taken bits away; a chmod only then (it costs an inode write).
-    if f.metadata().map_err(io_at(path))?.permissions().mode() & 0o7777 != mode {
-        f.set_permissions(std::fs::Permissions::from_mode(mode))
-            .map_err(io_at(path))?;
-    }
-    f.write_all(bytes).map_err(io_at(path))
-}
-
-/// Where a job's code waits for its run: `DATA/code/<job_id>`. The sandbox's unprivileged
-/// host uid (root mode) must read it, so it cannot live in the private job folder; the
-/// folder `DATA/code` is 0711 (no listing) and job ids are unguessable.
-pub fn code_path(state: &AppState, job_id: &str) -> PathBuf {
-    state.inner.data_dir.join("code").join(job_id)
-}
-
 /// The environment variable that marks a runner as this data directory's (start-up sweep).
 pub const SERVICE_MARK: &str = "AGENTJAIL_SERVICE_DATA";
 
-/// Prepares the job folder (0700; the runner adds logs, report, receipt and output) and the
-/// code file (the output schema was written once at start-up); returns the manifest as one line of JSON, which reaches the
-/// runner through its stdin and is never written to disk (it holds the task's env values).
+/// Prepares the job folder (0700; the runner adds logs, report, receipt and output; the
+/// output schema was written once at start-up); returns the manifest as one line of JSON,
+/// which reaches the runner through its stdin and is never written to disk (it holds the
+/// task's env values and the request's code).
 fn prepare(state: &AppState, task: &Task, job: &Job) -> Result<Vec<u8>, PrepareError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let dir = job_dir(state, &job.job_id);
@@ -297,10 +272,6 @@ fn prepare(state: &AppState, task: &Task, job: &Job) -> Result<Vec<u8>, PrepareE
     {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
             .map_err(io_at(&dir))?;
-    }
-    if task.code == CodePolicy::Allowed {
-        let code = job.code.as_deref().unwrap_or_default();
-        write_new(&code_path(state, &job.job_id), code.as_bytes(), 0o644)?;
     }
     let m = build_manifest(state, task, job);
     let mut line = serde_json::to_vec(&m)?;
@@ -479,8 +450,6 @@ fn spawn_runner(state: &AppState, task: &Task, job: &Job) -> Result<Started, &'s
         .arg(&dir)
         .arg("--source-root")
         .arg(data.join("objects"))
-        .arg("--source-root")
-        .arg(data.join("code"))
         .arg("--source-root")
         .arg(data.join("schemas"))
         .arg("--output-dir")
@@ -901,7 +870,6 @@ pub async fn execute(
         Ok(s) => s,
         Err(why) => {
             drop(permit);
-            let _ = std::fs::remove_file(code_path(&state, &job.job_id));
             make_private(&job_dir(&state, &job.job_id));
             let ev = Event {
                 event: "run_end",
@@ -922,7 +890,6 @@ pub async fn execute(
         // Not recorded as started: the runner never gets its manifest.
         runner.abort().await;
         drop(permit);
-        let _ = std::fs::remove_file(code_path(&state, &job.job_id));
         // Nothing ran in the folder. It stays (private) only as the job of a recorded set-up
         // error. Otherwise the claim was lost before the start (the run goes back to the queue
         // under a new job id, is someone else's, or, after a mark that committed but whose
@@ -970,8 +937,7 @@ pub async fn execute(
     drop(permit);
     metrics::gauge!("agentjail_runs_in_flight").decrement(1.0);
     let outcome = collect(&state, &task, &job, ended);
-    // The code was needed only for the run; the folder (logs) stays until the task's retention.
-    let _ = std::fs::remove_file(code_path(&state, &job.job_id));
+    // The folder (logs) stays until the task's retention.
     make_private(&job_dir(&state, &job.job_id));
     metrics::histogram!("agentjail_run_duration_seconds", "task" => job.task.clone())
         .record(elapsed.as_secs_f64());
@@ -1096,14 +1062,11 @@ pub fn reconcile_at_startup(state: &AppState) -> Result<(), ServerError> {
             "start-up sweep: killed runners left by a previous service"
         );
     }
-    // Every code file is a previous process's: it is written when its run starts, and the
-    // runners are gone (above; the data directory's lock keeps any other process out). A run
-    // whose claim another node's sweep gave up while this node was down left one too.
-    if let Ok(entries) = std::fs::read_dir(state.inner.data_dir.join("code")) {
-        for e in entries.flatten() {
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
+    // Earlier builds wrote each run's code to `DATA/code/<job_id>` (0644, in a 0711
+    // folder) for the run's sandbox to read; the code now goes by value in the manifest and
+    // never reaches the disk. What such a build left is removed (its runners are gone,
+    // above, and the data directory's lock keeps any other process out).
+    let _ = std::fs::remove_dir_all(state.inner.data_dir.join("code"));
     let t = now();
     let (rows, given_up) = state.store().mark_in_flight_unknown(t)?;
     for job_id in given_up {
@@ -1119,7 +1082,6 @@ pub fn reconcile_at_startup(state: &AppState) -> Result<(), ServerError> {
         job_id,
     } in rows
     {
-        // Its code file went with the rest of `DATA/code` above.
         let _ = std::fs::remove_dir_all(job_dir(state, &job_id));
         tracing::warn!(%tenant, %request_id, %job_id, %task, "run found in flight at start-up: marked unknown, not re-run; an operator reconciles it");
         metrics::counter!("agentjail_unknown_outcomes_total").increment(1);
@@ -1232,15 +1194,17 @@ mod tests {
         assert_eq!(m.limits, task.limits);
         assert_eq!(m.network, Network::Deny);
         assert_eq!(m.output.as_deref(), Some("/output/summary.json"));
-        assert_eq!(m.inputs.len(), 2);
+        assert_eq!(m.inputs.len(), 1);
         assert_eq!(m.inputs[0].mount, "/input/data.csv");
         // The upload's name never reaches the manifest; the source is the content-addressed object.
         assert_eq!(
             Path::new(&m.inputs[0].source),
             object_path(&state, &"ab".repeat(32))
         );
-        assert_eq!(m.inputs[1].mount, "/input/code.py");
-        assert_eq!(Path::new(&m.inputs[1].source), code_path(&state, "job_x"));
+        // The code goes by value, as an inline input: no host file holds it.
+        assert_eq!(m.inline_inputs.len(), 1);
+        assert_eq!(m.inline_inputs[0].mount, "/input/code.py");
+        assert_eq!(m.inline_inputs[0].content, "print(1)");
         assert!(m.expires_at.is_some());
         assert_eq!(m.request_id.as_deref(), Some("r-1"));
         assert_eq!(m.isolation, agentjail_manifest::Tier::Native);

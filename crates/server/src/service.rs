@@ -120,12 +120,6 @@ impl AppState {
         // No check of the data directory's ancestors: inputs and code are bound into the
         // sandbox by its init, with the init's privileges, so a 0700 ancestor (root's home)
         // does not keep the sandbox user from them; only their own modes matter.
-        // Code files wait here for their runs: traversable (the sandbox user reads its code
-        // by its unguessable name) but not listable.
-        let code = data_dir.join("code");
-        std::fs::create_dir_all(&code).map_err(|e| io("cannot create", &code, e))?;
-        std::fs::set_permissions(&code, std::fs::Permissions::from_mode(0o711))
-            .map_err(|e| io("cannot set permissions of", &code, e))?;
         let private = data_dir.join("private");
         std::fs::create_dir_all(&private).map_err(|e| io("cannot create", &private, e))?;
         std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))

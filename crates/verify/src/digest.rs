@@ -117,6 +117,12 @@ pub fn file_digest(p: &Path) -> Result<String, DigestError> {
     ))
 }
 
+/// `sha256:<hex>` of bytes held in memory: what [`file_digest`] gives for a file of them (an
+/// inline input's digest).
+pub fn bytes_digest(bytes: &[u8]) -> String {
+    format!("sha256:{}", agentjail_manifest::hex(&Sha256::digest(bytes)))
+}
+
 /// `sha256:<hex>` of the tree below the folder `dir`, in the `agentjail-tree-v2` format (see
 /// the module documentation).
 pub fn tree_digest(dir: &Path) -> Result<String, DigestError> {

@@ -284,7 +284,9 @@ impl Terminal {
 /// service writes compact JSON and a newline, and keeps the pipe open as the lifeline).
 fn read_manifest_line() -> Result<String, String> {
     use std::io::Read;
-    const MAX: usize = 4 * 1024 * 1024;
+    // The service's manifests carry the task's env (at most 256 values of 32 KiB) and the
+    // request's code (at most 1 MiB, JSON-escaped) by value.
+    const MAX: usize = 16 * 1024 * 1024;
     let mut stdin = std::io::stdin().lock();
     let mut buf = Vec::new();
     let mut chunk = [0u8; 16 * 1024];
@@ -297,7 +299,7 @@ fn read_manifest_line() -> Result<String, String> {
         }
         buf.extend_from_slice(&chunk[..n]);
         if buf.len() > MAX {
-            return Err("lifeline: the manifest is larger than 4 MiB".into());
+            return Err("lifeline: the manifest is larger than 16 MiB".into());
         }
     }
     String::from_utf8(buf).map_err(|_| "lifeline: the manifest is not UTF-8".into())
