@@ -532,3 +532,160 @@ print("PROBE-COMPLETE", flush=True)
     );
     assert!(wrong.is_empty(), "not as the allowlist says: {wrong:?}");
 }
+
+/// All regular files below `dir` (symlinks not followed) whose content holds `needle`.
+fn files_holding(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return found;
+    };
+    for e in rd.flatten() {
+        let Ok(t) = e.file_type() else { continue };
+        if t.is_dir() {
+            found.extend(files_holding(&e.path(), needle));
+        } else if t.is_file()
+            && std::fs::read(e.path()).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle))
+        {
+            found.push(e.path());
+        }
+    }
+    found
+}
+
+/// Inline inputs (the service's code, by value) and the task's env on the gVisor tier, where
+/// runsc needs a bundle folder on the host: while the run executes, the bundle's `inline`
+/// folder is empty from the host's mount namespace and no file on the host holds the code;
+/// `config.json` (the env values) cannot be read by another uid; and a runner killed with
+/// SIGKILL (the service's cancel, guard or lost lease) leaves no file with the code behind.
+/// The controls: the payload reads its code whole, and the bundle is where runsc says.
+#[test]
+fn gvisor_inline_inputs_and_env_stay_off_the_hosts_disk_and_other_uids() {
+    if runsc().is_none() {
+        return;
+    }
+    let work = tmp();
+    let mark = format!("zz-gvisor-inline-{}", std::process::id());
+    let secret = format!("zz-gvisor-env-{}", std::process::id());
+    let code = format!(
+        "# {mark}\nimport time\nprint('READ', len(open('/input/code.py').read()), flush=True)\ntime.sleep(30)\n"
+    );
+    let manifest = serde_json::json!({
+        "command": [PY, "/input/code.py"],
+        "isolation": "gvisor",
+        "env": {"API_KEY": secret},
+        "limits": {"seconds": 60},
+        "inline_inputs": [{"mount": "/input/code.py", "content": code}],
+    });
+    let m = work.path().join("m.json");
+    std::fs::write(&m, manifest.to_string()).unwrap();
+    let report = work.path().join("report.json");
+    let mut child = Command::new(bin())
+        .arg("run")
+        .arg("--manifest")
+        .arg(&m)
+        .arg("--report")
+        .arg(&report)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The bundle runsc was given, once the sandbox has booted.
+    let t0 = Instant::now();
+    let bundle = loop {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "runsc's sandbox never started"
+        );
+        let procs = runsc_descendants(child.id());
+        let booted = procs.iter().any(|(_, a)| a.iter().any(|x| x == "boot"));
+        let bundle = procs.iter().find_map(|(_, a)| {
+            a.iter()
+                .position(|x| x == "--bundle")
+                .map(|i| PathBuf::from(&a[i + 1]))
+        });
+        if let (true, Some(b)) = (booted, bundle) {
+            break b;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    // The runner's folder (`agentjail-gvisor-*` in its temp folder), and every folder of that
+    // name there: where the code would be if it went to a host file.
+    let run_dir = bundle.parent().unwrap().to_owned();
+    let gvisor_dirs = || -> Vec<PathBuf> {
+        std::fs::read_dir(run_dir.parent().unwrap())
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("agentjail-gvisor-")
+            })
+            .map(|e| e.path())
+            .collect()
+    };
+    let holding = |needle: &str| -> Vec<PathBuf> {
+        gvisor_dirs()
+            .iter()
+            .flat_map(|d| files_holding(d, needle.as_bytes()))
+            .collect()
+    };
+    let inline_listed: Vec<_> = std::fs::read_dir(bundle.join("inline"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    let on_disk = holding(&mark);
+    let config = bundle.join("config.json");
+    let config_mode = std::fs::metadata(&config).unwrap().permissions().mode() & 0o777;
+    let other_read = python_as(
+        OTHER_UID,
+        &format!(
+            "try:\n    open({:?}).read()\n    print('CONFIG ok')\nexcept OSError as e:\n    print('CONFIG errno=%d' % e.errno)\n",
+            config.display().to_string()
+        ),
+    );
+    // The runner dies as the service kills it (SIGKILL: no destructor runs).
+    child.kill().unwrap();
+    let o = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    // runsc's processes go with their runner; give them a moment.
+    let t1 = Instant::now();
+    let left = loop {
+        let left = holding(&mark);
+        if left.is_empty() || t1.elapsed() > Duration::from_secs(10) {
+            break left;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let ctx = format!(
+        "bundle {}\nstdout: {stdout}\nstderr: {}",
+        bundle.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // Sentinels: the payload ran and read its code; the bundle is a real bundle.
+    assert!(
+        stdout.contains(&format!("READ {}", code.len())),
+        "the payload did not read its code\n{ctx}"
+    );
+    assert!(
+        holding(&secret).contains(&config),
+        "the bundle is not where runsc was told\n{ctx}"
+    );
+    assert!(
+        inline_listed.is_empty(),
+        "the host sees the inline files: {inline_listed:?}\n{ctx}"
+    );
+    assert!(
+        on_disk.is_empty(),
+        "the code is on the host's disk during the run: {on_disk:?}\n{ctx}"
+    );
+    assert_eq!(config_mode, 0o600, "config.json holds the env\n{ctx}");
+    assert!(
+        other_read.contains("CONFIG errno=13"),
+        "another uid reads config.json: {other_read}\n{ctx}"
+    );
+    assert!(
+        left.is_empty(),
+        "a killed runner left the code on disk: {left:?}\n{ctx}"
+    );
+}

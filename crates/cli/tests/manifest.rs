@@ -469,6 +469,50 @@ fn seed_dir() -> tempfile::TempDir {
     d
 }
 
+/// `--dry-run` shows an inline input (the service's code) by size and digest, never its
+/// content, as it shows env by name only.
+#[test]
+fn dry_run_shows_inline_inputs_by_digest_not_content() {
+    let d = tempfile::tempdir().unwrap();
+    let content = "print('zz-dry-run-inline-content')\n";
+    let m = write(
+        d.path(),
+        "m.json",
+        serde_json::json!({
+            "command": ["/usr/bin/python3", "/input/code.py"],
+            "inline_inputs": [{"mount": "/input/code.py", "content": content}],
+        })
+        .to_string()
+        .into_bytes(),
+    );
+    let dry = agentjail(&["run", "--manifest", m.to_str().unwrap(), "--dry-run"]);
+    assert_eq!(dry.code, 0, "{}", dry.dump());
+    assert!(
+        !dry.stdout.contains("zz-dry-run-inline-content"),
+        "{}",
+        dry.dump()
+    );
+    let plan: Value = serde_json::from_str(&dry.stdout).unwrap();
+    let op = plan["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["op"] == "inline")
+        .unwrap_or_else(|| panic!("no inline op: {}", dry.stdout));
+    assert_eq!(op["dest"], "/input/code.py");
+    assert_eq!(op["bytes"], content.len());
+    assert_eq!(op["sha256"], sha256_of(content.as_bytes()).as_str());
+    assert!(
+        plan["landlock"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r[0] == "/input/code.py"),
+        "{}",
+        dry.stdout
+    );
+}
+
 #[test]
 fn seed_manifest_parses_and_its_placeholder_digest_is_refused_before_running() {
     let d = seed_dir();

@@ -94,6 +94,12 @@ pub enum GvisorError {
         #[source]
         source: Arc<std::io::Error>,
     },
+    #[error("write {}: {source}", .path.display())]
+    WriteInline {
+        path: PathBuf,
+        #[source]
+        source: Arc<std::io::Error>,
+    },
     #[error("mount tmpfs on {}: {source}", .dir.display())]
     MountTmpfs {
         dir: PathBuf,
@@ -256,11 +262,15 @@ pub fn run(
             .trim_start_matches("agentjail-gvisor-")
     );
     let out_dir = work.path().join("output");
-    if let Err(e) = write_bundle(work.path(), &plan, &out_dir) {
-        return fail(report, format!("gvisor bundle: {e}"));
-    }
+    let inline = match write_bundle(work.path(), &plan, &out_dir) {
+        Ok(i) => i,
+        Err(e) => return fail(report, format!("gvisor bundle: {e}")),
+    };
     if let Err(e) = private_namespaces() {
         return fail(report, format!("gvisor control plane: {e}"));
+    }
+    if let Err(e) = private_inline_files(&work.path().join("bundle").join("inline"), &inline) {
+        return fail(report, format!("gvisor inline inputs: {e}"));
     }
     if let Err(e) = private_output_tmpfs(
         &out_dir,
@@ -519,6 +529,56 @@ fn private_state_tmpfs(dir: &Path) -> Result<(), GvisorError> {
     })
 }
 
+/// Writes the inline inputs into a tmpfs on `dir` (the bundle's `inline` folder, 0700) in the
+/// private mount namespace of [`private_namespaces`], which runsc inherits: from the host's
+/// mount namespace the folder is empty, nothing of the content reaches a disk, and the tmpfs
+/// goes when the runner and runsc are gone, however they end (a killed runner leaves no
+/// file behind). The files are 0644, so that the sandbox user reads them through the gofer.
+fn private_inline_files(dir: &Path, files: &[(PathBuf, &str)]) -> Result<(), GvisorError> {
+    use rustix::mount::*;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    if files.is_empty() {
+        return Ok(());
+    }
+    let page = rustix::param::page_size();
+    let bytes: usize = files
+        .iter()
+        .map(|(_, c)| c.len().div_ceil(page) * page + page)
+        .sum();
+    let data = std::ffi::CString::new(format!(
+        "size={bytes},nr_inodes={},mode=0700",
+        files.len() + 1
+    ))
+    .map_err(GvisorError::TmpfsOptions)?;
+    mount(
+        "tmpfs",
+        dir,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        Some(data.as_c_str()),
+    )
+    .map_err(|source| GvisorError::MountTmpfs {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
+    for (path, content) in files {
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .open(path)?;
+            std::io::Write::write_all(&mut f, content.as_bytes())?;
+            f.set_permissions(std::fs::Permissions::from_mode(0o644))
+        };
+        write().map_err(|e| GvisorError::WriteInline {
+            path: path.clone(),
+            source: Arc::new(e),
+        })?;
+    }
+    Ok(())
+}
+
 /// Mounts a size-bounded tmpfs on `dir` (in the private mount namespace of
 /// [`private_namespaces`]), so that what the sandbox writes to /output is bounded.
 fn private_output_tmpfs(dir: &Path, bytes: u64) -> Result<(), GvisorError> {
@@ -580,8 +640,15 @@ fn socket_family_allowlist() -> serde_json::Value {
     })
 }
 
-/// Writes `bundle/config.json` and `bundle/rootfs` for the plan.
-fn write_bundle(work: &Path, plan: &Plan, out_dir: &Path) -> std::io::Result<()> {
+/// Writes `bundle/config.json` (0600: it holds the task's env) and `bundle/rootfs` for the
+/// plan; returns the inline inputs, each with the path of the file its bind names (below
+/// `bundle/inline`, 0700), which [`private_inline_files`] writes in the private mount
+/// namespace.
+fn write_bundle<'p>(
+    work: &Path,
+    plan: &'p Plan,
+    out_dir: &Path,
+) -> std::io::Result<Vec<(PathBuf, &'p str)>> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let bundle = work.join("bundle");
     let rootfs = bundle.join("rootfs");
@@ -598,6 +665,7 @@ fn write_bundle(work: &Path, plan: &Plan, out_dir: &Path) -> std::io::Result<()>
             .create(p)
     };
     let mut mounts = vec![json!({"destination": "/proc", "type": "proc", "source": "proc"})];
+    let mut inline = Vec::new();
     for op in &plan.ops {
         match op {
             Op::BindRo { src, dest, dir } => {
@@ -630,20 +698,14 @@ fn write_bundle(work: &Path, plan: &Plan, out_dir: &Path) -> std::io::Result<()>
             }
             Op::Inline { dest, content } => {
                 // runsc's gofer serves binds from host paths, so under gVisor an inline input
-                // is a file of the run's bundle (removed with it), bound read-only. The
-                // sandbox user must read it through the gofer, so it is 0644: in a folder
-                // that cannot be listed (0711), under a random name.
+                // is a file below the bundle's `inline` folder, bound read-only; the file is
+                // written later, on a tmpfs only the runner's mount namespace sees.
                 let dir = bundle.join("inline");
-                if !dir.exists() {
-                    std::fs::DirBuilder::new().mode(0o711).create(&dir)?;
+                if inline.is_empty() {
+                    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
                 }
-                let (mut f, src) = tempfile::Builder::new()
-                    .permissions(std::fs::Permissions::from_mode(0o644))
-                    .tempfile_in(&dir)?
-                    .keep()
-                    .map_err(|e| e.error)?;
-                std::io::Write::write_all(&mut f, content.as_bytes())?;
-                std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o644))?;
+                let src = dir.join(inline.len().to_string());
+                inline.push((src.clone(), content.as_str()));
                 let p = at(dest);
                 if let Some(parent) = p.parent() {
                     mkdirs(parent)?;
@@ -720,9 +782,17 @@ fn write_bundle(work: &Path, plan: &Plan, out_dir: &Path) -> std::io::Result<()>
         }
     });
     let bytes = serde_json::to_vec_pretty(&config).map_err(std::io::Error::other)?;
-    std::fs::write(bundle.join("config.json"), bytes)?;
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(bundle.join("config.json"))?;
+        std::io::Write::write_all(&mut f, &bytes)?;
+    }
     std::fs::set_permissions(work, std::fs::Permissions::from_mode(0o755))?;
-    Ok(())
+    Ok(inline)
 }
 
 /// The lifeline pipe hung up (or is readable: its writer never writes).

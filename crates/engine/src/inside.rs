@@ -816,7 +816,9 @@ fn apply<S: RootSys>(sys: &mut S, op: &Op, made: &mut Made) -> RootResult<()> {
             // the pivot: the bind at `dest` is then the only way to the file, and it is
             // read-only (so below the writable /work too: the tmpfs's root directory, not
             // /work, holds the file, and a bind mount cannot be unlinked or renamed over).
-            // Sized for the content; its pages are charged to the run's memory cgroup.
+            // Sized for the content. Its pages are charged to the init's memory cgroup (the
+            // runner's: the init stays outside the run's cgroup), like the root tmpfs's; the
+            // manifest bounds them (8 inputs of 1 MiB).
             let dir = format!("/inline{}", made.inline);
             made.inline += 1;
             match sys.mkdir(&dir) {
@@ -834,7 +836,7 @@ fn apply<S: RootSys>(sys: &mut S, op: &Op, made: &mut Made) -> RootResult<()> {
             let cdata = cstr(&data)?;
             root_step(
                 RootStep::MountTmpfs {
-                    dest: dest.clone(),
+                    dest: format!("{dir} (for the inline input {dest})"),
                     data: data.clone(),
                 },
                 sys.mount(
@@ -847,7 +849,7 @@ fn apply<S: RootSys>(sys: &mut S, op: &Op, made: &mut Made) -> RootResult<()> {
             )?;
             let file = format!("{dir}/content");
             root_step(
-                RootStep::Write(dest.clone()),
+                RootStep::Write(format!("{file} (for the inline input {dest})")),
                 sys.write_file(&file, content.as_bytes()),
             )?;
             let d = mountpoint(sys, dest, false, made)?;

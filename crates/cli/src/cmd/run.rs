@@ -208,10 +208,25 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
         };
         let plan = agentjail_engine::plan::Plan::for_root(&vm, &root);
         let env_names: Vec<&str> = plan.env.iter().map(|(k, _)| k.as_str()).collect();
+        // Inline inputs by size and digest (like env, by name): their content is the run's
+        // (e.g. a model's code), not the plan's.
+        let ops: Vec<serde_json::Value> = plan
+            .ops
+            .iter()
+            .map(|op| match op {
+                agentjail_engine::plan::Op::Inline { dest, content } => serde_json::json!({
+                    "op": "inline",
+                    "dest": dest,
+                    "bytes": content.len(),
+                    "sha256": agentjail_verify::digest::bytes_digest(content.as_bytes()),
+                }),
+                op => serde_json::json!(op),
+            })
+            .collect();
         print_json(&serde_json::json!({
             "manifest_digest": vm.digest,
             "image": image,
-            "ops": plan.ops,
+            "ops": ops,
             "landlock": plan.rules,
             "argv": plan.argv,
             "env": env_names,
@@ -284,8 +299,9 @@ impl Terminal {
 /// service writes compact JSON and a newline, and keeps the pipe open as the lifeline).
 fn read_manifest_line() -> Result<String, String> {
     use std::io::Read;
-    // The service's manifests carry the task's env (at most 256 values of 32 KiB) and the
-    // request's code (at most 1 MiB, JSON-escaped) by value.
+    // The service's manifests carry the task's env and the request's code (at most 1 MiB,
+    // up to 6 MiB JSON-escaped) by value. A larger manifest fails its own run (a set-up
+    // error), nothing else.
     const MAX: usize = 16 * 1024 * 1024;
     let mut stdin = std::io::stdin().lock();
     let mut buf = Vec::new();
