@@ -645,3 +645,77 @@ fn output_to_a_pipe_stays_byte_exact() {
     );
     assert_eq!(o.code, 3);
 }
+
+/// Delivery to a person: the output folder gets the mode `mkdir` gives under the caller's
+/// umask and its files 0644, whether the staging folder itself becomes the output folder
+/// (one file at the top level, a folder that does not exist yet) or the files are moved one by
+/// one (a subfolder; an output folder that exists already, whose mode is left alone). No
+/// staging folder is left beside it either way.
+#[test]
+fn delivered_output_gets_the_umask_mode_and_no_staging_folder_is_left() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    let work = tmp();
+    let out = work.path().join("out");
+    let staging_left = || -> Vec<String> {
+        std::fs::read_dir(work.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".agentjail-staging-"))
+            .collect()
+    };
+    let run_umask = |umask: &str, script: &str| {
+        let report = work.path().join("report.json");
+        let o = Command::new("/bin/sh")
+            .arg("-c")
+            .arg(format!("umask {umask}; exec \"$0\" \"$@\""))
+            .arg(bin())
+            .arg("run")
+            .arg("--report")
+            .arg(&report)
+            .arg("--output-dir")
+            .arg(&out)
+            .args(["--", "/bin/sh", "-c", script])
+            .env_remove("XDG_DATA_HOME")
+            .env_remove("AGENTJAIL_IMAGE_STORE")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let report: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+        assert_eq!(
+            report["status"],
+            "ok",
+            "{report}\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    // One file, a new folder: the staging folder is renamed into place.
+    for (umask, want) in [("027", 0o750), ("022", 0o755), ("077", 0o700)] {
+        let _ = std::fs::remove_dir_all(&out);
+        run_umask(umask, "echo one > /output/a.txt");
+        assert_eq!(mode(&out), want, "umask {umask}");
+        assert_eq!(mode(&out.join("a.txt")), 0o644, "umask {umask}");
+        assert_eq!(std::fs::read_to_string(out.join("a.txt")).unwrap(), "one\n");
+        assert!(staging_left().is_empty(), "{:?}", staging_left());
+    }
+    // A subfolder: file by file, folders made under the umask.
+    let _ = std::fs::remove_dir_all(&out);
+    run_umask(
+        "027",
+        "mkdir /output/d && echo two > /output/d/b.txt && echo one > /output/a.txt",
+    );
+    assert_eq!(mode(&out), 0o750);
+    assert_eq!(mode(&out.join("d")), 0o750);
+    assert_eq!(mode(&out.join("d").join("b.txt")), 0o644);
+    assert_eq!(mode(&out.join("a.txt")), 0o644);
+    assert!(staging_left().is_empty(), "{:?}", staging_left());
+    // An output folder that exists already: its mode is the owner's business.
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir(&out).unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o711)).unwrap();
+    run_umask("022", "echo one > /output/a.txt");
+    assert_eq!(mode(&out), 0o711);
+    assert_eq!(mode(&out.join("a.txt")), 0o644);
+    assert!(staging_left().is_empty(), "{:?}", staging_left());
+}
