@@ -590,22 +590,24 @@ fn gvisor_inline_inputs_and_env_stay_off_the_hosts_disk_and_other_uids() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // The bundle runsc was given, once the sandbox has booted.
+    // The bundle and the state root runsc was given, once the sandbox has booted.
     let t0 = Instant::now();
-    let bundle = loop {
+    let (bundle, state) = loop {
         assert!(
             t0.elapsed() < Duration::from_secs(60),
             "runsc's sandbox never started"
         );
         let procs = runsc_descendants(child.id());
         let booted = procs.iter().any(|(_, a)| a.iter().any(|x| x == "boot"));
-        let bundle = procs.iter().find_map(|(_, a)| {
-            a.iter()
-                .position(|x| x == "--bundle")
-                .map(|i| PathBuf::from(&a[i + 1]))
-        });
-        if let (true, Some(b)) = (booted, bundle) {
-            break b;
+        let arg = |name: &str| {
+            procs.iter().find_map(|(_, a)| {
+                a.iter()
+                    .position(|x| x == name)
+                    .map(|i| PathBuf::from(&a[i + 1]))
+            })
+        };
+        if let (true, Some(b), Some(r)) = (booted, arg("--bundle"), arg("--root")) {
+            break (b, r.parent().unwrap().to_owned());
         }
         std::thread::sleep(Duration::from_millis(50));
     };
@@ -687,5 +689,16 @@ fn gvisor_inline_inputs_and_env_stay_off_the_hosts_disk_and_other_uids() {
     assert!(
         left.is_empty(),
         "a killed runner left the code on disk: {left:?}\n{ctx}"
+    );
+    // What the killed runner could not remove (its bundle, with config.json, and its state
+    // folder) goes at the next gVisor run's start.
+    assert!(run_dir.is_dir() && state.is_dir(), "{ctx}");
+    let (code, _, report) = gvisor_run(work.path(), &[], &["--", "/bin/true"]);
+    assert_eq!(code, 0, "{report}");
+    assert!(
+        !run_dir.exists() && !state.exists(),
+        "the killed runner's folders were not swept: {} {}",
+        run_dir.display(),
+        state.display()
     );
 }

@@ -244,8 +244,9 @@ pub fn run(
         Err(e) => return fail(report, format!("gvisor tier unavailable: {e}")),
     };
     report.isolation.platform = Some(platform.describe());
+    sweep_stale_folders(&std::env::temp_dir());
     let work = match tempfile::Builder::new()
-        .prefix("agentjail-gvisor-")
+        .prefix(&format!("{BUNDLE_PREFIX}{}-", std::process::id()))
         .tempdir()
     {
         Ok(d) => d,
@@ -253,13 +254,12 @@ pub fn run(
     };
     let plan = Plan::for_root(vm, root);
     let id = format!(
-        "agentjail-{}-{}",
-        std::process::id(),
+        "agentjail-{}",
         work.path()
             .file_name()
             .and_then(|n| n.to_str())
             .unwrap_or("x")
-            .trim_start_matches("agentjail-gvisor-")
+            .trim_start_matches(BUNDLE_PREFIX)
     );
     let out_dir = work.path().join("output");
     let inline = match write_bundle(work.path(), &plan, &out_dir) {
@@ -285,7 +285,7 @@ pub fn run(
     // socket file by the path the state file names). runsc makes its root itself 0755, hence
     // the folder around it.
     let state_dir = match tempfile::Builder::new()
-        .prefix("agentjail-runsc-state-")
+        .prefix(&format!("{STATE_PREFIX}{}-", std::process::id()))
         .tempdir()
     {
         Ok(d) => d,
@@ -527,6 +527,49 @@ fn private_state_tmpfs(dir: &Path) -> Result<(), GvisorError> {
         dir: dir.to_path_buf(),
         source,
     })
+}
+
+/// The names of a run's bundle folder and runsc state folder in the temporary folder, each
+/// followed by the runner's pid and `-`.
+const BUNDLE_PREFIX: &str = "agentjail-gvisor-";
+const STATE_PREFIX: &str = "agentjail-runsc-state-";
+
+/// Removes the bundle and state folders of runners that are gone: a runner killed with
+/// SIGKILL (the service's cancel, its guard time, a lost lease) runs no destructor, and its
+/// bundle (the rootfs skeleton, `config.json` with the task's env, 0600) would stay. A folder
+/// is removed only if it is a real folder of this user's whose name carries a pid that no
+/// process has (`kill(pid, 0)` answers ESRCH); a live pid, even a reused one, keeps it.
+fn sweep_stale_folders(tmp: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    let me = rustix::process::geteuid().as_raw();
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name.to_str().and_then(|n| {
+            n.strip_prefix(BUNDLE_PREFIX)
+                .or_else(|| n.strip_prefix(STATE_PREFIX))
+        }) else {
+            continue;
+        };
+        let Some(pid) = rest
+            .split_once('-')
+            .and_then(|(p, _)| p.parse::<i32>().ok())
+            .and_then(rustix::process::Pid::from_raw)
+        else {
+            continue;
+        };
+        let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+            continue;
+        };
+        if !meta.is_dir() || meta.uid() != me {
+            continue;
+        }
+        if rustix::process::test_kill_process(pid) == Err(rustix::io::Errno::SRCH) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// Writes the inline inputs into a tmpfs on `dir` (the bundle's `inline` folder, 0700) in the
