@@ -508,7 +508,6 @@ fn private_namespaces() -> Result<(), GvisorError> {
 /// Mounts a small tmpfs, mode 0700, on `dir` in the private mount namespace of
 /// [`private_namespaces`] (the folder itself is made 0700 too).
 fn private_state_tmpfs(dir: &Path) -> Result<(), GvisorError> {
-    use rustix::mount::*;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| {
         GvisorError::Chmod {
@@ -516,12 +515,20 @@ fn private_state_tmpfs(dir: &Path) -> Result<(), GvisorError> {
             source: Arc::new(e),
         }
     })?;
+    private_tmpfs(dir, "size=4m,nr_inodes=1024,mode=0700".into())
+}
+
+/// Mounts a tmpfs (nosuid, nodev, noexec) with `options` on `dir`, in the private mount
+/// namespace of [`private_namespaces`].
+fn private_tmpfs(dir: &Path, options: String) -> Result<(), GvisorError> {
+    use rustix::mount::*;
+    let data = std::ffi::CString::new(options).map_err(GvisorError::TmpfsOptions)?;
     mount(
         "tmpfs",
         dir,
         "tmpfs",
         MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
-        Some(c"size=4m,nr_inodes=1024,mode=0700"),
+        Some(data.as_c_str()),
     )
     .map_err(|source| GvisorError::MountTmpfs {
         dir: dir.to_path_buf(),
@@ -578,7 +585,6 @@ fn sweep_stale_folders(tmp: &Path) {
 /// goes when the runner and runsc are gone, however they end (a killed runner leaves no
 /// file behind). The files are 0644, so that the sandbox user reads them through the gofer.
 fn private_inline_files(dir: &Path, files: &[(PathBuf, &str)]) -> Result<(), GvisorError> {
-    use rustix::mount::*;
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     if files.is_empty() {
         return Ok(());
@@ -588,22 +594,10 @@ fn private_inline_files(dir: &Path, files: &[(PathBuf, &str)]) -> Result<(), Gvi
         .iter()
         .map(|(_, c)| c.len().div_ceil(page) * page + page)
         .sum();
-    let data = std::ffi::CString::new(format!(
-        "size={bytes},nr_inodes={},mode=0700",
-        files.len() + 1
-    ))
-    .map_err(GvisorError::TmpfsOptions)?;
-    mount(
-        "tmpfs",
+    private_tmpfs(
         dir,
-        "tmpfs",
-        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
-        Some(data.as_c_str()),
-    )
-    .map_err(|source| GvisorError::MountTmpfs {
-        dir: dir.to_path_buf(),
-        source,
-    })?;
+        format!("size={bytes},nr_inodes={},mode=0700", files.len() + 1),
+    )?;
     for (path, content) in files {
         let write = || -> std::io::Result<()> {
             let mut f = std::fs::OpenOptions::new()
@@ -625,23 +619,13 @@ fn private_inline_files(dir: &Path, files: &[(PathBuf, &str)]) -> Result<(), Gvi
 /// Mounts a size-bounded tmpfs on `dir` (in the private mount namespace of
 /// [`private_namespaces`]), so that what the sandbox writes to /output is bounded.
 fn private_output_tmpfs(dir: &Path, bytes: u64) -> Result<(), GvisorError> {
-    use rustix::mount::*;
-    let data = std::ffi::CString::new(format!(
-        "size={bytes},nr_inodes={},mode=0777",
-        crate::plan::OUTPUT_INODES
-    ))
-    .map_err(GvisorError::TmpfsOptions)?;
-    mount(
-        "tmpfs",
+    private_tmpfs(
         dir,
-        "tmpfs",
-        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
-        Some(data.as_c_str()),
+        format!(
+            "size={bytes},nr_inodes={},mode=0777",
+            crate::plan::OUTPUT_INODES
+        ),
     )
-    .map_err(|source| GvisorError::MountTmpfs {
-        dir: dir.to_path_buf(),
-        source,
-    })
 }
 
 /// The socket families a sandboxed program may open: AF_UNIX, AF_INET and AF_INET6, as on the
