@@ -206,3 +206,59 @@ fn an_input_that_vanishes_before_it_is_hashed_fails_the_run() {
         out.dump()
     );
 }
+
+/// An inline input (the service's code, by value) is signed like an input: its mount and the
+/// sha256 of its content, the value `sha256sum` gives for a file of those bytes; a file input
+/// of the same bytes beside it gets the same digest.
+#[test]
+fn an_inline_input_is_signed_by_the_digest_of_its_content() {
+    let d = tmp();
+    let content = "print('signed by value')\n";
+    let file = d.path().join("same.py");
+    write(&file, content.as_bytes());
+    let m = d.path().join("m.json");
+    write(
+        &m,
+        serde_json::json!({
+            "inputs": [{"source": file.display().to_string(), "mount": "/input/file.py"}],
+            "inline_inputs": [{"mount": "/input/code.py", "content": content}],
+            "command": ["/bin/true"],
+            "limits": {"seconds": 20},
+        })
+        .to_string()
+        .as_bytes(),
+    );
+    let receipt = d.path().join("receipt.json");
+    let key = d.path().join("key.pem");
+    let out = agentjail(&[
+        OsStr::new("run"),
+        OsStr::new("--manifest"),
+        m.as_os_str(),
+        OsStr::new("--receipt"),
+        receipt.as_os_str(),
+        OsStr::new("--key"),
+        key.as_os_str(),
+    ]);
+    assert_eq!(out.code, 0, "{}", out.dump());
+    let st = statement(&receipt);
+    let inputs = st["predicate"]["inputs"].as_array().expect("inputs");
+    let digest_of = |mount: &str| {
+        inputs
+            .iter()
+            .find(|i| i["mount"] == mount)
+            .and_then(|i| i["sha256"].as_str())
+            .unwrap_or_else(|| panic!("{mount} not signed: {st:#}"))
+            .to_owned()
+    };
+    use sha2::Digest as _;
+    let want = format!(
+        "sha256:{}",
+        sha2::Sha256::digest(content.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    );
+    assert_eq!(digest_of("/input/code.py"), want, "{st:#}");
+    assert_eq!(digest_of("/input/file.py"), want, "{st:#}");
+    assert_eq!(inputs.len(), 2, "{st:#}");
+}

@@ -269,7 +269,7 @@ pub fn run(
     if let Err(e) = private_namespaces() {
         return fail(report, format!("gvisor control plane: {e}"));
     }
-    if let Err(e) = private_inline_files(&work.path().join("bundle").join("inline"), &inline) {
+    if let Err(e) = private_inline_files(&inline_dir(work.path()), &inline) {
         return fail(report, format!("gvisor inline inputs: {e}"));
     }
     if let Err(e) = private_output_tmpfs(
@@ -579,6 +579,11 @@ fn sweep_stale_folders(tmp: &Path) {
     }
 }
 
+/// The bundle's folder of inline inputs: `bundle/inline` in the run's folder `work`.
+fn inline_dir(work: &Path) -> PathBuf {
+    work.join("bundle").join("inline")
+}
+
 /// Writes the inline inputs into a tmpfs on `dir` (the bundle's `inline` folder, 0700) in the
 /// private mount namespace of [`private_namespaces`], which runsc inherits: from the host's
 /// mount namespace the folder is empty, nothing of the content reaches a disk, and the tmpfs
@@ -727,7 +732,7 @@ fn write_bundle<'p>(
                 // runsc's gofer serves binds from host paths, so under gVisor an inline input
                 // is a file below the bundle's `inline` folder, bound read-only; the file is
                 // written later, on a tmpfs only the runner's mount namespace sees.
-                let dir = bundle.join("inline");
+                let dir = inline_dir(work);
                 if inline.is_empty() {
                     std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
                 }
