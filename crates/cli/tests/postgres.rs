@@ -485,6 +485,78 @@ fn a_killed_replica_marks_only_its_own_runs_unknown() {
     );
 }
 
+/// The audit chain's advisory lock (`crate::pg::AUDIT_LOCK` of the server crate).
+const AUDIT_LOCK: i64 = 0x6167_6a6c_0002;
+
+/// A replica killed between recording a run's result and appending its `run_end` must not
+/// leave an ended run the chain does not account for. The window is made wide on purpose: a
+/// session holds the chain's lock while the run ends, so the run's end waits on it, and the
+/// replica is killed while it waits. Either the result and its `run_end` both land or neither
+/// does (then the restart marks the run `unknown` and audits that).
+#[test]
+fn a_replica_killed_while_ending_a_run_leaves_no_unaudited_result() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pg) = Pg::start() else { return };
+    let da = tempdir();
+    let marker = format!(
+        "pg-end-marker-{}",
+        da.path().file_name().unwrap().to_string_lossy()
+    );
+    let mut a = Server::start(da.path(), &pg, "node-a", &marker);
+    let body = json!({"request_id": "end-1", "task": "sleeper", "inputs": [], "args": ["2"]});
+    assert_eq!(a.run(ALICE, &body, "?wait=false").status(), 202);
+    a.wait_status("end-1", "running");
+    let records = |event: &str| {
+        pg.psql(&format!(
+            "SELECT count(*) FROM audit_log WHERE record LIKE '%\"event\":\"{event}\"%' AND record LIKE '%\"request_id\":\"end-1\"%'"
+        ))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while records("run_start") != "1" {
+        assert!(Instant::now() < deadline, "run_start never audited");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The payload sleeps 2 s: the chain is locked before it ends.
+    let lock = pg.hold_advisory_lock(AUDIT_LOCK);
+    assert_eq!(
+        pg.psql("SELECT status FROM runs WHERE request_id = 'end-1'"),
+        "running",
+        "the run ended before the lock was taken; the test proves nothing"
+    );
+    // Wait until the replica's end of the run waits on the chain's lock.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pg.psql(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'",
+    ) != "1"
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the run's end never reached the audit chain's lock"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let seen = pg.psql("SELECT status FROM runs WHERE request_id = 'end-1'");
+    a.kill(); // SIGKILL, mid-append
+    drop(lock);
+    drop(a);
+    let a = Server::start(da.path(), &pg, "node-a", &marker);
+    let status = pg.psql("SELECT status FROM runs WHERE request_id = 'end-1'");
+    assert_eq!(
+        (seen.as_str(), status.as_str(), records("run_end").as_str()),
+        ("running", "unknown", "0"),
+        "a result was recorded without its run_end (the chain must account for every recorded end)"
+    );
+    assert_eq!(
+        records("run_unknown"),
+        "1",
+        "the restart's marking is audited"
+    );
+    assert_eq!(a.status_of("end-1")["status"], "unknown");
+    let env = [("PGPASSWORD", pg::PASSWORD)];
+    let o = agentjail(&["audit", "verify", "--database", &pg.url()], &env);
+    assert_eq!(o.code, 0, "{}", o.dump());
+}
+
 /// PostgreSQL stopped (fast: connections cut) and started again during a stream of
 /// submissions and runs: each answer is 200/202 or 503 with Retry-After, never 500; runs in
 /// flight record their end once the database is back; resubmitting the 503 ones (same
@@ -591,9 +663,13 @@ fn audit_chain_in_the_database_verifies_and_detects_tampering() {
     let b = Server::start(db.path(), &pg, "node-b", "m-audit");
     let up = a.upload(ALICE, CSV, "text/csv");
     let input = up["input_id"].as_str().unwrap().to_string();
-    // Both replicas append at once.
-    let hs: Vec<_> = [Arc::new(a), Arc::new(b)]
-        .into_iter()
+    // Both replicas append at once. The replicas stay up until every record is in: the
+    // `run_end` of the last run lands just after its answer, and a replica killed in between
+    // (the drop of its last handle) would lose it for a reason this test is not about.
+    let servers = [Arc::new(a), Arc::new(b)];
+    let hs: Vec<_> = servers
+        .iter()
+        .cloned()
         .enumerate()
         .map(|(k, s)| {
             let input = input.clone();

@@ -349,17 +349,29 @@ async fn run_claimed(
         _ => {
             drop(permit);
             tracing::error!(job_id = %run.job_id, "a claimed run's spec or args cannot be read; ended as a set-up error");
+            let reason = "the queued run's record cannot be read";
+            let ev = crate::audit::Event {
+                event: "run_end",
+                actor: Some(run.actor.clone()),
+                tenant: Some(run.tenant.clone()),
+                task: Some(run.task.clone()),
+                request_id: Some(run.request_id.clone()),
+                job_id: Some(run.job_id.clone()),
+                status: Some(RunState::SetupError.into()),
+                reason: Some(reason.into()),
+                ..Default::default()
+            };
             let f = crate::store::FinishRun {
                 job_id: run.job_id.clone(),
                 status: RunState::SetupError,
-                reason: Some("the queued run's record cannot be read".into()),
+                reason: Some(reason.into()),
                 now: now(),
                 report: None,
                 receipt: None,
                 artifact: None,
                 artifact_sha256: None,
             };
-            if let Err(e) = queue.finish_fenced(f, c.fence).await {
+            if let Err(e) = queue.finish_fenced(f, c.fence, Some(&ev)).await {
                 tracing::error!(job_id = %run.job_id, error = %e, "recording a set-up error failed");
             }
         }

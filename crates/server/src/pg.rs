@@ -456,28 +456,7 @@ impl PgStore {
     async fn append_audit(&self, ev: &Event) -> Result<(), StoreError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(pg_err)?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&AUDIT_LOCK])
-            .await
-            .map_err(pg_err)?;
-        let head = tx
-            .query_opt(
-                "SELECT seq, hash FROM audit_log ORDER BY seq DESC LIMIT 1",
-                &[],
-            )
-            .await
-            .map_err(pg_err)?;
-        let (seq, prev) = match head {
-            Some(r) => (r.get::<_, i64>(0), r.get::<_, String>(1)),
-            None => (0, audit::GENESIS.to_string()),
-        };
-        let next = seq + 1;
-        let (line, hash) = audit::chain_record(ev, next as u64, &prev)?;
-        tx.execute(
-            "INSERT INTO audit_log (seq, hash, record) VALUES ($1, $2, $3)",
-            &[&next, &hash, &line],
-        )
-        .await
-        .map_err(pg_err)?;
+        append_audit_in(&tx, ev).await?;
         tx.commit().await.map_err(pg_err)?;
         Ok(())
     }
@@ -868,6 +847,38 @@ impl Store for PgStore {
     }
 }
 
+/// Appends `ev` to the audit chain inside `tx`: takes the chain's advisory lock (held to the
+/// end of `tx`), reads the head and inserts the next record. Committed with `tx`, so a record
+/// and the write it accounts for land together or not at all.
+async fn append_audit_in(
+    tx: &deadpool_postgres::Transaction<'_>,
+    ev: &Event,
+) -> Result<(), StoreError> {
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&AUDIT_LOCK])
+        .await
+        .map_err(pg_err)?;
+    let head = tx
+        .query_opt(
+            "SELECT seq, hash FROM audit_log ORDER BY seq DESC LIMIT 1",
+            &[],
+        )
+        .await
+        .map_err(pg_err)?;
+    let (seq, prev) = match head {
+        Some(r) => (r.get::<_, i64>(0), r.get::<_, String>(1)),
+        None => (0, audit::GENESIS.to_string()),
+    };
+    let next = seq + 1;
+    let (line, hash) = audit::chain_record(ev, next as u64, &prev)?;
+    tx.execute(
+        "INSERT INTO audit_log (seq, hash, record) VALUES ($1, $2, $3)",
+        &[&next, &hash, &line],
+    )
+    .await
+    .map_err(pg_err)?;
+    Ok(())
+}
+
 /// Connects for a one-off command (`audit verify|export --database`).
 async fn one_client(
     url: &str,
@@ -1101,14 +1112,22 @@ impl PgStore {
 
     /// The fenced end of a run: result, report, artifact and receipt in one statement, only
     /// while `fence` holds an unexpired lease on the run in flight; else
-    /// [`StoreError::Fenced`] and nothing is written.
-    pub async fn finish_fenced(&self, f: FinishRun, fence: i64) -> Result<(), StoreError> {
+    /// [`StoreError::Fenced`] and nothing is written. `audit` (the run's `run_end`) is
+    /// appended to the chain in the same transaction: a replica killed after the result
+    /// committed cannot leave the chain without it, and a refused result audits nothing.
+    pub async fn finish_fenced(
+        &self,
+        f: FinishRun,
+        fence: i64,
+        audit: Option<&Event>,
+    ) -> Result<(), StoreError> {
         self.persist("finish_run", || {
             let f = f.clone();
             async move {
-                let c = self.client().await?;
+                let mut c = self.client().await?;
+                let tx = c.transaction().await.map_err(pg_err)?;
                 let status = f.status.as_str();
-                let n = c
+                let n = tx
                     .execute(
                         "UPDATE runs SET status = $2, reason = $3, finished_at = $4, report = $5, receipt = $6, artifact = $7, artifact_sha256 = $8, spec = NULL
                          WHERE job_id = $1 AND fence = $9 AND lease_expires_at > now() AND status IN ('queued', 'running')",
@@ -1116,11 +1135,14 @@ impl PgStore {
                     )
                     .await
                     .map_err(pg_err)?;
-                if n == 1 {
-                    Ok(())
-                } else {
-                    Err(StoreError::Fenced(fence))
+                if n != 1 {
+                    return Err(StoreError::Fenced(fence));
                 }
+                if let Some(ev) = audit {
+                    append_audit_in(&tx, ev).await?;
+                }
+                tx.commit().await.map_err(pg_err)?;
+                Ok(())
             }
         })
         .await

@@ -80,17 +80,30 @@ async fn mark_started(state: &AppState, job: &Job) -> Result<bool, crate::store:
     }
 }
 
-/// Records the end of a run: fenced for a claimed run (refused: [`crate::store::StoreError::Fenced`],
-/// nothing written).
+/// Records the end of a run and audits it (`ev`, its `run_end` or `run_refused`). A claimed
+/// run's result is fenced (refused: [`crate::store::StoreError::Fenced`], nothing written and
+/// nothing audited) and its record is appended in the same transaction, so a replica killed
+/// after its result committed never leaves the chain without it. On the local store the
+/// record follows the result's write; it is appended even when that write failed (the record
+/// then says what ran; the error is returned to be logged).
 async fn record_end(
     state: &AppState,
     job: &Job,
     f: FinishRun,
+    ev: Event,
 ) -> Result<(), crate::store::StoreError> {
-    match &job.lease {
-        Some(l) => l.queue.finish_fenced(f, l.fence).await,
+    use crate::store::StoreError::Fenced;
+    let r = match &job.lease {
+        Some(l) => match l.queue.finish_fenced(f, l.fence, Some(&ev)).await {
+            Ok(()) => return Ok(()),
+            r => r,
+        },
         None => state.store().finish_run(f).await,
+    };
+    if !matches!(r, Err(Fenced(_))) {
+        state.store().audit(ev).await;
     }
+    r
 }
 
 /// Resolves when `c` is cancelled; never when there is no token.
@@ -735,36 +748,28 @@ async fn end_unstarted(
     reason: String,
     event: Event,
 ) {
-    let r = record_end(
-        state,
-        job,
-        FinishRun {
-            job_id: job.job_id.clone(),
-            status,
-            reason: Some(reason.clone()),
-            now: now(),
-            report: None,
-            receipt: None,
-            artifact: None,
-            artifact_sha256: None,
-        },
-    )
-    .await;
-    if let Err(e) = r {
+    let ev = Event {
+        status: Some(status.into()),
+        reason: Some(reason.clone()),
+        ..event
+    };
+    let f = FinishRun {
+        job_id: job.job_id.clone(),
+        status,
+        reason: Some(reason),
+        now: now(),
+        report: None,
+        receipt: None,
+        artifact: None,
+        artifact_sha256: None,
+    };
+    if let Err(e) = record_end(state, job, f, ev).await {
         tracing::error!(error = %e, job_id = %job.job_id, status = status.as_str(), "recording the end of a run that did not start failed");
         if matches!(e, crate::store::StoreError::Fenced(_)) {
             return;
         }
     }
     metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => status.as_str()).increment(1);
-    state
-        .store()
-        .audit(Event {
-            status: Some(status.into()),
-            reason: Some(reason),
-            ..event
-        })
-        .await;
 }
 
 /// Runs one admitted job to its recorded end. Spawned on its own task, so a client that
@@ -791,19 +796,29 @@ pub async fn execute(
         if let Some(l) = &job.lease {
             // A task type this executor's configuration lacks: ended as a set-up error.
             tracing::error!(job_id = %job.job_id, task = %job.task, "a claimed run names a task type this node's configuration does not have");
+            let reason = "the executor that claimed the run does not know its task type";
+            let ev = Event {
+                event: "run_end",
+                actor: Some(job.actor.clone()),
+                tenant: Some(job.tenant.clone()),
+                task: Some(job.task.clone()),
+                request_id: Some(job.request_id.clone()),
+                job_id: Some(job.job_id.clone()),
+                status: Some(RunState::SetupError.into()),
+                reason: Some(reason.into()),
+                ..Default::default()
+            };
             let f = FinishRun {
                 job_id: job.job_id.clone(),
                 status: RunState::SetupError,
-                reason: Some(
-                    "the executor that claimed the run does not know its task type".into(),
-                ),
+                reason: Some(reason.into()),
                 now: now(),
                 report: None,
                 receipt: None,
                 artifact: None,
                 artifact_sha256: None,
             };
-            if let Err(e) = l.queue.finish_fenced(f, l.fence).await {
+            if let Err(e) = l.queue.finish_fenced(f, l.fence, Some(&ev)).await {
                 tracing::error!(job_id = %job.job_id, error = %e, "recording a set-up error failed");
             }
         }
@@ -953,42 +968,34 @@ pub async fn execute(
         .artifact
         .as_deref()
         .map(|a| format!("sha256:{}", crate::config::sha256_hex(a)));
-    let r = record_end(
-        &state,
-        &job,
-        FinishRun {
-            job_id: job.job_id.clone(),
-            status: outcome.status,
-            reason: outcome.reason.clone(),
-            now: now(),
-            report: outcome.report,
-            receipt: outcome.receipt,
-            artifact: outcome.artifact,
-            artifact_sha256: sha,
-        },
-    )
-    .await;
-    if let Err(e) = r {
-        if let crate::store::StoreError::Fenced(fence) = e {
+    let ev = Event {
+        event: "run_end",
+        status: Some(outcome.status.into()),
+        reason: outcome.reason.clone(),
+        denials: Some(outcome.denials.len()),
+        duration_ms: Some(elapsed.as_millis() as u64),
+        ..base
+    };
+    let f = FinishRun {
+        job_id: job.job_id.clone(),
+        status: outcome.status,
+        reason: outcome.reason,
+        now: now(),
+        report: outcome.report,
+        receipt: outcome.receipt,
+        artifact: outcome.artifact,
+        artifact_sha256: sha,
+    };
+    match record_end(&state, &job, f, ev).await {
+        Ok(()) => {}
+        Err(crate::store::StoreError::Fenced(fence)) => {
             // Another node owns the run now, or has ended it (`unknown`): this execution's
             // late result is not recorded, and no `run_end` is audited for it.
             tracing::error!(job_id = %job.job_id, fence, status = outcome.status.as_str(), "the result was refused by fencing (the lease expired or was taken); nothing recorded");
             metrics::counter!("agentjail_fenced_writes_total").increment(1);
-            return;
         }
-        tracing::error!(error = %e, "recording a finished run failed");
+        Err(e) => tracing::error!(error = %e, "recording a finished run failed"),
     }
-    state
-        .store()
-        .audit(Event {
-            event: "run_end",
-            status: Some(outcome.status.into()),
-            reason: outcome.reason,
-            denials: Some(outcome.denials.len()),
-            duration_ms: Some(elapsed.as_millis() as u64),
-            ..base
-        })
-        .await;
 }
 
 /// Start-up sweep, before reconciliation: kills every runner a previous service on this data

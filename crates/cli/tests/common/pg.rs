@@ -253,28 +253,24 @@ impl Pg {
         )
     }
 
-    fn psql_db(&self, db: &str, sql: &str) -> String {
+    /// `psql` on `db` over the unix socket, quiet, tuples only, unaligned, stopping at the
+    /// first error.
+    fn psql_command(&self, db: &str) -> Command {
         let psql = if self.bin.join("psql").exists() {
             self.bin.join("psql")
         } else {
             PathBuf::from("psql")
         };
-        let o = Command::new(psql)
-            .args(["-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-h"])
+        let mut c = Command::new(psql);
+        c.args(["-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-h"])
             .arg(self.dir.path())
-            .args([
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                USER,
-                "-d",
-                db,
-                "-c",
-                sql,
-            ])
-            .env_remove("PGPASSWORD")
-            .output()
-            .unwrap();
+            .args(["-p", &self.port.to_string(), "-U", USER, "-d", db])
+            .env_remove("PGPASSWORD");
+        c
+    }
+
+    fn psql_db(&self, db: &str, sql: &str) -> String {
+        let o = self.psql_command(db).args(["-c", sql]).output().unwrap();
         assert!(
             o.status.success(),
             "psql {sql:?}: {}",
@@ -283,9 +279,47 @@ impl Pg {
         String::from_utf8_lossy(&o.stdout).trim().to_string()
     }
 
+    /// Holds the session-level advisory lock `key` in a `psql` session of its own until the
+    /// returned guard is dropped (the session ends, and the lock with it).
+    pub fn hold_advisory_lock(&self, key: i64) -> HeldLock {
+        use std::io::{BufRead, BufReader, Write};
+        use std::process::Stdio;
+        let mut child = self
+            .psql_command(DB)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "SELECT pg_advisory_lock({key}), 'locked';").unwrap();
+        stdin.flush().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.contains("locked"), "the advisory lock: {line:?}");
+        HeldLock {
+            child,
+            _stdin: stdin,
+        }
+    }
+
     /// Runs `sql` in [`DB`] over the unix socket; its output (tuples only, unaligned).
     pub fn psql(&self, sql: &str) -> String {
         self.psql_db(DB, sql)
+    }
+}
+
+/// A `psql` session holding an advisory lock; ended (and the lock released) when dropped.
+pub struct HeldLock {
+    child: std::process::Child,
+    _stdin: std::process::ChildStdin,
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
