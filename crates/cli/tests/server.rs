@@ -1734,6 +1734,75 @@ fn the_run_slot_is_free_while_the_previous_outcome_is_recorded() {
     agentjail_server::audit::verify_chain(&path).unwrap();
 }
 
+/// Issue #15, crash semantics of a run's end: no outcome may be recorded that the audit chain
+/// does not account for, whatever moment the service dies at. The audit log is a file beside
+/// the database, so the record is appended first. The test holds the database's write lock
+/// while a run ends (its payload killed by the test), so the outcome cannot be recorded: its
+/// `run_end` must still be appended (on a service that records first it is not, for the
+/// 10 s of the service's busy timeout). The service is then killed mid-write; its restart
+/// marks the run `unknown` and audits that, and the chain verifies.
+#[test]
+fn a_service_killed_while_recording_an_outcome_has_audited_it() {
+    let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = common::tmp();
+    let marker = format!(
+        "end-marker-{}",
+        dir.path().file_name().unwrap().to_string_lossy()
+    );
+    let task = sentinel_task(&marker, 600);
+    let mut s = Server::start_with(dir.path(), "max_concurrent_runs = 1", &task);
+    let body = json!({"request_id": "end-1", "task": "sentinel", "inputs": []});
+    assert_eq!(s.run(ALICE, &body, "?wait=false").status(), 202);
+    wait_status(&s, "end-1", "running");
+    let records = |event: &str| {
+        audit(dir.path())
+            .1
+            .lines()
+            .filter(|l| l.contains(&format!("\"event\":\"{event}\"")) && l.contains("\"end-1\""))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while records("run_start") != 1 {
+        assert!(Instant::now() < deadline, "run_start never audited");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // No HTTP from here until the service is killed: its database connection waits.
+    let db = service_db(dir.path());
+    db.execute_batch("BEGIN IMMEDIATE").unwrap();
+    kill_payload(&marker);
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while records("run_end") != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the run ended but its run_end was not appended while its outcome waited to be recorded"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status: String = db
+        .query_row(
+            "SELECT status FROM runs WHERE request_id = 'end-1'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(status, "running", "the outcome was recorded under the lock");
+    s.kill(); // SIGKILL, while the outcome waits for the lock
+    db.execute_batch("ROLLBACK").unwrap();
+    drop(db);
+    drop(s);
+    let s = Server::start_with(dir.path(), "max_concurrent_runs = 1", &task);
+    let v: Value = s.get(ALICE, "/v1/runs/end-1").json().unwrap();
+    assert_eq!(v["status"], "unknown", "{v}");
+    assert_eq!(records("run_end"), 1);
+    assert_eq!(
+        records("run_unknown"),
+        1,
+        "the restart's marking is audited"
+    );
+    let (path, _) = audit(dir.path());
+    agentjail_server::audit::verify_chain(&path).unwrap();
+}
+
 /// Issue #15, performance (per-run file-system work): the task's output schema is written once
 /// per schema, at start-up, content-addressed (`DATA/schemas/<sha256>.json`, 0600 in a 0700
 /// folder), and never into a job folder; runs still have their output checked against it (the

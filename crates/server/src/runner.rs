@@ -80,30 +80,36 @@ async fn mark_started(state: &AppState, job: &Job) -> Result<bool, crate::store:
     }
 }
 
-/// Records the end of a run and audits it (`ev`, its `run_end` or `run_refused`). A claimed
-/// run's result is fenced (refused: [`crate::store::StoreError::Fenced`], nothing written and
-/// nothing audited) and its record is appended in the same transaction, so a replica killed
-/// after its result committed never leaves the chain without it. On the local store the
-/// record follows the result's write; it is appended even when that write failed (the record
-/// then says what ran; the error is returned to be logged).
+/// Records the end of a run and audits it (`ev`, its `run_end` or `run_refused`), so that no
+/// recorded outcome is ever missing from the audit chain, whatever moment the service dies at.
+/// A claimed run's result is fenced (refused: [`crate::store::StoreError::Fenced`], nothing
+/// written and nothing audited) and its record is appended in the same transaction. On the
+/// local store (the audit log is a file beside the database) the record is appended first,
+/// then the outcome is written: a crash in between leaves the run `running`, which the restart
+/// marks `unknown` and audits (`run_unknown`), so the chain says both what ended and what
+/// became of its record. Only the executor ends a run on the local store, so the write never
+/// finds the run ended by someone else.
 async fn record_end(
     state: &AppState,
     job: &Job,
     f: FinishRun,
     ev: Event,
 ) -> Result<(), crate::store::StoreError> {
-    use crate::store::StoreError::Fenced;
-    let r = match &job.lease {
+    match &job.lease {
         Some(l) => match l.queue.finish_fenced(f, l.fence, Some(&ev)).await {
-            Ok(()) => return Ok(()),
+            // The result could not be written for another reason than fencing: the record
+            // is appended on its own (the chain says what ran; the error is logged).
+            Err(e) if !matches!(e, crate::store::StoreError::Fenced(_)) => {
+                state.store().audit(ev).await;
+                Err(e)
+            }
             r => r,
         },
-        None => state.store().finish_run(f).await,
-    };
-    if !matches!(r, Err(Fenced(_))) {
-        state.store().audit(ev).await;
+        None => {
+            state.store().audit(ev).await;
+            state.store().finish_run(f).await
+        }
     }
-    r
 }
 
 /// Resolves when `c` is cancelled; never when there is no token.
