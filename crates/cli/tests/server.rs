@@ -1786,6 +1786,12 @@ fn a_service_killed_while_recording_an_outcome_has_audited_it() {
         )
         .unwrap();
     assert_eq!(status, "running", "the outcome was recorded under the lock");
+    // Appended before the outcome's write, not after it gave up on the lock.
+    let log = s.stderr.lock().unwrap().clone();
+    assert!(
+        !log.contains("recording a finished run failed"),
+        "the run_end followed a failed write of the outcome:\n{log}"
+    );
     s.kill(); // SIGKILL, while the outcome waits for the lock
     db.execute_batch("ROLLBACK").unwrap();
     drop(db);
@@ -1798,6 +1804,88 @@ fn a_service_killed_while_recording_an_outcome_has_audited_it() {
         records("run_unknown"),
         1,
         "the restart's marking is audited"
+    );
+    let (path, _) = audit(dir.path());
+    agentjail_server::audit::verify_chain(&path).unwrap();
+}
+
+/// Issue #15, crash semantics of the start-up marking: a run the service finds in flight at
+/// start-up becomes `unknown`, and that marking must never be recorded without its
+/// `run_unknown`. The log is a file beside the database, so the records are appended first.
+/// The service is killed mid-run; its restart finds the run while the test holds the
+/// database's write lock, so the marking cannot be committed: the record must be appended all
+/// the same (on a service that marks first it is not, for the 10 s of its busy timeout). The
+/// restart is killed there; the next one finds the run in flight again, audits and marks it.
+#[test]
+fn a_service_killed_while_marking_its_runs_unknown_has_audited_them() {
+    let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = common::tmp();
+    let marker = format!(
+        "startup-marker-{}",
+        dir.path().file_name().unwrap().to_string_lossy()
+    );
+    let task = sentinel_task(&marker, 600);
+    let mut s = Server::start_with(dir.path(), "max_concurrent_runs = 1", &task);
+    let body = json!({"request_id": "mark-1", "task": "sentinel", "inputs": []});
+    assert_eq!(s.run(ALICE, &body, "?wait=false").status(), 202);
+    wait_status(&s, "mark-1", "running");
+    s.kill(); // SIGKILL mid-run
+    drop(s);
+    let records = || {
+        audit(dir.path())
+            .1
+            .lines()
+            .filter(|l| l.contains("\"event\":\"run_unknown\"") && l.contains("\"mark-1\""))
+            .count()
+    };
+    let db = service_db(dir.path());
+    db.execute_batch("BEGIN IMMEDIATE").unwrap();
+    // The restart, by hand: it must not get past its start-up marking.
+    let cfg = write_config(dir.path(), &(config("max_concurrent_runs = 1") + &task));
+    let mut restart = Command::new(common::bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while records() != 1 {
+        assert!(
+            restart.try_wait().unwrap().is_none(),
+            "the restart exited while the database was locked"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the restart found the run in flight but did not audit its marking before committing it"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status: String = db
+        .query_row(
+            "SELECT status FROM runs WHERE request_id = 'mark-1'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        status, "running",
+        "the marking was committed under the lock"
+    );
+    restart.kill().unwrap(); // SIGKILL, mid-marking
+    restart.wait().unwrap();
+    db.execute_batch("ROLLBACK").unwrap();
+    drop(db);
+    let s = Server::start_with(dir.path(), "max_concurrent_runs = 1", &task);
+    let v: Value = s.get(ALICE, "/v1/runs/mark-1").json().unwrap();
+    assert_eq!(v["status"], "unknown", "{v}");
+    assert_eq!(
+        records(),
+        2,
+        "each start-up that found the run in flight audited it"
     );
     let (path, _) = audit(dir.path());
     agentjail_server::audit::verify_chain(&path).unwrap();

@@ -318,15 +318,24 @@ pub fn finish_run(c: &Connection, f: &Finish<'_>) -> Result<(), DbError> {
     Ok(())
 }
 
+/// The runs left `queued` or `running`: (tenant, request_id, task, job_id), by job id.
+pub fn in_flight(c: &mut Connection) -> Result<Vec<(String, String, String, String)>, DbError> {
+    let mut st = c.prepare(
+        "SELECT tenant, request_id, task, job_id FROM runs WHERE status IN ('queued', 'running') ORDER BY job_id",
+    )?;
+    let it = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+    Ok(it.collect::<Result<Vec<_>, _>>()?)
+}
+
 /// Start-up reconciliation: every run left `queued` or `running` becomes `unknown`. Returns
-/// their (tenant, request_id, task, job_id).
+/// their (tenant, request_id, task, job_id), by job id.
 pub fn mark_in_flight_unknown(
     c: &mut Connection,
     now: i64,
 ) -> Result<Vec<(String, String, String, String)>, DbError> {
     let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let rows = {
-        let mut st = tx.prepare("SELECT tenant, request_id, task, job_id FROM runs WHERE status IN ('queued', 'running')")?;
+        let mut st = tx.prepare("SELECT tenant, request_id, task, job_id FROM runs WHERE status IN ('queued', 'running') ORDER BY job_id")?;
         let it = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
         it.collect::<Result<Vec<_>, _>>()?
     };

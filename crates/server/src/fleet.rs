@@ -25,7 +25,6 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::app::{AppState, now};
-use crate::audit::Event;
 use crate::pg::{Claimed, JobSpec, PgStore};
 use crate::run_state::RunState;
 use crate::runner::{self, Job, Lease};
@@ -156,7 +155,7 @@ pub fn spawn_cluster_tasks(state: AppState, queue: PgStore, stop: CancellationTo
     let every = (lease_of(&state) / 3).max(Duration::from_secs(1));
     tokio::spawn(async move {
         loop {
-            sweep_leases(&state, &queue).await;
+            sweep_leases(&queue).await;
             match queue.cluster_gauges(lease_of(&state) * 2).await {
                 Ok(g) => {
                     metrics::gauge!("agentjail_cluster_queue_depth").set(g.queue_depth as f64);
@@ -176,7 +175,7 @@ pub fn spawn_cluster_tasks(state: AppState, queue: PgStore, stop: CancellationTo
     });
 }
 
-async fn sweep_leases(state: &AppState, queue: &PgStore) {
+async fn sweep_leases(queue: &PgStore) {
     match queue.expire_leases(now()).await {
         Ok((expired, requeued)) => {
             if requeued > 0 {
@@ -187,23 +186,8 @@ async fn sweep_leases(state: &AppState, queue: &PgStore) {
             }
             for e in expired {
                 tracing::warn!(request_id = %e.run.request_id, job_id = %e.run.job_id, owner = %e.owner, "a lease expired while its run was running: marked unknown; an operator reconciles it");
+                // Audited (`run_unknown`) in the marking's transaction.
                 metrics::counter!("agentjail_unknown_outcomes_total").increment(1);
-                state
-                    .store()
-                    .audit(Event {
-                        event: "run_unknown",
-                        tenant: Some(e.run.tenant),
-                        task: Some(e.run.task),
-                        request_id: Some(e.run.request_id),
-                        job_id: Some(e.run.job_id),
-                        status: Some(RunState::Unknown.into()),
-                        reason: Some(format!(
-                            "the lease of node {} expired while the run was running; marked unknown, not re-run",
-                            e.owner
-                        )),
-                        ..Default::default()
-                    })
-                    .await;
             }
         }
         Err(e) => tracing::warn!(error = %e, "sweeping expired leases failed"),

@@ -34,7 +34,8 @@ use crate::audit::{self, AuditError, Event};
 use crate::db::{InputRow, Insert, RunRow};
 use crate::run_state::RunState;
 use crate::store::{
-    FinishRun, InFlight, RetentionFiles, Store, StoreError, StoreFuture, Swept, WriteObject,
+    FinishRun, InFlight, RetentionFiles, Store, StoreError, StoreFuture, Swept,
+    UNKNOWN_AT_START_UP, WriteObject,
 };
 
 /// Advisory lock keys (arbitrary constants, fixed forever).
@@ -151,6 +152,16 @@ pub fn connect_config(
     }
     c.connect_timeout(Duration::from_secs(5));
     c.application_name("agentjail");
+    // A session that stops talking inside a transaction (its process or host gone, a network
+    // cut) would hold what it locked, the audit chain's lock among them, until TCP gives up on
+    // it (hours): the server ends such a session after a minute. Transactions here never wait
+    // on their client between statements for that long.
+    let idle = "-c idle_in_transaction_session_timeout=60000";
+    let options = match c.get_options() {
+        Some(o) if !o.is_empty() => format!("{o} {idle}"),
+        _ => idle.to_string(),
+    };
+    c.options(&options);
     Ok(c)
 }
 
@@ -455,7 +466,7 @@ impl PgStore {
 
     async fn append_audit(&self, ev: &Event) -> Result<(), StoreError> {
         let mut c = self.client().await?;
-        let tx = c.transaction().await.map_err(pg_err)?;
+        let tx = read_committed(&mut c).await?;
         append_audit_in(&tx, ev).await?;
         tx.commit().await.map_err(pg_err)?;
         Ok(())
@@ -771,7 +782,7 @@ impl Store for PgStore {
     fn mark_in_flight_unknown(&self, now: i64) -> Result<(Vec<InFlight>, Vec<String>), StoreError> {
         block_on(async {
             let mut c = self.client().await?;
-            let tx = c.transaction().await.map_err(pg_err)?;
+            let tx = read_committed(&mut c).await?;
             // Claimed by this node but never started (the runner gets its manifest only after
             // the `running` mark): back to the queue under a new job id, nothing of it ran. The
             // old ids are returned: their folders, prepared before the mark, are removed.
@@ -802,8 +813,7 @@ impl Store for PgStore {
                 )
                 .await
                 .map_err(pg_err)?;
-            tx.commit().await.map_err(pg_err)?;
-            let unknown = rows
+            let unknown: Vec<InFlight> = rows
                 .iter()
                 .map(|r| InFlight {
                     tenant: r.get(0),
@@ -812,6 +822,11 @@ impl Store for PgStore {
                     job_id: r.get(3),
                 })
                 .collect();
+            // Each marking's record commits with it.
+            for run in &unknown {
+                append_audit_in(&tx, &run.unknown_event(UNKNOWN_AT_START_UP.into())).await?;
+            }
+            tx.commit().await.map_err(pg_err)?;
             Ok((unknown, given_up))
         })
         .map_err(StoreError::Io)?
@@ -847,7 +862,19 @@ impl Store for PgStore {
     }
 }
 
-/// Appends `ev` to the audit chain inside `tx`: takes the chain's advisory lock (held to the
+/// A transaction at READ COMMITTED whatever the database's default: the audit chain's
+/// append reads the head after taking its lock and must see the last committed record.
+async fn read_committed(
+    c: &mut deadpool_postgres::Object,
+) -> Result<deadpool_postgres::Transaction<'_>, StoreError> {
+    c.build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::ReadCommitted)
+        .start()
+        .await
+        .map_err(pg_err)
+}
+
+/// Appends `ev` to the audit chain inside `tx` (READ COMMITTED, see [`read_committed`]): takes the chain's advisory lock (held to the
 /// end of `tx`), reads the head and inserts the next record. Committed with `tx`, so a record
 /// and the write it accounts for land together or not at all.
 async fn append_audit_in(
@@ -963,6 +990,16 @@ pub struct Claimed {
 pub struct Expired {
     pub run: InFlight,
     pub owner: String,
+}
+
+impl Expired {
+    /// The `run_unknown` audit record of this marking.
+    pub fn unknown_event(&self) -> Event {
+        self.run.unknown_event(format!(
+            "the lease of node {} expired while the run was running; marked unknown, not re-run",
+            self.owner
+        ))
+    }
 }
 
 /// The cluster's gauges, read from the database.
@@ -1125,7 +1162,7 @@ impl PgStore {
             let f = f.clone();
             async move {
                 let mut c = self.client().await?;
-                let tx = c.transaction().await.map_err(pg_err)?;
+                let tx = read_committed(&mut c).await?;
                 let status = f.status.as_str();
                 let n = tx
                     .execute(
@@ -1136,7 +1173,23 @@ impl PgStore {
                     .await
                     .map_err(pg_err)?;
                 if n != 1 {
-                    return Err(StoreError::Fenced(fence));
+                    // Refused, unless an earlier attempt of this same write committed and
+                    // its answer was lost (`persist` retried): then the row holds exactly
+                    // this end under this fence (its reason and artifact too: a lease sweep
+                    // in the same second may have written the same status), and its record
+                    // committed with it.
+                    let done = tx
+                        .query_opt(
+                            "SELECT 1 FROM runs WHERE job_id = $1 AND fence = $2 AND status = $3 AND finished_at = $4
+                                AND reason IS NOT DISTINCT FROM $5 AND artifact_sha256 IS NOT DISTINCT FROM $6",
+                            &[&f.job_id, &fence, &status, &f.now, &f.reason, &f.artifact_sha256],
+                        )
+                        .await
+                        .map_err(pg_err)?;
+                    return match done {
+                        Some(_) => Ok(()),
+                        None => Err(StoreError::Fenced(fence)),
+                    };
                 }
                 if let Some(ev) = audit {
                     append_audit_in(&tx, ev).await?;
@@ -1177,10 +1230,11 @@ impl PgStore {
     /// operator reconciles it); a run claimed but never started goes back to the queue
     /// (nothing of it ran: the runner gets its manifest only after the fenced `running`
     /// mark) under a new job id, so that its next claim never meets a folder the given-up
-    /// claim prepared. Counts both in `cluster_counters.expired_leases`.
+    /// claim prepared. Counts both in `cluster_counters.expired_leases`. Each `unknown` marking
+    /// is audited (`run_unknown`) in the same transaction.
     pub async fn expire_leases(&self, now: i64) -> Result<(Vec<Expired>, u64), StoreError> {
         let mut c = self.client().await?;
-        let tx = c.transaction().await.map_err(pg_err)?;
+        let tx = read_committed(&mut c).await?;
         let rows = tx
             .query(
                 "UPDATE runs SET status = 'unknown', finished_at = $1,
@@ -1210,8 +1264,7 @@ impl PgStore {
             .await
             .map_err(pg_err)?;
         }
-        tx.commit().await.map_err(pg_err)?;
-        let expired = rows
+        let expired: Vec<Expired> = rows
             .iter()
             .map(|r| Expired {
                 run: InFlight {
@@ -1223,6 +1276,11 @@ impl PgStore {
                 owner: r.get(4),
             })
             .collect();
+        // Each marking's record commits with it.
+        for e in &expired {
+            append_audit_in(&tx, &e.unknown_event()).await?;
+        }
+        tx.commit().await.map_err(pg_err)?;
         Ok((expired, requeued))
     }
 

@@ -83,7 +83,8 @@ async fn mark_started(state: &AppState, job: &Job) -> Result<bool, crate::store:
 /// Records the end of a run and audits it (`ev`, its `run_end` or `run_refused`), so that no
 /// recorded outcome is ever missing from the audit chain, whatever moment the service dies at.
 /// A claimed run's result is fenced (refused: [`crate::store::StoreError::Fenced`], nothing
-/// written and nothing audited) and its record is appended in the same transaction. On the
+/// written and nothing audited) and its record is appended in the same transaction, so an
+/// audit chain that cannot be appended to keeps results from being recorded. On the
 /// local store (the audit log is a file beside the database) the record is appended first,
 /// then the outcome is written: a crash in between leaves the run `running`, which the restart
 /// marks `unknown` and audits (`run_unknown`), so the chain says both what ended and what
@@ -97,9 +98,13 @@ async fn record_end(
 ) -> Result<(), crate::store::StoreError> {
     match &job.lease {
         Some(l) => match l.queue.finish_fenced(f, l.fence, Some(&ev)).await {
-            // The result could not be written for another reason than fencing: the record
-            // is appended on its own (the chain says what ran; the error is logged).
-            Err(e) if !matches!(e, crate::store::StoreError::Fenced(_)) => {
+            // Fail closed: a result whose record cannot be appended is not recorded either
+            // (the run stays in flight and ends `unknown` when its lease runs out). When the
+            // database refused the write for another reason than fencing, the record is
+            // tried on its own so that the chain still says what ran. Not when the database
+            // stayed unreachable: whether the write committed (with its record) is unknown,
+            // and a second record must not follow a first.
+            Err(e @ crate::store::StoreError::Database(_)) => {
                 state.store().audit(ev).await;
                 Err(e)
             }
@@ -786,9 +791,10 @@ async fn end_unstarted(
 /// the store's write), but gets its manifest, and so can run anything, only once the
 /// `running` mark is committed and `run_start` audited; if the mark fails, the runner is ended
 /// through its lifeline before it has a manifest. After it exits, the slot is released, and
-/// only then are its report and artifact read, the outcome recorded and `run_end` audited
-/// (still before the record says the run ended; a crash in between leaves it in flight, so
-/// `unknown` at the next start-up). The admission (queue) slot is held until the end.
+/// only then are its report and artifact read and the outcome recorded with its `run_end`
+/// ([`record_end`]: never an outcome the audit chain lacks; a crash before the outcome's
+/// write leaves the run in flight, so `unknown` at the next start-up). The admission (queue)
+/// slot is held until the end.
 ///
 /// A run claimed from the PostgreSQL queue (`job.lease`) comes with its run slot (`slot`),
 /// taken by the executor before it claimed; its writes are fenced, and a lost lease kills it.
@@ -1097,17 +1103,8 @@ pub fn reconcile_at_startup(state: &AppState) -> Result<(), ServerError> {
     {
         let _ = std::fs::remove_dir_all(job_dir(state, &job_id));
         tracing::warn!(%tenant, %request_id, %job_id, %task, "run found in flight at start-up: marked unknown, not re-run; an operator reconciles it");
+        // Audited by the store with the marking (`run_unknown`).
         metrics::counter!("agentjail_unknown_outcomes_total").increment(1);
-        state.store().audit_blocking(&Event {
-            event: "run_unknown",
-            tenant: Some(tenant),
-            task: Some(task),
-            request_id: Some(request_id),
-            job_id: Some(job_id),
-            status: Some(RunState::Unknown.into()),
-            reason: Some("found in flight at start-up; marked unknown, not re-run".into()),
-            ..Default::default()
-        })?;
     }
     Ok(())
 }

@@ -78,6 +78,25 @@ pub struct InFlight {
     pub job_id: String,
 }
 
+/// The reason of the `run_unknown` record of a run found in flight at start-up.
+pub const UNKNOWN_AT_START_UP: &str = "found in flight at start-up; marked unknown, not re-run";
+
+impl InFlight {
+    /// The `run_unknown` audit record of this run's marking, for `reason`.
+    pub fn unknown_event(&self, reason: String) -> Event {
+        Event {
+            event: "run_unknown",
+            tenant: Some(self.tenant.clone()),
+            task: Some(self.task.clone()),
+            request_id: Some(self.request_id.clone()),
+            job_id: Some(self.job_id.clone()),
+            status: Some(RunState::Unknown.into()),
+            reason: Some(reason),
+            ..Default::default()
+        }
+    }
+}
+
 /// The files the retention sweep deletes, called by [`Store::sweep`] while the records it
 /// changes are locked (so an upload cannot revive an object being deleted).
 pub trait RetentionFiles: Send + Sync {
@@ -140,8 +159,10 @@ pub trait Store: Send + Sync {
         now: i64,
     ) -> StoreFuture<'_, bool>;
     /// Start-up (blocking): every run of this node left `queued` or `running` becomes
-    /// `unknown` (a shared store: only the runs this node owned).
-    /// Also returns the job ids of claims this node held on runs it had not started (a shared
+    /// `unknown` (a shared store: only the runs this node owned), each marking audited
+    /// (`run_unknown`, [`UNKNOWN_AT_START_UP`]) so that no marking lacks its record whatever
+    /// moment the process dies at (PostgreSQL: in the marking's transaction; SQLite: the
+    /// records first). Also returns the job ids of claims this node held on runs it had not started (a shared
     /// store only): those runs went back to the queue under new job ids, and the folders
     /// prepared for the old ones are the caller's to remove.
     fn mark_in_flight_unknown(&self, now: i64) -> Result<(Vec<InFlight>, Vec<String>), StoreError>;
@@ -272,17 +293,32 @@ impl Store for SqliteStore {
     }
 
     fn mark_in_flight_unknown(&self, now: i64) -> Result<(Vec<InFlight>, Vec<String>), StoreError> {
-        let rows = self.db.call_sync(|c| db::mark_in_flight_unknown(c, now))?;
-        let unknown = rows
-            .into_iter()
-            .map(|(tenant, request_id, task, job_id)| InFlight {
-                tenant,
-                request_id,
-                task,
-                job_id,
-            })
-            .collect();
-        Ok((unknown, Vec::new()))
+        let to_inflight = |rows: Vec<(String, String, String, String)>| -> Vec<InFlight> {
+            rows.into_iter()
+                .map(|(tenant, request_id, task, job_id)| InFlight {
+                    tenant,
+                    request_id,
+                    task,
+                    job_id,
+                })
+                .collect()
+        };
+        // The records first (the log is a file beside the database): a crash before the
+        // marking's commit leaves the runs in flight, and the next start-up finds, audits
+        // and marks them again. Nothing else writes meanwhile (the data directory's lock).
+        let found = to_inflight(self.db.call_sync(db::in_flight)?);
+        for run in &found {
+            self.audit
+                .append_blocking(&run.unknown_event(UNKNOWN_AT_START_UP.into()))?;
+        }
+        let marked = to_inflight(self.db.call_sync(|c| db::mark_in_flight_unknown(c, now))?);
+        if marked != found {
+            return Err(StoreError::Database(
+                "the runs in flight changed while they were being marked unknown at start-up"
+                    .into(),
+            ));
+        }
+        Ok((marked, Vec::new()))
     }
 
     fn sweep(&self, now: i64, files: Arc<dyn RetentionFiles>) -> StoreFuture<'_, Swept> {
