@@ -101,12 +101,6 @@ fn wait_final(api: &Api, id: &str) -> Value {
 }
 
 /// How many `event` records the audit chain holds for `request_id`.
-fn audited(pg: &Pg, event: &str, request_id: &str) -> String {
-    pg.psql(&format!(
-        "SELECT count(*) FROM audit_log WHERE record LIKE '%\"event\":\"{event}\"%' AND record LIKE '%\"request_id\":\"{request_id}\"%'"
-    ))
-}
-
 /// One value of `/metrics`, by its series' name.
 fn metric(api: &Api, name: &str) -> Option<f64> {
     let text = api
@@ -168,8 +162,8 @@ fn two_workers_execute_each_run_once() {
     for i in 0..n {
         let v = wait_final(&api, &format!("r-{i}"));
         assert_eq!(v["status"], "ok", "{v}");
-        assert_eq!(audited(&pg, "run_start", &format!("r-{i}")), "1");
-        assert_eq!(audited(&pg, "run_end", &format!("r-{i}")), "1");
+        assert_eq!(pg.audited("run_start", &format!("r-{i}")), "1");
+        assert_eq!(pg.audited("run_end", &format!("r-{i}")), "1");
     }
     let (f1, f2) = (w1.job_folders(), w2.job_folders());
     assert_eq!(
@@ -230,8 +224,8 @@ fn a_killed_worker_leaves_its_run_unknown_never_twice() {
     assert_eq!(status_of(&api, "victim")["status"], "unknown");
     assert!(payloads(&marker).is_empty(), "the run executed again");
     assert!(w2.job_folders().is_empty(), "w2 started the killed run");
-    assert_eq!(audited(&pg, "run_start", "victim"), "1");
-    assert_eq!(audited(&pg, "run_unknown", "victim"), "1");
+    assert_eq!(pg.audited("run_start", "victim"), "1");
+    assert_eq!(pg.audited("run_unknown", "victim"), "1");
     assert!(metric(&api, "agentjail_cluster_expired_leases_total").unwrap_or(0.0) >= 1.0);
 }
 
@@ -289,8 +283,8 @@ fn a_worker_that_lost_its_lease_kills_its_sandbox_and_is_refused() {
         v.get("report").is_none() && v.get("artifact").is_none(),
         "{v}"
     );
-    assert_eq!(audited(&pg, "run_start", "fenced"), "1");
-    assert_eq!(audited(&pg, "run_end", "fenced"), "0");
+    assert_eq!(pg.audited("run_start", "fenced"), "1");
+    assert_eq!(pg.audited("run_end", "fenced"), "0");
     // The worker lives on and takes new work.
     let body = json!({"request_id": "after", "task": "sleeper", "inputs": [], "args": ["0"]});
     assert_eq!(api.run(ALICE, &body, "?wait=false").status(), 202);
@@ -353,8 +347,8 @@ fn a_claim_given_up_before_its_start_runs_later_under_a_new_job_id() {
     for id in ["claimed-here", "claimed-by-the-gone"] {
         let v = wait_final(&api, id);
         assert_eq!(v["status"], "ok", "{v}\n{}", w.log());
-        assert_eq!(audited(&pg, "run_start", id), "1", "{id}");
-        assert_eq!(audited(&pg, "run_end", id), "1", "{id}");
+        assert_eq!(pg.audited("run_start", id), "1", "{id}");
+        assert_eq!(pg.audited("run_end", id), "1", "{id}");
     }
     let (now_here, now_gone) = (job_of("claimed-here"), job_of("claimed-by-the-gone"));
     assert!(
@@ -551,8 +545,8 @@ fn a_worker_cut_off_from_the_database_kills_its_sandbox_and_is_refused() {
     }
     let v = status_of(&api, "cut");
     assert_eq!(v["status"], "unknown", "{v}");
-    assert_eq!(audited(&pg, "run_start", "cut"), "1");
-    assert_eq!(audited(&pg, "run_end", "cut"), "0");
+    assert_eq!(pg.audited("run_start", "cut"), "1");
+    assert_eq!(pg.audited("run_end", "cut"), "0");
 }
 
 /// The text of a plain GET (no token) and its status and content type.

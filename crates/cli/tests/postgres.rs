@@ -506,11 +506,7 @@ fn a_replica_killed_while_ending_a_run_leaves_no_unaudited_result() {
     let body = json!({"request_id": "end-1", "task": "sleeper", "inputs": [], "args": ["4"]});
     assert_eq!(a.run(ALICE, &body, "?wait=false").status(), 202);
     a.wait_status("end-1", "running");
-    let records = |event: &str| {
-        pg.psql(&format!(
-            "SELECT count(*) FROM audit_log WHERE record LIKE '%\"event\":\"{event}\"%' AND record LIKE '%\"request_id\":\"end-1\"%'"
-        ))
-    };
+    let records = |event: &str| pg.audited(event, "end-1");
     let deadline = Instant::now() + Duration::from_secs(10);
     while records("run_start") != "1" {
         assert!(Instant::now() < deadline, "run_start never audited");
@@ -578,11 +574,7 @@ fn a_replica_killed_while_marking_its_runs_unknown_leaves_no_unaudited_marking()
     a.wait_status("mark-1", "running");
     a.kill(); // SIGKILL mid-run
     drop(a);
-    let records = || {
-        pg.psql(
-            "SELECT count(*) FROM audit_log WHERE record LIKE '%\"event\":\"run_unknown\"%' AND record LIKE '%\"request_id\":\"mark-1\"%'",
-        )
-    };
+    let records = || pg.audited("run_unknown", "mark-1");
     let lock = pg.hold_advisory_lock(AUDIT_LOCK);
     // The restart, by hand: it must not get past its start-up marking.
     let mut restart = Command::new(common::bin())

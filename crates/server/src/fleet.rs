@@ -26,7 +26,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::app::{AppState, now};
 use crate::pg::{Claimed, JobSpec, PgStore};
-use crate::run_state::RunState;
 use crate::runner::{self, Job, Lease};
 
 /// How often an idle executor looks for work.
@@ -333,31 +332,15 @@ async fn run_claimed(
         _ => {
             drop(permit);
             tracing::error!(job_id = %run.job_id, "a claimed run's spec or args cannot be read; ended as a set-up error");
+            let who = runner::RunIds {
+                actor: &run.actor,
+                tenant: &run.tenant,
+                task: &run.task,
+                request_id: &run.request_id,
+                job_id: &run.job_id,
+            };
             let reason = "the queued run's record cannot be read";
-            let ev = crate::audit::Event {
-                event: "run_end",
-                actor: Some(run.actor.clone()),
-                tenant: Some(run.tenant.clone()),
-                task: Some(run.task.clone()),
-                request_id: Some(run.request_id.clone()),
-                job_id: Some(run.job_id.clone()),
-                status: Some(RunState::SetupError.into()),
-                reason: Some(reason.into()),
-                ..Default::default()
-            };
-            let f = crate::store::FinishRun {
-                job_id: run.job_id.clone(),
-                status: RunState::SetupError,
-                reason: Some(reason.into()),
-                now: now(),
-                report: None,
-                receipt: None,
-                artifact: None,
-                artifact_sha256: None,
-            };
-            if let Err(e) = queue.finish_fenced(f, c.fence, Some(&ev)).await {
-                tracing::error!(job_id = %run.job_id, error = %e, "recording a set-up error failed");
-            }
+            runner::end_claim_as_setup_error(&queue, c.fence, who, reason).await;
         }
     }
     done.cancel();

@@ -117,6 +117,49 @@ async fn record_end(
     }
 }
 
+/// Who and what a run is, for the records of its end.
+pub(crate) struct RunIds<'a> {
+    pub actor: &'a str,
+    pub tenant: &'a str,
+    pub task: &'a str,
+    pub request_id: &'a str,
+    pub job_id: &'a str,
+}
+
+/// Ends a claimed run this executor cannot run as a set-up error (`reason`): the fenced result
+/// and its `run_end` record in one transaction; a failure is logged.
+pub(crate) async fn end_claim_as_setup_error(
+    queue: &crate::pg::PgStore,
+    fence: i64,
+    who: RunIds<'_>,
+    reason: &str,
+) {
+    let ev = Event {
+        event: "run_end",
+        actor: Some(who.actor.into()),
+        tenant: Some(who.tenant.into()),
+        task: Some(who.task.into()),
+        request_id: Some(who.request_id.into()),
+        job_id: Some(who.job_id.into()),
+        status: Some(RunState::SetupError.into()),
+        reason: Some(reason.into()),
+        ..Default::default()
+    };
+    let f = FinishRun {
+        job_id: who.job_id.into(),
+        status: RunState::SetupError,
+        reason: Some(reason.into()),
+        now: now(),
+        report: None,
+        receipt: None,
+        artifact: None,
+        artifact_sha256: None,
+    };
+    if let Err(e) = queue.finish_fenced(f, fence, Some(&ev)).await {
+        tracing::error!(job_id = %who.job_id, error = %e, "recording a set-up error failed");
+    }
+}
+
 /// Resolves when `c` is cancelled; never when there is no token.
 async fn cancelled(c: Option<&CancellationToken>) {
     match c {
@@ -808,31 +851,15 @@ pub async fn execute(
         if let Some(l) = &job.lease {
             // A task type this executor's configuration lacks: ended as a set-up error.
             tracing::error!(job_id = %job.job_id, task = %job.task, "a claimed run names a task type this node's configuration does not have");
+            let who = RunIds {
+                actor: &job.actor,
+                tenant: &job.tenant,
+                task: &job.task,
+                request_id: &job.request_id,
+                job_id: &job.job_id,
+            };
             let reason = "the executor that claimed the run does not know its task type";
-            let ev = Event {
-                event: "run_end",
-                actor: Some(job.actor.clone()),
-                tenant: Some(job.tenant.clone()),
-                task: Some(job.task.clone()),
-                request_id: Some(job.request_id.clone()),
-                job_id: Some(job.job_id.clone()),
-                status: Some(RunState::SetupError.into()),
-                reason: Some(reason.into()),
-                ..Default::default()
-            };
-            let f = FinishRun {
-                job_id: job.job_id.clone(),
-                status: RunState::SetupError,
-                reason: Some(reason.into()),
-                now: now(),
-                report: None,
-                receipt: None,
-                artifact: None,
-                artifact_sha256: None,
-            };
-            if let Err(e) = l.queue.finish_fenced(f, l.fence, Some(&ev)).await {
-                tracing::error!(job_id = %job.job_id, error = %e, "recording a set-up error failed");
-            }
+            end_claim_as_setup_error(&l.queue, l.fence, who, reason).await;
         }
         return;
     };

@@ -279,6 +279,13 @@ impl Pg {
         String::from_utf8_lossy(&o.stdout).trim().to_string()
     }
 
+    /// How many records of the audit chain are `event`s of `request_id`.
+    pub fn audited(&self, event: &str, request_id: &str) -> String {
+        self.psql(&format!(
+            "SELECT count(*) FROM audit_log WHERE record::jsonb->>'event' = '{event}' AND record::jsonb->>'request_id' = '{request_id}'"
+        ))
+    }
+
     /// Holds the session-level advisory lock `key` in a `psql` session of its own until the
     /// returned guard is dropped (the session ends, and the lock with it).
     pub fn hold_advisory_lock(&self, key: i64) -> HeldLock {
