@@ -52,30 +52,17 @@ fn write(p: &Path, content: &[u8]) {
 /// returns the input digest the receipt signs.
 fn signed_input_digest(tree: &Path) -> String {
     let d = tmp();
-    let m = d.path().join("m.yaml");
-    write(
-        &m,
-        format!(
-            "inputs: [{{source: {}, mount: /input/tree}}]\ncommand: [/bin/true]\nlimits: {{seconds: 20}}\n",
-            tree.display()
-        )
-        .as_bytes(),
+    let manifest = format!(
+        "inputs: [{{source: {}, mount: /input/tree}}]\ncommand: [/bin/true]\nlimits: {{seconds: 20}}\n",
+        tree.display()
     );
-    let receipt = d.path().join("receipt.json");
-    let key = d.path().join("key.pem");
-    let out = agentjail(&[
-        OsStr::new("run"),
-        OsStr::new("--manifest"),
-        m.as_os_str(),
-        OsStr::new("--receipt"),
-        receipt.as_os_str(),
-        OsStr::new("--key"),
-        key.as_os_str(),
-        OsStr::new("--source-root"),
-        tree.parent().expect("parent").as_os_str(),
-    ]);
-    assert_eq!(out.code, 0, "{}", out.dump());
-    let st = statement(&receipt);
+    let root = tree.parent().expect("parent");
+    let st = run_signed(
+        d.path(),
+        "m.yaml",
+        manifest.as_bytes(),
+        &[OsStr::new("--source-root"), root.as_os_str()],
+    );
     let inputs = st["predicate"]["inputs"]
         .as_array()
         .expect("inputs")
@@ -88,6 +75,28 @@ fn signed_input_digest(tree: &Path) -> String {
         "{digest}"
     );
     digest
+}
+
+/// Writes `manifest` to `dir/name`, runs it with a receipt signed by a new key in `dir` (and
+/// `extra` arguments), requires exit 0, and returns the receipt's statement.
+fn run_signed(dir: &Path, name: &str, manifest: &[u8], extra: &[&OsStr]) -> Value {
+    let m = dir.join(name);
+    write(&m, manifest);
+    let receipt = dir.join("receipt.json");
+    let key = dir.join("key.pem");
+    let mut args = vec![
+        OsStr::new("run"),
+        OsStr::new("--manifest"),
+        m.as_os_str(),
+        OsStr::new("--receipt"),
+        receipt.as_os_str(),
+        OsStr::new("--key"),
+        key.as_os_str(),
+    ];
+    args.extend_from_slice(extra);
+    let out = agentjail(&args);
+    assert_eq!(out.code, 0, "{}", out.dump());
+    statement(&receipt)
 }
 
 fn statement(receipt: &Path) -> Value {
@@ -216,31 +225,13 @@ fn an_inline_input_is_signed_by_the_digest_of_its_content() {
     let content = "print('signed by value')\n";
     let file = d.path().join("same.py");
     write(&file, content.as_bytes());
-    let m = d.path().join("m.json");
-    write(
-        &m,
-        serde_json::json!({
-            "inputs": [{"source": file.display().to_string(), "mount": "/input/file.py"}],
-            "inline_inputs": [{"mount": "/input/code.py", "content": content}],
-            "command": ["/bin/true"],
-            "limits": {"seconds": 20},
-        })
-        .to_string()
-        .as_bytes(),
-    );
-    let receipt = d.path().join("receipt.json");
-    let key = d.path().join("key.pem");
-    let out = agentjail(&[
-        OsStr::new("run"),
-        OsStr::new("--manifest"),
-        m.as_os_str(),
-        OsStr::new("--receipt"),
-        receipt.as_os_str(),
-        OsStr::new("--key"),
-        key.as_os_str(),
-    ]);
-    assert_eq!(out.code, 0, "{}", out.dump());
-    let st = statement(&receipt);
+    let manifest = serde_json::json!({
+        "inputs": [{"source": file.display().to_string(), "mount": "/input/file.py"}],
+        "inline_inputs": [{"mount": "/input/code.py", "content": content}],
+        "command": ["/bin/true"],
+        "limits": {"seconds": 20},
+    });
+    let st = run_signed(d.path(), "m.json", manifest.to_string().as_bytes(), &[]);
     let inputs = st["predicate"]["inputs"].as_array().expect("inputs");
     let digest_of = |mount: &str| {
         inputs

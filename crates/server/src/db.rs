@@ -319,7 +319,7 @@ pub fn finish_run(c: &Connection, f: &Finish<'_>) -> Result<(), DbError> {
 }
 
 /// The runs left `queued` or `running`: (tenant, request_id, task, job_id), by job id.
-pub fn in_flight(c: &mut Connection) -> Result<Vec<(String, String, String, String)>, DbError> {
+pub fn in_flight(c: &Connection) -> Result<Vec<(String, String, String, String)>, DbError> {
     let mut st = c.prepare(
         "SELECT tenant, request_id, task, job_id FROM runs WHERE status IN ('queued', 'running') ORDER BY job_id",
     )?;
@@ -334,11 +334,7 @@ pub fn mark_in_flight_unknown(
     now: i64,
 ) -> Result<Vec<(String, String, String, String)>, DbError> {
     let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    let rows = {
-        let mut st = tx.prepare("SELECT tenant, request_id, task, job_id FROM runs WHERE status IN ('queued', 'running') ORDER BY job_id")?;
-        let it = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
-        it.collect::<Result<Vec<_>, _>>()?
-    };
+    let rows = in_flight(&tx)?;
     tx.execute(
         "UPDATE runs SET status = 'unknown', reason = 'the service stopped while the run was in flight; its outcome is unknown', finished_at = ?1 WHERE status IN ('queued', 'running')",
         params![now],

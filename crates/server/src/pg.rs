@@ -874,9 +874,10 @@ async fn read_committed(
         .map_err(pg_err)
 }
 
-/// Appends `ev` to the audit chain inside `tx` (READ COMMITTED, see [`read_committed`]): takes the chain's advisory lock (held to the
-/// end of `tx`), reads the head and inserts the next record. Committed with `tx`, so a record
-/// and the write it accounts for land together or not at all.
+/// Appends `ev` to the audit chain inside `tx` (READ COMMITTED, see [`read_committed`]): takes
+/// the chain's advisory lock (held to the end of `tx`), reads the head and inserts the next
+/// record. Committed with `tx`, so a record and the write it accounts for land together or not
+/// at all.
 async fn append_audit_in(
     tx: &deadpool_postgres::Transaction<'_>,
     ev: &Event,

@@ -145,16 +145,7 @@ pub(crate) async fn end_claim_as_setup_error(
         reason: Some(reason.into()),
         ..Default::default()
     };
-    let f = FinishRun {
-        job_id: who.job_id.into(),
-        status: RunState::SetupError,
-        reason: Some(reason.into()),
-        now: now(),
-        report: None,
-        receipt: None,
-        artifact: None,
-        artifact_sha256: None,
-    };
+    let f = FinishRun::without_outputs(who.job_id, RunState::SetupError, reason.into(), now());
     if let Err(e) = queue.finish_fenced(f, fence, Some(&ev)).await {
         tracing::error!(job_id = %who.job_id, error = %e, "recording a set-up error failed");
     }
@@ -807,16 +798,7 @@ async fn end_unstarted(
         reason: Some(reason.clone()),
         ..event
     };
-    let f = FinishRun {
-        job_id: job.job_id.clone(),
-        status,
-        reason: Some(reason),
-        now: now(),
-        report: None,
-        receipt: None,
-        artifact: None,
-        artifact_sha256: None,
-    };
+    let f = FinishRun::without_outputs(&job.job_id, status, reason, now());
     if let Err(e) = record_end(state, job, f, ev).await {
         tracing::error!(error = %e, job_id = %job.job_id, status = status.as_str(), "recording the end of a run that did not start failed");
         if matches!(e, crate::store::StoreError::Fenced(_)) {

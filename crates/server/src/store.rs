@@ -69,6 +69,23 @@ pub struct FinishRun {
     pub artifact_sha256: Option<String>,
 }
 
+impl FinishRun {
+    /// The end, at `now`, of a run that left no report, receipt or artifact (it never started,
+    /// or could not be run here).
+    pub fn without_outputs(job_id: &str, status: RunState, reason: String, now: i64) -> FinishRun {
+        FinishRun {
+            job_id: job_id.to_string(),
+            status,
+            reason: Some(reason),
+            now,
+            report: None,
+            receipt: None,
+            artifact: None,
+            artifact_sha256: None,
+        }
+    }
+}
+
 /// A run found in flight at start-up (marked `unknown`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InFlight {
@@ -162,9 +179,9 @@ pub trait Store: Send + Sync {
     /// `unknown` (a shared store: only the runs this node owned), each marking audited
     /// (`run_unknown`, [`UNKNOWN_AT_START_UP`]) so that no marking lacks its record whatever
     /// moment the process dies at (PostgreSQL: in the marking's transaction; SQLite: the
-    /// records first). Also returns the job ids of claims this node held on runs it had not started (a shared
-    /// store only): those runs went back to the queue under new job ids, and the folders
-    /// prepared for the old ones are the caller's to remove.
+    /// records first). Also returns the job ids of claims this node held on runs it had not
+    /// started (a shared store only): those runs went back to the queue under new job ids, and
+    /// the folders prepared for the old ones are the caller's to remove.
     fn mark_in_flight_unknown(&self, now: i64) -> Result<(Vec<InFlight>, Vec<String>), StoreError>;
     /// Retention at `now`: clears expired outputs, lists expired job folders, deletes
     /// expired inputs no in-flight run refers to, and their orphaned objects.
@@ -306,7 +323,7 @@ impl Store for SqliteStore {
         // The records first (the log is a file beside the database): a crash before the
         // marking's commit leaves the runs in flight, and the next start-up finds, audits
         // and marks them again. Nothing else writes meanwhile (the data directory's lock).
-        let found = to_inflight(self.db.call_sync(db::in_flight)?);
+        let found = to_inflight(self.db.call_sync(|c| db::in_flight(c))?);
         for run in &found {
             self.audit
                 .append_blocking(&run.unknown_event(UNKNOWN_AT_START_UP.into()))?;
