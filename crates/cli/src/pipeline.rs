@@ -30,6 +30,12 @@ pub struct Delivery {
     /// them in its own store, durably, before it answers; after a crash before that, the run
     /// is `unknown` whatever the folder holds.
     pub for_service: bool,
+    /// `run --results-on-lifeline` (for `agentjail serve`): the verified artifact, the receipt
+    /// and the report go back to the service over the lifeline (a socket), in
+    /// [`agentjail_manifest::results`] frames, and nothing is written to any file: the output
+    /// is collected into memory ([`agentjail_verify::collect::collect_to_memory`]) and
+    /// verified there. `output_dir`, `report` and `receipt` are then `None`.
+    pub results: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
 }
 
 /// What a finished run produced.
@@ -151,15 +157,17 @@ pub fn execute_in(
         None => None,
     };
     // Load (or create) the signing key before the run, so a key problem costs no run.
-    let key = match &delivery.receipt {
-        Some(_) => {
+    let signs =
+        delivery.receipt.is_some() || (delivery.results.is_some() && delivery.key.is_some());
+    let key = match signs {
+        true => {
             let path = delivery
                 .key
                 .clone()
                 .unwrap_or_else(receipt::default_key_path);
             Some(ReceiptKey::load_or_create(&path).map_err(|e| SetupFailure(e.to_string()))?)
         }
-        None => None,
+        false => None,
     };
     timing::mark("pipeline: key, schema");
     let selected = select_root(vm, store);
@@ -220,7 +228,10 @@ pub fn execute_in(
     let mut artifact = None;
     if let Some(fd) = output_dir.as_ref() {
         let fd = std::os::fd::AsFd::as_fd(fd);
-        if staging.is_none() && agentjail_verify::collect::has_entries(fd) {
+        if staging.is_none()
+            && delivery.results.is_none()
+            && agentjail_verify::collect::has_entries(fd)
+        {
             staging = Some(
                 tempfile::Builder::new()
                     .prefix("agentjail-output-")
@@ -230,11 +241,16 @@ pub fn execute_in(
             );
         }
         let stage = staging.as_ref().map(|s| s.path());
+        let dest = match (stage, &delivery.results) {
+            (_, Some(_)) => Dest::Memory,
+            (Some(s), None) => Dest::Dir(s),
+            (None, None) => Dest::Empty,
+        };
         verify_output(
             vm,
             &mut report,
             fd,
-            stage,
+            dest,
             output_full,
             schema.as_ref(),
             &mut artifact,
@@ -255,28 +271,16 @@ pub fn execute_in(
         }
     }
 
-    if let (Some(path), Some(key)) = (&delivery.receipt, &key)
-        && report.status != Status::SetupError
-    {
-        // What is signed must be true: an input that cannot be hashed fails the run.
-        let inputs = vm
-            .inputs
-            .iter()
-            .map(|i| {
-                agentjail_verify::digest::input_digest(&i.host_path)
-                    .map(|d| (i.mount.clone(), d))
-                    .map_err(|e| SetupFailure(format!("input {}: {e}; no receipt", i.mount)))
-            })
-            .chain(vm.inline.iter().map(|i| {
-                Ok((
-                    i.mount.clone(),
-                    agentjail_verify::digest::bytes_digest(i.content.as_bytes()),
-                ))
-            }))
-            .collect::<Result<Vec<_>, _>>()?;
-        let env = receipt::sign(key, &report, &inputs, &report.output.files)
-            .map_err(|e| SetupFailure(e.to_string()))?;
-        write_file(path, env.to_json().as_bytes(), !delivery.for_service)?;
+    // What is signed must be true: an input that cannot be hashed fails the run.
+    let signed = match &key {
+        Some(key) if report.status != Status::SetupError => Some(sign_receipt(key, vm, &report)?),
+        _ => None,
+    };
+    if let (Some(path), Some(env)) = (&delivery.receipt, &signed) {
+        write_file(path, env.as_bytes(), !delivery.for_service)?;
+    }
+    if let Some(fd) = &delivery.results {
+        send_results(fd, &report, signed.as_deref(), artifact.as_deref())?;
     }
     timing::mark("pipeline: output verified, receipt signed");
     write_report(delivery, &report)?;
@@ -397,17 +401,25 @@ fn verify_output(
     vm: &ValidatedManifest,
     report: &mut RunReport,
     fd: std::os::fd::BorrowedFd<'_>,
-    stage: Option<&Path>,
+    dest: Dest<'_>,
     output_full: bool,
     schema: Option<&agentjail_verify::schema::SchemaChecker>,
     artifact: &mut Option<Vec<u8>>,
 ) {
     let limit = vm.manifest.limits.output_bytes();
-    let collected = match stage.map(|stage| agentjail_verify::collect::collect(fd, stage, limit)) {
+    let mut in_memory = Vec::new();
+    let collected = match dest {
         // No staging folder: /output was empty.
-        None => agentjail_verify::collect::CollectReport::default(),
-        Some(Ok(c)) => c,
-        Some(Err(e)) => {
+        Dest::Empty => Ok(agentjail_verify::collect::CollectReport::default()),
+        Dest::Dir(stage) => agentjail_verify::collect::collect(fd, stage, limit),
+        Dest::Memory => agentjail_verify::collect::collect_to_memory(fd, limit).map(|m| {
+            in_memory = m.contents;
+            m.report
+        }),
+    };
+    let collected = match collected {
+        Ok(c) => c,
+        Err(e) => {
             report.deny(DenialKind::Output, format!("collection failed: {e}"));
             if report.status == Status::Ok {
                 report.status = Status::OutputRejected;
@@ -479,8 +491,16 @@ fn verify_output(
                     });
                 }
                 Some(f) => {
-                    let path = stage.map(|s| s.join(&f.path)).unwrap_or_default();
-                    let errors = check_artifact(&path, &name, schema, artifact);
+                    let bytes = match dest {
+                        Dest::Memory => in_memory
+                            .iter_mut()
+                            .find(|(p, _)| *p == f.path)
+                            .map(|(_, c)| std::mem::take(c))
+                            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound)),
+                        Dest::Dir(s) => std::fs::read(s.join(&f.path)),
+                        Dest::Empty => Err(std::io::Error::from(std::io::ErrorKind::NotFound)),
+                    };
+                    let errors = check_artifact(bytes, &name, schema, artifact);
                     if errors.is_empty() {
                         report.output.files.push(f);
                     } else {
@@ -535,14 +555,91 @@ fn list_rejected(report: &mut RunReport, path: String, reason: String) {
     }
 }
 
+/// Where [`verify_output`] collects `/output` to.
+#[derive(Clone, Copy)]
+enum Dest<'a> {
+    /// Nowhere: `/output` is empty (no staging folder was made).
+    Empty,
+    /// A private staging folder.
+    Dir(&'a Path),
+    /// Memory (`run --results-on-lifeline`).
+    Memory,
+}
+
+/// The run's signed receipt (a DSSE envelope, as JSON) over its report, inputs and output.
+fn sign_receipt(
+    key: &ReceiptKey,
+    vm: &ValidatedManifest,
+    report: &RunReport,
+) -> Result<String, SetupFailure> {
+    let inputs = vm
+        .inputs
+        .iter()
+        .map(|i| {
+            agentjail_verify::digest::input_digest(&i.host_path)
+                .map(|d| (i.mount.clone(), d))
+                .map_err(|e| SetupFailure(format!("input {}: {e}; no receipt", i.mount)))
+        })
+        .chain(vm.inline.iter().map(|i| {
+            Ok((
+                i.mount.clone(),
+                agentjail_verify::digest::bytes_digest(i.content.as_bytes()),
+            ))
+        }))
+        .collect::<Result<Vec<_>, _>>()?;
+    let env = receipt::sign(key, report, &inputs, &report.output.files)
+        .map_err(|e| SetupFailure(e.to_string()))?;
+    Ok(env.to_json())
+}
+
+/// Sends a run's results to the service over the lifeline: the verified artifact (status
+/// `ok` only) and the signed receipt; the report follows ([`write_report`]), and the service
+/// takes it as the end of the results.
+fn send_results(
+    fd: &std::os::fd::OwnedFd,
+    report: &RunReport,
+    receipt: Option<&str>,
+    artifact: Option<&[u8]>,
+) -> Result<(), SetupFailure> {
+    use agentjail_manifest::results::{ARTIFACT, RECEIPT};
+    let fail = |e: std::io::Error| SetupFailure(format!("lifeline: sending the results: {e}"));
+    if report.status == Status::Ok
+        && let Some(a) = artifact
+    {
+        send_frame(fd, ARTIFACT, a).map_err(fail)?;
+    }
+    if let Some(r) = receipt {
+        send_frame(fd, RECEIPT, r.as_bytes()).map_err(fail)?;
+    }
+    Ok(())
+}
+
+/// Writes one results frame ([`agentjail_manifest::results`]) to the lifeline socket, whole
+/// (it waits while the service reads), with `MSG_NOSIGNAL`: a service that is gone is an
+/// error here, never a SIGPIPE.
+pub fn send_frame(fd: &std::os::fd::OwnedFd, tag: u8, body: &[u8]) -> std::io::Result<()> {
+    let head = agentjail_manifest::results::header(tag, body.len() as u64);
+    for mut part in [&head[..], body] {
+        while !part.is_empty() {
+            match rustix::net::send(fd, part, rustix::net::SendFlags::NOSIGNAL) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => part = part.get(n..).unwrap_or_default(),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Type and schema checks of the named output.
 fn check_artifact(
-    path: &Path,
+    collected: std::io::Result<Vec<u8>>,
     name: &str,
     schema: Option<&agentjail_verify::schema::SchemaChecker>,
     artifact: &mut Option<Vec<u8>>,
 ) -> Vec<OutputError> {
-    let bytes = match std::fs::read(path) {
+    let bytes = match collected {
         Ok(b) => b,
         Err(e) => {
             return vec![OutputError {
@@ -703,6 +800,12 @@ fn own_umask() -> Option<u32> {
 }
 
 fn write_report(delivery: &Delivery, r: &RunReport) -> Result<(), SetupFailure> {
+    if let Some(fd) = &delivery.results {
+        let bytes = serde_json::to_vec(r)
+            .map_err(|e| SetupFailure(format!("cannot encode the report: {e}")))?;
+        return send_frame(fd, agentjail_manifest::results::REPORT, &bytes)
+            .map_err(|e| SetupFailure(format!("lifeline: sending the report: {e}")));
+    }
     if let Some(p) = &delivery.report {
         let mut bytes = serde_json::to_vec_pretty(r)
             .map_err(|e| SetupFailure(format!("cannot encode the report: {e}")))?;

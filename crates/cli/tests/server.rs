@@ -1023,6 +1023,128 @@ fn startup_sweep_kills_only_this_data_dirs_leftover_runners() {
     let _ = decoy.wait();
 }
 
+/// Issue #15, performance: `run --results-on-lifeline` (the service's runner) sends the
+/// verified artifact, the signed receipt and the report back over its lifeline, a Unix
+/// socket, and writes no file. The command inside is hostile: it looks for a socket among its
+/// descriptors and writes a forged report frame (sentinel `forged-by-the-sandbox`) to every
+/// descriptor it has; the control is its own socketpair, which the same check must find. The
+/// service must get the runner's frames only: the artifact, a receipt, and the genuine report.
+#[test]
+fn results_come_back_on_the_lifeline_and_the_sandbox_cannot_forge_them() {
+    use std::io::{Read, Write};
+    let dir = common::tmp();
+    let src = dir.path().join("src");
+    let cwd = dir.path().join("cwd");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&cwd).unwrap();
+    std::fs::write(src.join("data.txt"), "zz-input\n").unwrap();
+    for d in [&src, &cwd] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::set_permissions(src.join("data.txt"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let probe = r#"
+import json, os, socket, stat
+forged = json.dumps({"status": "ok", "request_id": "forged-by-the-sandbox"}).encode()
+frame = b"R" + len(forged).to_bytes(8, "little") + forged
+a, b = socket.socketpair()
+def is_sock(fd):
+    try:
+        return stat.S_ISSOCK(os.fstat(fd).st_mode)
+    except OSError:
+        return False
+control = is_sock(a.fileno())
+fds = sorted(int(f) for f in os.listdir("/proc/self/fd"))
+ours = {a.fileno(), b.fileno()}
+sockets = [fd for fd in fds if fd not in ours and is_sock(fd)]
+written = []
+for fd in fds:
+    if fd in ours:
+        continue
+    try:
+        os.write(fd, frame)
+        written.append(fd)
+    except OSError:
+        pass
+json.dump({"control": control, "sockets": sockets, "written": written,
+           "input": open("/input/data.txt").read()}, open("/output/o.json", "w"))
+"#;
+    let manifest = json!({
+        "inputs": [{"source": src.join("data.txt"), "mount": "/input/data.txt", "mode": "read-only"}],
+        "output": "/output/o.json",
+        "command": ["/usr/bin/python3", "-c", probe],
+    });
+    let key = dir.path().join("key.pem");
+    let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let c = Command::new(common::bin())
+        .args([
+            "run",
+            "--lifeline",
+            "--results-on-lifeline",
+            "--allow-degraded",
+        ])
+        .arg("--source-root")
+        .arg(&src)
+        .arg("--key")
+        .arg(&key)
+        .current_dir(&cwd)
+        .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    ours.write_all(format!("{manifest}\n").as_bytes()).unwrap();
+    let mut frames: Vec<(u8, Vec<u8>)> = Vec::new();
+    loop {
+        let mut head = [0u8; 9];
+        if ours.read_exact(&mut head).is_err() {
+            break;
+        }
+        let len = u64::from_le_bytes(head[1..].try_into().unwrap()) as usize;
+        let mut body = vec![0u8; len];
+        ours.read_exact(&mut body).unwrap();
+        frames.push((head[0], body));
+    }
+    let out = c.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let tags: Vec<char> = frames.iter().map(|(t, _)| *t as char).collect();
+    assert_eq!(tags, ['A', 'C', 'R'], "{stderr}");
+    let artifact: Value = serde_json::from_slice(&frames[0].1).unwrap();
+    assert_eq!(
+        artifact["control"], true,
+        "the probe cannot see a socket: {artifact}"
+    );
+    assert_eq!(artifact["sockets"], json!([]), "{artifact}");
+    assert_eq!(artifact["input"], "zz-input\n", "{artifact}");
+    let report: Value = serde_json::from_slice(&frames[2].1).unwrap();
+    assert_eq!(report["status"], "ok", "{report}");
+    assert_ne!(report["request_id"], "forged-by-the-sandbox", "{report}");
+    assert_eq!(
+        report["output"]["files"][0]["sha256"],
+        format!("sha256:{}", sha256_hex(&frames[0].1)),
+        "{report}"
+    );
+    let receipt: Value = serde_json::from_slice(&frames[1].1).unwrap();
+    assert!(receipt["signatures"].is_array(), "{receipt}");
+    // Nothing written: not in the working folder, not beside the inputs.
+    assert!(std::fs::read_dir(&cwd).unwrap().next().is_none());
+    assert_eq!(std::fs::read_dir(&src).unwrap().count(), 1);
+    // Only for the service's runner, and never with files to write as well.
+    for extra in [
+        &["--report", "r.json"][..],
+        &["--output-dir", "o"],
+        &["--job-dir", "."],
+    ] {
+        let o = Command::new(common::bin())
+            .args(["run", "--lifeline", "--results-on-lifeline"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(125), "{extra:?}: {o:?}");
+    }
+}
+
 /// Issue #15 (performance): the service no longer starts its runner in the job folder (a child
 /// with a working directory is forked; without one, posix_spawn'd), but names the folder with
 /// `--job-dir`, and the runner changes into it before anything else. Attacked here with the
@@ -1208,9 +1330,19 @@ logs_seconds = 3600
     // needed there, not because the run failed to get it).
     assert_eq!(v["artifact"]["json"]["code_len"], code.len(), "{v}");
     check("after the run");
-    assert!(job.join("out").exists() && job.join("report.json").exists());
+    // The run's report, receipt and artifact came back over the runner's lifeline into the
+    // store: no copy of them is on disk, only the log the run wrote.
+    let entries = |dir: &std::path::Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(entries(&job), ["stdout.log"], "{}", job.display());
 
-    // Retention (outputs_seconds = 2, a sweep every second): 410 and the files are gone.
+    // Retention (outputs_seconds = 2, a sweep every second): 410.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let r = s.get(ALICE, "/v1/runs/priv-1/artifact");
@@ -1220,23 +1352,8 @@ logs_seconds = 3600
         assert!(Instant::now() < deadline, "the artifact never expired");
         std::thread::sleep(Duration::from_millis(200));
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let left: Vec<_> = ["out", "report.json", "receipt.json"]
-            .iter()
-            .filter(|f| job.join(f).exists())
-            .collect();
-        if left.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "answered 410 but still on disk: {left:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
     // The logs stay until logs_seconds.
-    assert!(job.join("stdout.log").exists());
+    assert_eq!(entries(&job), ["stdout.log"], "{}", job.display());
 }
 
 /// Issue #15, item 5: an input referenced by a queued run is not swept before the run ends,
@@ -1611,17 +1728,10 @@ fn a_failed_running_mark_stops_the_started_runner_before_its_payload() {
         "{v}"
     );
     let job = data.join("jobs").join(v["job_id"].as_str().unwrap());
-    // The runner had been started (before the mark) and ended for want of its manifest.
-    let report: Value =
-        serde_json::from_slice(&std::fs::read(job.join("report.json")).unwrap()).unwrap();
-    assert_eq!(report["status"], "setup_error", "{report}");
-    assert!(
-        report["error"]
-            .as_str()
-            .unwrap_or("")
-            .contains("stdin ended before the manifest"),
-        "{report}"
-    );
+    // The runner had been started (before the mark) and ended for want of its manifest (its
+    // one line on stderr, in the job's log).
+    let err = std::fs::read_to_string(job.join("stderr.log")).unwrap();
+    assert!(err.contains("stdin ended before the manifest"), "{err}");
     // Longer than the watcher's period: a payload that had started would have been seen.
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(
@@ -1944,7 +2054,6 @@ fn the_output_schema_is_written_once_per_schema_not_per_job() {
         assert_eq!(s.run(ALICE, &body, "").status(), 200);
         let v = wait_status(&s, &id, "ok");
         let job = data.join("jobs").join(v["job_id"].as_str().unwrap());
-        assert!(job.is_dir(), "{}", job.display());
         assert!(
             !job.join("output.schema.json").exists(),
             "a job folder holds a copy of the schema"
@@ -1969,8 +2078,9 @@ fn the_output_schema_is_written_once_per_schema_not_per_job() {
 
 /// Issue #15, performance (per-run file-system work): the runner's stdout and stderr come back
 /// through pipes that the service drains into the job folder; a log file is created only once
-/// its stream has a first byte (a run that writes nothing costs no log inode), 0600, and holds
-/// what the command wrote (the sentinels), bounded.
+/// its stream has a first byte, 0600, in a job folder (0700) created only then, and holds what
+/// the command wrote (the sentinels), bounded. A run that writes nothing costs no inode at all:
+/// its results come back over the lifeline.
 #[test]
 fn run_logs_are_created_only_for_streams_that_have_output() {
     let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
@@ -1998,14 +2108,11 @@ max_bytes = 1000
         "logs-silent",
         "import json\njson.dump({}, open('/output/o.json', 'w'))\n",
     );
-    assert!(silent.join("report.json").exists(), "{}", silent.display());
-    for log in ["stdout.log", "stderr.log"] {
-        assert!(
-            !silent.join(log).exists(),
-            "a run that wrote nothing left {log}: {:?}",
-            std::fs::read_to_string(silent.join(log))
-        );
-    }
+    assert!(
+        !silent.exists(),
+        "a run that wrote nothing has a job folder: {:?}",
+        std::fs::read_dir(&silent).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+    );
     let talk = job_of(
         "logs-talk",
         "import json, sys\nprint('zz-out-sentinel')\nprint('zz-err-sentinel', file=sys.stderr)\nsys.stdout.write('x' * 3000000)\njson.dump({}, open('/output/o.json', 'w'))\n",
@@ -2023,6 +2130,10 @@ max_bytes = 1000
         out.len()
     );
     assert!(err.contains("zz-err-sentinel"), "{err}");
+    assert_eq!(
+        std::fs::metadata(&talk).unwrap().permissions().mode() & 0o7777,
+        0o700
+    );
     for log in ["stdout.log", "stderr.log"] {
         let m = std::fs::metadata(talk.join(log))
             .unwrap()

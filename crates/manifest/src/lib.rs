@@ -17,6 +17,7 @@
 //! Tested by unit tests in this crate and by the CLI's integration tests, which run real manifests.
 
 pub mod report;
+pub mod results;
 pub mod text;
 
 use std::collections::BTreeMap;

@@ -284,61 +284,31 @@ pub fn manifest_digest(
     Ok(format!("sha256:{}", crate::config::sha256_hex(&bytes)))
 }
 
-/// Why a job's folder could not be prepared (logged; the run ends as a set-up failure).
+/// Why a job could not be prepared (logged; the run ends as a set-up failure).
 #[derive(Debug, thiserror::Error)]
 pub enum PrepareError {
-    /// Creating, writing or restricting a file or folder of the job.
-    #[error("{}: {source}", .path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
     /// The manifest could not be encoded.
     #[error("manifest: {0}")]
     Encode(#[from] serde_json::Error),
 }
 
-fn io_at(path: &Path) -> impl FnOnce(std::io::Error) -> PrepareError + '_ {
-    move |source| PrepareError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
 /// The environment variable that marks a runner as this data directory's (start-up sweep).
 pub const SERVICE_MARK: &str = "AGENTJAIL_SERVICE_DATA";
 
-/// Prepares the job folder (0700; the runner adds logs, report, receipt and output; the
-/// output schema was written once at start-up); returns the manifest as one line of JSON,
-/// which reaches the runner through its stdin and is never written to disk (it holds the
-/// task's env values and the request's code).
+/// The job's manifest as one line of JSON, which reaches the runner through its lifeline and is
+/// never written to disk (it holds the task's env values and the request's code). No file is
+/// made for a run: the runner sends its results back over the lifeline, and the job folder
+/// (`DATA/jobs/<job_id>`, 0700) is created only when the run writes to its stdout or stderr,
+/// for their logs ([`Logs`]).
 fn prepare(state: &AppState, task: &Task, job: &Job) -> Result<Vec<u8>, PrepareError> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    let dir = job_dir(state, &job.job_id);
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&dir)
-        .map_err(io_at(&dir))?;
-    // The umask may have taken bits away; a chmod only then (it costs an inode write).
-    if std::fs::symlink_metadata(&dir)
-        .map_err(io_at(&dir))?
-        .permissions()
-        .mode()
-        & 0o7777
-        != 0o700
-    {
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(io_at(&dir))?;
-    }
     let m = build_manifest(state, task, job);
     let mut line = serde_json::to_vec(&m)?;
     line.push(b'\n');
     Ok(line)
 }
 
-/// Makes everything below `dir` private (dirs 0700, files 0600). The runner creates what it
-/// writes there private already (`run --job-dir`), so normally nothing is changed: a mode is
+/// Makes everything below `dir` private (dirs 0700, files 0600). A job folder holds only the
+/// logs, which the service creates private itself, so normally nothing is changed: a mode is
 /// set only where it is not the private one (a chmod dirties the inode: a disk write per file).
 fn make_private(dir: &Path) {
     use std::os::unix::fs::PermissionsExt;
@@ -377,22 +347,14 @@ struct Outcome {
     denials: Vec<String>,
 }
 
-fn read_bounded(p: &Path, max: u64) -> Option<Vec<u8>> {
-    use std::io::Read;
-    let f = std::fs::File::open(p).ok()?;
-    let mut buf = Vec::new();
-    f.take(max + 1).read_to_end(&mut buf).ok()?;
-    (buf.len() as u64 <= max).then_some(buf)
-}
-
 /// A runner that has been started in its job folder and waits for its manifest on the
 /// lifeline. `agentjail run --lifeline` reads nothing before its manifest, so nothing of the
 /// run can happen before [`hand_over_and_wait`]; [`Started::abort`] ends it instead.
 struct Started {
     child: tokio::process::Child,
-    /// The write end of the runner's stdin: the manifest goes through it, then it stays open
-    /// until the runner exits.
-    lifeline: std::io::PipeWriter,
+    /// The service's end of the runner's stdin, a Unix socket: the manifest goes through it,
+    /// the results come back on it ([`Results`]), and it stays open until the runner exits.
+    lifeline: std::os::unix::net::UnixStream,
     /// Its stdout and stderr, on their way to the job folder.
     logs: Logs,
 }
@@ -441,6 +403,22 @@ impl Logs {
     }
 }
 
+/// Creates a run's job folder, private (0700), unless it exists (its other log made it).
+fn job_folder(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {
+            // The umask may have taken bits away; a chmod only then (it costs an inode write).
+            if std::fs::symlink_metadata(dir)?.permissions().mode() & 0o7777 != 0o700 {
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Copies one of the runner's streams into `path` (see [`Logs`]).
 async fn drain_log(mut from: impl tokio::io::AsyncRead + Unpin, path: PathBuf) {
     use std::io::Write;
@@ -459,6 +437,13 @@ async fn drain_log(mut from: impl tokio::io::AsyncRead + Unpin, path: PathBuf) {
             continue;
         }
         if file.is_none() {
+            if let Some(dir) = path.parent()
+                && let Err(e) = job_folder(dir)
+            {
+                tracing::warn!(path = %dir.display(), error = %e, "cannot create a run's job folder; its output is dropped");
+                room = 0;
+                continue;
+            }
             match std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -488,34 +473,27 @@ async fn drain_log(mut from: impl tokio::io::AsyncRead + Unpin, path: PathBuf) {
 /// through pipes to the folder's logs ([`Logs`]). It then waits for its manifest.
 fn spawn_runner(state: &AppState, task: &Task, job: &Job) -> Result<Started, &'static str> {
     let dir = job_dir(state, &job.job_id);
-    // The lifeline: the runner's stdin is a pipe whose write end only this process holds
-    // (close-on-exec, so no other child keeps it). The manifest goes through it first; then it
-    // stays open until the run ends. If this process dies, the runner sees the hang-up, kills
-    // its sandbox and exits: no run outlives the service.
-    let (lifeline_r, lifeline) = std::io::pipe().map_err(|e| {
-        tracing::error!(job_id = %job.job_id, error = %e, "cannot create the lifeline pipe");
-        "cannot create the lifeline pipe"
+    // The lifeline: the runner's stdin is a Unix socket whose other end only this process
+    // holds (close-on-exec, so no other child keeps it). The manifest goes through it first,
+    // the results come back on it; it stays open until the run ends. If this process dies,
+    // the runner sees the hang-up, kills its sandbox and exits: no run outlives the service.
+    let (lifeline, theirs) = std::os::unix::net::UnixStream::pair().map_err(|e| {
+        tracing::error!(job_id = %job.job_id, error = %e, "cannot create the lifeline socket");
+        "cannot create the lifeline socket"
     })?;
     let data = &state.inner.data_dir;
     let mut cmd = tokio::process::Command::new(&state.inner.runner);
-    // The runner changes into the job folder itself (`--job-dir`): a child started with a
-    // working directory (`current_dir`) is forked, which copies this multi-threaded process's
-    // page tables and makes every page copy-on-write until the exec; without one, std starts
-    // it with posix_spawn (clone with CLONE_VM | CLONE_VFORK). docs/performance.md (#15).
+    // No working directory (`current_dir`): a child started with one is forked, which copies
+    // this multi-threaded process's page tables and makes every page copy-on-write until the
+    // exec; without one, std starts it with posix_spawn (clone with CLONE_VM | CLONE_VFORK).
+    // The runner writes no file: its results come back on the lifeline. docs/performance.md.
     cmd.arg("run")
         .arg("--lifeline")
-        .arg("--job-dir")
-        .arg(&dir)
+        .arg("--results-on-lifeline")
         .arg("--source-root")
         .arg(data.join("objects"))
         .arg("--source-root")
         .arg(data.join("schemas"))
-        .arg("--output-dir")
-        .arg(dir.join("out"))
-        .arg("--report")
-        .arg(dir.join("report.json"))
-        .arg("--receipt")
-        .arg(dir.join("receipt.json"))
         .arg("--key")
         .arg(data.join("private").join("receipt-key.pem"));
     if state.inner.allow_degraded {
@@ -537,7 +515,7 @@ fn spawn_runner(state: &AppState, task: &Task, job: &Job) -> Result<Started, &'s
             }
         }
     }
-    cmd.stdin(Stdio::from(lifeline_r))
+    cmd.stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
@@ -546,7 +524,7 @@ fn spawn_runner(state: &AppState, task: &Task, job: &Job) -> Result<Started, &'s
         "cannot start the runner"
     })?;
     let logs = Logs::start(&dir, child.stdout.take(), child.stderr.take());
-    // `cmd` holds the read end until dropped (here); the runner's copy is the only one left.
+    // `cmd` holds the runner's end until dropped (here); the runner's copy is the only one left.
     Ok(Started {
         child,
         lifeline,
@@ -591,26 +569,118 @@ enum Ended {
 }
 
 /// Hands the manifest over (from here on the run may execute) and waits for the runner to
-/// exit, bounded by the task's limit plus a margin, or to be cancelled; then for its logs.
-async fn hand_over_and_wait(started: Started, task: &Task, job: &Job, manifest: Vec<u8>) -> Ended {
+/// exit, bounded by the task's limit plus a margin, or to be cancelled; then for its results
+/// and logs.
+async fn hand_over_and_wait(
+    started: Started,
+    task: &Task,
+    job: &Job,
+    manifest: Vec<u8>,
+) -> (Ended, Results) {
     let Started {
         child,
         lifeline,
         logs,
     } = started;
-    let ended = run_to_exit(child, lifeline, task, job, manifest).await;
+    let (ended, results) = run_to_exit(child, lifeline, task, job, manifest).await;
+    let results = match results {
+        Some(r) => {
+            let abort = r.abort_handle();
+            match tokio::time::timeout(LOG_DRAIN, r).await {
+                Ok(Ok(r)) => r,
+                _ => {
+                    abort.abort();
+                    Results::default()
+                }
+            }
+        }
+        None => Results::default(),
+    };
     logs.finish().await;
-    ended
+    (ended, results)
 }
 
-/// [`hand_over_and_wait`] up to the runner's exit.
+/// What a runner sent back on its lifeline (`run --results-on-lifeline`,
+/// [`agentjail_manifest::results`]): its report, receipt and verified artifact, each read
+/// within a bound. The first report ends the results.
+#[derive(Default)]
+struct Results {
+    report: Option<Vec<u8>>,
+    receipt: Option<Vec<u8>>,
+    artifact: Option<Vec<u8>>,
+    /// The artifact's frame was larger than the task's `output.max_bytes` (not kept).
+    artifact_too_big: bool,
+}
+
+/// The most a report or a receipt may take on the lifeline.
+const RESULT_LIMIT: u64 = 4 * 1024 * 1024;
+
+/// Reads the runner's results until the lifeline ends (the runner exited). Holds the
+/// service's end of the lifeline until then, so the runner never sees a hang-up while it runs.
+/// A frame over its bound is read and dropped; a frame with an unknown tag ends the reading
+/// (what came before stands), and the rest of the stream is drained.
+async fn read_results(stream: tokio::net::UnixStream, artifact_max: u64) -> Results {
+    use agentjail_manifest::results::{ARTIFACT, HEADER_LEN, RECEIPT, REPORT, parse_header};
+    use tokio::io::AsyncReadExt;
+    let mut r = Results::default();
+    let mut stream = stream;
+    let mut sink = [0u8; 16 * 1024];
+    loop {
+        let mut head = [0u8; HEADER_LEN];
+        if stream.read_exact(&mut head).await.is_err() {
+            break;
+        }
+        let (tag, len) = parse_header(&head);
+        let limit = match tag {
+            ARTIFACT => artifact_max,
+            RECEIPT | REPORT => RESULT_LIMIT,
+            _ => break,
+        };
+        let mut body = (&mut stream).take(len);
+        if len > limit {
+            // Read and dropped, so the runner is never blocked on a full socket.
+            while let Ok(n) = body.read(&mut sink).await {
+                if n == 0 {
+                    break;
+                }
+            }
+            if tag == ARTIFACT {
+                r.artifact_too_big = true;
+            }
+            continue;
+        }
+        let mut bytes = Vec::with_capacity(len as usize);
+        if body.read_to_end(&mut bytes).await.is_err() || bytes.len() as u64 != len {
+            break;
+        }
+        match tag {
+            ARTIFACT => r.artifact = Some(bytes),
+            RECEIPT => r.receipt = Some(bytes),
+            _ => {
+                if r.report.is_none() {
+                    r.report = Some(bytes);
+                }
+            }
+        }
+    }
+    // Until the runner's end closes: the lifeline stays up while the runner lives.
+    while let Ok(n) = stream.read(&mut sink).await {
+        if n == 0 {
+            break;
+        }
+    }
+    r
+}
+
+/// [`hand_over_and_wait`] up to the runner's exit; the results, when the manifest was handed
+/// over, still being read.
 async fn run_to_exit(
     mut child: tokio::process::Child,
-    lifeline: std::io::PipeWriter,
+    lifeline: std::os::unix::net::UnixStream,
     task: &Task,
     job: &Job,
     manifest: Vec<u8>,
-) -> Ended {
+) -> (Ended, Option<tokio::task::JoinHandle<Results>>) {
     let small = manifest.len() <= 4096;
     let write = move || {
         use std::io::Write;
@@ -626,22 +696,33 @@ async fn run_to_exit(
     } else {
         tokio::task::spawn_blocking(write).await
     };
-    let _lifeline = match written {
-        Ok((w, Ok(()))) => Some(w),
+    // From here the lifeline is read (the results) until the runner's end closes.
+    let results = match written {
+        Ok((w, Ok(()))) => match w
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::UnixStream::from_std(w))
+        {
+            Ok(s) => Some(tokio::spawn(read_results(s, task.output.max_bytes))),
+            Err(e) => {
+                tracing::error!(job_id = %job.job_id, error = %e, "cannot read the runner's results");
+                let _ = child.kill().await;
+                return (Ended::HandOffFailed, None);
+            }
+        },
         Ok((_, Err(e))) => {
-            // The runner exited before reading its manifest; its report says why.
+            // The runner exited before reading its manifest (nothing ran): no report.
             tracing::warn!(job_id = %job.job_id, error = %e, "the runner did not take its manifest");
             None
         }
         Err(_) => {
             let _ = child.kill().await;
-            return Ended::HandOffFailed;
+            return (Ended::HandOffFailed, None);
         }
     };
     if job.lease.as_ref().is_some_and(|l| l.lost.is_cancelled()) {
         let _ = child.kill().await;
         tracing::error!(job_id = %job.job_id, "lease lost: the runner and its sandbox were killed");
-        return Ended::LeaseLost;
+        return (Ended::LeaseLost, results);
     }
     // The sandbox enforces the task's limit; this bounds a runner that hangs for any other reason.
     let guard = Duration::from_secs(task.limits.seconds + 60);
@@ -652,17 +733,17 @@ async fn run_to_exit(
             // namespace (every process of the run) dies with it.
             let _ = child.kill().await;
             tracing::info!(job_id = %job.job_id, "run cancelled; runner killed");
-            return Ended::Cancelled;
+            return (Ended::Cancelled, results);
         }
         _ = lease_lost(job) => {
             // The same kill: the runner, then its sandbox with it. Another node may now mark
             // the run `unknown`; nothing of this execution can be recorded any more.
             let _ = child.kill().await;
             tracing::error!(job_id = %job.job_id, "lease lost: the runner and its sandbox were killed");
-            return Ended::LeaseLost;
+            return (Ended::LeaseLost, results);
         }
     };
-    match waited {
+    let ended = match waited {
         Ok(Ok(s)) => Ended::Exited(s),
         Ok(Err(e)) => {
             tracing::error!(job_id = %job.job_id, error = %e, "waiting for the runner failed");
@@ -673,12 +754,13 @@ async fn run_to_exit(
             let _ = child.kill().await;
             Ended::Lost
         }
-    }
+    };
+    (ended, results)
 }
 
-/// What the runner left in the job folder (its report, receipt and the task's artifact), read
-/// after it ended and outside the run slot.
-fn collect(state: &AppState, task: &Task, job: &Job, ended: Ended) -> Outcome {
+/// What the runner sent back (its report, receipt and the task's artifact), taken after it
+/// ended and outside the run slot.
+fn collect(task: &Task, job: &Job, ended: Ended, results: Results) -> Outcome {
     let exit = match ended {
         Ended::Exited(s) => s,
         Ended::Cancelled => {
@@ -718,9 +800,8 @@ fn collect(state: &AppState, task: &Task, job: &Job, ended: Ended) -> Outcome {
             };
         }
     };
-    let dir = job_dir(state, &job.job_id);
-    let report_bytes = read_bounded(&dir.join("report.json"), 4 * 1024 * 1024);
-    let report: Option<RunReport> = report_bytes
+    let report: Option<RunReport> = results
+        .report
         .as_deref()
         .and_then(|b| serde_json::from_slice(b).ok());
     let Some(report) = report else {
@@ -730,14 +811,12 @@ fn collect(state: &AppState, task: &Task, job: &Job, ended: Ended) -> Outcome {
     if report.status == Status::SetupError {
         tracing::error!(job_id = %job.job_id, error = report.error.as_deref().unwrap_or(""), "run setup failed");
     }
-    let receipt = read_bounded(&dir.join("receipt.json"), 4 * 1024 * 1024)
-        .and_then(|b| String::from_utf8(b).ok());
+    let receipt = results.receipt.and_then(|b| String::from_utf8(b).ok());
     let mut status = RunState::from_report(report.status);
     let mut reason = None;
     let mut artifact = None;
     if report.status == Status::Ok {
-        let rel = task.output.path.trim_start_matches("/output/");
-        match read_bounded(&dir.join("out").join(rel), task.output.max_bytes) {
+        match results.artifact.filter(|_| !results.artifact_too_big) {
             Some(a) => artifact = Some(a),
             None => {
                 status = RunState::OutputRejected;
@@ -897,8 +976,8 @@ pub async fn execute(
         })
         .and_then(|()| {
             prepare(&state, &task, &job).map_err(|e| {
-                tracing::error!(job_id = %job.job_id, error = %e, "preparing the job folder failed");
-                "the job folder could not be prepared"
+                tracing::error!(job_id = %job.job_id, error = %e, "preparing the run's manifest failed");
+                "the run's manifest could not be prepared"
             })
         })
         .and_then(|manifest| Ok((manifest, spawn_runner(&state, &task, &job)?)));
@@ -966,13 +1045,13 @@ pub async fn execute(
         })
         .await;
     metrics::gauge!("agentjail_runs_in_flight").increment(1.0);
-    let ended = hand_over_and_wait(runner, &task, &job, manifest).await;
+    let (ended, results) = hand_over_and_wait(runner, &task, &job, manifest).await;
     let elapsed = started.elapsed();
     // The runner has exited (or was killed): the slot is free for the next run while this
     // one's outcome is read and recorded.
     drop(permit);
     metrics::gauge!("agentjail_runs_in_flight").decrement(1.0);
-    let outcome = collect(&state, &task, &job, ended);
+    let outcome = collect(&task, &job, ended, results);
     // The folder (logs) stays until the task's retention.
     make_private(&job_dir(&state, &job.job_id));
     metrics::histogram!("agentjail_run_duration_seconds", "task" => job.task.clone())

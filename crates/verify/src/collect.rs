@@ -74,11 +74,11 @@ fn open_flags() -> OFlags {
     OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC
 }
 
-/// One directory being walked: its source and staging descriptors, its relative path and the
-/// names still to examine.
+/// One directory being walked: its source and staging descriptors (no staging descriptor when
+/// collecting into memory), its relative path and the names still to examine.
 struct Frame {
     src: OwnedFd,
-    dst: OwnedFd,
+    dst: Option<OwnedFd>,
     /// Relative path components (all valid, printable UTF-8).
     rel: Vec<String>,
     names: std::vec::IntoIter<Vec<u8>>,
@@ -87,6 +87,8 @@ struct Frame {
 struct Walk<'a> {
     report: CollectReport,
     dest: &'a Path,
+    /// Collecting into memory ([`collect_to_memory`]): each accepted file's content, by path.
+    memory: Option<Vec<(String, Vec<u8>)>>,
     budget: u64,
     used: u64,
     entries: usize,
@@ -135,40 +137,94 @@ pub fn collect(
     let mut walk = Walk {
         report: CollectReport::default(),
         dest,
+        memory: None,
         budget: max_total_bytes,
         used: 0,
         entries: 0,
     };
-    let names = match read_names(&src_root, MAX_ENTRIES + 1) {
-        Ok(n) => n,
-        Err(e) => return Err(CollectError::Source(e)),
-    };
-    let mut stack = vec![Frame {
-        src: src_root,
-        dst: dst_root,
-        rel: Vec::new(),
-        names: names.into_iter(),
-    }];
-    while let Some(frame) = stack.last_mut() {
-        let Some(name) = frame.names.next() else {
-            stack.pop();
-            continue;
-        };
-        walk.entries += 1;
-        if walk.entries > MAX_ENTRIES {
-            walk.reject(
-                &frame.rel,
-                &name,
-                format!("more than {MAX_ENTRIES} entries; this and the rest were not collected"),
-            );
-            break;
-        }
-        if let Some(child) = walk.entry(frame, &name)? {
-            stack.push(child);
-        }
-    }
-    walk.report.files.sort_by(|a, b| a.path.cmp(&b.path));
+    walk.run(src_root, Some(dst_root))?;
     Ok(walk.report)
+}
+
+/// Files collected into memory by [`collect_to_memory`]: the report, and each accepted
+/// file's content by its relative path (the report's `files` order).
+#[derive(Debug, Default)]
+pub struct InMemory {
+    pub report: CollectReport,
+    pub contents: Vec<(String, Vec<u8>)>,
+}
+
+/// [`collect`] into memory instead of a staging folder: the same walk, checks, refusals and
+/// byte budget (so at most `max_total_bytes` of content is held), and nothing written to any
+/// file system. For a runner that hands its results to `agentjail serve` over its lifeline.
+pub fn collect_to_memory(
+    src: BorrowedFd<'_>,
+    max_total_bytes: u64,
+) -> Result<InMemory, CollectError> {
+    let root_stat = rustix::fs::fstat(src).map_err(|e| CollectError::Source(e.into()))?;
+    if !FileType::from_raw_mode(root_stat.st_mode).is_dir() {
+        return Err(CollectError::SourceNotDirectory);
+    }
+    let src_root = rustix::fs::openat(
+        src,
+        c".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| CollectError::Source(e.into()))?;
+    let mut walk = Walk {
+        report: CollectReport::default(),
+        dest: Path::new("(memory)"),
+        memory: Some(Vec::new()),
+        budget: max_total_bytes,
+        used: 0,
+        entries: 0,
+    };
+    walk.run(src_root, None)?;
+    let mut contents = walk.memory.take().unwrap_or_default();
+    contents.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(InMemory {
+        report: walk.report,
+        contents,
+    })
+}
+
+impl Walk<'_> {
+    /// The walk itself, from the source's root (and the staging folder's, unless in memory).
+    fn run(&mut self, src_root: OwnedFd, dst_root: Option<OwnedFd>) -> Result<(), CollectError> {
+        let names = match read_names(&src_root, MAX_ENTRIES + 1) {
+            Ok(n) => n,
+            Err(e) => return Err(CollectError::Source(e)),
+        };
+        let mut stack = vec![Frame {
+            src: src_root,
+            dst: dst_root,
+            rel: Vec::new(),
+            names: names.into_iter(),
+        }];
+        while let Some(frame) = stack.last_mut() {
+            let Some(name) = frame.names.next() else {
+                stack.pop();
+                continue;
+            };
+            self.entries += 1;
+            if self.entries > MAX_ENTRIES {
+                self.reject(
+                    &frame.rel,
+                    &name,
+                    format!(
+                        "more than {MAX_ENTRIES} entries; this and the rest were not collected"
+                    ),
+                );
+                break;
+            }
+            if let Some(child) = self.entry(frame, &name)? {
+                stack.push(child);
+            }
+        }
+        self.report.files.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(())
+    }
 }
 
 /// Names in a directory except `.` and `..`, sorted, at most `limit` of them.
@@ -358,16 +414,23 @@ impl Walk<'_> {
                 return Ok(None);
             }
         };
-        rustix::fs::mkdirat(&frame.dst, cname, Mode::from_raw_mode(0o700))
-            .map_err(|e| self.staging_err(&frame.rel, name, e))?;
-        let dst = rustix::fs::openat2(
-            &frame.dst,
-            cname,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-            RESOLVE,
-        )
-        .map_err(|e| self.staging_err(&frame.rel, name, e))?;
+        let dst = match &frame.dst {
+            None => None,
+            Some(parent) => {
+                rustix::fs::mkdirat(parent, cname, Mode::from_raw_mode(0o700))
+                    .map_err(|e| self.staging_err(&frame.rel, name, e))?;
+                Some(
+                    rustix::fs::openat2(
+                        parent,
+                        cname,
+                        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                        Mode::empty(),
+                        RESOLVE,
+                    )
+                    .map_err(|e| self.staging_err(&frame.rel, name, e))?,
+                )
+            }
+        };
         let mut rel = frame.rel.clone();
         rel.push(name.to_owned());
         Ok(Some(Frame {
@@ -393,14 +456,23 @@ impl Walk<'_> {
             self.reject(&frame.rel, raw, too_big);
             return Ok(());
         }
-        let out = rustix::fs::openat(
-            &frame.dst,
-            cname,
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o600),
-        )
-        .map_err(|e| self.staging_err(&frame.rel, name, e))?;
-        let mut out = File::from(out);
+        // A staging file, or (in memory) a buffer that never holds more than the budget left.
+        let mut out = match &frame.dst {
+            Some(dst) => Staged::File(File::from(
+                rustix::fs::openat(
+                    dst,
+                    cname,
+                    OFlags::WRONLY
+                        | OFlags::CREATE
+                        | OFlags::EXCL
+                        | OFlags::NOFOLLOW
+                        | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(0o600),
+                )
+                .map_err(|e| self.staging_err(&frame.rel, name, e))?,
+            )),
+            None => Staged::Memory(Vec::new()),
+        };
         // Read at most one byte more than the budget allows, to notice a file that grew.
         let mut input = File::from(src).take(remaining.saturating_add(1));
         let mut hasher = Sha256::new();
@@ -437,6 +509,9 @@ impl Walk<'_> {
             path.push('/');
         }
         path.push_str(name);
+        if let (Some(memory), Staged::Memory(content)) = (self.memory.as_mut(), out) {
+            memory.push((path.clone(), content));
+        }
         self.report.files.push(OutputFile {
             path,
             bytes: copied,
@@ -445,9 +520,37 @@ impl Walk<'_> {
         Ok(())
     }
 
+    /// Removes a partly copied staging file (a buffer in memory is simply dropped).
     fn discard(&self, frame: &Frame, name: &str, cname: &CStr) -> Result<(), CollectError> {
-        rustix::fs::unlinkat(&frame.dst, cname, AtFlags::empty())
-            .map_err(|e| self.staging_err(&frame.rel, name, e))
+        match &frame.dst {
+            Some(dst) => rustix::fs::unlinkat(dst, cname, AtFlags::empty())
+                .map_err(|e| self.staging_err(&frame.rel, name, e)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Where [`Walk::copy_file`] copies a file: a staging file or a buffer.
+enum Staged {
+    File(File),
+    Memory(Vec<u8>),
+}
+
+impl Write for Staged {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Staged::File(f) => f.write(buf),
+            Staged::Memory(v) => {
+                v.extend_from_slice(buf);
+                Ok(buf.len())
+            }
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Staged::File(f) => f.flush(),
+            Staged::Memory(_) => Ok(()),
+        }
     }
 }
 
@@ -565,6 +668,57 @@ mod tests {
         assert_eq!(m.mode() & 0o777, 0o600);
         let m = std::fs::metadata(f.dest.join("sub/deeper")).unwrap();
         assert_eq!(m.mode() & 0o777, 0o700);
+    }
+
+    /// Into memory: over a tree with every kind of hostile entry, the same report as into a
+    /// staging folder, each accepted file's content exactly, the budget the same, and nothing
+    /// written anywhere (the staging folder of the memory walk stays empty).
+    #[test]
+    fn into_memory_the_same_walk_and_nothing_written() {
+        let f = fixture();
+        std::fs::write(f.src.join("summary.json"), b"{\"a\":1}").unwrap();
+        std::fs::create_dir_all(f.src.join("sub/deeper")).unwrap();
+        std::fs::write(f.src.join("sub/deeper/c.bin"), [0u8, 1, 2, 255]).unwrap();
+        std::fs::write(f.src.join("big"), vec![b'b'; 300]).unwrap();
+        symlink(&f.canary, f.src.join("link-to-canary")).unwrap();
+        std::fs::hard_link(&f.canary, f.src.join("canary-hardlink")).unwrap();
+        let fifo = std::ffi::CString::new(f.src.join("fifo").as_os_str().as_bytes()).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            fifo.as_c_str(),
+            FileType::Fifo,
+            Mode::from_raw_mode(0o666),
+            0,
+        )
+        .unwrap();
+        std::fs::write(f.src.join("bad\u{1b}name"), b"x").unwrap();
+        let fd = open_dir(&f.src).unwrap();
+        let mem = collect_to_memory(fd.as_fd(), 200).unwrap();
+        assert!(staged(&f.dest).is_empty(), "the memory walk wrote files");
+        let on_disk = run(&f, 200);
+        assert_eq!(mem.report, on_disk);
+        let paths: Vec<&str> = mem.report.files.iter().map(|x| x.path.as_str()).collect();
+        assert_eq!(paths, ["sub/deeper/c.bin", "summary.json"]);
+        assert_eq!(
+            mem.contents,
+            [
+                ("sub/deeper/c.bin".to_string(), vec![0u8, 1, 2, 255]),
+                ("summary.json".to_string(), b"{\"a\":1}".to_vec()),
+            ]
+        );
+        for (_, c) in &mem.contents {
+            assert!(!c.windows(CANARY.len()).any(|w| w == CANARY));
+        }
+        assert_eq!(
+            reason_of(&mem.report, "big"),
+            "output exceeds its limit of 200 bytes"
+        );
+        assert_eq!(reason_of(&mem.report, "link-to-canary"), "symlink refused");
+        assert_eq!(
+            reason_of(&mem.report, "canary-hardlink"),
+            "hard link refused"
+        );
+        assert_eq!(reason_of(&mem.report, "fifo"), "FIFO refused");
     }
 
     #[test]

@@ -73,6 +73,7 @@ pub fn run(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> 
             receipt: None,
             key: None,
             for_service: false,
+            results: None,
         },
     )
     .map_err(|SetupFailure(m)| m)?;

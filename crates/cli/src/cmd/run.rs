@@ -57,6 +57,17 @@ pub struct RunArgs {
     /// without one with posix_spawn() (vfork: no copy of the service's page tables).
     #[arg(long, hide = true, value_name = "DIR", requires = "lifeline")]
     pub job_dir: Option<PathBuf>,
+    /// For `agentjail serve` (with `--lifeline`, which is then a Unix socket): send the
+    /// verified artifact, the signed receipt (with `--key`) and the report back over the
+    /// lifeline instead of writing files (agentjail_manifest::results); the output is
+    /// collected and verified in memory. Sources must lie below a `--source-root`.
+    #[arg(
+        long,
+        hide = true,
+        requires = "lifeline",
+        conflicts_with_all = ["job_dir", "output_dir", "report", "receipt"]
+    )]
+    pub results_on_lifeline: bool,
     /// Image store that a manifest's `image: sha256:…` is taken from (docs/images.md).
     #[arg(long, value_name = "DIR", env = "AGENTJAIL_IMAGE_STORE")]
     pub image_store: Option<PathBuf>,
@@ -75,6 +86,17 @@ pub fn clear_stale_report(path: Option<&Path>) -> Result<(), String> {
             "--report {}: cannot replace the existing file: {e}",
             path.map(|p| p.display().to_string()).unwrap_or_default()
         )),
+    }
+}
+
+/// [`report_setup_error`] over the lifeline (stdin, a socket: `--results-on-lifeline`).
+fn report_setup_error_on_lifeline(limits: Limits, msg: &str) {
+    let r = RunReport::setup_error(limits, msg.to_string());
+    if let (Ok(bytes), Ok(fd)) = (
+        serde_json::to_vec(&r),
+        std::os::fd::AsFd::as_fd(&std::io::stdin()).try_clone_to_owned(),
+    ) {
+        let _ = pipeline::send_frame(&fd, agentjail_manifest::results::REPORT, &bytes);
     }
 }
 
@@ -99,17 +121,31 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
         std::env::set_current_dir(d).map_err(|e| format!("--job-dir {}: {e}", d.display()))?;
     }
     let mut lifeline = None;
+    // A report that the run could not be set up: to `--report`, or over the lifeline.
+    let setup_error = |limits: Limits, msg: &str| {
+        if a.results_on_lifeline {
+            report_setup_error_on_lifeline(limits, msg);
+        } else {
+            report_setup_error(a.report.as_deref(), limits, msg);
+        }
+    };
     let (manifest, policy) = match &a.manifest {
         None if a.lifeline => {
             let text = read_manifest_line().inspect_err(|e| {
-                report_setup_error(a.report.as_deref(), Limits::default(), e);
+                setup_error(Limits::default(), e);
             })?;
             let m = Manifest::parse(&text).map_err(|e| {
-                report_setup_error(a.report.as_deref(), Limits::default(), &e.to_string());
+                setup_error(Limits::default(), &e.to_string());
                 e.to_string()
             })?;
             let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-            let mut roots = vec![cwd.clone()];
+            // Results on the lifeline: no job folder, so the working directory is nobody's
+            // and no root of sources.
+            let mut roots = if a.results_on_lifeline {
+                Vec::new()
+            } else {
+                vec![cwd.clone()]
+            };
             for r in &a.source_root {
                 roots.push(
                     r.canonicalize()
@@ -193,7 +229,7 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
             } else {
                 e.to_string()
             };
-            report_setup_error(a.report.as_deref(), limits, &msg);
+            setup_error(limits, &msg);
             return Err(msg);
         }
     };
@@ -236,6 +272,11 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
     }
     clear_stale_report(a.report.as_deref())?;
     let terminal = Terminal::of_our_streams(a.raw_output);
+    let results = if a.results_on_lifeline {
+        lifeline.clone()
+    } else {
+        None
+    };
     let opts = RunOptions {
         allow_degraded: a.allow_degraded,
         stdout: terminal.stdout_sink(),
@@ -248,13 +289,19 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
         report: a.report.clone(),
         receipt: a.receipt.clone(),
         key: a.key.clone(),
-        for_service: a.job_dir.is_some(),
+        for_service: a.job_dir.is_some() || a.results_on_lifeline,
+        results,
     };
     let finished = match pipeline::execute_in(&vm, &opts, &delivery, a.image_store.as_deref()) {
         Ok(f) => f,
         Err(SetupFailure(msg)) => {
             if a.report.as_ref().map(|p| !p.exists()).unwrap_or(false) {
                 report_setup_error(a.report.as_deref(), limits, &msg);
+            }
+            // On the lifeline the service takes the first report: one the pipeline already
+            // sent stands, and this one is ignored.
+            if a.results_on_lifeline {
+                report_setup_error_on_lifeline(limits, &msg);
             }
             return Err(msg);
         }
