@@ -1295,7 +1295,7 @@ logs_seconds = 3600
     // code was carried in the manifest).
     let code_mark = "zz-code-sentinel-7f3a";
     let code = format!(
-        "# {code_mark}\nimport json, os, time\nprint('log line')\ntime.sleep(2)\njson.dump({{'key_len': len(os.environ['API_KEY']), 'code_len': len(open('/input/code.py').read())}}, open('/output/o.json', 'w'))\n"
+        "# {code_mark}\nimport json, os, time\nprint('log line', flush=True)\ntime.sleep(2)\njson.dump({{'key_len': len(os.environ['API_KEY']), 'code_len': len(open('/input/code.py').read())}}, open('/output/o.json', 'w'))\n"
     );
     let body = json!({"request_id": "priv-1", "task": "keyed", "inputs": [], "code": code});
     assert_eq!(s.run(ALICE, &body, "?wait=false").status(), 202);
@@ -1784,7 +1784,7 @@ fn the_run_slot_is_free_while_the_previous_outcome_is_recorded() {
         )
         .json()
         .unwrap();
-    let job_a = a["job_id"].as_str().unwrap().to_string();
+    assert!(a["job_id"].is_string(), "{a}");
     wait_status(&s, "first", "running");
     let b: Value = s
         .run(
@@ -1795,15 +1795,27 @@ fn the_run_slot_is_free_while_the_previous_outcome_is_recorded() {
         )
         .json()
         .unwrap();
-    let job_b = b["job_id"].as_str().unwrap().to_string();
+    assert!(b["job_id"].is_string(), "{b}");
     assert_eq!(
         s.get(ALICE, "/v1/runs/second").json::<Value>().unwrap()["status"],
         "queued"
     );
-    let runners = |job: &str| -> Vec<(ProcId, String)> {
-        procs_matching(job)
+    // This service's runners and their sandboxes' inits (a clone of the runner: the same
+    // command line, which names the data directory); so far only the first run's.
+    let data_s = dir.path().join("data").display().to_string();
+    let runners = || -> Vec<ProcId> {
+        procs_matching(&data_s)
             .into_iter()
             .filter(|(_, c)| c.contains(" run --lifeline "))
+            .map(|(id, _)| id)
+            .collect()
+    };
+    let first = runners();
+    assert!(!first.is_empty(), "the first run's runner is not seen");
+    let second = || -> Vec<ProcId> {
+        runners()
+            .into_iter()
+            .filter(|id| !first.contains(id))
             .collect()
     };
     // No HTTP from here until the lock is let go: the service's one database connection
@@ -1813,7 +1825,7 @@ fn the_run_slot_is_free_while_the_previous_outcome_is_recorded() {
     kill_payload(&marker);
     // The service waits up to 10 s for the lock (its busy timeout); look for 6 s.
     let deadline = Instant::now() + Duration::from_secs(6);
-    while runners(&job_b).is_empty() {
+    while second().is_empty() {
         assert!(
             Instant::now() < deadline,
             "the second run's runner was not started while the first run's outcome waited to be recorded: the run slot is held through the recording"
@@ -1832,7 +1844,7 @@ fn the_run_slot_is_free_while_the_previous_outcome_is_recorded() {
         "the first run's outcome was recorded although the database was locked"
     );
     assert!(
-        runners(&job_a).is_empty(),
+        runners().iter().all(|id| !first.contains(id)),
         "the first run's runner is still alive"
     );
     db.execute_batch("ROLLBACK").unwrap();
