@@ -49,7 +49,7 @@ operator = true
 [tasks.echo]
 description = "Writes its argument"
 code = "forbidden"
-command = ["/bin/sh", "-c", "echo \"$1\" > /output/o.json", "sh"]
+command = ["/bin/sh", "-c", "echo ran; echo \"$1\" > /output/o.json", "sh"]
 max_args = 1
 allowed_tenants = ["acme"]
 [tasks.echo.output]
@@ -162,7 +162,7 @@ impl Fleet {
         &self.workers[WORKERS.iter().position(|w| *w == host).unwrap()]
     }
 
-    /// The job folders of all workers (one per execution started).
+    /// The job folders of all workers (one per execution started: each task prints a line).
     fn job_folders(&self) -> Vec<String> {
         self.workers.iter().flat_map(Node::job_folders).collect()
     }

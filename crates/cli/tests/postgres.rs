@@ -62,7 +62,7 @@ token_sha256 = "{g}"
 [tasks.line_count]
 description = "Fixed program: count lines"
 code = "forbidden"
-command = ["/usr/bin/python3", "-c", "import json; json.dump({{'lines': sum(1 for _ in open('/input/data.csv'))}}, open('/output/count.json', 'w'))"]
+command = ["/usr/bin/python3", "-c", "import json; print('ran'); json.dump({{'lines': sum(1 for _ in open('/input/data.csv'))}}, open('/output/count.json', 'w'))"]
 allowed_tenants = ["acme", "globex"]
 [[tasks.line_count.inputs]]
 mount = "/input/data.csv"
@@ -156,7 +156,8 @@ impl Server {
         }
     }
 
-    /// Job folders this replica created (one per execution it started).
+    /// Job folders this replica created: one per execution it started (every task here prints
+    /// a line, and a job folder is made for a run's first byte of log).
     fn job_folders(&self) -> Vec<String> {
         self.node.job_folders()
     }

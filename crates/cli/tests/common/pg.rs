@@ -489,7 +489,8 @@ impl Node {
         self.child.id() as i32
     }
 
-    /// Job folders this node created (one per execution it started).
+    /// Job folders this node created: one per execution it started (the tests' tasks print a
+    /// line, and a run's job folder is made for its first byte of log).
     pub fn job_folders(&self) -> Vec<String> {
         std::fs::read_dir(self.dir.join("data/jobs"))
             .map(|d| {

@@ -85,16 +85,17 @@ pub fn python_code_task(name: &str, description: &str, who: &str, seconds: u32) 
     )
 }
 
-/// A fixed-program task `sleeper` (tenant `acme`): sleeps as long as its one argument says,
-/// then writes `{"args": [...]}` to /output/o.json; `marker` is in its command line, so that a
-/// test can find its processes; `seconds` is its time limit.
+/// A fixed-program task `sleeper` (tenant `acme`): prints `ran` (so every execution leaves a
+/// job folder, for its stdout log), sleeps as long as its one argument says, then writes
+/// `{"args": [...]}` to /output/o.json; `marker` is in its command line, so that a test can
+/// find its processes; `seconds` is its time limit.
 pub fn sleeper_task(marker: &str, seconds: u32) -> String {
     format!(
         r#"
 [tasks.sleeper]
 description = "Sleeps as long as its argument says, then writes its output"
 code = "forbidden"
-command = ["/usr/bin/python3", "-c", "import json, sys, time; time.sleep(float(sys.argv[2])); json.dump({{'args': sys.argv[1:]}}, open('/output/o.json', 'w'))", "{marker}"]
+command = ["/usr/bin/python3", "-c", "import json, sys, time; print('ran', flush=True); time.sleep(float(sys.argv[2])); json.dump({{'args': sys.argv[1:]}}, open('/output/o.json', 'w'))", "{marker}"]
 max_args = 1
 allowed_tenants = ["acme"]
 [tasks.sleeper.output]
