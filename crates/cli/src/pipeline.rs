@@ -412,10 +412,13 @@ fn verify_output(
         // No staging folder: /output was empty.
         Dest::Empty => Ok(agentjail_verify::collect::CollectReport::default()),
         Dest::Dir(stage) => agentjail_verify::collect::collect(fd, stage, limit),
-        Dest::Memory => agentjail_verify::collect::collect_to_memory(fd, limit).map(|m| {
-            in_memory = m.contents;
-            m.report
-        }),
+        Dest::Memory => {
+            let keep = vm.output_relative();
+            agentjail_verify::collect::collect_to_memory(fd, limit, keep.as_deref()).map(|m| {
+                in_memory = m.contents;
+                m.report
+            })
+        }
     };
     let collected = match collected {
         Ok(c) => c,
@@ -616,16 +619,28 @@ fn send_results(
 
 /// Writes one results frame ([`agentjail_manifest::results`]) to the lifeline socket, whole
 /// (it waits while the service reads), with `MSG_NOSIGNAL`: a service that is gone is an
-/// error here, never a SIGPIPE.
+/// error here, never a SIGPIPE. After one failed send nothing more is sent (a frame cut
+/// short would leave the rest of the stream misread).
 pub fn send_frame(fd: &std::os::fd::OwnedFd, tag: u8, body: &[u8]) -> std::io::Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static BROKEN: AtomicBool = AtomicBool::new(false);
+    if BROKEN.load(Ordering::Relaxed) {
+        return Err(std::io::Error::other("the lifeline failed before"));
+    }
     let head = agentjail_manifest::results::header(tag, body.len() as u64);
     for mut part in [&head[..], body] {
         while !part.is_empty() {
             match rustix::net::send(fd, part, rustix::net::SendFlags::NOSIGNAL) {
-                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(0) => {
+                    BROKEN.store(true, Ordering::Relaxed);
+                    return Err(std::io::ErrorKind::WriteZero.into());
+                }
                 Ok(n) => part = part.get(n..).unwrap_or_default(),
                 Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    BROKEN.store(true, Ordering::Relaxed);
+                    return Err(e.into());
+                }
             }
         }
     }

@@ -1067,6 +1067,8 @@ for fd in fds:
         pass
 json.dump({"control": control, "sockets": sockets, "written": written,
            "input": open("/input/data.txt").read()}, open("/output/o.json", "w"))
+import time
+time.sleep(1.5)
 "#;
     let manifest = json!({
         "inputs": [{"source": src.join("data.txt"), "mount": "/input/data.txt", "mode": "read-only"}],
@@ -1075,6 +1077,16 @@ json.dump({"control": control, "sockets": sockets, "written": written,
     });
     let key = dir.path().join("key.pem");
     let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let link = {
+        use std::os::unix::fs::MetadataExt;
+        let ino = std::fs::metadata(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&theirs)
+        ))
+        .unwrap()
+        .ino();
+        format!("socket:[{ino}]")
+    };
     let c = Command::new(common::bin())
         .args([
             "run",
@@ -1093,6 +1105,55 @@ json.dump({"control": control, "sockets": sockets, "written": written,
         .spawn()
         .unwrap();
     ours.write_all(format!("{manifest}\n").as_bytes()).unwrap();
+    // From the host: while the command runs, the runner holds the socket (the control) and no
+    // process below it does, the sandbox's init included (it is cloned with the runner's
+    // descriptors, stdin among them).
+    let holds = |pid: &str| -> bool {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|d| {
+                d.flatten().any(|e| {
+                    std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy() == link)
+                })
+            })
+            .unwrap_or(false)
+    };
+    let below = |root: u32| -> Vec<String> {
+        let mut all = Vec::new();
+        let mut todo = vec![root.to_string()];
+        while let Some(p) = todo.pop() {
+            for t in std::fs::read_dir(format!("/proc/{p}/task"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+                for k in kids.split_whitespace() {
+                    all.push(k.to_string());
+                    todo.push(k.to_string());
+                }
+            }
+        }
+        all
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut inside = Vec::new();
+    while inside.len() < 2 && Instant::now() < deadline {
+        inside = below(c.id());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        inside.len() >= 2,
+        "the sandbox's init and command were not seen: {inside:?}"
+    );
+    assert!(
+        holds(&c.id().to_string()),
+        "the control: the runner holds {link}"
+    );
+    let holding: Vec<&String> = inside.iter().filter(|p| holds(p)).collect();
+    assert!(
+        holding.is_empty(),
+        "{holding:?} below the runner hold the lifeline {link}"
+    );
     let mut frames: Vec<(u8, Vec<u8>)> = Vec::new();
     loop {
         let mut head = [0u8; 9];
@@ -1138,6 +1199,7 @@ json.dump({"control": control, "sockets": sockets, "written": written,
         let o = Command::new(common::bin())
             .args(["run", "--lifeline", "--results-on-lifeline"])
             .args(extra)
+            .current_dir(&cwd)
             .stdin(Stdio::null())
             .output()
             .unwrap();

@@ -248,6 +248,15 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
         rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL)),
     )?;
     timing::mark("init: started");
+    // The init never reads stdin. The runner's may be `agentjail serve`'s lifeline, the socket
+    // its results go back on: the init, cloned with the runner's descriptors, lets go of it
+    // before anything of the run happens (the command gets /dev/null in any case).
+    let null = step(
+        Step::OpenDevNull,
+        rustix::fs::open("/dev/null", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()),
+    )?;
+    step(Step::RedirectStdin, sys::dup2(null.as_raw_fd(), 0))?;
+    drop(null);
     // The network namespace is made here rather than by the clone, so that its creation (the
     // costliest namespace, ~0.5 ms) overlaps the supervisor's work on the id maps and cgroups.
     // Created from inside the new user namespace, it belongs to it, as with the clone.

@@ -3,8 +3,10 @@
 //! as frames of a one-byte tag, an 8-byte little-endian length and that many bytes. The
 //! runner sends the verified artifact (status `ok` only), then the signed receipt (when it
 //! signs one), then the report, always last; nothing of the run is written to a file. The
-//! sandbox never holds the socket: its init replaces stdin with `/dev/null` and marks every
-//! other inherited descriptor close-on-exec before the command starts.
+//! sandbox never holds the socket: the sandbox's init puts `/dev/null` on its own stdin first
+//! thing (it is cloned with the runner's descriptors), the command gets `/dev/null` as stdin,
+//! and every other inherited descriptor is close-on-exec. The service takes the first frame of
+//! each kind, stops at the first report, and checks the artifact against the report's digest.
 
 /// The verified artifact's bytes.
 pub const ARTIFACT: u8 = b'A';

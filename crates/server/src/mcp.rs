@@ -1007,10 +1007,8 @@ fn stderr_tail(state: &AppState, task: Option<&Task>, job_id: &str) -> Option<St
     let dir = crate::runner::job_dir(state, job_id);
     let mut f = match std::fs::File::open(dir.join("stderr.log")) {
         Ok(f) => f,
-        // A run that wrote nothing to stderr has no log (it is created at the first byte).
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && dir.is_dir() => {
-            return Some(tail_text(&[], max as usize, &secrets));
-        }
+        // A run that wrote nothing to stderr has no log (it is created at the first byte, in a
+        // job folder created then): nothing to show, as after the logs' retention.
         Err(_) => return None,
     };
     let len = f.metadata().ok()?.len();

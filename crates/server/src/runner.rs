@@ -602,7 +602,7 @@ async fn hand_over_and_wait(
 
 /// What a runner sent back on its lifeline (`run --results-on-lifeline`,
 /// [`agentjail_manifest::results`]): its report, receipt and verified artifact, each read
-/// within a bound. The first report ends the results.
+/// within a bound; the first frame of each kind counts. The first report ends the results.
 #[derive(Default)]
 struct Results {
     report: Option<Vec<u8>>,
@@ -617,8 +617,9 @@ const RESULT_LIMIT: u64 = 4 * 1024 * 1024;
 
 /// Reads the runner's results until the lifeline ends (the runner exited). Holds the
 /// service's end of the lifeline until then, so the runner never sees a hang-up while it runs.
-/// A frame over its bound is read and dropped; a frame with an unknown tag ends the reading
-/// (what came before stands), and the rest of the stream is drained.
+/// A frame over its bound is read and dropped; the first report, or a frame with an unknown
+/// tag, ends the reading (what came before stands), and the rest of the stream is drained.
+/// A body is read as it comes (never allocated by its claimed length first).
 async fn read_results(stream: tokio::net::UnixStream, artifact_max: u64) -> Results {
     use agentjail_manifest::results::{ARTIFACT, HEADER_LEN, RECEIPT, REPORT, parse_header};
     use tokio::io::AsyncReadExt;
@@ -649,18 +650,20 @@ async fn read_results(stream: tokio::net::UnixStream, artifact_max: u64) -> Resu
             }
             continue;
         }
-        let mut bytes = Vec::with_capacity(len as usize);
+        let mut bytes = Vec::new();
         if body.read_to_end(&mut bytes).await.is_err() || bytes.len() as u64 != len {
             break;
         }
-        match tag {
-            ARTIFACT => r.artifact = Some(bytes),
-            RECEIPT => r.receipt = Some(bytes),
-            _ => {
-                if r.report.is_none() {
-                    r.report = Some(bytes);
-                }
-            }
+        let slot = match tag {
+            ARTIFACT => &mut r.artifact,
+            RECEIPT => &mut r.receipt,
+            _ => &mut r.report,
+        };
+        if slot.is_none() {
+            *slot = Some(bytes);
+        }
+        if tag == REPORT {
+            break;
         }
     }
     // Until the runner's end closes: the lifeline stays up while the runner lives.
@@ -709,10 +712,14 @@ async fn run_to_exit(
                 return (Ended::HandOffFailed, None);
             }
         },
-        Ok((_, Err(e))) => {
-            // The runner exited before reading its manifest (nothing ran): no report.
+        Ok((w, Err(e))) => {
+            // The runner exited before reading all of its manifest (nothing ran); what it sent
+            // back (its set-up error) is still read.
             tracing::warn!(job_id = %job.job_id, error = %e, "the runner did not take its manifest");
-            None
+            w.set_nonblocking(true)
+                .and_then(|()| tokio::net::UnixStream::from_std(w))
+                .ok()
+                .map(|s| tokio::spawn(read_results(s, task.output.max_bytes)))
         }
         Err(_) => {
             let _ = child.kill().await;
@@ -816,12 +823,27 @@ fn collect(task: &Task, job: &Job, ended: Ended, results: Results) -> Outcome {
     let mut reason = None;
     let mut artifact = None;
     if report.status == Status::Ok {
-        match results.artifact.filter(|_| !results.artifact_too_big) {
+        // The artifact must be the file the report lists (its digest), as a check of the
+        // channel: only the runner writes to the lifeline.
+        let rel = task.output.path.trim_start_matches("/output/");
+        let listed = report
+            .output
+            .files
+            .iter()
+            .find(|f| f.path == rel)
+            .map(|f| f.sha256.as_str());
+        let matches = |a: &Vec<u8>| {
+            listed == Some(format!("sha256:{}", crate::config::sha256_hex(a)).as_str())
+        };
+        match results
+            .artifact
+            .filter(|a| !results.artifact_too_big && matches(a))
+        {
             Some(a) => artifact = Some(a),
             None => {
                 status = RunState::OutputRejected;
                 reason = Some(format!(
-                    "the artifact is missing or larger than the task's {} bytes",
+                    "the artifact is missing, larger than the task's {} bytes, or not the file its report lists",
                     task.output.max_bytes
                 ));
             }
@@ -1260,6 +1282,64 @@ pub fn spawn_sweeper(state: AppState) {
 mod tests {
     use super::*;
     use crate::db;
+
+    /// Frames as a runner would send them, read by [`read_results`] from a socket whose other
+    /// end is then closed (the runner exited).
+    async fn results_of(frames: &[(u8, &[u8])], artifact_max: u64) -> Results {
+        use tokio::io::AsyncWriteExt;
+        let (ours, mut theirs) = tokio::net::UnixStream::pair().unwrap();
+        let reader = tokio::spawn(read_results(ours, artifact_max));
+        for (tag, body) in frames {
+            let head = agentjail_manifest::results::header(*tag, body.len() as u64);
+            theirs.write_all(&head).await.unwrap();
+            theirs.write_all(body).await.unwrap();
+        }
+        drop(theirs);
+        reader.await.unwrap()
+    }
+
+    /// The first frame of each kind counts, the first report ends the results, an artifact
+    /// over its bound is dropped (and said so), an unknown tag ends the reading; the reader
+    /// drains the stream to its end either way.
+    #[tokio::test]
+    async fn results_frames_are_bounded_and_the_first_of_each_kind_counts() {
+        let r = results_of(
+            &[
+                (b'A', b"a1"),
+                (b'A', b"a2"),
+                (b'C', b"c1"),
+                (b'R', b"r1"),
+                (b'R', b"r2"),
+                (b'A', b"a3"),
+            ],
+            10,
+        )
+        .await;
+        assert_eq!(r.artifact.as_deref(), Some(&b"a1"[..]));
+        assert_eq!(r.receipt.as_deref(), Some(&b"c1"[..]));
+        assert_eq!(r.report.as_deref(), Some(&b"r1"[..]));
+        let big = vec![b'x'; 64 * 1024];
+        let r = results_of(&[(b'A', &big), (b'R', b"r")], 1000).await;
+        assert!(r.artifact.is_none() && r.artifact_too_big);
+        assert_eq!(r.report.as_deref(), Some(&b"r"[..]));
+        let r = results_of(&[(b'C', b"c"), (b'?', b"zz"), (b'R', b"r")], 10).await;
+        assert_eq!(r.receipt.as_deref(), Some(&b"c"[..]));
+        assert!(r.report.is_none(), "a frame after an unknown tag was taken");
+        // A frame cut short by the runner's end: nothing of it is taken.
+        let (ours, mut theirs) = tokio::net::UnixStream::pair().unwrap();
+        let reader = tokio::spawn(read_results(ours, 10));
+        tokio::io::AsyncWriteExt::write_all(
+            &mut theirs,
+            &agentjail_manifest::results::header(b'R', 100),
+        )
+        .await
+        .unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut theirs, b"partial")
+            .await
+            .unwrap();
+        drop(theirs);
+        assert!(reader.await.unwrap().report.is_none());
+    }
 
     #[test]
     fn manifest_comes_from_the_task_type_only() {

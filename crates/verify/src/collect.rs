@@ -87,8 +87,11 @@ struct Frame {
 struct Walk<'a> {
     report: CollectReport,
     dest: &'a Path,
-    /// Collecting into memory ([`collect_to_memory`]): each accepted file's content, by path.
+    /// Collecting into memory ([`collect_to_memory`]): the kept file's content, by path.
     memory: Option<Vec<(String, Vec<u8>)>>,
+    /// In memory, the one path whose content is kept (the others are read, hashed, counted
+    /// and checked like it, and dropped): the runner's memory holds at most one file.
+    keep: Option<String>,
     budget: u64,
     used: u64,
     entries: usize,
@@ -138,6 +141,7 @@ pub fn collect(
         report: CollectReport::default(),
         dest,
         memory: None,
+        keep: None,
         budget: max_total_bytes,
         used: 0,
         entries: 0,
@@ -155,11 +159,14 @@ pub struct InMemory {
 }
 
 /// [`collect`] into memory instead of a staging folder: the same walk, checks, refusals and
-/// byte budget (so at most `max_total_bytes` of content is held), and nothing written to any
-/// file system. For a runner that hands its results to `agentjail serve` over its lifeline.
+/// byte budget, and nothing written to any file system. Only the file at `keep` (a relative
+/// path) has its content kept, so at most one file and `max_total_bytes` are held; every
+/// other accepted file is listed (size, digest) as by [`collect`]. For a runner that hands
+/// its results to `agentjail serve` over its lifeline.
 pub fn collect_to_memory(
     src: BorrowedFd<'_>,
     max_total_bytes: u64,
+    keep: Option<&str>,
 ) -> Result<InMemory, CollectError> {
     let root_stat = rustix::fs::fstat(src).map_err(|e| CollectError::Source(e.into()))?;
     if !FileType::from_raw_mode(root_stat.st_mode).is_dir() {
@@ -176,6 +183,7 @@ pub fn collect_to_memory(
         report: CollectReport::default(),
         dest: Path::new("(memory)"),
         memory: Some(Vec::new()),
+        keep: keep.map(str::to_owned),
         budget: max_total_bytes,
         used: 0,
         entries: 0,
@@ -471,7 +479,10 @@ impl Walk<'_> {
                 )
                 .map_err(|e| self.staging_err(&frame.rel, name, e))?,
             )),
-            None => Staged::Memory(Vec::new()),
+            None => {
+                let wanted = self.keep.as_deref() == Some(&*join_rel(&frame.rel, name));
+                Staged::Memory(wanted.then(Vec::new))
+            }
         };
         // Read at most one byte more than the budget allows, to notice a file that grew.
         let mut input = File::from(src).take(remaining.saturating_add(1));
@@ -504,12 +515,8 @@ impl Walk<'_> {
         }
         // No fsync: the staging folder is scratch space, rebuilt by a new run after a crash.
         self.used += copied;
-        let mut path = frame.rel.join("/");
-        if !path.is_empty() {
-            path.push('/');
-        }
-        path.push_str(name);
-        if let (Some(memory), Staged::Memory(content)) = (self.memory.as_mut(), out) {
+        let path = join_rel(&frame.rel, name);
+        if let (Some(memory), Staged::Memory(Some(content))) = (self.memory.as_mut(), out) {
             memory.push((path.clone(), content));
         }
         self.report.files.push(OutputFile {
@@ -530,10 +537,21 @@ impl Walk<'_> {
     }
 }
 
-/// Where [`Walk::copy_file`] copies a file: a staging file or a buffer.
+/// Where [`Walk::copy_file`] copies a file: a staging file, or in memory a buffer (`None`:
+/// read and hashed, not kept).
 enum Staged {
     File(File),
-    Memory(Vec<u8>),
+    Memory(Option<Vec<u8>>),
+}
+
+/// A relative path: `rel`'s components, then `name`.
+fn join_rel(rel: &[String], name: &str) -> String {
+    let mut path = rel.join("/");
+    if !path.is_empty() {
+        path.push('/');
+    }
+    path.push_str(name);
+    path
 }
 
 impl Write for Staged {
@@ -541,7 +559,9 @@ impl Write for Staged {
         match self {
             Staged::File(f) => f.write(buf),
             Staged::Memory(v) => {
-                v.extend_from_slice(buf);
+                if let Some(v) = v {
+                    v.extend_from_slice(buf);
+                }
                 Ok(buf.len())
             }
         }
@@ -693,18 +713,23 @@ mod tests {
         .unwrap();
         std::fs::write(f.src.join("bad\u{1b}name"), b"x").unwrap();
         let fd = open_dir(&f.src).unwrap();
-        let mem = collect_to_memory(fd.as_fd(), 200).unwrap();
+        let mem = collect_to_memory(fd.as_fd(), 200, Some("summary.json")).unwrap();
         assert!(staged(&f.dest).is_empty(), "the memory walk wrote files");
         let on_disk = run(&f, 200);
         assert_eq!(mem.report, on_disk);
         let paths: Vec<&str> = mem.report.files.iter().map(|x| x.path.as_str()).collect();
         assert_eq!(paths, ["sub/deeper/c.bin", "summary.json"]);
+        // Only the kept path's content is held; the other file is listed all the same.
         assert_eq!(
             mem.contents,
-            [
-                ("sub/deeper/c.bin".to_string(), vec![0u8, 1, 2, 255]),
-                ("summary.json".to_string(), b"{\"a\":1}".to_vec()),
-            ]
+            [("summary.json".to_string(), b"{\"a\":1}".to_vec())]
+        );
+        let fd = open_dir(&f.src).unwrap();
+        let deep = collect_to_memory(fd.as_fd(), 200, Some("sub/deeper/c.bin")).unwrap();
+        assert_eq!(deep.report, on_disk);
+        assert_eq!(
+            deep.contents,
+            [("sub/deeper/c.bin".to_string(), vec![0u8, 1, 2, 255])]
         );
         for (_, c) in &mem.contents {
             assert!(!c.windows(CANARY.len()).any(|w| w == CANARY));

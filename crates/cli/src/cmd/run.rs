@@ -138,9 +138,15 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
                 setup_error(Limits::default(), &e.to_string());
                 e.to_string()
             })?;
-            let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-            // Results on the lifeline: no job folder, so the working directory is nobody's
-            // and no root of sources.
+            // Results on the lifeline: no job folder, so the working directory is nobody's,
+            // neither a root of sources nor their base (the first `--source-root` is).
+            let cwd = match (a.results_on_lifeline, a.source_root.first()) {
+                (true, Some(r)) => r.clone(),
+                (true, None) => PathBuf::from("/"),
+                (false, _) => {
+                    std::env::current_dir().map_err(|e| format!("current directory: {e}"))?
+                }
+            };
             let mut roots = if a.results_on_lifeline {
                 Vec::new()
             } else {
