@@ -21,7 +21,7 @@
 # an otherwise idle machine, what a path leaves unused between runs (waits, not work).
 # Usage: bench/service.sh [N] [ROUNDS]   (as root, like CI; needs python3; builds the release
 # binary, or takes the one in $AGENTJAIL_BIN). With AGENTJAIL_BIN_BASE=another-binary, every
-# round also runs a service round with that build, right after this one's (an A/B of two
+# round also runs a service round with that build, after this one's in odd rounds and before it in even ones (an A/B of two
 # builds of the service on the same, possibly loaded, machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -243,13 +243,19 @@ cpus = {}
 idle = {}
 for r in range(rounds):
     load = os.getloadavg()[0]
-    s = service_round(r)
+    # With a base build, the two service rounds swap places every round, so that neither
+    # build always runs first (right after the previous round's direct runs) or second.
+    if aj_base and r % 2 == 1:
+        b = service_round(f"{r}-base", aj_base)
+        s = service_round(r)
+    else:
+        s = service_round(r)
+        b = service_round(f"{r}-base", aj_base) if aj_base else None
     svc.append(n / s)
     line = f"round {r + 1} (load {load:.1f}): service {n} runs in {s:.2f} s = {n / s:.1f} runs/s; "
     if aj_base:
-        b = service_round(f"{r}-base", aj_base)
         svc_base.append(n / b)
-        line += f"base service {n / b:.1f} runs/s; "
+        line += f"base service {n / b:.1f} runs/s{' (ran first)' if r % 2 == 1 else ''}; "
     t = direct_round(r)
     dir_.append(n / t)
     line += f"direct {n} runs in {t:.2f} s = {n / t:.1f} runs/s; ratio {t / s:.3f}; CPU idle: service {idle[aj][-1]:.1%}, direct {idle['direct'][-1]:.1%}"
