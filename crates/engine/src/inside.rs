@@ -224,6 +224,15 @@ pub fn recv_fds<M: DeserializeOwned>(
     Ok(Some((msg, fds)))
 }
 
+/// Puts `/dev/null` on stdin (the init's own, then the command's).
+fn stdin_from_dev_null() -> StepResult<()> {
+    let null = step(
+        Step::OpenDevNull,
+        rustix::fs::open("/dev/null", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()),
+    )?;
+    step(Step::RedirectStdin, sys::dup2(null.as_raw_fd(), 0))
+}
+
 /// Entry point of the sandbox's init. Never returns.
 pub fn init_main(mut a: InitArgs) -> ! {
     let code = match init(&mut a) {
@@ -251,12 +260,7 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
     // The init never reads stdin. The runner's may be `agentjail serve`'s lifeline, the socket
     // its results go back on: the init, cloned with the runner's descriptors, lets go of it
     // before anything of the run happens (the command gets /dev/null in any case).
-    let null = step(
-        Step::OpenDevNull,
-        rustix::fs::open("/dev/null", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()),
-    )?;
-    step(Step::RedirectStdin, sys::dup2(null.as_raw_fd(), 0))?;
-    drop(null);
+    stdin_from_dev_null()?;
     // The network namespace is made here rather than by the clone, so that its creation (the
     // costliest namespace, ~0.5 ms) overlaps the supervisor's work on the id maps and cgroups.
     // Created from inside the new user namespace, it belongs to it, as with the clone.
@@ -928,12 +932,7 @@ fn payload(a: &InitArgs, sock: BorrowedFd<'_>) -> StepResult<String> {
             step(Step::RedirectOutput(name), sys::dup2(fd.as_raw_fd(), to))?;
         }
     }
-    let null = step(
-        Step::OpenDevNull,
-        rustix::fs::open("/dev/null", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()),
-    )?;
-    step(Step::RedirectStdin, sys::dup2(null.as_raw_fd(), 0))?;
-    drop(null);
+    stdin_from_dev_null()?;
     step(
         Step::ChdirCwd(a.plan.cwd.clone()),
         std::env::set_current_dir(&a.plan.cwd),

@@ -112,17 +112,7 @@ pub fn collect(
         path: dest.to_owned(),
         source,
     };
-    let root_stat = rustix::fs::fstat(src).map_err(|e| CollectError::Source(e.into()))?;
-    if !FileType::from_raw_mode(root_stat.st_mode).is_dir() {
-        return Err(CollectError::SourceNotDirectory);
-    }
-    let src_root = rustix::fs::openat(
-        src,
-        c".",
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| CollectError::Source(e.into()))?;
+    let src_root = open_source(src)?;
     let dst_root = rustix::fs::open(
         dest,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
@@ -150,6 +140,21 @@ pub fn collect(
     Ok(walk.report)
 }
 
+/// The source's root, checked to be a directory, opened anew for the walk.
+fn open_source(src: BorrowedFd<'_>) -> Result<OwnedFd, CollectError> {
+    let root_stat = rustix::fs::fstat(src).map_err(|e| CollectError::Source(e.into()))?;
+    if !FileType::from_raw_mode(root_stat.st_mode).is_dir() {
+        return Err(CollectError::SourceNotDirectory);
+    }
+    rustix::fs::openat(
+        src,
+        c".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| CollectError::Source(e.into()))
+}
+
 /// Files collected into memory by [`collect_to_memory`]: the report, and each accepted
 /// file's content by its relative path (the report's `files` order).
 #[derive(Debug, Default)]
@@ -168,17 +173,7 @@ pub fn collect_to_memory(
     max_total_bytes: u64,
     keep: Option<&str>,
 ) -> Result<InMemory, CollectError> {
-    let root_stat = rustix::fs::fstat(src).map_err(|e| CollectError::Source(e.into()))?;
-    if !FileType::from_raw_mode(root_stat.st_mode).is_dir() {
-        return Err(CollectError::SourceNotDirectory);
-    }
-    let src_root = rustix::fs::openat(
-        src,
-        c".",
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| CollectError::Source(e.into()))?;
+    let src_root = open_source(src)?;
     let mut walk = Walk {
         report: CollectReport::default(),
         dest: Path::new("(memory)"),
