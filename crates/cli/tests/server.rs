@@ -1023,6 +1023,73 @@ fn startup_sweep_kills_only_this_data_dirs_leftover_runners() {
     let _ = decoy.wait();
 }
 
+/// Issue #15: the service's runner must take `--results-on-lifeline`. A `server.runner` that is
+/// an older agentjail (here a script that refuses the flag the way clap does and otherwise
+/// runs this build) would end every run `setup_error`: the service refuses to start and says
+/// why. The control: the same configuration naming this build starts.
+#[test]
+fn a_runner_that_cannot_send_results_back_is_refused_at_start() {
+    let dir = common::tmp();
+    let old = dir.path().join("old-agentjail");
+    std::fs::write(
+        &old,
+        format!(
+            "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = --results-on-lifeline ] && {{ echo \"error: unexpected argument '--results-on-lifeline' found\" >&2; exit 2; }}; done\nexec {} \"$@\"\n",
+            common::bin().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let start = |runner: &Path| {
+        let cfg = write_config(
+            dir.path(),
+            &config(&format!("runner = \"{}\"", runner.display())),
+        );
+        Command::new(common::bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&cfg)
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut c = start(&old);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = c.kill();
+            let _ = c.wait();
+            panic!("the service started with a runner that cannot send results back");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = c.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("refusing to start") && err.contains("--results-on-lifeline"),
+        "{err}"
+    );
+    assert!(!err.contains("listening on"), "{err}");
+    // The control: this build as the runner.
+    let mut c = start(&common::bin());
+    let mut seen = String::new();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(c.stderr.take().unwrap()));
+    while let Some(Ok(l)) = lines.next() {
+        seen.push_str(&l);
+        seen.push('\n');
+        if l.contains("listening on") {
+            break;
+        }
+    }
+    let _ = c.kill();
+    let _ = c.wait();
+    assert!(seen.contains("listening on"), "{seen}");
+}
+
 /// Issue #15, performance: `run --results-on-lifeline` (the service's runner) sends the
 /// verified artifact, the signed receipt and the report back over its lifeline, a Unix
 /// socket, and writes no file. The command inside is hostile: it looks for a socket among its

@@ -229,6 +229,7 @@ impl Launch {
                 .map_err(|e| ServerError::Io(format!("cannot find the agentjail binary: {e}")))?,
         };
         let allow_degraded = allow_degraded || config.server.allow_degraded;
+        runner_speaks_results(&runner)?;
         if !allow_degraded {
             strict_preflight(&runner)?;
         }
@@ -243,6 +244,25 @@ impl Launch {
             rt,
         })
     }
+}
+
+/// Before `serve` or `mcp` accepts work: the runner (`server.runner`, by default this binary)
+/// must take `run --lifeline --results-on-lifeline`, or every run would end `setup_error`. An
+/// older agentjail refuses the flag; the service then refuses to start, saying so.
+fn runner_speaks_results(runner: &Path) -> Result<(), ServerError> {
+    use std::process::{Command, Stdio};
+    let o = Command::new(runner)
+        .args(["run", "--lifeline", "--results-on-lifeline", "--help"])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| ServerError::Io(format!("cannot run {}: {e}", runner.display())))?;
+    if o.status.success() {
+        return Ok(());
+    }
+    Err(ServerError::Io(format!(
+        "refusing to start: the runner {} does not take `run --results-on-lifeline` (an agentjail older than this service?); set server.runner to this build or remove it",
+        runner.display()
+    )))
 }
 
 /// Before `serve` or `mcp` accepts work: a strict run of `/bin/true` through the runner, as
