@@ -350,6 +350,16 @@ fn a_worker_killed_mid_run_leaves_it_unknown_and_a_retry_runs_it_once() {
     wait_payloads(&marker, 1, 20);
     let owner = f.row("victim").split('|').nth(1).unwrap().to_string();
     let i = WORKERS.iter().position(|w| *w == owner).unwrap();
+    // The payload's first line (`ran`) has reached its worker's log: its job folder exists
+    // (the evidence of this execution counted below).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while f.workers[i].job_folders().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the payload's first line never reached its log"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     f.workers[i].kill(); // SIGKILL
     let killed_at = Instant::now();
     wait_payloads(&marker, 0, 3);
