@@ -307,47 +307,19 @@ fn prepare(state: &AppState, task: &Task, job: &Job) -> Result<Vec<u8>, PrepareE
     Ok(line)
 }
 
-/// Makes everything below `dir` private (dirs 0700, files 0600). A job folder holds only the
-/// logs, which the service creates private itself, so normally nothing is changed: a mode is
-/// set only where it is not the private one (a chmod dirties the inode: a disk write per file).
-fn make_private(dir: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let Ok(m) = std::fs::symlink_metadata(e.path()) else {
-            continue;
-        };
-        let p = e.path();
-        let want = if m.is_dir() {
-            0o700
-        } else if m.is_file() {
-            0o600
-        } else {
-            continue;
-        };
-        if m.permissions().mode() & 0o7777 != want {
-            let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(want));
-        }
-        if m.is_dir() {
-            make_private(&p);
-        }
-    }
-}
-
 /// What the runner process left.
 struct Outcome {
     status: RunState,
     reason: Option<String>,
     report: Option<String>,
     receipt: Option<String>,
-    artifact: Option<Vec<u8>>,
+    /// The verified artifact and its digest (`sha256:…`, checked against the report's).
+    artifact: Option<(Vec<u8>, String)>,
     /// The kind of each of the report's denials (for the metric; the report is parsed once).
     denials: Vec<String>,
 }
 
-/// A runner that has been started in its job folder and waits for its manifest on the
+/// A runner that has been started and waits for its manifest on the
 /// lifeline. `agentjail run --lifeline` reads nothing before its manifest, so nothing of the
 /// run can happen before [`hand_over_and_wait`]; [`Started::abort`] ends it instead.
 struct Started {
@@ -832,13 +804,15 @@ fn collect(task: &Task, job: &Job, ended: Ended, results: Results) -> Outcome {
             .iter()
             .find(|f| f.path == rel)
             .map(|f| f.sha256.as_str());
-        let matches = |a: &Vec<u8>| {
-            listed == Some(format!("sha256:{}", crate::config::sha256_hex(a)).as_str())
-        };
-        match results
+        let checked = results
             .artifact
-            .filter(|a| !results.artifact_too_big && matches(a))
-        {
+            .filter(|_| !results.artifact_too_big)
+            .map(|a| {
+                let sha = format!("sha256:{}", crate::config::sha256_hex(&a));
+                (a, sha)
+            })
+            .filter(|(_, sha)| listed == Some(sha.as_str()));
+        match checked {
             Some(a) => artifact = Some(a),
             None => {
                 status = RunState::OutputRejected;
@@ -1007,7 +981,6 @@ pub async fn execute(
         Ok(s) => s,
         Err(why) => {
             drop(permit);
-            make_private(&job_dir(&state, &job.job_id));
             let ev = Event {
                 event: "run_end",
                 ..base
@@ -1027,16 +1000,14 @@ pub async fn execute(
         // Not recorded as started: the runner never gets its manifest.
         runner.abort().await;
         drop(permit);
-        // Nothing ran in the folder. It stays (private) only as the job of a recorded set-up
-        // error. Otherwise the claim was lost before the start (the run goes back to the queue
-        // under a new job id, is someone else's, or, after a mark that committed but whose
-        // answer was lost and was retried after the lease ended, becomes `unknown` at the
-        // lease sweep) or someone else ended the run: no retention would reach the folder.
-        let dir = job_dir(&state, &job.job_id);
-        if matches!(&marked, Err(e) if !matches!(e, crate::store::StoreError::Fenced(_))) {
-            make_private(&dir);
-        } else {
-            let _ = std::fs::remove_dir_all(&dir);
+        // Nothing ran; the folder, if the runner's refusal made one, holds its log. It stays
+        // only as the job of a recorded set-up error. Otherwise the claim was lost before the
+        // start (the run goes back to the queue under a new job id, is someone else's, or,
+        // after a mark that committed but whose answer was lost and was retried after the lease
+        // ended, becomes `unknown` at the lease sweep) or someone else ended the run: no
+        // retention would reach the folder.
+        if !matches!(&marked, Err(e) if !matches!(e, crate::store::StoreError::Fenced(_))) {
+            let _ = std::fs::remove_dir_all(job_dir(&state, &job.job_id));
         }
         match marked {
             Err(e @ crate::store::StoreError::Fenced(_)) => {
@@ -1074,8 +1045,7 @@ pub async fn execute(
     drop(permit);
     metrics::gauge!("agentjail_runs_in_flight").decrement(1.0);
     let outcome = collect(&task, &job, ended, results);
-    // The folder (logs) stays until the task's retention.
-    make_private(&job_dir(&state, &job.job_id));
+    // The folder (logs, created private) stays until the task's retention.
     metrics::histogram!("agentjail_run_duration_seconds", "task" => job.task.clone())
         .record(elapsed.as_secs_f64());
     metrics::counter!("agentjail_runs_total", "task" => job.task.clone(), "status" => outcome.status.as_str())
@@ -1086,10 +1056,10 @@ pub async fn execute(
     for kind in &outcome.denials {
         metrics::counter!("agentjail_sandbox_denials_total", "kind" => kind.clone()).increment(1);
     }
-    let sha = outcome
-        .artifact
-        .as_deref()
-        .map(|a| format!("sha256:{}", crate::config::sha256_hex(a)));
+    let (artifact, sha) = match outcome.artifact {
+        Some((bytes, sha)) => (Some(bytes), Some(sha)),
+        None => (None, None),
+    };
     let ev = Event {
         event: "run_end",
         status: Some(outcome.status.into()),
@@ -1105,7 +1075,7 @@ pub async fn execute(
         now: now(),
         report: outcome.report,
         receipt: outcome.receipt,
-        artifact: outcome.artifact,
+        artifact,
         artifact_sha256: sha,
     };
     match record_end(&state, &job, f, ev).await {

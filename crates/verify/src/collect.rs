@@ -625,6 +625,18 @@ mod tests {
             .unwrap_or_else(|| panic!("{path} not rejected: {r:?}"))
     }
 
+    fn mkfifo(path: &Path) {
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            c.as_c_str(),
+            FileType::Fifo,
+            Mode::from_raw_mode(0o666),
+            0,
+        )
+        .unwrap();
+    }
+
     /// Every file under `dir`, recursively, with its content.
     fn staged(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
         let mut out = Vec::new();
@@ -697,15 +709,7 @@ mod tests {
         std::fs::write(f.src.join("big"), vec![b'b'; 300]).unwrap();
         symlink(&f.canary, f.src.join("link-to-canary")).unwrap();
         std::fs::hard_link(&f.canary, f.src.join("canary-hardlink")).unwrap();
-        let fifo = std::ffi::CString::new(f.src.join("fifo").as_os_str().as_bytes()).unwrap();
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            fifo.as_c_str(),
-            FileType::Fifo,
-            Mode::from_raw_mode(0o666),
-            0,
-        )
-        .unwrap();
+        mkfifo(&f.src.join("fifo"));
         std::fs::write(f.src.join("bad\u{1b}name"), b"x").unwrap();
         let fd = open_dir(&f.src).unwrap();
         let mem = collect_to_memory(fd.as_fd(), 200, Some("summary.json")).unwrap();
@@ -777,15 +781,7 @@ mod tests {
     #[test]
     fn fifo_socket_are_refused_without_blocking() {
         let f = fixture();
-        let fifo = std::ffi::CString::new(f.src.join("fifo").as_os_str().as_bytes()).unwrap();
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            fifo.as_c_str(),
-            FileType::Fifo,
-            Mode::from_raw_mode(0o666),
-            0,
-        )
-        .unwrap();
+        mkfifo(&f.src.join("fifo"));
         let sub = f.src.join("sub");
         std::fs::create_dir(&sub).unwrap();
         let _listener = std::os::unix::net::UnixListener::bind(sub.join("sock")).unwrap();
