@@ -1253,6 +1253,54 @@ mod tests {
     use super::*;
     use crate::db;
 
+    /// The service records an artifact only when it is the file the runner's report lists: an
+    /// artifact frame whose digest differs from the report's (a confused or tampered channel)
+    /// ends the run `output_rejected`; the control, the same report with the real bytes, `ok`.
+    #[test]
+    fn an_artifact_that_is_not_the_reported_file_is_rejected() {
+        use std::os::unix::process::ExitStatusExt;
+        let cfg = crate::Config::example().unwrap();
+        let task = cfg.tasks["summarize_csv"].clone();
+        let job = Job {
+            tenant: "dev".into(),
+            actor: "dev".into(),
+            request_id: "r-1".into(),
+            task: "summarize_csv".into(),
+            job_id: "job_x".into(),
+            job_expires_at: now() + 60,
+            inputs: vec![],
+            code: None,
+            args: vec![],
+            cancel: None,
+            lease: None,
+        };
+        let real = br#"{"rows": 1}"#.to_vec();
+        let mut report = RunReport::setup_error(task.limits, String::new());
+        report.status = Status::Ok;
+        report.error = None;
+        report
+            .output
+            .files
+            .push(agentjail_manifest::report::OutputFile {
+                path: "summary.json".into(),
+                bytes: real.len() as u64,
+                sha256: format!("sha256:{}", crate::config::sha256_hex(&real)),
+            });
+        let with = |artifact: &[u8]| Results {
+            report: Some(serde_json::to_vec(&report).unwrap()),
+            receipt: None,
+            artifact: Some(artifact.to_vec()),
+            artifact_too_big: false,
+        };
+        let exited = || Ended::Exited(std::process::ExitStatus::from_raw(0));
+        let ok = collect(&task, &job, exited(), with(&real));
+        assert_eq!(ok.status, RunState::Ok, "{:?}", ok.reason);
+        assert_eq!(ok.artifact.map(|(b, _)| b), Some(real.clone()));
+        let forged = collect(&task, &job, exited(), with(br#"{"rows": 999}"#));
+        assert_eq!(forged.status, RunState::OutputRejected);
+        assert!(forged.artifact.is_none());
+    }
+
     /// Frames as a runner would send them, read by [`read_results`] from a socket whose other
     /// end is then closed (the runner exited).
     async fn results_of(frames: &[(u8, &[u8])], artifact_max: u64) -> Results {
