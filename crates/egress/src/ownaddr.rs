@@ -7,9 +7,11 @@
 //! address events (a non-blocking `NETLINK_ROUTE` socket bound to `RTMGRP_IPV4_IFADDR |
 //! RTMGRP_IPV6_IFADDR`) *before* it lists the addresses once, and before each use drains that
 //! socket: any message, an overrun (`ENOBUFS`) or any other error means the list is listed
-//! again before the answer. The kernel queues the event while the `ip addr add` (or any other
-//! change) is still in its system call, so a request checked after the change returned sees
-//! the new list.
+//! again before the answer. The kernel queues an IPv4 address's event while the `ip addr add`
+//! (or any other change) is still in its system call; an IPv6 address's event comes from the
+//! kernel's address-configuration work a little later, but before that work installs the
+//! address's local route. Either way, by the time a connection to the new address could reach
+//! this host, its event is queued and the next check sees the new list.
 //!
 //! Fail closed: when the socket cannot be opened or bound, or fails in a way that is not
 //! "nothing queued", the addresses are listed on every use, as before the cache existed.
@@ -234,6 +236,22 @@ mod tests {
             .unwrap_or(false)
     }
 
+    /// Waits (at most 10 s) until a TCP connection to `addr` reaches a listener on it here.
+    fn reachable(addr: IpAddr) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let ok = std::net::TcpListener::bind((addr, 0)).and_then(|l| {
+                let to = l.local_addr()?;
+                std::net::TcpStream::connect_timeout(&to, Duration::from_millis(200)).map(|_| ())
+            });
+            match ok {
+                Ok(()) => return,
+                Err(e) if Instant::now() > deadline => panic!("{addr} never became reachable: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    }
+
     const NEW: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 77, 0, 1));
 
     #[test]
@@ -252,9 +270,14 @@ mod tests {
             assert!(own.current().contains(&NEW), "added address not seen");
             assert!(ip(&["addr", "del", "10.77.0.1/32", "dev", "lo"]));
             assert!(!own.current().contains(&NEW), "removed address still seen");
-            // IPv6 events are watched too.
+            // IPv6 events are watched too. The kernel sends an IPv6 address's event from its
+            // address-configuration work, after `ip` returned but before it installs the
+            // address's local route: the address is in a listing a little before its event,
+            // but no connection reaches this host through it before the event is queued.
+            // So: once a connection to the address succeeds, the very next use must see it.
             let v6: IpAddr = "fd77::1".parse().unwrap();
             assert!(ip(&["addr", "add", "fd77::1/128", "dev", "lo", "nodad"]));
+            reachable(v6);
             assert!(own.current().contains(&v6), "added IPv6 address not seen");
         });
     }
