@@ -831,6 +831,90 @@ fn sigkill_of_the_service_kills_its_runs_and_retry_runs_once() {
     assert!(log.contains("\"run_unknown\""));
 }
 
+/// A runner that dies mid-run without a report (killed from outside, or crashed) may have
+/// let the command run: the run ends `unknown`, never `setup_error` (which says nothing ran
+/// and cannot be reconciled). Its sandbox dies with it, and a retry executes exactly once
+/// more.
+#[test]
+fn a_runner_killed_mid_run_leaves_the_run_unknown_not_setup_error() {
+    let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = common::tmp();
+    let data = dir.path().join("data");
+    let data_s = data.to_string_lossy().into_owned();
+    let marker = format!(
+        "runner-kill-marker-{}",
+        dir.path().file_name().unwrap().to_string_lossy()
+    );
+    let task = sleeper_task(&marker, 20);
+    let s = Server::start_with(dir.path(), "max_concurrent_runs = 2", &task);
+    let executions = Executions::watch(marker.clone());
+    let body = json!({"request_id": "runner-1", "task": "sleeper", "inputs": [], "args": ["6"]});
+    assert_eq!(s.run(ALICE, &body, "?wait=false").status(), 202);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while executions.count() == 0 {
+        assert!(Instant::now() < deadline, "the payload never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The runner is the one whose parent is not also a runner (it forks the sandbox's
+    // parent, which keeps its command line).
+    let runners: Vec<_> = procs_matching(&data_s)
+        .into_iter()
+        .filter(|(_, cmdline)| cmdline.contains(" run --lifeline"))
+        .map(|((pid, _), _)| pid)
+        .collect();
+    let ppid = |pid: i32| -> Option<i32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    let top: Vec<i32> = runners
+        .iter()
+        .copied()
+        .filter(|p| ppid(*p).is_none_or(|pp| !runners.contains(&pp)))
+        .collect();
+    let [pid] = top.as_slice() else {
+        panic!("expected one runner: {runners:?}");
+    };
+    // SAFETY: not unsafe in effect; kill(2) on a pid the test just found.
+    assert_eq!(unsafe { libc::kill(*pid, libc::SIGKILL) }, 0);
+    let v = wait_status(&s, "runner-1", "unknown");
+    assert!(
+        v["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("without a report"),
+        "{v}"
+    );
+    // Its sandbox went with it.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !procs_matching(&marker).is_empty() {
+        assert!(Instant::now() < deadline, "the payload outlived its runner");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let r = s
+        .http
+        .post(s.url("/v1/runs/runner-1/reconcile"))
+        .bearer_auth(ALICE)
+        .json(&json!({ "action": "retry" }))
+        .send()
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().unwrap());
+    let v = wait_status(&s, "runner-1", "ok");
+    assert_eq!(v["artifact"]["json"]["args"], json!([marker, "6"]), "{v}");
+    assert_eq!(
+        executions.finish(),
+        2,
+        "the payload did not run exactly once more"
+    );
+    let (path, log) = audit(dir.path());
+    agentjail_server::audit::verify_chain(&path).unwrap();
+    assert!(log.contains("without a report"), "{log}");
+}
+
 /// A fixed-program task (retry needs no code and no network) that sleeps as long as its
 /// argument says and writes its output; `env` and `schema` vary to change the task's config.
 fn echo_task(env: &str, schema: &str) -> String {

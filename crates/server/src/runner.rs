@@ -784,8 +784,21 @@ fn collect(task: &Task, job: &Job, ended: Ended, results: Results) -> Outcome {
         .as_deref()
         .and_then(|b| serde_json::from_slice(b).ok());
     let Some(report) = report else {
-        tracing::error!(job_id = %job.job_id, ?exit, "the runner left no readable report");
-        return setup_failed("the runner left no report");
+        // The manifest was handed over, so the command may have run (and, with network
+        // access, acted outside) before the runner died: not a setup error, which says
+        // nothing ran and cannot be reconciled.
+        tracing::error!(job_id = %job.job_id, ?exit, "the runner ended without a report; outcome unknown");
+        return Outcome {
+            status: RunState::Unknown,
+            reason: Some(format!(
+                "the runner ended ({}) without a report after the manifest was handed over; outcome unknown",
+                describe_exit(exit)
+            )),
+            report: None,
+            receipt: None,
+            artifact: None,
+            denials: Vec::new(),
+        };
     };
     if report.status == Status::SetupError {
         tracing::error!(job_id = %job.job_id, error = report.error.as_deref().unwrap_or(""), "run setup failed");
@@ -844,6 +857,16 @@ fn collect(task: &Task, job: &Job, ended: Ended, results: Results) -> Outcome {
         report: serde_json::to_string(&report).ok(),
         receipt,
         artifact,
+    }
+}
+
+/// "killed by signal 9" or "exit code 3", for a reason text.
+fn describe_exit(exit: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (exit.code(), exit.signal()) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(sig)) => format!("killed by signal {sig}"),
+        (None, None) => "ended".into(),
     }
 }
 
