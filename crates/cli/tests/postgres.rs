@@ -622,6 +622,96 @@ fn a_replica_killed_while_marking_its_runs_unknown_leaves_no_unaudited_marking()
     assert_eq!(o.code, 0, "{}", o.dump());
 }
 
+/// An operator's reconcile (retry, then abandon) and its `reconcile` record land together or
+/// not at all. A trigger the test adds makes the insert of a `reconcile` record wait on an
+/// advisory lock a session holds, and the replica is killed while it waits: on a replica that
+/// commits the change first and audits after, the run is then `queued` (retry) or `abandoned`
+/// with no record saying who did it; here the change is undone with its record, and the run is
+/// still `unknown`.
+#[test]
+fn a_replica_killed_while_reconciling_leaves_no_unaudited_reconcile() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pg) = Pg::start() else { return };
+    let da = tempdir();
+    let marker = format!(
+        "pg-rec-marker-{}",
+        da.path().file_name().unwrap().to_string_lossy()
+    );
+    let mut a = Server::start(da.path(), &pg, "node-a", &marker);
+    let body = json!({"request_id": "rec-1", "task": "sleeper", "inputs": [], "args": ["20"]});
+    assert_eq!(a.run(ALICE, &body, "?wait=false").status(), 202);
+    a.wait_status("rec-1", "running");
+    a.kill(); // SIGKILL mid-run: the restart marks it unknown
+    drop(a);
+    const HOLD: i64 = 4242;
+    pg.psql(&format!(
+        "CREATE FUNCTION hold_reconcile() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF NEW.record::jsonb->>'event' = 'reconcile' THEN PERFORM pg_advisory_xact_lock({HOLD}); END IF; RETURN NEW; END $$; CREATE TRIGGER hold_reconcile BEFORE INSERT ON audit_log FOR EACH ROW EXECUTE FUNCTION hold_reconcile()"
+    ));
+    for action in ["retry", "abandon"] {
+        let mut a = Server::start(da.path(), &pg, "node-a", &marker);
+        assert_eq!(a.status_of("rec-1")["status"], "unknown");
+        let lock = pg.hold_advisory_lock(HOLD);
+        let (http, url) = (a.http.clone(), a.url("/v1/runs/rec-1/reconcile"));
+        let call = std::thread::spawn(move || {
+            let _ = http
+                .post(url)
+                .bearer_auth(ALICE)
+                .json(&json!({ "action": action }))
+                .send();
+        });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while pg.psql(
+            "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name = 'agentjail' AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
+        ) != "t"
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the {action}'s record never reached its insert"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let seen = pg.psql("SELECT status FROM runs WHERE request_id = 'rec-1'");
+        a.kill(); // SIGKILL while the record's insert waits
+        drop(lock);
+        let _ = call.join();
+        // The killed replica's session ends once its insert is through (it finds no client).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while pg.psql(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'agentjail' AND state <> 'idle'",
+        ) != "0"
+        {
+            assert!(Instant::now() < deadline, "the killed replica's session lingers");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(
+            (seen.as_str(), pg.audited("reconcile", "rec-1").as_str()),
+            ("unknown", "0"),
+            "the {action} was committed before its record"
+        );
+        assert_eq!(
+            pg.psql("SELECT status FROM runs WHERE request_id = 'rec-1'"),
+            "unknown",
+            "the {action} landed without its record"
+        );
+    }
+    pg.psql("DROP TRIGGER hold_reconcile ON audit_log");
+    let a = Server::start(da.path(), &pg, "node-a", &marker);
+    assert_eq!(a.status_of("rec-1")["status"], "unknown");
+    let r = a
+        .http
+        .post(a.url("/v1/runs/rec-1/reconcile"))
+        .bearer_auth(ALICE)
+        .json(&json!({ "action": "abandon" }))
+        .send()
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().unwrap());
+    assert_eq!(a.status_of("rec-1")["status"], "abandoned");
+    assert_eq!(pg.audited("reconcile", "rec-1"), "1");
+    let env = [("PGPASSWORD", pg::PASSWORD)];
+    let o = agentjail(&["audit", "verify", "--database", &pg.url()], &env);
+    assert_eq!(o.code, 0, "{}", o.dump());
+}
+
 /// PostgreSQL stopped (fast: connections cut) and started again during a stream of
 /// submissions and runs: each answer is 200/202 or 503 with Retry-After, never 500; runs in
 /// flight record their end once the database is back; resubmitting the 503 ones (same

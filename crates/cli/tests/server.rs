@@ -2226,6 +2226,82 @@ fn a_service_killed_while_marking_its_runs_unknown_has_audited_them() {
     agentjail_server::audit::verify_chain(&path).unwrap();
 }
 
+/// An operator's reconcile never lands without its audit record. On SQLite (the audit log is
+/// a file beside the database) the record is appended first, after the run was found still
+/// `unknown`, and the change committed after it: a service killed between the two leaves the
+/// record and the run still `unknown` (reconcile it again), never a changed run that no record
+/// accounts for. The database's write lock is held while the operator abandons the run, and the
+/// service is killed while it waits on it.
+#[test]
+fn a_reconcile_is_never_committed_without_its_record() {
+    let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = common::tmp();
+    let marker = format!(
+        "reconcile-marker-{}",
+        dir.path().file_name().unwrap().to_string_lossy()
+    );
+    let task = sleeper_task(&marker, 30);
+    let mut s = Server::start_with(dir.path(), "max_concurrent_runs = 1", &task);
+    let body = json!({"request_id": "rec-1", "task": "sleeper", "inputs": [], "args": ["20"]});
+    assert_eq!(s.run(ALICE, &body, "?wait=false").status(), 202);
+    wait_status(&s, "rec-1", "running");
+    s.kill(); // SIGKILL mid-run: the restart marks it unknown
+    drop(s);
+    let mut s = Server::start_with(dir.path(), "max_concurrent_runs = 1", &task);
+    assert_eq!(
+        s.get(ALICE, "/v1/runs/rec-1").json::<Value>().unwrap()["status"],
+        "unknown"
+    );
+    let records = || {
+        audit(dir.path())
+            .1
+            .lines()
+            .filter(|l| l.contains("\"event\":\"reconcile\"") && l.contains("\"rec-1\""))
+            .count()
+    };
+    let db = service_db(dir.path());
+    db.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let (http, url) = (s.http.clone(), s.url("/v1/runs/rec-1/reconcile"));
+    let abandon = std::thread::spawn(move || {
+        let _ = http
+            .post(url)
+            .bearer_auth(ALICE)
+            .json(&json!({ "action": "abandon" }))
+            .send();
+    });
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while records() != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the abandon waits on the database without its record appended first"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s.kill(); // SIGKILL while the change waits on the lock
+    db.execute_batch("ROLLBACK").unwrap();
+    drop(db);
+    let _ = abandon.join();
+    let s = Server::start_with(dir.path(), "max_concurrent_runs = 1", &task);
+    let v: Value = s.get(ALICE, "/v1/runs/rec-1").json().unwrap();
+    assert_eq!(v["status"], "unknown", "{v}");
+    // The operator decides again; this time it lands, with its own record.
+    let r = s
+        .http
+        .post(s.url("/v1/runs/rec-1/reconcile"))
+        .bearer_auth(ALICE)
+        .json(&json!({ "action": "abandon" }))
+        .send()
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().unwrap());
+    assert_eq!(
+        s.get(ALICE, "/v1/runs/rec-1").json::<Value>().unwrap()["status"],
+        "abandoned"
+    );
+    assert_eq!(records(), 2);
+    let (path, _) = audit(dir.path());
+    agentjail_server::audit::verify_chain(&path).unwrap();
+}
+
 /// Issue #15, performance (per-run file-system work): the task's output schema is written once
 /// per schema, at start-up, content-addressed (`DATA/schemas/<sha256>.json`, 0600 in a 0700
 /// folder), and never into a job folder; runs still have their output checked against it (the

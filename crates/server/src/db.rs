@@ -343,6 +343,16 @@ pub fn mark_in_flight_unknown(
     Ok(rows)
 }
 
+/// Whether the run `request_id` of `tenant` is `unknown` (the only state reconciled).
+pub fn is_unknown(c: &Connection, tenant: &str, request_id: &str) -> Result<bool, DbError> {
+    let n: i64 = c.query_row(
+        "SELECT COUNT(*) FROM runs WHERE tenant = ?1 AND request_id = ?2 AND status = 'unknown'",
+        params![tenant, request_id],
+        |r| r.get(0),
+    )?;
+    Ok(n == 1)
+}
+
 /// Operator reconcile: `unknown` → `queued` again (retry) with a new job, or → `abandoned`.
 pub fn reconcile(
     c: &mut Connection,

@@ -752,13 +752,15 @@ impl Store for PgStore {
         request_id: &str,
         retry: Option<(String, i64)>,
         now: i64,
+        record: Event,
     ) -> StoreFuture<'_, bool> {
         let (t, r) = (tenant.to_string(), request_id.to_string());
         Box::pin(async move {
-            let c = self.client().await?;
+            let mut c = self.client().await?;
+            let tx = read_committed(&mut c).await?;
             let n = match retry {
                 // The replica that retries runs the new attempt: it becomes the run's node.
-                Some((job_id, expires)) => c
+                Some((job_id, expires)) => tx
                     .execute(
                         "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL, node_id = $5
                          WHERE tenant = $1 AND request_id = $2 AND status = 'unknown'",
@@ -766,7 +768,7 @@ impl Store for PgStore {
                     )
                     .await
                     .map_err(pg_err)?,
-                None => c
+                None => tx
                     .execute(
                         "UPDATE runs SET status = 'abandoned', reason = 'abandoned by an operator after an unknown outcome', finished_at = $3
                          WHERE tenant = $1 AND request_id = $2 AND status = 'unknown'",
@@ -775,6 +777,11 @@ impl Store for PgStore {
                     .await
                     .map_err(pg_err)?,
             };
+            // The change and its record commit together, or neither does.
+            if n == 1 {
+                append_audit_in(&tx, &record).await?;
+            }
+            tx.commit().await.map_err(pg_err)?;
             Ok(n == 1)
         })
     }
@@ -1203,18 +1210,21 @@ impl PgStore {
     }
 
     /// Operator retry of an `unknown` run on the queue: queued again, unclaimed, with a new job
-    /// id and its spec; false if it was not `unknown` any more.
+    /// id and its spec, and its audit `record` in the same transaction; false (and no record)
+    /// if it was not `unknown` any more.
     pub async fn requeue(
         &self,
         tenant: &str,
         request_id: &str,
         (job_id, expires): (String, i64),
         spec: &JobSpec,
+        record: &Event,
     ) -> Result<bool, StoreError> {
         let spec = serde_json::to_string(spec)
             .map_err(|e| StoreError::Database(format!("encoding a run's spec: {e}")))?;
-        let c = self.client().await?;
-        let n = c
+        let mut c = self.client().await?;
+        let tx = read_committed(&mut c).await?;
+        let n = tx
             .execute(
                 "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL,
                     owner = NULL, fence = NULL, lease_expires_at = NULL, spec = $5
@@ -1223,6 +1233,10 @@ impl PgStore {
             )
             .await
             .map_err(pg_err)?;
+        if n == 1 {
+            append_audit_in(&tx, record).await?;
+        }
+        tx.commit().await.map_err(pg_err)?;
         Ok(n == 1)
     }
 

@@ -985,16 +985,17 @@ pub(crate) async fn reconcile(
     let task = state.inner.config.tasks.get(&r.task).cloned();
     let (tenant, rid) = (caller.tenant.as_str(), r.request_id.as_str());
     if action == ReconcileAction::Abandon {
-        state.store().reconcile(tenant, rid, None, now()).await?;
+        // The change and its record land together (see `Store::reconcile`).
+        let record = Event {
+            decision: Some("allow"),
+            reason: Some("abandon".into()),
+            status: Some(RunState::Abandoned.into()),
+            ..ev
+        };
         state
             .store()
-            .audit(Event {
-                decision: Some("allow"),
-                reason: Some("abandon".into()),
-                status: Some(RunState::Abandoned.into()),
-                ..ev
-            })
-            .await;
+            .reconcile(tenant, rid, None, now(), record)
+            .await?;
     } else {
         let task = match policy::check_retry(task.as_ref()) {
             Ok(t) => t,
@@ -1023,26 +1024,22 @@ pub(crate) async fn reconcile(
         }
         let job_id = format!("job_{}", random_hex(16).map_err(|_| Failure::Internal)?);
         let expires = now() + state.inner.config.server.job_ttl_seconds as i64;
+        let record = |ev: Event| Event {
+            decision: Some("allow"),
+            reason: Some("retry".into()),
+            job_id: Some(job_id.clone()),
+            ..ev
+        };
         if let Some(queue) = &state.inner.queue {
-            // On PostgreSQL the retry goes back on the queue: any executor claims it.
+            // On PostgreSQL the retry goes back on the queue (any executor claims it), its
+            // record in the same transaction.
             let spec = crate::pg::JobSpec {
                 inputs: rows,
                 code: None,
             };
-            if queue
-                .requeue(tenant, rid, (job_id.clone(), expires), &spec)
-                .await?
-            {
-                state
-                    .store()
-                    .audit(Event {
-                        decision: Some("allow"),
-                        reason: Some("retry".into()),
-                        job_id: Some(job_id.clone()),
-                        ..ev
-                    })
-                    .await;
-            }
+            queue
+                .requeue(tenant, rid, (job_id.clone(), expires), &spec, &record(ev))
+                .await?;
             return state
                 .store()
                 .get_run(&caller.tenant, &r.request_id)
@@ -1054,18 +1051,15 @@ pub(crate) async fn reconcile(
         };
         let ok = state
             .store()
-            .reconcile(tenant, rid, Some((job_id.clone(), expires)), now())
+            .reconcile(
+                tenant,
+                rid,
+                Some((job_id.clone(), expires)),
+                now(),
+                record(ev),
+            )
             .await?;
         if ok {
-            state
-                .store()
-                .audit(Event {
-                    decision: Some("allow"),
-                    reason: Some("retry".into()),
-                    job_id: Some(job_id.clone()),
-                    ..ev
-                })
-                .await;
             let job = Job {
                 tenant: caller.tenant.clone(),
                 actor: r.actor.clone(),

@@ -167,13 +167,18 @@ pub trait Store: Send + Sync {
     /// Records the end of a run (only from `queued`/`running`).
     fn finish_run(&self, f: FinishRun) -> StoreFuture<'_, ()>;
     /// Operator reconcile of an `unknown` run: retry with a new job `(job_id, expires_at)`,
-    /// or abandon (None). False if the run was not `unknown` any more.
+    /// or abandon (None), with its audit `record`, so that no reconcile lands without it,
+    /// whatever moment the process dies at (PostgreSQL: in the change's transaction; SQLite:
+    /// the record first, once the run was found still `unknown`, then the change). False (and
+    /// no record) if the run was not `unknown` any more; an error (and no change) if the
+    /// record cannot be appended.
     fn reconcile(
         &self,
         tenant: &str,
         request_id: &str,
         retry: Option<(String, i64)>,
         now: i64,
+        record: Event,
     ) -> StoreFuture<'_, bool>;
     /// Start-up (blocking): every run of this node left `queued` or `running` becomes
     /// `unknown` (a shared store: only the runs this node owned), each marking audited
@@ -296,16 +301,34 @@ impl Store for SqliteStore {
         request_id: &str,
         retry: Option<(String, i64)>,
         now: i64,
+        record: Event,
     ) -> StoreFuture<'_, bool> {
         let (t, r) = (tenant.to_string(), request_id.to_string());
+        let audit = self.audit.clone();
         Box::pin(async move {
-            Ok(self
+            // One call holds the connection throughout: nothing else in this process writes
+            // between the check and the change, and no other process writes (the data
+            // directory's lock). The record goes first (the log is a file beside the
+            // database): a crash before the change's commit leaves the record and the run
+            // still `unknown`, to be reconciled again, never a change without its record.
+            let done = self
                 .db
                 .call(move |c| {
+                    if !db::is_unknown(c, &t, &r)? {
+                        return Ok(Ok(false));
+                    }
+                    if let Err(e) = audit.append_blocking(&record) {
+                        return Ok(Err(e));
+                    }
                     let retry = retry.as_ref().map(|(j, e)| (j.as_str(), *e));
-                    db::reconcile(c, &t, &r, retry, now)
+                    db::reconcile(c, &t, &r, retry, now).map(Ok)
                 })
-                .await?)
+                .await?;
+            done.map_err(|e| {
+                metrics::counter!("agentjail_audit_failures_total").increment(1);
+                tracing::error!(error = %e, "audit append failed: the reconcile was not done");
+                e.into()
+            })
         })
     }
 
