@@ -159,15 +159,14 @@ pub fn execute_in(
     // Load (or create) the signing key before the run, so a key problem costs no run.
     let signs =
         delivery.receipt.is_some() || (delivery.results.is_some() && delivery.key.is_some());
-    let key = match signs {
-        true => {
-            let path = delivery
-                .key
-                .clone()
-                .unwrap_or_else(receipt::default_key_path);
-            Some(ReceiptKey::load_or_create(&path).map_err(|e| SetupFailure(e.to_string()))?)
-        }
-        false => None,
+    let key = if signs {
+        let path = delivery
+            .key
+            .clone()
+            .unwrap_or_else(receipt::default_key_path);
+        Some(ReceiptKey::load_or_create(&path).map_err(|e| SetupFailure(e.to_string()))?)
+    } else {
+        None
     };
     timing::mark("pipeline: key, schema");
     let selected = select_root(vm, store);
