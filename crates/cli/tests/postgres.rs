@@ -489,6 +489,30 @@ fn a_killed_replica_marks_only_its_own_runs_unknown() {
 /// The audit chain's advisory lock (`crate::pg::AUDIT_LOCK` of the server crate).
 const AUDIT_LOCK: i64 = 0x6167_6a6c_0002;
 
+/// Starts node-a on `dir`, runs `sleeper` (20 s) as `request_id` and kills (SIGKILL) the
+/// replica mid-run: its next start finds the run in flight.
+fn kill_mid_run(dir: &Path, pg: &Pg, marker: &str, request_id: &str) {
+    let mut a = Server::start(dir, pg, "node-a", marker);
+    let body = json!({"request_id": request_id, "task": "sleeper", "inputs": [], "args": ["20"]});
+    assert_eq!(a.run(ALICE, &body, "?wait=false").status(), 202);
+    a.wait_status(request_id, "running");
+    a.kill();
+}
+
+/// Waits (at most 30 s) until a session of a replica waits on an advisory lock; `alive` is
+/// asked on each round (false: the replica exited first).
+fn wait_for_advisory_waiter(pg: &Pg, what: &str, mut alive: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pg.psql(
+        "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name = 'agentjail' AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
+    ) != "t"
+    {
+        assert!(alive(), "the replica exited before {what} reached its lock");
+        assert!(Instant::now() < deadline, "{what} never reached its lock");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A replica killed between recording a run's result and appending its `run_end` must not
 /// leave an ended run the chain does not account for. The window is made wide on purpose: a
 /// session holds the chain's lock while the run ends, so the run's end waits on it, and the
@@ -521,17 +545,7 @@ fn a_replica_killed_while_ending_a_run_leaves_no_unaudited_result() {
         "the run ended before the lock was taken; the test proves nothing"
     );
     // Wait until the replica's end of the run waits on the chain's lock.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while pg.psql(
-        "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name = 'agentjail' AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
-    ) != "t"
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the run's end never reached the audit chain's lock"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_advisory_waiter(&pg, "the run's end", || true);
     let seen = pg.psql("SELECT status FROM runs WHERE request_id = 'end-1'");
     a.kill(); // SIGKILL, mid-append
     drop(lock);
@@ -569,12 +583,7 @@ fn a_replica_killed_while_marking_its_runs_unknown_leaves_no_unaudited_marking()
         "pg-mark-marker-{}",
         da.path().file_name().unwrap().to_string_lossy()
     );
-    let mut a = Server::start(da.path(), &pg, "node-a", &marker);
-    let body = json!({"request_id": "mark-1", "task": "sleeper", "inputs": [], "args": ["20"]});
-    assert_eq!(a.run(ALICE, &body, "?wait=false").status(), 202);
-    a.wait_status("mark-1", "running");
-    a.kill(); // SIGKILL mid-run
-    drop(a);
+    kill_mid_run(da.path(), &pg, &marker, "mark-1");
     let records = || pg.audited("run_unknown", "mark-1");
     let lock = pg.hold_advisory_lock(AUDIT_LOCK);
     // The restart, by hand: it must not get past its start-up marking.
@@ -590,21 +599,9 @@ fn a_replica_killed_while_marking_its_runs_unknown_leaves_no_unaudited_marking()
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while pg.psql(
-        "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name = 'agentjail' AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
-    ) != "t"
-    {
-        assert!(
-            restart.try_wait().unwrap().is_none(),
-            "the restart exited before it reached the audit chain's lock"
-        );
-        assert!(
-            Instant::now() < deadline,
-            "the restart's marking never reached the audit chain's lock"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_advisory_waiter(&pg, "the restart's marking", || {
+        restart.try_wait().unwrap().is_none()
+    });
     let seen = pg.psql("SELECT status FROM runs WHERE request_id = 'mark-1'");
     restart.kill().unwrap(); // SIGKILL, mid-marking
     restart.wait().unwrap();
@@ -637,12 +634,7 @@ fn a_replica_killed_while_reconciling_leaves_no_unaudited_reconcile() {
         "pg-rec-marker-{}",
         da.path().file_name().unwrap().to_string_lossy()
     );
-    let mut a = Server::start(da.path(), &pg, "node-a", &marker);
-    let body = json!({"request_id": "rec-1", "task": "sleeper", "inputs": [], "args": ["20"]});
-    assert_eq!(a.run(ALICE, &body, "?wait=false").status(), 202);
-    a.wait_status("rec-1", "running");
-    a.kill(); // SIGKILL mid-run: the restart marks it unknown
-    drop(a);
+    kill_mid_run(da.path(), &pg, &marker, "rec-1"); // the restart marks it unknown
     const HOLD: i64 = 4242;
     pg.psql(&format!(
         "CREATE FUNCTION hold_reconcile() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF NEW.record::jsonb->>'event' = 'reconcile' THEN PERFORM pg_advisory_xact_lock({HOLD}); END IF; RETURN NEW; END $$; CREATE TRIGGER hold_reconcile BEFORE INSERT ON audit_log FOR EACH ROW EXECUTE FUNCTION hold_reconcile()"
@@ -659,17 +651,7 @@ fn a_replica_killed_while_reconciling_leaves_no_unaudited_reconcile() {
                 .json(&json!({ "action": action }))
                 .send();
         });
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while pg.psql(
-            "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name = 'agentjail' AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
-        ) != "t"
-        {
-            assert!(
-                Instant::now() < deadline,
-                "the {action}'s record never reached its insert"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_for_advisory_waiter(&pg, &format!("the {action}'s record"), || true);
         let seen = pg.psql("SELECT status FROM runs WHERE request_id = 'rec-1'");
         a.kill(); // SIGKILL while the record's insert waits
         drop(lock);
