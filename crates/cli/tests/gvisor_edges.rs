@@ -413,6 +413,71 @@ fn gvisor_run(work: &Path, env: &[(&str, &str)], args: &[&str]) -> (i32, String,
 
 /// Issue #12 item 3: the report and `agentjail check` say which gVisor platform ran; the
 /// choice can be forced, and a bad choice is refused with one clear line.
+/// A runner killed from outside (SIGKILL: the OOM killer, an operator) takes its gVisor
+/// sandbox with it: `runsc run` and the sandbox and gofer it started must not go on running,
+/// with no deadline left and no one to account for them (the service then records the run
+/// `unknown`, and a retry must not meet the first attempt still alive).
+#[test]
+fn a_gvisor_sandbox_dies_with_its_runner() {
+    if runsc().is_none() {
+        return;
+    }
+    let work = tmp();
+    let mut run = start_sleeping_run(work.path(), 60);
+    assert!(!run.runsc_pids.is_empty());
+    run.child.kill().unwrap(); // SIGKILL to the runner
+    run.child.wait().unwrap();
+    let alive = |pids: &[u32]| -> Vec<u32> {
+        pids.iter()
+            .copied()
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/stat"))
+                    .ok()
+                    .and_then(|s| {
+                        s.rsplit_once(')')
+                            .and_then(|(_, r)| r.split_whitespace().next().map(str::to_owned))
+                    })
+                    .is_some_and(|state| state != "Z")
+            })
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = alive(&run.runsc_pids);
+        if left.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            for p in &left {
+                let _ = Command::new("kill").args(["-9", &p.to_string()]).status();
+            }
+            panic!("5 s after its runner was killed, runsc processes still run: {left:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The killed runner ran no destructor: its bundle and state folders stay until the next
+    // gVisor run sweeps the folders of runners that are gone.
+    let runner = run.child.id();
+    let leftovers = || -> Vec<String> {
+        std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| {
+                n.starts_with(&format!("agentjail-gvisor-{runner}-"))
+                    || n.starts_with(&format!("agentjail-runsc-state-{runner}-"))
+            })
+            .collect()
+    };
+    let (code, out, _) = gvisor_run(work.path(), &[], &["--", "/bin/true"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        leftovers(),
+        Vec::<String>::new(),
+        "the next run did not sweep them"
+    );
+}
+
 #[test]
 fn gvisor_platform_is_reported_and_can_be_chosen() {
     if runsc().is_none() {

@@ -296,8 +296,8 @@ pub fn run(
     }
     let state = state_dir.path().join("runsc");
 
-    let mut child = match Command::new(&runsc)
-        .arg("--root")
+    let mut cmd = Command::new(&runsc);
+    cmd.arg("--root")
         .arg(&state)
         .arg(format!("--platform={}", platform.name))
         .args(["--network=none", "--oci-seccomp", "run", "--bundle"])
@@ -307,9 +307,11 @@ pub fn run(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .spawn()
-    {
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+    // If this runner is killed (SIGKILL: no chance to run `runsc kill`), `runsc run` dies
+    // with it, and its sandbox and gofer with `runsc run` (attached mode).
+    crate::sys::die_with_parent(&mut cmd);
+    let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => return fail(report, format!("cannot start runsc: {e}")),
     };

@@ -450,6 +450,35 @@ pub fn become_user(uid: u32, gid: u32, clear_groups: bool) -> io::Result<()> {
     Ok(())
 }
 
+/// Makes the process `cmd` starts get SIGKILL when the thread that starts it ends
+/// (`PR_SET_PDEATHSIG`, set between fork and exec), and refuses to exec if this process has
+/// already ended by then: a helper (runsc) never outlives the runner that accounts for it.
+/// The thread that calls `spawn` must be the one that waits for the child.
+pub fn die_with_parent(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the child between fork and exec: it only calls prctl and
+    // getppid (async-signal-safe) and builds an io::Error from an errno (no allocation).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Starts a new session (detaches from any controlling terminal).
 pub fn setsid() {
     // SAFETY: no memory effects.
