@@ -210,6 +210,13 @@ pub fn execute_in(
         None => None,
     };
 
+    // The service learns that the command may run from here on: a runner that dies without
+    // a report after this leaves an unknown outcome, one that dies before it ran nothing. A
+    // service that cannot be told is gone: nothing is started.
+    if let Some(fd) = &delivery.results {
+        send_frame(fd, agentjail_manifest::results::STARTING, &[])
+            .map_err(|e| SetupFailure(format!("lifeline: announcing the start: {e}")))?;
+    }
     let Outcome {
         mut report,
         output_dir,

@@ -915,6 +915,56 @@ fn a_runner_killed_mid_run_leaves_the_run_unknown_not_setup_error() {
     assert!(log.contains("without a report"), "{log}");
 }
 
+/// The other side of the test above: a runner that dies before it starts the sandbox (here a
+/// wrapper that kills itself before it execs the runner, as a broken or replaced binary
+/// would) ran nothing, so the run ends `setup_error`, not `unknown`: the runner announces on
+/// its lifeline when it is about to start the sandbox, and only after that is a death
+/// without a report an unknown outcome.
+#[test]
+fn a_runner_that_dies_before_its_sandbox_starts_leaves_setup_error() {
+    let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = common::tmp();
+    let flag = dir.path().join("die");
+    let wrapper = dir.path().join("dying-agentjail");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\n[ -e {} ] && kill -9 $$\nexec {} \"$@\"\n",
+            flag.display(),
+            common::bin().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let marker = format!(
+        "early-death-marker-{}",
+        dir.path().file_name().unwrap().to_string_lossy()
+    );
+    let server = format!(
+        "max_concurrent_runs = 1\nrunner = \"{}\"",
+        wrapper.display()
+    );
+    let s = Server::start_with(dir.path(), &server, &sleeper_task(&marker, 20));
+    let executions = Executions::watch(marker.clone());
+    std::fs::write(&flag, "").unwrap();
+    let body = json!({"request_id": "early-1", "task": "sleeper", "inputs": [], "args": ["1"]});
+    assert_eq!(s.run(ALICE, &body, "?wait=false").status(), 202);
+    let v = wait_status(&s, "early-1", "setup_error");
+    assert!(
+        v["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("before it started the sandbox"),
+        "{v}"
+    );
+    // The control: the same runner without the flag runs the task.
+    std::fs::remove_file(&flag).unwrap();
+    let body = json!({"request_id": "early-2", "task": "sleeper", "inputs": [], "args": ["1"]});
+    assert_eq!(s.run(ALICE, &body, "?wait=false").status(), 202);
+    wait_status(&s, "early-2", "ok");
+    assert_eq!(executions.finish(), 1, "only the control ran");
+}
+
 /// A fixed-program task (retry needs no code and no network) that sleeps as long as its
 /// argument says and writes its output; `env` and `schema` vary to change the task's config.
 fn echo_task(env: &str, schema: &str) -> String {

@@ -1,13 +1,18 @@
 //! How a runner (`agentjail run --results-on-lifeline`) hands a run's results to
 //! `agentjail serve`: over its lifeline, a Unix socket whose other end only the service holds,
 //! as frames of a one-byte tag, an 8-byte little-endian length and that many bytes. The
-//! runner sends the verified artifact (status `ok` only), then the signed receipt (when it
-//! signs one), then the report, always last; nothing of the run is written to a file. The
+//! runner first announces, just before it starts the sandbox, that the command may run from
+//! now on (an empty [`STARTING`] frame: a runner that dies without a report before it ran
+//! nothing, one that dies after it leaves an unknown outcome); after the run it sends the
+//! verified artifact (status `ok` only), then the signed receipt (when it signs one), then the
+//! report, always last; nothing of the run is written to a file. The
 //! sandbox never holds the socket: the sandbox's init puts `/dev/null` on its own stdin first
 //! thing (it is cloned with the runner's descriptors), the command gets `/dev/null` as stdin,
 //! and every other inherited descriptor is close-on-exec. The service takes the first frame of
 //! each kind, stops at the first report, and checks the artifact against the report's digest.
 
+/// The sandbox is about to start (empty body): from here on the command may run.
+pub const STARTING: u8 = b'S';
 /// The verified artifact's bytes.
 pub const ARTIFACT: u8 = b'A';
 /// The signed receipt (DSSE envelope JSON).

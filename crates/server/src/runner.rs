@@ -582,6 +582,8 @@ struct Results {
     artifact: Option<Vec<u8>>,
     /// The artifact's frame was larger than the task's `output.max_bytes` (not kept).
     artifact_too_big: bool,
+    /// The runner announced that it was starting the sandbox (the command may have run).
+    started: bool,
 }
 
 /// The most a report or a receipt may take on the lifeline.
@@ -593,7 +595,9 @@ const RESULT_LIMIT: u64 = 4 * 1024 * 1024;
 /// tag, ends the reading (what came before stands), and the rest of the stream is drained.
 /// A body is read as it comes (never allocated by its claimed length first).
 async fn read_results(stream: tokio::net::UnixStream, artifact_max: u64) -> Results {
-    use agentjail_manifest::results::{ARTIFACT, HEADER_LEN, RECEIPT, REPORT, parse_header};
+    use agentjail_manifest::results::{
+        ARTIFACT, HEADER_LEN, RECEIPT, REPORT, STARTING, parse_header,
+    };
     use tokio::io::AsyncReadExt;
     let mut r = Results::default();
     let mut stream = stream;
@@ -604,6 +608,13 @@ async fn read_results(stream: tokio::net::UnixStream, artifact_max: u64) -> Resu
             break;
         }
         let (tag, len) = parse_header(&head);
+        if tag == STARTING {
+            if len != 0 {
+                break;
+            }
+            r.started = true;
+            continue;
+        }
         let limit = match tag {
             ARTIFACT => artifact_max,
             RECEIPT | REPORT => RESULT_LIMIT,
@@ -784,14 +795,22 @@ fn collect(task: &Task, job: &Job, ended: Ended, results: Results) -> Outcome {
         .as_deref()
         .and_then(|b| serde_json::from_slice(b).ok());
     let Some(report) = report else {
-        // The manifest was handed over, so the command may have run (and, with network
-        // access, acted outside) before the runner died: not a setup error, which says
-        // nothing ran and cannot be reconciled.
+        if !results.started {
+            // It died before it started the sandbox: nothing ran.
+            tracing::error!(job_id = %job.job_id, ?exit, "the runner ended before it started the sandbox");
+            return setup_failed(&format!(
+                "the runner ended ({}) before it started the sandbox; nothing ran",
+                describe_exit(exit)
+            ));
+        }
+        // It had announced the sandbox's start, so the command may have run (and, with
+        // network access, acted outside) before the runner died: not a setup error, which
+        // says nothing ran and cannot be reconciled.
         tracing::error!(job_id = %job.job_id, ?exit, "the runner ended without a report; outcome unknown");
         return Outcome {
             status: RunState::Unknown,
             reason: Some(format!(
-                "the runner ended ({}) without a report after the manifest was handed over; outcome unknown",
+                "the runner ended ({}) without a report after it started the sandbox; outcome unknown",
                 describe_exit(exit)
             )),
             report: None,
@@ -1314,6 +1333,7 @@ mod tests {
             receipt: None,
             artifact: Some(artifact.to_vec()),
             artifact_too_big: false,
+            started: true,
         };
         let exited = || Ended::Exited(std::process::ExitStatus::from_raw(0));
         let ok = collect(&task, &job, exited(), with(&real));
@@ -1366,6 +1386,12 @@ mod tests {
         let r = results_of(&[(b'C', b"c"), (b'?', b"zz"), (b'R', b"r")], 10).await;
         assert_eq!(r.receipt.as_deref(), Some(&b"c"[..]));
         assert!(r.report.is_none(), "a frame after an unknown tag was taken");
+        assert!(!r.started);
+        // The start's announcement is empty; one with a body ends the reading.
+        let r = results_of(&[(b'S', b""), (b'R', b"r")], 10).await;
+        assert!(r.started && r.report.is_some());
+        let r = results_of(&[(b'S', b"x"), (b'R', b"r")], 10).await;
+        assert!(!r.started && r.report.is_none());
         // A frame cut short by the runner's end: nothing of it is taken.
         let (ours, mut theirs) = tokio::net::UnixStream::pair().unwrap();
         let reader = tokio::spawn(read_results(ours, 10));

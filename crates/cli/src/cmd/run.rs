@@ -116,8 +116,8 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
     if let Some(d) = &a.job_dir {
         // Before anything is read or written: the relative --report, --receipt and
         // --output-dir, and the sources' base folder, are the job folder's. On failure no
-        // report is written (it would land in the wrong folder); the service, finding none,
-        // records a set-up error.
+        // report is written (it would land in the wrong folder); the service, finding none
+        // (and no announcement of the sandbox's start), records a set-up error.
         std::env::set_current_dir(d).map_err(|e| format!("--job-dir {}: {e}", d.display()))?;
     }
     let mut lifeline = None;
