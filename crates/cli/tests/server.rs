@@ -1370,7 +1370,10 @@ time.sleep(1.5)
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let tags: Vec<char> = frames.iter().map(|(t, _)| *t as char).collect();
-    assert_eq!(tags, ['A', 'C', 'R'], "{stderr}");
+    assert_eq!(tags, ['S', 'A', 'C', 'R'], "{stderr}");
+    // The start's announcement is empty; the results follow it.
+    assert!(frames[0].1.is_empty());
+    let frames = &frames[1..];
     let artifact: Value = serde_json::from_slice(&frames[0].1).unwrap();
     assert_eq!(
         artifact["control"], true,
