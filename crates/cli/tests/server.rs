@@ -1588,7 +1588,13 @@ logs_seconds = 3600
             "{when}: the request's code is on disk in {leaked:?}"
         );
     };
-    std::thread::sleep(Duration::from_millis(500));
+    // The job folder is made for the run's first byte of log (the code prints at once, then
+    // sleeps 2 s): wait for it rather than guess how long a loaded machine takes.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !job.join("stdout.log").exists() {
+        assert!(Instant::now() < deadline, "the run's log never appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     check("while running");
     let v = wait_status(&s, "priv-1", "ok");
     assert_eq!(v["artifact"]["json"]["key_len"], secret.len(), "{v}");
