@@ -499,14 +499,17 @@ fn kill_mid_run(dir: &Path, pg: &Pg, marker: &str, request_id: &str) {
     a.kill();
 }
 
-/// Waits (at most 30 s) until a session of a replica waits on an advisory lock; `alive` is
-/// asked on each round (false: the replica exited first).
-fn wait_for_advisory_waiter(pg: &Pg, what: &str, mut alive: impl FnMut() -> bool) {
+/// Waits (at most 30 s) until a session of a replica waits on the advisory lock `key`;
+/// `alive` is asked on each round (false: the replica exited first).
+fn wait_for_advisory_waiter(pg: &Pg, key: i64, what: &str, mut alive: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while pg.psql(
-        "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name = 'agentjail' AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
-    ) != "t"
-    {
+    // A one-bigint advisory key is held as (classid, objid) = (high, low 32 bits).
+    let waiting = format!(
+        "SELECT count(*) > 0 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+         WHERE a.application_name = 'agentjail' AND l.locktype = 'advisory' AND NOT l.granted
+         AND ((l.classid::bigint << 32) | l.objid::bigint) = {key}"
+    );
+    while pg.psql(&waiting) != "t" {
         assert!(alive(), "the replica exited before {what} reached its lock");
         assert!(Instant::now() < deadline, "{what} never reached its lock");
         std::thread::sleep(Duration::from_millis(20));
@@ -545,7 +548,7 @@ fn a_replica_killed_while_ending_a_run_leaves_no_unaudited_result() {
         "the run ended before the lock was taken; the test proves nothing"
     );
     // Wait until the replica's end of the run waits on the chain's lock.
-    wait_for_advisory_waiter(&pg, "the run's end", || true);
+    wait_for_advisory_waiter(&pg, AUDIT_LOCK, "the run's end", || true);
     let seen = pg.psql("SELECT status FROM runs WHERE request_id = 'end-1'");
     a.kill(); // SIGKILL, mid-append
     drop(lock);
@@ -599,7 +602,7 @@ fn a_replica_killed_while_marking_its_runs_unknown_leaves_no_unaudited_marking()
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    wait_for_advisory_waiter(&pg, "the restart's marking", || {
+    wait_for_advisory_waiter(&pg, AUDIT_LOCK, "the restart's marking", || {
         restart.try_wait().unwrap().is_none()
     });
     let seen = pg.psql("SELECT status FROM runs WHERE request_id = 'mark-1'");
@@ -651,7 +654,7 @@ fn a_replica_killed_while_reconciling_leaves_no_unaudited_reconcile() {
                 .json(&json!({ "action": action }))
                 .send();
         });
-        wait_for_advisory_waiter(&pg, &format!("the {action}'s record"), || true);
+        wait_for_advisory_waiter(&pg, HOLD, &format!("the {action}'s record"), || true);
         let seen = pg.psql("SELECT status FROM runs WHERE request_id = 'rec-1'");
         a.kill(); // SIGKILL while the record's insert waits
         drop(lock);
