@@ -2363,6 +2363,53 @@ fn a_reconcile_is_never_committed_without_its_record() {
     agentjail_server::audit::verify_chain(&path).unwrap();
 }
 
+/// A client that goes away mid-request does not cut the service's work short: a submission
+/// whose client disconnects while its run is being recorded (here: while the database's write
+/// lock, held by the test, holds up the insert) still has its acceptance audited and its run
+/// executed, never a run recorded `queued` that nothing will ever execute (until a restart
+/// marks it `unknown`) and no record accounts for.
+#[test]
+fn a_client_that_disconnects_mid_request_leaves_no_half_done_work() {
+    let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = common::tmp();
+    let marker = format!(
+        "disconnect-marker-{}",
+        dir.path().file_name().unwrap().to_string_lossy()
+    );
+    let s = Server::start_with(
+        dir.path(),
+        "max_concurrent_runs = 1",
+        &sleeper_task(&marker, 20),
+    );
+    let db = service_db(dir.path());
+    db.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let impatient = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_millis(1500))
+        .build()
+        .unwrap();
+    let body = json!({"request_id": "gone-1", "task": "sleeper", "inputs": [], "args": ["0"]});
+    let r = impatient
+        .post(s.url("/v1/runs?wait=false"))
+        .bearer_auth(ALICE)
+        .json(&body)
+        .send();
+    assert!(r.is_err(), "answered while the database was locked: {r:?}");
+    // The client is gone; the insert it started goes through once the lock is released.
+    db.execute_batch("ROLLBACK").unwrap();
+    drop(db);
+    let v = wait_status(&s, "gone-1", "ok");
+    assert_eq!(v["artifact"]["json"]["args"], json!([marker, "0"]), "{v}");
+    let (path, log) = audit(dir.path());
+    agentjail_server::audit::verify_chain(&path).unwrap();
+    for event in ["run_accepted", "run_start", "run_end"] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains(&format!("\"event\":\"{event}\"")) && l.contains("\"gone-1\"")),
+            "no {event} record for the run"
+        );
+    }
+}
+
 /// Issue #15, performance (per-run file-system work): the task's output schema is written once
 /// per schema, at start-up, content-addressed (`DATA/schemas/<sha256>.json`, 0600 in a 0700
 /// folder), and never into a job folder; runs still have their output checked against it (the

@@ -275,6 +275,25 @@ pub(crate) async fn bound_body(
         .await
 }
 
+/// Runs a state-changing request's handler to its end even if its client goes away: the
+/// HTTP server drops a request's future when its connection closes, and a handler cut at an
+/// `.await` could leave its write done but not what follows it (the audit record, or the
+/// execution of a run just recorded `queued`, which nothing would then execute). The body
+/// has been read by then ([`bound_body`] is outside this layer). Reads are not detached: a
+/// read cut short has answered nothing.
+async fn run_to_completion(req: Request, next: Next) -> Response {
+    if req.method() == axum::http::Method::GET || req.method() == axum::http::Method::HEAD {
+        return next.run(req).await;
+    }
+    match tokio::spawn(next.run(req)).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "a request's handler failed");
+            ApiError::internal().into_response()
+        }
+    }
+}
+
 /// Bearer authentication layer: a request without a valid token gets `401` before any handler
 /// (or MCP processing) runs; the caller is put into the request's extensions.
 pub(crate) async fn auth(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
@@ -721,8 +740,10 @@ fn build(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::OpenAp
         .layer(DefaultBodyLimit::max(max_req));
     let mut authed = inputs.merge(runs);
     if let Some(s) = state {
-        // Outermost first: authentication, then the body's bounds, then the handler.
+        // Outermost first: authentication, then the body's bounds, then the handler (run to
+        // its end whatever the client does).
         authed = authed
+            .layer(axum::middleware::from_fn(run_to_completion))
             .layer(from_fn_with_state(s.clone(), bound_body))
             .layer(from_fn_with_state(s.clone(), auth));
     }
