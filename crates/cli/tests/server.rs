@@ -417,6 +417,17 @@ fn serve_end_to_end() {
     }
 }
 
+/// A scratch folder and a marker named after it (`prefix-<folder>`), for a payload's command
+/// line that the test then finds in /proc.
+fn marked_tmp(prefix: &str) -> (tempfile::TempDir, String) {
+    let dir = common::tmp();
+    let marker = format!(
+        "{prefix}-{}",
+        dir.path().file_name().unwrap().to_string_lossy()
+    );
+    (dir, marker)
+}
+
 fn wait_status(s: &Server, id: &str, want: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
@@ -475,11 +486,7 @@ fn kill_payload(marker: &str) {
 #[test]
 fn overload_expiry_crash_and_reconcile() {
     let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = common::tmp();
-    let marker = format!(
-        "holder-marker-{}",
-        dir.path().file_name().unwrap().to_string_lossy()
-    );
+    let (dir, marker) = marked_tmp("holder-marker");
     let holder_task = format!(
         r#"
 [tasks.holder]
@@ -2038,11 +2045,7 @@ fn a_failed_running_mark_stops_the_started_runner_before_its_payload() {
 #[test]
 fn the_run_slot_is_free_while_the_previous_outcome_is_recorded() {
     let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = common::tmp();
-    let marker = format!(
-        "slot-marker-{}",
-        dir.path().file_name().unwrap().to_string_lossy()
-    );
+    let (dir, marker) = marked_tmp("slot-marker");
     let s = Server::start_with(
         dir.path(),
         "max_concurrent_runs = 1\nmax_queued_runs = 2",
@@ -2138,11 +2141,7 @@ fn the_run_slot_is_free_while_the_previous_outcome_is_recorded() {
 #[test]
 fn a_service_killed_while_recording_an_outcome_has_audited_it() {
     let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = common::tmp();
-    let marker = format!(
-        "end-marker-{}",
-        dir.path().file_name().unwrap().to_string_lossy()
-    );
+    let (dir, marker) = marked_tmp("end-marker");
     let task = sentinel_task(&marker, 600);
     let mut s = Server::start_with(dir.path(), "max_concurrent_runs = 1", &task);
     let body = json!({"request_id": "end-1", "task": "sentinel", "inputs": []});
@@ -2213,11 +2212,7 @@ fn a_service_killed_while_recording_an_outcome_has_audited_it() {
 #[test]
 fn a_service_killed_while_marking_its_runs_unknown_has_audited_them() {
     let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = common::tmp();
-    let marker = format!(
-        "startup-marker-{}",
-        dir.path().file_name().unwrap().to_string_lossy()
-    );
+    let (dir, marker) = marked_tmp("startup-marker");
     let task = sentinel_task(&marker, 600);
     let mut s = Server::start_with(dir.path(), "max_concurrent_runs = 1", &task);
     let body = json!({"request_id": "mark-1", "task": "sentinel", "inputs": []});
@@ -2294,11 +2289,7 @@ fn a_service_killed_while_marking_its_runs_unknown_has_audited_them() {
 #[test]
 fn a_reconcile_is_never_committed_without_its_record() {
     let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = common::tmp();
-    let marker = format!(
-        "reconcile-marker-{}",
-        dir.path().file_name().unwrap().to_string_lossy()
-    );
+    let (dir, marker) = marked_tmp("reconcile-marker");
     let task = sleeper_task(&marker, 30);
     let mut s = Server::start_with(dir.path(), "max_concurrent_runs = 1", &task);
     let body = json!({"request_id": "rec-1", "task": "sleeper", "inputs": [], "args": ["20"]});
@@ -2371,11 +2362,7 @@ fn a_reconcile_is_never_committed_without_its_record() {
 #[test]
 fn a_client_that_disconnects_mid_request_leaves_no_half_done_work() {
     let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = common::tmp();
-    let marker = format!(
-        "disconnect-marker-{}",
-        dir.path().file_name().unwrap().to_string_lossy()
-    );
+    let (dir, marker) = marked_tmp("disconnect-marker");
     let s = Server::start_with(
         dir.path(),
         "max_concurrent_runs = 1",
