@@ -411,8 +411,6 @@ fn gvisor_run(work: &Path, env: &[(&str, &str)], args: &[&str]) -> (i32, String,
     )
 }
 
-/// Issue #12 item 3: the report and `agentjail check` say which gVisor platform ran; the
-/// choice can be forced, and a bad choice is refused with one clear line.
 /// A runner killed from outside (SIGKILL: the OOM killer, an operator) takes its gVisor
 /// sandbox with it: `runsc run` and the sandbox and gofer it started must not go on running,
 /// with no deadline left and no one to account for them (the service then records the run
@@ -478,6 +476,8 @@ fn a_gvisor_sandbox_dies_with_its_runner() {
     );
 }
 
+/// Issue #12 item 3: the report and `agentjail check` say which gVisor platform ran; the
+/// choice can be forced, and a bad choice is refused with one clear line.
 #[test]
 fn gvisor_platform_is_reported_and_can_be_chosen() {
     if runsc().is_none() {

@@ -2397,6 +2397,44 @@ fn a_client_that_disconnects_mid_request_leaves_no_half_done_work() {
     }
 }
 
+/// The other side of detaching handlers: a client that leaves does not leave a waiter behind.
+/// Replays of a run in flight (`?wait=true`) whose clients disconnect stop waiting at once
+/// (the run goes on), so they cannot pile up: with `max_connections = 3` (also the bound on
+/// detached handlers), six such replays in a row leave room for a new submission, which is
+/// accepted rather than answered `503`.
+#[test]
+fn clients_that_leave_a_waiting_replay_leave_no_waiter_behind() {
+    let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let (dir, marker) = marked_tmp("waiter-marker");
+    let s = Server::start_with(
+        dir.path(),
+        "max_concurrent_runs = 2\nmax_connections = 3",
+        &sleeper_task(&marker, 30),
+    );
+    let body = |id: &str, secs: &str| json!({"request_id": id, "task": "sleeper", "inputs": [], "args": [secs]});
+    assert_eq!(
+        s.run(ALICE, &body("long", "20"), "?wait=false").status(),
+        202
+    );
+    wait_status(&s, "long", "running");
+    let impatient = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    for _ in 0..6 {
+        let r = impatient
+            .post(s.url("/v1/runs?wait=true"))
+            .bearer_auth(ALICE)
+            .json(&body("long", "20"))
+            .send();
+        assert!(r.is_err(), "a replay of a running run answered: {r:?}");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let r = s.run(ALICE, &body("next", "0"), "?wait=false");
+    assert_eq!(r.status(), 202, "{}", r.text().unwrap());
+    wait_status(&s, "next", "ok");
+}
+
 /// Issue #15, performance (per-run file-system work): the task's output schema is written once
 /// per schema, at start-up, content-addressed (`DATA/schemas/<sha256>.json`, 0600 in a 0700
 /// folder), and never into a job folder; runs still have their output checked against it (the

@@ -281,11 +281,31 @@ pub(crate) async fn bound_body(
 /// execution of a run just recorded `queued`, which nothing would then execute). The body
 /// has been read by then ([`bound_body`] is outside this layer). Reads are not detached: a
 /// read cut short has answered nothing.
-async fn run_to_completion(req: Request, next: Next) -> Response {
+///
+/// Bounded: at most `max_connections` handlers are detached at once (connected or not), else
+/// `503` with `Retry-After`; and a detached handler stops *waiting* for a run (`?wait=true`,
+/// a replay of a run in flight) once its client is gone ([`service::CALLER_GONE`]).
+async fn run_to_completion(
+    State(detached): State<Arc<tokio::sync::Semaphore>>,
+    req: Request,
+    next: Next,
+) -> Response {
     if req.method() == axum::http::Method::GET || req.method() == axum::http::Method::HEAD {
         return next.run(req).await;
     }
-    match tokio::spawn(next.run(req)).await {
+    let Ok(permit) = detached.try_acquire_owned() else {
+        return ApiError::from(Failure::Unavailable).into_response();
+    };
+    let gone = tokio_util::sync::CancellationToken::new();
+    // Dropped when this request's future is (its client went away) or when it ends.
+    let _client = gone.clone().drop_guard();
+    let handler = service::CALLER_GONE.scope(gone, next.run(req));
+    let handled = tokio::spawn(async move {
+        let r = handler.await;
+        drop(permit);
+        r
+    });
+    match handled.await {
         Ok(r) => r,
         Err(e) => {
             tracing::error!(error = %e, "a request's handler failed");
@@ -743,7 +763,12 @@ fn build(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::OpenAp
         // Outermost first: authentication, then the body's bounds, then the handler (run to
         // its end whatever the client does).
         authed = authed
-            .layer(axum::middleware::from_fn(run_to_completion))
+            .layer(from_fn_with_state(
+                Arc::new(tokio::sync::Semaphore::new(
+                    s.inner.config.server.max_connections,
+                )),
+                run_to_completion,
+            ))
             .layer(from_fn_with_state(s.clone(), bound_body))
             .layer(from_fn_with_state(s.clone(), auth));
     }

@@ -561,8 +561,13 @@ async fn hand_over_and_wait(
             match tokio::time::timeout(LOG_DRAIN, r).await {
                 Ok(Ok(r)) => r,
                 _ => {
+                    // Whether the sandbox started is not known: count it as started (a death
+                    // without a report is then `unknown`, never a false "nothing ran").
                     abort.abort();
-                    Results::default()
+                    Results {
+                        started: true,
+                        ..Results::default()
+                    }
                 }
             }
         }

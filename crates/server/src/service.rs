@@ -735,7 +735,18 @@ pub(crate) async fn submit(
     };
     let handle = tokio::spawn(runner::execute(state.clone(), job, Some(admission), None));
     if wait {
-        let _ = handle.await;
+        // Until the run ends, or the HTTP client that would read the answer is gone.
+        match CALLER_GONE.try_with(CancellationToken::clone) {
+            Ok(gone) => {
+                tokio::select! {
+                    _ = handle => {}
+                    _ = gone.cancelled() => {}
+                }
+            }
+            Err(_) => {
+                let _ = handle.await;
+            }
+        }
     }
     state
         .store()
@@ -843,8 +854,21 @@ async fn replay(
     }
 }
 
+tokio::task_local! {
+    /// Cancelled when the HTTP client of the request being handled has gone away (set by the
+    /// API's detaching layer): a handler that goes on to finish its writes stops *waiting*
+    /// for a run nobody will read the answer of. The run goes on.
+    pub(crate) static CALLER_GONE: CancellationToken;
+}
+
+/// Whether the HTTP client of the request being handled has gone away.
+fn caller_gone() -> bool {
+    CALLER_GONE.try_with(|t| t.is_cancelled()).unwrap_or(false)
+}
+
 /// Polls the record until it is final (a replay of a run still in flight).
-/// A cancelled waiter (MCP cancellation of a replayed call) stops waiting; the run goes on.
+/// A cancelled waiter (MCP cancellation of a replayed call, or an HTTP client that left)
+/// stops waiting; the run goes on.
 async fn wait_for(
     state: &AppState,
     tenant: &str,
@@ -861,6 +885,7 @@ async fn wait_for(
         if row.status.is_terminal()
             || std::time::Instant::now() > deadline
             || cancel.is_some_and(|c| c.is_cancelled())
+            || caller_gone()
         {
             return Ok(row);
         }
