@@ -16,6 +16,8 @@
 //! 4. [`receipt`]: signs a run receipt (an in-toto Statement v1 in a DSSE envelope, Ed25519
 //!    over the PAE, RFC 8785 canonical JSON) and verifies one against artifacts. It also
 //!    manages the key file (0600, owner-checked). The format is in `docs/receipts.md`.
+//! 5. [`selftest`]: reads what a signed self-test result claims (tiers, filter, mode,
+//!    completeness, counts) and sorts it into passed, failed, partial or degraded.
 //!
 //! The crate makes no process, mount or network calls of its own. It works on a descriptor, a
 //! path and bytes handed to it, so the engine and CLI decide where and as whom it runs.
@@ -57,6 +59,7 @@ pub mod digest;
 pub mod json;
 pub mod receipt;
 pub mod schema;
+pub mod selftest;
 pub mod text;
 
 /// The workspace's one way for a test to say that a prerequisite is missing (a failure under CI).
