@@ -279,16 +279,39 @@ fn check_credential(
         }
         Err(e) => return Err(format!("host {:?} is invalid: {e}", c.host)),
     };
-    let admitted = compiled.rules.iter().flat_map(|r| r.ports.iter()).any(|p| {
-        compiled
+    if c.ports.is_empty() {
+        return Err("ports is empty (the default is [443])".into());
+    }
+    for port in &c.ports {
+        let admitted = compiled
             .match_target(&Target {
                 host: Host::Name(name.clone()),
-                port: *p,
+                port: *port,
             })
-            .is_ok()
-    });
-    if !admitted {
-        return Err(format!("host {name:?} is not admitted by any allow rule"));
+            .is_ok();
+        if !admitted {
+            return Err(format!(
+                "host {name:?} port {port} is not admitted by any allow rule"
+            ));
+        }
+    }
+    if c.methods.is_empty() {
+        return Err(format!(
+            "methods is empty (the default is {:?})",
+            agentjail_manifest::Credential::DEFAULT_METHODS
+        ));
+    }
+    for m in &c.methods {
+        if m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase()) {
+            return Err(format!(
+                "method {m:?} must be an upper-case method name such as GET"
+            ));
+        }
+        if NEVER_CREDENTIALED_METHODS.contains(&m.as_str()) {
+            return Err(format!(
+                "method {m:?} never carries a credential (TRACE and TRACK echo it, CONNECT opens a tunnel)"
+            ));
+        }
     }
     let header = c.header.to_ascii_lowercase();
     if header.is_empty()
@@ -323,8 +346,17 @@ fn check_credential(
             "path {p:?} must start with `/` and hold no `?` or `#`"
         ));
     }
+    for p in &c.paths {
+        if let Err(why) = crate::credential::unambiguous_path(p) {
+            return Err(format!("path {p:?}: {why}"));
+        }
+    }
     Ok(())
 }
+
+/// Methods that never carry a credential: TRACE and TRACK echo the request's headers back,
+/// and CONNECT opens a tunnel the gateway would not see into.
+pub(crate) const NEVER_CREDENTIALED_METHODS: [&str; 3] = ["TRACE", "TRACK", "CONNECT"];
 
 /// Why the allowlist does not allow a destination (the denial's reason).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -648,6 +680,11 @@ mod tests {
                 header: header.into(),
                 value_from: from.into(),
                 paths: paths.iter().map(|p| (*p).into()).collect(),
+                methods: agentjail_manifest::Credential::DEFAULT_METHODS
+                    .iter()
+                    .map(|m| (*m).into())
+                    .collect(),
+                ports: vec![443],
             };
         let check = |c: agentjail_manifest::Credential, ca: Option<&str>| {
             compile_policy(&EgressPolicy {
@@ -720,6 +757,54 @@ mod tests {
             (
                 cred("api.example.com", "Authorization", "env:T", &["v1/"]),
                 "must start",
+            ),
+            (
+                cred(
+                    "api.example.com",
+                    "Authorization",
+                    "env:T",
+                    &["/v1/%2e%2e/"],
+                ),
+                "encoded",
+            ),
+            (
+                cred("api.example.com", "Authorization", "env:T", &["/v1/..;/"]),
+                "`;`",
+            ),
+            (
+                agentjail_manifest::Credential {
+                    ports: vec![8443],
+                    ..cred("api.example.com", "Authorization", "env:T", &["/"])
+                },
+                "port 8443 is not admitted",
+            ),
+            (
+                agentjail_manifest::Credential {
+                    ports: vec![],
+                    ..cred("api.example.com", "Authorization", "env:T", &["/"])
+                },
+                "ports is empty",
+            ),
+            (
+                agentjail_manifest::Credential {
+                    methods: vec!["GET".into(), "TRACE".into()],
+                    ..cred("api.example.com", "Authorization", "env:T", &["/"])
+                },
+                "never carries a credential",
+            ),
+            (
+                agentjail_manifest::Credential {
+                    methods: vec!["get".into()],
+                    ..cred("api.example.com", "Authorization", "env:T", &["/"])
+                },
+                "upper-case",
+            ),
+            (
+                agentjail_manifest::Credential {
+                    methods: vec![],
+                    ..cred("api.example.com", "Authorization", "env:T", &["/"])
+                },
+                "methods is empty",
             ),
         ] {
             let e = check(c.clone(), None).unwrap_err();

@@ -268,6 +268,31 @@ pub struct Credential {
     /// Path prefixes (each starting with `/`) of the requests that get the header; others
     /// go without it.
     pub paths: Vec<String>,
+    /// Request methods that get the header (default: GET, HEAD, POST, PUT, PATCH, DELETE);
+    /// others go without it. TRACE, TRACK and CONNECT are never allowed here.
+    #[serde(default = "Credential::default_methods")]
+    pub methods: Vec<String>,
+    /// Destination ports whose requests get the header (default: 443); a connection to the
+    /// host on another allowed port is a plain tunnel and never carries it.
+    #[serde(default = "Credential::default_ports")]
+    pub ports: Vec<u16>,
+}
+
+impl Credential {
+    /// The methods a credential is added to when `methods` is not given.
+    pub const DEFAULT_METHODS: [&'static str; 6] =
+        ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"];
+
+    fn default_methods() -> Vec<String> {
+        Self::DEFAULT_METHODS
+            .iter()
+            .map(|m| (*m).to_owned())
+            .collect()
+    }
+
+    fn default_ports() -> Vec<u16> {
+        vec![443]
+    }
 }
 
 /// One allowed destination.
