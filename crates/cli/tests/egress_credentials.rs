@@ -229,20 +229,39 @@ fn run(
     upstream_ca: &Path,
     script: &str,
 ) -> Out {
+    run_on(work, dns_port, &[port], port, secret, upstream_ca, script)
+}
+
+/// [`run`] with the allowlist admitting api.test and other.test on `ports`, and the
+/// credential bound to api.test's `cred_port` (given as `ports` unless it is 443, the
+/// default).
+fn run_on(
+    work: &Path,
+    dns_port: u16,
+    ports: &[u16],
+    cred_port: u16,
+    secret: Option<&str>,
+    upstream_ca: &Path,
+    script: &str,
+) -> Out {
+    let mut credential = serde_json::json!({
+        "host": "api.test",
+        "header": "Authorization",
+        "value_from": "env:AJ_TEST_TOKEN",
+        "paths": ["/v1/"]
+    });
+    if cred_port != 443 {
+        credential["ports"] = serde_json::json!([cred_port]);
+    }
     let manifest = serde_json::json!({
         "command": ["/bin/sh", "-c", script],
         "network": {
             "allow": [
-                {"host": "api.test", "ports": [port]},
-                {"host": "other.test", "ports": [port]}
+                {"host": "api.test", "ports": ports},
+                {"host": "other.test", "ports": ports}
             ],
             "allow_private": ["127.0.0.1/32"],
-            "credentials": [{
-                "host": "api.test",
-                "header": "Authorization",
-                "value_from": "env:AJ_TEST_TOKEN",
-                "paths": ["/v1/"]
-            }],
+            "credentials": [credential],
             "upstream_ca_file": upstream_ca.to_str().unwrap()
         },
         "limits": {"seconds": 60}
@@ -597,7 +616,7 @@ description = "Calls an API whose key the service holds"
 code = "forbidden"
 command = ["/bin/sh", "-c", '''{script}''']
 allowed_tenants = ["acme"]
-network = {{ allow = [{{ host = "api.test", ports = [{port}] }}], allow_private = ["127.0.0.1/32"], credentials = [{{ host = "api.test", header = "Authorization", value_from = "env:AJ_TEST_TOKEN", paths = ["/v1/"] }}], upstream_ca_file = "{ca}" }}
+network = {{ allow = [{{ host = "api.test", ports = [{port}] }}], allow_private = ["127.0.0.1/32"], credentials = [{{ host = "api.test", header = "Authorization", value_from = "env:AJ_TEST_TOKEN", paths = ["/v1/"], ports = [{port}] }}], upstream_ca_file = "{ca}" }}
 {output}[tasks.cred.limits]
 seconds = 60
 "#,
@@ -667,5 +686,522 @@ seconds = 60
             "{ctx}"
         );
         assert!(!serve.log().contains(SECRET_PART), "{ctx}");
+    });
+}
+
+// Issue #29: credentials against hostile upstreams and a hostile sandbox that uses them.
+
+/// A common, careless upstream (Python's stdlib `http.server`, HTTP/1.1 keep-alive) on 443
+/// and 8443: it never reads a request body (CL.0) except on `*/echo`, which echoes the body it
+/// read; it logs every request (port, method, path, Authorization headers), and a few of its
+/// paths echo the Authorization header back the ways the issue lists: in the reason phrase,
+/// as its bare token, in a header name, lower-cased, split across two headers, in a JSON body
+/// (plain and chunked), gzip-compressed, and in a TRACE answer (as Apache's does).
+const HOSTILE_UPSTREAM: &str = r#"
+import gzip, http.server, json, socketserver, ssl, sys, threading
+cert, key, log = sys.argv[1], sys.argv[2], sys.argv[3]
+lock = threading.Lock()
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def handle_one(self):
+        auth = self.headers.get_all("Authorization") or []
+        with lock, open(log, "a") as f:
+            f.write(json.dumps({"port": self.server.server_address[1], "method": self.command, "path": self.path, "auth": auth}) + "\n")
+        a = auth[0] if auth else ""
+        tok = a.split(" ", 1)[-1]
+        p = self.path
+        body, extra, reason, chunks = b"UPSTREAM-OK", [], None, None
+        if self.command in ("TRACE", "TRACK"):
+            body = (self.requestline + "\r\n" + str(self.headers)).encode()
+            extra.append(("Content-Type", "message/http"))
+        elif p.endswith("/echo"):
+            n = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(n)
+        elif p.endswith("/reason"):
+            reason = "OK " + a
+        elif p.endswith("/bare"):
+            extra.append(("X-Token", tok))
+        elif p.endswith("/hname") and tok:
+            extra.append((tok, "1"))
+        elif p.endswith("/lower"):
+            extra.append(("X-Lower", a.lower()))
+        elif p.endswith("/split"):
+            extra += [("X-A", a[: len(a) // 2]), ("X-B", a[len(a) // 2 :])]
+        elif p.endswith("/anything"):
+            body = json.dumps({"headers": dict(self.headers)}).encode()
+            extra.append(("Content-Type", "application/json"))
+        elif p.endswith("/chunked"):
+            data = ("chunked: " + a + " / " + tok.upper() + " end").encode()
+            chunks = [data[i : i + 7] for i in range(0, len(data), 7)]
+        elif p.endswith("/gzip"):
+            body = gzip.compress(("zipped: " + a).encode())
+            extra.append(("Content-Encoding", "gzip"))
+        self.send_response(200, reason)
+        for k, v in extra:
+            self.send_header(k, v)
+        if chunks is None:
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        else:
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for c in chunks:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(c), c))
+            self.wfile.write(b"0\r\n\r\n")
+    do_GET = do_POST = do_PUT = do_DELETE = do_OPTIONS = do_PATCH = handle_one
+    do_TRACE = do_TRACK = do_PROPFIND = handle_one
+    def log_message(self, *a):
+        pass
+class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+for port in (443, 8443):
+    srv = S(("127.0.0.1", port), H)
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+print("READY", flush=True)
+threading.Event().wait()
+"#;
+
+/// Starts [`HOSTILE_UPSTREAM`] (after making the test PKI in `dir`).
+fn hostile_upstream(dir: &Path) -> Option<Reap> {
+    if !make_pki(dir) {
+        common::skip("openssl could not make the test certificates");
+        return None;
+    }
+    std::fs::write(dir.join("hostile.py"), HOSTILE_UPSTREAM).unwrap();
+    let child = Command::new("python3")
+        .arg(dir.join("hostile.py"))
+        .arg(dir.join("leaf.pem"))
+        .arg(dir.join("leaf.key"))
+        .arg(dir.join("upstream.log"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let Ok(child) = child else {
+        common::skip("python3 is not installed");
+        return None;
+    };
+    let child = Reap(child);
+    for _ in 0..100 {
+        if [443, 8443]
+            .iter()
+            .all(|p| std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, *p)).is_ok())
+        {
+            return Some(child);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("the hostile upstream did not start");
+}
+
+/// One request the hostile upstream logged.
+#[derive(Debug)]
+struct Logged {
+    port: u64,
+    method: String,
+    path: String,
+    auth: Vec<String>,
+}
+
+fn logged(dir: &Path) -> Vec<Logged> {
+    std::fs::read_to_string(dir.join("upstream.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            Logged {
+                port: v["port"].as_u64().unwrap(),
+                method: v["method"].as_str().unwrap().to_string(),
+                path: v["path"].as_str().unwrap().to_string(),
+                auth: v["auth"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|a| a.as_str().unwrap().to_string())
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+/// The sandbox's attacks, in Python speaking raw HTTP/1.1 inside TLS through the gateway
+/// (the run's CA is trusted through SSL_CERT_FILE). Each case prints `NAME SECRET_SEEN` or
+/// `NAME NOT_SEEN` (the secret or its bare token anywhere in what came back, any case,
+/// gunzipped if it came compressed) and the statuses it got. The secret is built from pieces
+/// so the script itself never holds it; a planted control proves the search finds what is
+/// there.
+const ATTACK_PROBE: &str = r#"/usr/bin/python3 - <<'PY'
+import gzip, os, socket, ssl, zlib
+S = ("sk-agentjail" + "-test-s3cret").lower().encode()
+ph, pp = os.environ["https_proxy"].split("//")[-1].strip("/").rsplit(":", 1)
+def conn(port=443):
+    s = socket.create_connection((ph, int(pp)), timeout=10)
+    s.sendall(b"CONNECT api.test:%d HTTP/1.1\r\nHost: api.test:%d\r\n\r\n" % (port, port))
+    head = b""
+    while b"\r\n\r\n" not in head:
+        c = s.recv(1)
+        if not c:
+            raise OSError("proxy closed")
+        head += c
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise OSError("CONNECT refused")
+    ctx = ssl.create_default_context()
+    if port != 443:
+        # Not a credentialed port: a plain tunnel to the upstream, whose test CA the sandbox
+        # does not trust.
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx.wrap_socket(s, server_hostname="api.test")
+def read_resp(f):
+    line = f.readline()
+    if not line:
+        return None
+    head = line
+    while True:
+        h = f.readline()
+        head += h
+        if h in (b"\r\n", b""):
+            break
+    hd = {}
+    for l in head.split(b"\r\n")[1:]:
+        if b":" in l:
+            k, v = l.split(b":", 1)
+            hd[k.strip().lower()] = v.strip()
+    body = b""
+    if b"content-length" in hd:
+        body = f.read(int(hd[b"content-length"]))
+    elif hd.get(b"transfer-encoding", b"").lower() == b"chunked":
+        while True:
+            n = int(f.readline().split(b";")[0], 16)
+            body += f.read(n)
+            f.readline()
+            if n == 0:
+                break
+    if hd.get(b"content-encoding", b"").lower() == b"gzip":
+        try:
+            body += b"\n" + gzip.decompress(body)
+        except Exception:
+            pass
+    return head, body
+def case(name, raw, port=443, n=1):
+    got, codes = b"", []
+    try:
+        t = conn(port)
+        t.sendall(raw)
+        f = t.makefile("rb")
+        for _ in range(n):
+            r = read_resp(f)
+            if r is None:
+                codes.append("closed")
+                break
+            got += r[0] + r[1]
+            codes.append(r[0].split(b" ")[1].decode())
+    except Exception as e:
+        codes.append("ERR:" + type(e).__name__)
+    print(name, "SECRET_SEEN" if S in got.lower() else "NOT_SEEN", ",".join(codes), flush=True)
+H = b"Host: api.test\r\n"
+def req(method, path, body=b"", extra=b""):
+    cl = b"Content-Length: %d\r\n" % len(body) if body or method in (b"POST", b"PUT") else b""
+    return method + b" " + path + b" HTTP/1.1\r\n" + H + cl + extra + b"\r\n" + body
+# Finding 1: a smuggled request in a GET body on a pooled upstream connection, then a
+# credentialed request on the same client connection.
+smuggle = b"POST /v2/echo HTTP/1.1\r\nHost: api.test:443\r\nContent-Length: 260\r\n\r\n"
+case("DESYNC_ECHO", req(b"GET", b"/v2/innocent", smuggle) + req(b"POST", b"/v1/anything", b"x" * 300), n=2)
+admin = b"GET /admin/delete-everything HTTP/1.1\r\nX-Ignore: "
+case("DESYNC_ADMIN", req(b"GET", b"/v2/innocent", admin) + req(b"POST", b"/v1/anything", b"x" * 300), n=2)
+# The same through a POST body (allowed): the credentialed request must not follow it on
+# that upstream connection.
+case("DESYNC_POST", req(b"POST", b"/v2/innocent", smuggle) + req(b"POST", b"/v1/anything", b"x" * 300), n=2)
+case("DESYNC_POST_ADMIN", req(b"POST", b"/v2/innocent", admin) + req(b"GET", b"/v1/data"), n=2)
+# Finding 2: encoded path segments under /v1/.
+for i, p in enumerate([b"/v1/..%2Fadmin", b"/v1/%2e%2e%2fadmin", b"/v1/%2E%2E%2Fadmin",
+        b"/v1/..%2F..%2Fadmin", b"/v1/..;/admin", b"/v1/x/..;/..;/admin", b"/v1/%252e%252e/admin",
+        b"/v1/%c0%ae%c0%ae/admin", b"/v1/%u002e%u002e/admin", b"/v1/..%00/admin", b"/v1/..%3Badmin",
+        "/v1/\uff0e\uff0e/admin".encode()]):
+    case("PATH%d" % i, req(b"GET", p))
+# Finding 3: methods that echo or are not meant to carry the credential.
+for m in (b"TRACE", b"TRACK", b"PROPFIND"):
+    case("METHOD_" + m.decode(), req(m, b"/v1/x"))
+# Finding 4: the upstream echoes the credential back.
+for p in ("reason", "bare", "hname", "lower", "split", "anything", "chunked", "gzip"):
+    case("ECHO_" + p.upper(), req(b"GET", b"/v1/" + p.encode()))
+# Finding 5: another allowed port of the credentialed host.
+case("PORT_8443", req(b"GET", b"/v1/data"), port=8443)
+# Controls: a credentialed request works, and the search finds a planted copy.
+case("CONTROL_V1", req(b"GET", b"/v1/data"))
+print("CONTROL_SEARCH", "SECRET_SEEN" if S in (b"x" + S.upper() + b"x").lower() else "NOT_SEEN", flush=True)
+PY
+"#;
+
+/// Issue #29, findings 1–5, against the careless upstream: the sandbox tries to get the
+/// secret sent where it can read it, to a path or method or port it is not bound to, or
+/// echoed back to it.
+#[test]
+fn credentials_hold_against_a_careless_upstream_and_a_hostile_sandbox() {
+    common::netns::in_netns(&[], || {
+        let work = common::tmp();
+        let Some(_upstream) = hostile_upstream(work.path()) else {
+            return;
+        };
+        let dns_port = dns(names());
+        let secret = format!("Bearer {SECRET_PART}-{}", std::process::id());
+        let o = run_on(
+            work.path(),
+            dns_port,
+            &[443, 8443],
+            443,
+            Some(&secret),
+            &work.path().join("ca.pem"),
+            ATTACK_PROBE,
+        );
+        let log = logged(work.path());
+        let ctx = format!(
+            "{}\n{}\nupstream saw {log:#?}\n{:#}",
+            o.stdout, o.stderr, o.report
+        );
+        let seen = |name: &str| o.line(name).split(' ').next().unwrap_or("").to_string();
+        // Controls first: the credentialed request works, and the search finds the secret.
+        assert!(o.line("CONTROL_V1").starts_with("NOT_SEEN 200"), "{ctx}");
+        assert_eq!(seen("CONTROL_SEARCH"), "SECRET_SEEN", "{ctx}");
+        assert!(
+            log.iter()
+                .any(|l| l.path == "/v1/data" && l.port == 443 && l.auth == vec![secret.clone()]),
+            "{ctx}"
+        );
+        // No case got the secret back.
+        for name in [
+            "DESYNC_ECHO",
+            "DESYNC_ADMIN",
+            "DESYNC_POST",
+            "DESYNC_POST_ADMIN",
+            "METHOD_TRACE",
+            "METHOD_TRACK",
+            "METHOD_PROPFIND",
+            "ECHO_REASON",
+            "ECHO_BARE",
+            "ECHO_HNAME",
+            "ECHO_LOWER",
+            "ECHO_SPLIT",
+            "ECHO_ANYTHING",
+            "ECHO_CHUNKED",
+            "ECHO_GZIP",
+            "PORT_8443",
+        ] {
+            assert_eq!(seen(name), "NOT_SEEN", "{name}: {ctx}");
+        }
+        for i in 0..12 {
+            assert_eq!(seen(&format!("PATH{i}")), "NOT_SEEN", "PATH{i}: {ctx}");
+        }
+        // Finding 1: the secret travelled only as the header of a request the gateway sent
+        // for /v1/ on a connection of its own: the upstream never parsed a request it did
+        // not send, let alone with the secret, and a GET body to a credentialed host is
+        // refused.
+        // (A request the sandbox smuggled in a POST body reaches the upstream as the
+        // sandbox could have sent it itself: without the secret.)
+        for l in &log {
+            assert!(
+                !l.path.starts_with("/v1/") || !l.path.contains("admin"),
+                "{l:?}: {ctx}"
+            );
+            if !l.auth.is_empty() {
+                assert_eq!(l.auth, vec![secret.clone()], "{ctx}");
+                assert!(l.path.starts_with("/v1/") && l.port == 443, "{l:?}: {ctx}");
+                assert!(["GET", "POST"].contains(&l.method.as_str()), "{l:?}: {ctx}");
+            }
+        }
+        assert!(o.line("DESYNC_ECHO").starts_with("NOT_SEEN 400"), "{ctx}");
+        assert!(o.denied("a request body on GET is refused"), "{ctx}");
+        // The POST body's smuggled request reached the upstream on the POST's connection
+        // (the upstream left it unread), and the credentialed request went on another one.
+        assert!(
+            log.iter()
+                .any(|l| l.path == "/v1/anything" && l.auth == vec![secret.clone()]),
+            "{ctx}"
+        );
+        // Finding 2: every encoded path refused before it left, naming the rule.
+        for i in 0..12 {
+            let line = o.line(&format!("PATH{i}"));
+            assert!(line.ends_with("400"), "PATH{i}: {line}: {ctx}");
+        }
+        assert!(o.denied("rule: unambiguous paths"), "{ctx}");
+        // Finding 3: TRACE, TRACK and PROPFIND went without the secret.
+        for m in ["TRACE", "TRACK", "PROPFIND"] {
+            let l: Vec<_> = log.iter().filter(|l| l.method == m).collect();
+            assert!(
+                !l.is_empty() && l.iter().all(|l| l.auth.is_empty()),
+                "{m}: {ctx}"
+            );
+        }
+        assert!(
+            o.denied("no credential for method TRACE")
+                || o.report_text.contains("no credential for method TRACE"),
+            "{ctx}"
+        );
+        // Finding 4: each echo reached the upstream with the secret and came back without it;
+        // the body copies were masked (and counted), the gzip body refused.
+        for p in [
+            "reason", "bare", "hname", "lower", "split", "anything", "chunked",
+        ] {
+            assert!(
+                o.line(&format!("ECHO_{}", p.to_uppercase()))
+                    .ends_with("200"),
+                "{p}: {ctx}"
+            );
+        }
+        assert!(o.line("ECHO_GZIP").ends_with("502"), "{ctx}");
+        assert!(o.denied("content-encoding: gzip"), "{ctx}");
+        assert!(
+            o.report_text.contains("masked in the response body"),
+            "{ctx}"
+        );
+        assert!(
+            o.report_text
+                .contains("response header(s) echoing a credential removed"),
+            "{ctx}"
+        );
+        // Finding 5: port 8443 got no credential (a plain tunnel there).
+        assert!(
+            log.iter()
+                .any(|l| l.port == 8443 && l.path == "/v1/data" && l.auth.is_empty()),
+            "{ctx}"
+        );
+        assert!(!o.report_text.contains(SECRET_PART), "{ctx}");
+        assert!(!o.stderr.contains(SECRET_PART), "{ctx}");
+    });
+}
+
+/// nginx (Debian's package) as the credentialed upstream, on 443 with the test CA's leaf:
+/// it normalises paths the way many production servers do (it decodes `%2F` and `%2E` and
+/// resolves dot segments before it picks a location), so an encoded path that the gateway
+/// matched as `/v1/…` would reach `/admin/` there. It logs the normalised path and the
+/// Authorization header of every request, and echoes that header in a response header and
+/// body on `/v1/echo`.
+fn nginx_upstream(dir: &Path) -> Option<Reap> {
+    let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+        .into_iter()
+        .find(|p| Path::new(p).exists());
+    let Some(nginx) = nginx else {
+        common::skip("nginx is not installed (apt-get install nginx-light)");
+        return None;
+    };
+    if !make_pki(dir) {
+        common::skip("openssl could not make the test certificates");
+        return None;
+    }
+    let d = dir.display();
+    let conf = format!(
+        r#"daemon off;
+master_process off;
+pid {d}/nginx.pid;
+error_log {d}/nginx-error.log;
+events {{ worker_connections 64; }}
+http {{
+  log_format seen '{{"uri": "$uri", "request_uri": "$request_uri", "method": "$request_method", "auth": "$http_authorization"}}';
+  access_log {d}/nginx-access.log seen;
+  client_body_temp_path {d}/nginx-body;
+  proxy_temp_path {d}/nginx-proxy;
+  fastcgi_temp_path {d}/nginx-fastcgi;
+  uwsgi_temp_path {d}/nginx-uwsgi;
+  scgi_temp_path {d}/nginx-scgi;
+  server {{
+    listen 127.0.0.1:443 ssl;
+    server_name api.test;
+    ssl_certificate {d}/leaf.pem;
+    ssl_certificate_key {d}/leaf.key;
+    location /admin/ {{ return 200 "ADMIN $http_authorization\n"; }}
+    location = /v1/echo {{ add_header X-Echo "$http_authorization"; return 200 "you sent $http_authorization\n"; }}
+    location /v1/ {{ return 200 "V1-OK\n"; }}
+    location / {{ return 200 "ROOT\n"; }}
+  }}
+}}
+"#
+    );
+    std::fs::write(dir.join("nginx.conf"), conf).unwrap();
+    let child = Command::new(nginx)
+        .arg("-p")
+        .arg(dir)
+        .arg("-c")
+        .arg(dir.join("nginx.conf"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let child = Reap(child);
+    for _ in 0..100 {
+        if std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, 443)).is_ok() {
+            return Some(child);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!(
+        "nginx did not start: {}",
+        std::fs::read_to_string(dir.join("nginx-error.log")).unwrap_or_default()
+    );
+}
+
+/// Issue #29, findings 2 and 4, against nginx: no encoded path reaches another location with
+/// the secret, and nginx's echo (header and body) comes back without it.
+#[test]
+fn credentials_hold_against_nginx() {
+    common::netns::in_netns(&[], || {
+        let work = common::tmp();
+        let Some(_nginx) = nginx_upstream(work.path()) else {
+            return;
+        };
+        let dns_port = dns(names());
+        let secret = format!("Bearer {SECRET_PART}-{}", std::process::id());
+        let paths = [
+            "/v1/..%2Fadmin/keys",
+            "/v1/%2e%2e%2fadmin/keys",
+            "/v1/%2E%2E%2Fadmin/keys",
+            "/v1/..%2F..%2Fadmin/keys",
+            "/v1/%2e%2e/admin/keys",
+            "/v1/../admin/keys",
+            "/v1/x/..;/..;/admin/keys",
+            "/v1/%252e%252e/admin/keys",
+        ];
+        let mut script = String::from("S=\"sk-agentjail\"\"-test-s3cret\"\n");
+        for (i, p) in paths.iter().enumerate() {
+            script += &format!(
+                "echo PATH{i} $(curl -s -m 10 --path-as-is -o /dev/null -w '%{{http_code}}' 'https://api.test{p}' || echo CURL_FAILED)\n"
+            );
+        }
+        script += "echo V1 $(curl -s -m 10 -w ' %{http_code}' https://api.test/v1/data || echo CURL_FAILED)\n";
+        script += "curl -s -m 10 -D /tmp/h -o /tmp/b https://api.test/v1/echo\n";
+        script += "if cat /tmp/h /tmp/b | grep -qiF \"$S\"; then echo ECHO SECRET_SEEN; elif grep -q '^you sent \\*' /tmp/b; then echo ECHO MASKED; else echo ECHO OTHER $(head -c 200 /tmp/b); fi\n";
+        let o = run_on(
+            work.path(),
+            dns_port,
+            &[443],
+            443,
+            Some(&secret),
+            &work.path().join("ca.pem"),
+            &script,
+        );
+        let access =
+            std::fs::read_to_string(work.path().join("nginx-access.log")).unwrap_or_default();
+        let ctx = format!(
+            "{}\n{}\nnginx saw:\n{access}\n{:#}",
+            o.stdout, o.stderr, o.report
+        );
+        // nginx got the credentialed request with the secret (the control).
+        assert_eq!(o.line("V1"), "V1-OK 200", "{ctx}");
+        assert!(access.contains(&format!("\"uri\": \"/v1/data\", \"request_uri\": \"/v1/data\", \"method\": \"GET\", \"auth\": \"{secret}\"")), "{ctx}");
+        // No path reached /admin/ (with or without the secret): each was refused first.
+        for (i, p) in paths.iter().enumerate() {
+            assert_eq!(o.line(&format!("PATH{i}")), "400", "{p}: {ctx}");
+        }
+        assert!(!access.contains("/admin"), "{ctx}");
+        assert!(o.denied("rule: unambiguous paths"), "{ctx}");
+        // nginx echoed the secret in a header and the body: the header is gone, the body's
+        // copy masked at the same length.
+        assert_eq!(o.line("ECHO"), "MASKED", "{ctx}");
+        assert!(access.contains("\"uri\": \"/v1/echo\""), "{ctx}");
+        assert!(!o.report_text.contains(SECRET_PART), "{ctx}");
     });
 }

@@ -23,11 +23,13 @@ use tokio::task::JoinSet;
 use agentjail_manifest::EgressPolicy;
 
 use crate::addr::canonical;
+use crate::credential::unambiguous_path;
 use crate::decision::{Decision, Log, method_name, ms, now_ms, sanitize};
 use crate::host::{Host, Target, TargetError, parse_authority, parse_host, redirect_target};
-use crate::intercept::{HostTls, Interception, ambiguous_path};
+use crate::intercept::{HostTls, Interception, MaskedBody, Without};
 use crate::meter::{BoxError, Budget, Dir, Flow, Meter, MeteredBody, MeteredStream, reserve};
 use crate::ownaddr::OwnAddrs;
+use crate::policy::NEVER_CREDENTIALED_METHODS;
 use crate::policy::{CompiledPolicy, PolicyError, compile_policy};
 use crate::resolve::Resolve;
 use crate::sni::{First, check_client_hello, read_client_hello};
@@ -269,6 +271,12 @@ struct Pending {
     upstream: Mutex<Option<Pooled>>,
     /// The response body reached its end.
     complete: AtomicBool,
+    /// The upstream connection may carry another request once this one is done: set only
+    /// for a request without a body (the upstream may leave a body unread and take its bytes
+    /// for the next request).
+    reusable: AtomicBool,
+    /// Copies of a credential masked in the response body.
+    masked: Arc<AtomicU64>,
 }
 
 impl Pending {
@@ -289,12 +297,20 @@ impl Pending {
             refused: Mutex::new(None),
             upstream: Mutex::new(None),
             complete: AtomicBool::new(false),
+            reusable: AtomicBool::new(false),
+            masked: Arc::new(AtomicU64::new(0)),
         }
     }
 
+    /// Adds a note to the flow's decision (after any earlier one).
     fn note(&self, n: String) {
-        if let Ok(mut g) = self.note.lock() {
-            g.get_or_insert(n);
+        let mut g = lock(&self.note);
+        match g.as_mut() {
+            Some(old) => {
+                old.push_str("; ");
+                old.push_str(&n);
+            }
+            None => *g = Some(n),
         }
     }
 
@@ -322,10 +338,14 @@ impl Drop for Pending {
         d.bytes_up = self.flow.up.load(Ordering::SeqCst);
         d.bytes_down = self.flow.down.load(Ordering::SeqCst);
         d.duration_ms = ms(self.start.elapsed());
-        let note = match self.note.lock() {
-            Ok(mut g) => g.take(),
-            Err(p) => p.into_inner().take(),
-        };
+        let masked = self.masked.load(Ordering::SeqCst);
+        if masked > 0 {
+            self.note(format!(
+                "{masked} cop{} of a credential masked in the response body",
+                if masked == 1 { "y" } else { "ies" }
+            ));
+        }
+        let note = lock(&self.note).take();
         if let Some(n) = note {
             d.reason = format!("{}; {n}", d.reason);
         }
@@ -358,6 +378,7 @@ impl Drop for Pending {
             && refused.is_none()
             && denial.is_none()
             && self.complete.load(Ordering::SeqCst)
+            && self.reusable.load(Ordering::SeqCst)
         {
             self.ctx.checkin(up);
         }
@@ -1307,22 +1328,36 @@ async fn handle_forward(
         return refusal(StatusCode::BAD_REQUEST, reason);
     }
     // A credentialed host: a path servers could normalise differently is refused (a prefix
-    // match on `/v1/../admin` means nothing), and the decision names the credentials added.
-    let mut added: Vec<String> = Vec::new();
+    // match on `/v1/../admin` means nothing), a body where the upstream may not read one is
+    // refused (it could be taken for the next request on the connection), and the decision
+    // names the credentials added.
+    let has_body = !hyper::body::Body::is_end_stream(req.body());
+    let method = method_name(req.method());
+    let mut add: Vec<&crate::intercept::Secret> = Vec::new();
+    let mut without = None;
     if let Some(tls) = &tls {
         let path = uri.path();
-        if ambiguous_path(path) {
-            let reason = "path with a dot segment or backslash refused for a credentialed host";
-            shared.deny(d, start, reason, None);
-            return refusal(StatusCode::BAD_REQUEST, reason);
+        if let Err(rule) = unambiguous_path(path) {
+            let reason =
+                format!("path refused for a credentialed host (rule: unambiguous paths): {rule}");
+            shared.deny(d, start, &reason, None);
+            return refusal(StatusCode::BAD_REQUEST, &reason);
         }
-        added = tls
-            .secrets
-            .iter()
-            .filter(|s| s.paths.iter().any(|p| path.starts_with(p.as_str())))
-            .map(|s| s.label(&tls.name))
-            .collect();
+        if has_body && BODILESS_METHODS.contains(&method.as_str()) {
+            let reason = format!(
+                "a request body on {method} is refused for a credentialed host (rule: no body where the upstream may not read one)"
+            );
+            shared.deny(d, start, &reason, None);
+            return refusal(StatusCode::BAD_REQUEST, &reason);
+        }
+        if !NEVER_CREDENTIALED_METHODS.contains(&method.as_str()) {
+            (add, without) = tls.applicable(&method, target.port, path);
+        }
     }
+    let added: Vec<String> = match &tls {
+        Some(tls) => add.iter().map(|s| s.label(&tls.name)).collect(),
+        None => Vec::new(),
+    };
     // Vetted for every request, pooled connection or not: a pooled connection is used only
     // for the same host and port and when its address is among the addresses vetted now.
     let vetted = match shared.vet(&target).await {
@@ -1337,7 +1372,13 @@ async fn handle_forward(
         shared.deny(d, start, &reason, None);
         return refusal(StatusCode::FORBIDDEN, &reason);
     }
-    let reused = ctx.checkout(&target, &vetted.addrs).await;
+    // A request that gets a credential travels only on a connection of its own: never on
+    // one that carried an earlier request.
+    let reused = if added.is_empty() {
+        ctx.checkout(&target, &vetted.addrs).await
+    } else {
+        None
+    };
     let fresh = match reused {
         Some(_) => None,
         None => match shared.connect(&vetted.addrs, target.port).await {
@@ -1357,7 +1398,17 @@ async fn handle_forward(
     d.address = Some(addr);
     d.reason = match (&tls, added.is_empty()) {
         (None, _) => vetted.reason,
-        (Some(_), true) => format!("{}; no credential for this path", vetted.reason),
+        (Some(_), true) => match without {
+            Some(Without::Method) => {
+                format!("{}; no credential for method {method}", vetted.reason)
+            }
+            Some(Without::Path) | None if NEVER_CREDENTIALED_METHODS.contains(&method.as_str()) => {
+                format!("{}; no credential for method {method}", vetted.reason)
+            }
+            Some(Without::Path) | None => {
+                format!("{}; no credential for this path", vetted.reason)
+            }
+        },
         (Some(_), false) => format!("{}; credential {} added", vetted.reason, added.join(", ")),
     };
     let flow = Arc::new(Flow::default());
@@ -1447,7 +1498,12 @@ async fn handle_forward(
     strip_hop_by_hop(&mut parts.headers);
     if let Some(tls) = &tls {
         // The sandbox cannot choose a credential's value: its own header of that name goes.
-        crate::intercept::apply(tls, uri.path(), &mut parts.headers);
+        crate::intercept::apply(tls, &add, &mut parts.headers);
+        // An encoded body could not be scanned for an echoed secret.
+        parts.headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
     }
     match HeaderValue::from_str(&authority) {
         Ok(v) => {
@@ -1525,17 +1581,38 @@ async fn handle_forward(
         return refusal(StatusCode::FORBIDDEN, &reason);
     }
 
+    // A credentialed host's body must be scannable for an echoed secret: no content or
+    // transfer coding the gateway does not undo.
+    if tls.is_some()
+        && let Some(why) = encoded_body(resp.headers())
+    {
+        let reason = format!(
+            "response from {target} refused: {why} (the body could not be scanned for an echoed credential)"
+        );
+        pending.refuse(reason.clone());
+        drop(resp);
+        return refusal(StatusCode::BAD_GATEWAY, &reason);
+    }
+
     *lock(&pending.upstream) = Some(up);
+    pending.reusable.store(!has_body, Ordering::SeqCst);
     let (mut rparts, rbody) = resp.into_parts();
     strip_hop_by_hop(&mut rparts.headers);
-    if let Some(tls) = &tls {
-        let n = crate::intercept::redact_response(tls, &mut rparts.headers);
-        if n > 0 {
-            pending.note(format!(
-                "{n} response header(s) echoing a credential removed"
-            ));
+    let rbody = match &tls {
+        Some(tls) => {
+            // The status line's reason phrase is the canonical one: the upstream's own text
+            // could carry the secret.
+            rparts.extensions.remove::<hyper::ext::ReasonPhrase>();
+            let n = crate::intercept::redact_response(tls, &mut rparts.headers);
+            if n > 0 {
+                pending.note(format!(
+                    "{n} response header(s) echoing a credential removed"
+                ));
+            }
+            MaskedBody::new(rbody, tls, pending.masked.clone()).boxed()
         }
-    }
+        None => rbody.map_err(BoxError::from).boxed(),
+    };
     if !meter.take(Dir::Down, head_bytes(&rparts.headers) + 16) {
         return refusal(StatusCode::FORBIDDEN, "max_bytes_down exceeded");
     }
@@ -1546,6 +1623,25 @@ async fn handle_forward(
         _keep: pending,
     };
     Response::from_parts(rparts, body.boxed())
+}
+
+/// Methods whose request body an upstream may leave unread: a body on one of them, to a
+/// credentialed host, is refused.
+const BODILESS_METHODS: [&str; 6] = ["GET", "HEAD", "OPTIONS", "DELETE", "TRACE", "TRACK"];
+
+/// Why a response body would arrive encoded (a content coding other than `identity`, or a
+/// transfer coding other than `chunked`), or `None`.
+fn encoded_body(h: &HeaderMap) -> Option<String> {
+    let codings = |name: header::HeaderName, fine: &str| -> Option<String> {
+        h.get_all(&name)
+            .iter()
+            .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+            .map(|c| c.trim().to_ascii_lowercase())
+            .find(|c| !c.is_empty() && c != fine)
+            .map(|c| format!("{name}: {}", sanitize(&c, 40)))
+    };
+    codings(header::CONTENT_ENCODING, "identity")
+        .or_else(|| codings(header::TRANSFER_ENCODING, "chunked"))
 }
 
 /// Checks every `Location` and `Content-Location` header of a response from `target`: each

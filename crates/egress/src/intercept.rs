@@ -11,14 +11,22 @@
 //! nothing else.
 
 use std::collections::BTreeMap;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, SizeHint};
 
 use agentjail_manifest::EgressPolicy;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
+use crate::credential::{BodyMasker, Needles};
 use crate::host::{Host, Target, parse_host};
+use crate::meter::BoxError;
 
 /// Why the credential flow could not be prepared. One line; never a secret value.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +56,8 @@ pub(crate) struct Secret {
     pub(crate) header: HeaderName,
     pub(crate) value: HeaderValue,
     pub(crate) paths: Vec<String>,
+    pub(crate) methods: Vec<String>,
+    pub(crate) ports: Vec<u16>,
 }
 
 impl Secret {
@@ -62,6 +72,42 @@ pub(crate) struct HostTls {
     pub(crate) name: String,
     pub(crate) server: Arc<rustls::ServerConfig>,
     pub(crate) secrets: Vec<Secret>,
+    /// The copies of its secrets that must not come back to the sandbox.
+    pub(crate) needles: Needles,
+}
+
+/// Why a request to a credentialed host goes without a given credential.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Without {
+    /// Its path is under none of the credential's `paths`.
+    Path,
+    /// Its method is not among the credential's `methods`.
+    Method,
+}
+
+impl HostTls {
+    /// The secrets a request with `method` and `path`, sent to this host on `port`, gets; and
+    /// when it gets none although the host has some for this port, why.
+    pub(crate) fn applicable(
+        &self,
+        method: &str,
+        port: u16,
+        path: &str,
+    ) -> (Vec<&Secret>, Option<Without>) {
+        let mut why = None;
+        let mut got = Vec::new();
+        for s in self.secrets.iter().filter(|s| s.ports.contains(&port)) {
+            if !s.paths.iter().any(|p| path.starts_with(p.as_str())) {
+                why.get_or_insert(Without::Path);
+            } else if !s.methods.iter().any(|m| m == method) {
+                why = Some(Without::Method);
+            } else {
+                got.push(s);
+            }
+        }
+        let why = if got.is_empty() { why } else { None };
+        (got, why)
+    }
 }
 
 /// The credential flow of one run: per-host leaf certificates and secrets, the upstream TLS
@@ -154,6 +200,8 @@ impl Interception {
                 header,
                 value,
                 paths: c.paths.clone(),
+                methods: c.methods.clone(),
+                ports: c.ports.clone(),
             });
         }
 
@@ -206,12 +254,14 @@ impl Interception {
                 .with_single_cert(vec![leaf.der().clone()], key)
                 .map_err(|e| tls_err("server certificate", e))?;
             server.alpn_protocols = vec![b"http/1.1".to_vec()];
+            let needles = Needles::new(secrets.iter().map(|s| s.value.as_bytes()));
             hosts.insert(
                 name.clone(),
                 Arc::new(HostTls {
                     name,
                     server: Arc::new(server),
                     secrets,
+                    needles,
                 }),
             );
         }
@@ -265,84 +315,144 @@ impl Interception {
         self.hosts.keys().map(String::as_str)
     }
 
+    /// The host's TLS and secrets when some credential of `t`'s host covers `t`'s port: a
+    /// connection to any other port is a plain tunnel and never carries one.
     pub(crate) fn for_target(&self, t: &Target) -> Option<Arc<HostTls>> {
         match &t.host {
-            Host::Name(n) => self.hosts.get(n).cloned(),
+            Host::Name(n) => self
+                .hosts
+                .get(n)
+                .filter(|h| h.secrets.iter().any(|s| s.ports.contains(&t.port)))
+                .cloned(),
             Host::Ip(_) => None,
         }
     }
 }
 
-/// A path with a dot segment (`.` or `..`, literal or percent-encoded) or a backslash: servers
-/// disagree on how to normalise it, so a prefix match on it means nothing.
-pub(crate) fn ambiguous_path(path: &str) -> bool {
-    if path.contains('\\') {
-        return true;
-    }
-    path.split('/').any(|seg| {
-        let s = seg.to_ascii_lowercase().replace("%2e", ".");
-        s == "." || s == ".."
-    }) || path.to_ascii_lowercase().contains("%5c")
-}
-
-/// Removes every header named like one of `secrets` from a request the sandbox sent, then
-/// adds each secret whose paths cover `path`. Returns the labels of the secrets added.
-pub(crate) fn apply(host: &HostTls, path: &str, headers: &mut HeaderMap) -> Vec<String> {
+/// Removes every header named like one of the host's secrets from a request the sandbox
+/// sent, then adds each secret that `applicable` chose. Returns the labels of those added.
+pub(crate) fn apply(host: &HostTls, add: &[&Secret], headers: &mut HeaderMap) -> Vec<String> {
     for s in &host.secrets {
         headers.remove(&s.header);
     }
     let mut added = Vec::new();
-    for s in &host.secrets {
-        if s.paths.iter().any(|p| path.starts_with(p.as_str())) {
-            headers.append(s.header.clone(), s.value.clone());
-            added.push(s.label(&host.name));
-        }
+    for s in add {
+        headers.append(s.header.clone(), s.value.clone());
+        added.push(s.label(&host.name));
     }
     added
 }
 
-/// Removes every response header whose value contains one of the host's secrets. Returns how
-/// many were removed.
+/// Removes every response header whose name or value holds one of the host's secrets or its
+/// bare token (any case, or a piece of at least [`Needles::PIECE`] bytes of it), and every
+/// header that holds part of a copy split across several values. Returns how many were
+/// removed.
 pub(crate) fn redact_response(host: &HostTls, headers: &mut HeaderMap) -> usize {
-    let bad: Vec<HeaderName> = headers
+    let all: Vec<(HeaderName, HeaderValue)> = headers
         .iter()
-        .filter(|(_, v)| {
-            host.secrets.iter().any(|s| {
-                let needle = s.value.as_bytes();
-                v.as_bytes().windows(needle.len()).any(|w| w == needle)
-            })
-        })
-        .map(|(k, _)| k.clone())
+        .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    let n = bad.len();
-    for k in bad {
-        headers.remove(k);
+    let values: Vec<&[u8]> = all.iter().map(|(_, v)| v.as_bytes()).collect();
+    let split = host.needles.header_spans(&values);
+    let mut keep = HeaderMap::with_capacity(all.len());
+    let mut removed = 0;
+    for (i, (k, v)) in all.into_iter().enumerate() {
+        if split.contains(&i)
+            || host.needles.in_header(k.as_str().as_bytes())
+            || host.needles.in_header(v.as_bytes())
+        {
+            removed += 1;
+        } else {
+            keep.append(k, v);
+        }
     }
-    n
+    *headers = keep;
+    removed
+}
+
+/// A response body from a credentialed host with every copy of its secrets masked at the
+/// same length ([`BodyMasker`]), trailers dropped. The copies masked are added to `masked`.
+pub(crate) struct MaskedBody<B> {
+    pub(crate) inner: B,
+    masker: BodyMasker,
+    done: bool,
+    masked: Arc<AtomicU64>,
+}
+
+impl<B> MaskedBody<B> {
+    pub(crate) fn new(inner: B, host: &HostTls, masked: Arc<AtomicU64>) -> MaskedBody<B> {
+        MaskedBody {
+            inner,
+            masker: BodyMasker::new(host.needles.clone()),
+            done: false,
+            masked,
+        }
+    }
+}
+
+impl<B> Body for MaskedBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        loop {
+            if self.done {
+                return Poll::Ready(None);
+            }
+            match Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    // Trailers from a credentialed host are not passed on (they could echo).
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
+                    let out = self.masker.push(&data);
+                    self.masked.store(self.masker.masked(), Ordering::SeqCst);
+                    if !out.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
+                Poll::Ready(None) => {
+                    self.done = true;
+                    let tail = self.masker.finish();
+                    self.masked.store(self.masker.masked(), Ordering::SeqCst);
+                    if tail.is_empty() {
+                        return Poll::Ready(None);
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from(tail)))));
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // Held-back bytes may still be due after the inner body ended.
+        self.done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let held = self.masker.held() as u64;
+        let inner = self.inner.size_hint();
+        let mut h = SizeHint::new();
+        h.set_lower(inner.lower().saturating_add(held));
+        if let Some(u) = inner.upper() {
+            h.set_upper(u.saturating_add(held));
+        }
+        h
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ambiguous_paths() {
-        for p in [
-            "/v1/../admin",
-            "/v1/%2e%2e/admin",
-            "/v1/%2E./x",
-            "/./v1",
-            "/v1\\x",
-            "/v1/.",
-            "/v1%5c..",
-            "/v1/.%2e",
-        ] {
-            assert!(ambiguous_path(p), "{p}");
-        }
-        for p in ["/v1/x", "/v1/..x", "/v1/.well-known", "/", "/v1/a%2fb"] {
-            assert!(!ambiguous_path(p), "{p}");
-        }
-    }
 
     fn host(value: &str) -> HostTls {
         let mut v = HeaderValue::from_str(value).unwrap();
@@ -359,30 +469,44 @@ mod tests {
                         Arc::new(rustls::server::ResolvesServerCertUsingSni::new()),
                     ),
             ),
+            needles: Needles::new([v.as_bytes()]),
             secrets: vec![Secret {
                 header: HeaderName::from_static("authorization"),
                 value: v,
                 paths: vec!["/v1/".into()],
+                methods: vec!["GET".into(), "POST".into()],
+                ports: vec![443],
             }],
         }
     }
 
     #[test]
-    fn apply_strips_and_adds_only_on_paths() {
+    fn apply_strips_and_adds_only_on_paths_methods_and_ports() {
         let h = host("Bearer s3cret");
         let mut m = HeaderMap::new();
         m.append("authorization", HeaderValue::from_static("Bearer mine"));
         m.append("Authorization", HeaderValue::from_static("Bearer mine2"));
+        let (add, why) = h.applicable("GET", 443, "/v1/x");
+        assert_eq!(why, None);
         assert_eq!(
-            apply(&h, "/v1/x", &mut m),
+            apply(&h, &add, &mut m),
             vec!["authorization for api.test".to_string()]
         );
         assert_eq!(m.get_all("authorization").iter().count(), 1);
         assert_eq!(m.get("authorization").unwrap(), "Bearer s3cret");
-        let mut m = HeaderMap::new();
-        m.append("authorization", HeaderValue::from_static("Bearer mine"));
-        assert!(apply(&h, "/v2/x", &mut m).is_empty());
-        assert!(m.get("authorization").is_none());
+        for (method, port, path, want) in [
+            ("GET", 443, "/v2/x", Some(Without::Path)),
+            ("PROPFIND", 443, "/v1/x", Some(Without::Method)),
+            ("get", 443, "/v1/x", Some(Without::Method)),
+            ("GET", 8443, "/v1/x", None),
+        ] {
+            let mut m = HeaderMap::new();
+            m.append("authorization", HeaderValue::from_static("Bearer mine"));
+            let (add, why) = h.applicable(method, port, path);
+            assert_eq!(why, want, "{method} {port} {path}");
+            assert!(apply(&h, &add, &mut m).is_empty());
+            assert!(m.get("authorization").is_none());
+        }
     }
 
     #[test]
@@ -394,8 +518,15 @@ mod tests {
             HeaderValue::from_static("you sent Bearer s3cret!"),
         );
         m.append("x-fine", HeaderValue::from_static("ok"));
-        assert_eq!(redact_response(&h, &mut m), 1);
+        m.append("x-lower", HeaderValue::from_static("bearer S3CRET"));
+        m.append("x-bare", HeaderValue::from_static("s3cret"));
+        m.append("x-s3cret", HeaderValue::from_static("1"));
+        m.append("x-part1", HeaderValue::from_static("Bear"));
+        m.append("x-part2", HeaderValue::from_static("er s3"));
+        m.append("x-part3", HeaderValue::from_static("cret"));
+        assert_eq!(redact_response(&h, &mut m), 7);
         assert!(m.get("x-echo").is_none());
+        assert_eq!(m.len(), 1);
         assert!(m.get("x-fine").is_some());
     }
 }

@@ -71,6 +71,7 @@
 // feature) the crate is only them, without tokio, hyper, rustls or hickory (the fuzz targets
 // build it that way, docs/fuzzing.md).
 pub mod addr;
+pub mod credential;
 #[cfg(feature = "gateway")]
 mod decision;
 #[cfg(feature = "gateway")]
