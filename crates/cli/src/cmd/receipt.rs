@@ -16,6 +16,14 @@ pub enum ReceiptCmd {
         /// Public key (PEM); default: the key in the user's data directory.
         #[arg(long, value_name = "FILE")]
         pubkey: Option<PathBuf>,
+        /// Accept a self-test attestation that does not cover the whole corpus of its tiers
+        /// (`selftest --only`, a tier or the gateway that could not be attacked); exit 0 for it.
+        #[arg(long)]
+        accept_partial: bool,
+        /// Accept a self-test attestation made in degraded mode (a strict run was refused on
+        /// that host); exit 0 for it.
+        #[arg(long)]
+        accept_degraded: bool,
     },
     /// Print the public key of the receipt signing key (created if absent).
     Pubkey {
@@ -30,7 +38,17 @@ pub fn dispatch(c: ReceiptCmd) -> Result<u8, String> {
             receipt,
             artifacts,
             pubkey,
-        } => verify(&receipt, &artifacts, pubkey.as_deref()),
+            accept_partial,
+            accept_degraded,
+        } => verify(
+            &receipt,
+            &artifacts,
+            pubkey.as_deref(),
+            Accept {
+                partial: accept_partial,
+                degraded: accept_degraded,
+            },
+        ),
         ReceiptCmd::Pubkey { key } => {
             let path = key.unwrap_or_else(agentjail_verify::receipt::default_key_path);
             let k = agentjail_verify::receipt::ReceiptKey::load_or_create(&path)
@@ -41,7 +59,25 @@ pub fn dispatch(c: ReceiptCmd) -> Result<u8, String> {
     }
 }
 
-fn verify(receipt: &Path, artifacts: &[PathBuf], pubkey: Option<&Path>) -> Result<u8, String> {
+/// Exit status of `receipt verify` for an authentic self-test attestation that is FAILED.
+pub const EXIT_FAILED: u8 = 2;
+/// Exit status of `receipt verify` for an authentic self-test attestation that is partial or
+/// degraded, and not accepted by `--accept-partial` / `--accept-degraded`.
+pub const EXIT_NOT_ACCEPTED: u8 = 3;
+
+/// What the verifier accepts besides a PASSED self-test attestation.
+#[derive(Clone, Copy, Debug, Default)]
+struct Accept {
+    partial: bool,
+    degraded: bool,
+}
+
+fn verify(
+    receipt: &Path,
+    artifacts: &[PathBuf],
+    pubkey: Option<&Path>,
+    accept: Accept,
+) -> Result<u8, String> {
     let env = std::fs::read(receipt).map_err(|e| format!("{}: {e}", receipt.display()))?;
     let pem = match pubkey {
         Some(p) => Some(std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?),
@@ -66,37 +102,143 @@ fn verify(receipt: &Path, artifacts: &[PathBuf], pubkey: Option<&Path>) -> Resul
             );
             Ok(0)
         }
-        Ok(VerifiedAny::Selftest(v)) => {
-            let p = &v.statement.predicate;
-            let n = |k: &str| p["summary"][k].as_u64().unwrap_or(0);
-            println!(
-                "receipt OK: selftest attestation signed by key {}; {}: {} passed, {} failed, {} skipped; agentjail {} (binary sha256:{}) on kernel {}, {} mode, at {}; {} artifact(s) match",
-                v.keyid,
-                if p["passed"] == true {
-                    "PASSED"
-                } else {
-                    "FAILED"
-                },
-                n("passed"),
-                n("failed"),
-                n("skipped"),
-                p["agentjail_version"].as_str().unwrap_or("?"),
-                v.statement
-                    .subject
-                    .first()
-                    .and_then(|s| s.digest.get("sha256"))
-                    .map(String::as_str)
-                    .unwrap_or("?"),
-                p["host"]["kernel"].as_str().unwrap_or("?"),
-                p["mode"].as_str().unwrap_or("?"),
-                p["started_at"].as_str().unwrap_or("?"),
-                arts.len()
-            );
-            Ok(0)
-        }
+        Ok(VerifiedAny::Selftest(v)) => Ok(selftest_verdict(&v, arts.len(), accept)),
         Err(e) => {
             eprintln!("agentjail: receipt verification failed: {e}");
             Ok(1)
         }
     }
+}
+
+/// Prints what an authentic self-test attestation claims (tiers, egress, filter, mode, counts)
+/// and its verdict; returns the exit status: 0 for PASSED or an accepted partial/degraded
+/// attestation, [`EXIT_FAILED`], [`EXIT_NOT_ACCEPTED`].
+fn selftest_verdict(
+    v: &agentjail_verify::receipt::VerifiedSelftest,
+    artifacts: usize,
+    accept: Accept,
+) -> u8 {
+    use agentjail_verify::selftest::{SelftestClaim, SelftestVerdict};
+    use agentjail_verify::text::printable;
+    let p = &v.statement.predicate;
+    let c = SelftestClaim::from_predicate(p);
+    let verdict = c.verdict();
+    let missing: Vec<&str> = [
+        (verdict.is_partial() && !accept.partial).then_some("--accept-partial"),
+        (verdict.is_degraded() && !accept.degraded).then_some("--accept-degraded"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let code = match verdict {
+        SelftestVerdict::Failed => EXIT_FAILED,
+        _ if !missing.is_empty() => EXIT_NOT_ACCEPTED,
+        _ => 0,
+    };
+    let accepted = match verdict {
+        SelftestVerdict::Passed | SelftestVerdict::Failed => String::new(),
+        _ if code == 0 => {
+            let flags: Vec<&str> = [
+                verdict.is_partial().then_some("--accept-partial"),
+                verdict.is_degraded().then_some("--accept-degraded"),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            format!(" (accepted: {})", flags.join(" "))
+        }
+        _ => " (not accepted)".into(),
+    };
+    let text = |k: &str| printable(p[k].as_str().unwrap_or("?"), 200);
+    let head = if code == 0 {
+        "receipt OK"
+    } else {
+        "receipt authentic, attestation not accepted"
+    };
+    println!(
+        "{head}: selftest attestation signed by key {}; {}{accepted}; agentjail {} (binary sha256:{}) on kernel {}, at {}; {artifacts} artifact(s) match",
+        v.keyid,
+        verdict.word(),
+        text("agentjail_version"),
+        printable(
+            v.statement
+                .subject
+                .first()
+                .and_then(|s| s.digest.get("sha256"))
+                .map(String::as_str)
+                .unwrap_or("?"),
+            80
+        ),
+        printable(p["host"]["kernel"].as_str().unwrap_or("?"), 200),
+        text("started_at"),
+    );
+    println!(
+        "  tiers: {}; egress: {}; filter: {}; mode: {}",
+        if c.tiers.is_empty() {
+            "none".to_string()
+        } else {
+            c.tiers.join("+")
+        },
+        if c.egress { "attacked" } else { "not attacked" },
+        match &c.filter {
+            None => "none".to_string(),
+            Some(f) => f.join(","),
+        },
+        c.mode
+    );
+    println!(
+        "  probes: {} of {} run: {} passed, {} failed, {} skipped",
+        c.total,
+        c.corpus
+            .map_or_else(|| "an unrecorded number".to_string(), |n| n.to_string()),
+        c.passed,
+        c.failed,
+        c.skipped
+    );
+    if !c.failed_probes.is_empty() {
+        println!("  failed: {}", c.failed_probes.join(", "));
+    }
+    for why in &c.incomplete {
+        println!("  partial: {why}");
+    }
+    if verdict.is_degraded() {
+        println!(
+            "  degraded: a strict run was refused on the attested host (mode {})",
+            c.mode
+        );
+    }
+    match verdict {
+        SelftestVerdict::Failed => {
+            let what = if c.failed > 0 {
+                format!(
+                    "{} probe(s) failed ({})",
+                    c.failed,
+                    if c.failed_probes.is_empty() {
+                        "not listed".to_string()
+                    } else {
+                        c.failed_probes.join(", ")
+                    }
+                )
+            } else {
+                "the attestation does not claim a pass (predicate.passed is not true)".into()
+            };
+            eprintln!(
+                "agentjail: selftest attestation not accepted: FAILED: {what}; no flag accepts a failure"
+            );
+        }
+        _ if code != 0 => {
+            let mut why: Vec<String> = c.incomplete.clone();
+            if verdict.is_degraded() {
+                why.push(format!("mode {}", c.mode));
+            }
+            eprintln!(
+                "agentjail: selftest attestation not accepted: {} ({}); pass {} to accept it",
+                verdict.word(),
+                why.join("; "),
+                missing.join(" ")
+            );
+        }
+        _ => {}
+    }
+    code
 }

@@ -12,6 +12,11 @@
 //!
 //! Exit status: 0 when no probe failed (skipped probes are listed, with their reason, in every
 //! output), 1 when one failed, 125 for bad arguments or when the self-test could not start.
+//!
+//! The result's `passed` is stronger than the exit status: it is what a signed result
+//! (`--receipt`) attests, so it is true only when the whole corpus of every tier named ran
+//! (no `--only` that left a probe out, no tier or gateway that could not be attacked: then
+//! `complete` is false and `incomplete` says why), in strict mode, without a failure.
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
@@ -451,6 +456,63 @@ fn selected(only: Option<&str>, id: &str) -> bool {
     }
 }
 
+/// The patterns of `--only` (comma-separated, trimmed, empty ones dropped), as `selected`
+/// reads them.
+fn patterns(only: &str) -> Vec<String> {
+    only.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// How many probes the whole corpus of `tiers` holds (the groups given: egress only with
+/// `--egress`).
+fn corpus_size(groups: &[&Group], tiers: &[Tier]) -> usize {
+    tiers
+        .iter()
+        .map(|t| {
+            groups
+                .iter()
+                .filter(|g| g.tiers.contains(t))
+                .map(|g| g.probes.len())
+                .sum::<usize>()
+        })
+        .sum()
+}
+
+/// Why a run of `ran` probes out of a corpus of `corpus` does not attest the whole corpus of
+/// its tiers: a filter that left probes out, and what could not be attacked here. Empty when
+/// it does.
+fn incomplete_reasons(
+    ran: usize,
+    corpus: usize,
+    filter: Option<&[String]>,
+    not_attacked: Vec<String>,
+) -> Vec<String> {
+    let mut why = Vec::new();
+    if ran < corpus {
+        why.push(match filter {
+            Some(f) => format!(
+                "only the probes matching --only {} ran ({ran} of {corpus})",
+                printable(&f.join(","), 200)
+            ),
+            None => format!("{ran} of the corpus's {corpus} probes ran"),
+        });
+    }
+    for r in not_attacked {
+        if !why.contains(&r) {
+            why.push(r);
+        }
+    }
+    why
+}
+
+/// The result's `passed`: the whole corpus of every tier named, in strict mode, no failure.
+fn attests_a_pass(complete: bool, degraded: bool, failed: usize, ran: usize) -> bool {
+    complete && !degraded && failed == 0 && ran > 0
+}
+
 /// The host's facts, as `agentjail check` sees them.
 fn host_facts(check: &agentjail_engine::check::Report) -> Value {
     let item = |name: &str| check.items.iter().find(|i| i.name == name);
@@ -597,6 +659,15 @@ pub fn run(a: SelftestArgs) -> Result<u8, String> {
 
     let mut results: Vec<ProbeResult> = Vec::new();
     let gvisor_missing = agentjail_engine::gvisor::available().err();
+    // What the named tiers' corpus holds that this run did not attack (docs/selftest.md,
+    // "What an attestation claims").
+    let corpus = corpus_size(&groups, &tiers);
+    let mut not_attacked: Vec<String> = Vec::new();
+    if let Some(why) = &gvisor_missing
+        && tiers.contains(&Tier::Gvisor)
+    {
+        not_attacked.push(format!("the gvisor tier was not attacked: {why}"));
+    }
     for (g, tier) in plan {
         let wanted: Vec<&Probe> = g.probes.iter().filter(|p| selected(only, p.id)).collect();
         let t = Instant::now();
@@ -613,6 +684,23 @@ pub fn run(a: SelftestArgs) -> Result<u8, String> {
             _ => (g.run)(&env, tier),
         };
         let ms = t.elapsed().as_millis() as u64;
+        if g.name.starts_with("egress") {
+            let skips: Vec<&str> = wanted
+                .iter()
+                .map(|p| verdicts.iter().find(|(id, _)| *id == p.id))
+                .map(|v| match v {
+                    Some((_, Verdict::Skip(d))) => Some(d.as_str()),
+                    _ => None,
+                })
+                .collect::<Option<_>>()
+                .unwrap_or_default();
+            if let Some(why) = skips.first() {
+                not_attacked.push(format!(
+                    "the egress gateway was not attacked: {}",
+                    printable(why, 200)
+                ));
+            }
+        }
         for p in wanted {
             let v = verdicts
                 .iter()
@@ -648,6 +736,9 @@ pub fn run(a: SelftestArgs) -> Result<u8, String> {
     let count = |w: &str| results.iter().filter(|r| r.outcome == w).count();
     let (passed, failed, skipped) = (count("pass"), count("fail"), count("skip"));
     let duration_ms = started.elapsed().as_millis() as u64;
+    let filter = only.map(patterns);
+    let incomplete = incomplete_reasons(results.len(), corpus, filter.as_deref(), not_attacked);
+    let complete = incomplete.is_empty();
     let result = json!({
         "schema": RESULT_SCHEMA,
         "agentjail_version": env!("CARGO_PKG_VERSION"),
@@ -658,8 +749,17 @@ pub fn run(a: SelftestArgs) -> Result<u8, String> {
         "tiers": tiers,
         "egress": a.egress,
         "only": a.only,
-        "summary": { "total": results.len(), "passed": passed, "failed": failed, "skipped": skipped },
-        "passed": failed == 0,
+        "filter": filter,
+        "complete": complete,
+        "incomplete": incomplete,
+        "summary": {
+            "total": results.len(),
+            "corpus": corpus,
+            "passed": passed,
+            "failed": failed,
+            "skipped": skipped,
+        },
+        "passed": attests_a_pass(complete, env.degraded, failed, results.len()),
         "probes": results,
     });
     if let Some(path) = &a.receipt {
@@ -709,7 +809,56 @@ pub fn run(a: SelftestArgs) -> Result<u8, String> {
             say(
                 "FAILED: a guarantee listed above does not hold on this host; see docs/selftest.md",
             );
+        } else if !complete {
+            say(&format!(
+                "PARTIAL: {}; this result (and a --receipt of it) does not attest the whole corpus",
+                incomplete.join("; ")
+            ));
         }
     }
     Ok(if failed == 0 { 0 } else { 1 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_whole_corpus_of_the_named_tiers_in_strict_mode_attests_a_pass() {
+        let groups: Vec<&Group> = all_groups()
+            .into_iter()
+            .filter(|g| !g.name.starts_with("egress"))
+            .collect();
+        let native = corpus_size(&groups, &[Tier::Native]);
+        let both = corpus_size(&groups, &[Tier::Native, Tier::Gvisor]);
+        assert!(native > 50 && both > native, "{native} {both}");
+        let with_egress = corpus_size(&all_groups(), &[Tier::Native]);
+        assert!(with_egress > native);
+
+        // The whole corpus, nothing left out.
+        assert!(incomplete_reasons(native, native, None, vec![]).is_empty());
+        assert!(attests_a_pass(true, false, 0, native));
+        // A filter that selects everything leaves nothing out.
+        let all = vec![".".to_string()];
+        assert!(incomplete_reasons(native, native, Some(&all), vec![]).is_empty());
+        // A filter that left probes out.
+        let f = patterns(" syscall.control,, ");
+        assert_eq!(f, ["syscall.control"]);
+        let why = incomplete_reasons(1, native, Some(&f), vec![]);
+        assert_eq!(
+            why,
+            [format!(
+                "only the probes matching --only syscall.control ran (1 of {native})"
+            )]
+        );
+        // A tier that could not be attacked, named once.
+        let gone = "the gvisor tier was not attacked: runsc not found".to_string();
+        let why = incomplete_reasons(both, both, None, vec![gone.clone(), gone.clone()]);
+        assert_eq!(why, [gone]);
+
+        assert!(!attests_a_pass(false, false, 0, 1), "partial");
+        assert!(!attests_a_pass(true, true, 0, native), "degraded");
+        assert!(!attests_a_pass(true, false, 1, native), "a failure");
+        assert!(!attests_a_pass(true, false, 0, 0), "nothing ran");
+    }
 }
