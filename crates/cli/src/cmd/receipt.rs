@@ -1,5 +1,10 @@
 //! `agentjail receipt`: verify signed run receipts and self-test attestations, or print the
 //! receipt public key.
+//!
+//! A self-test attestation is authentic whatever it found; `verify` also reads its claim
+//! (`agentjail_verify::selftest`) and exits 0 only for PASSED (the whole corpus of its tiers,
+//! strict mode, no failure) unless `--accept-partial` / `--accept-degraded` accept less
+//! (docs/receipts.md, docs/selftest.md).
 
 use std::path::{Path, PathBuf};
 
@@ -7,7 +12,9 @@ use clap::Subcommand;
 
 #[derive(Subcommand)]
 pub enum ReceiptCmd {
-    /// Check a receipt's signature and that artifacts match its subjects.
+    /// Check a receipt's signature and that artifacts match its subjects; for a self-test
+    /// attestation, also its verdict. Exit 0 verified (a self-test: PASSED, or accepted), 1 not
+    /// verified, 2 a FAILED self-test, 3 a PARTIAL or DEGRADED self-test not accepted.
     Verify {
         receipt: PathBuf,
         /// An artifact to check against the receipt's subjects (repeatable).
