@@ -308,6 +308,29 @@ fn a_degraded_attestation_is_refused_unless_accepted_and_a_failure_always() {
     assert!(!o.stdout.contains("PASSED"), "{}", o.dump());
     assert!(o.stdout.contains("accepted"), "{}", o.dump());
 
+    // `--egress` where the gateway cannot be attacked (it needs root for a private network
+    // namespace): the attestation names why it is partial.
+    if is_root() {
+        let Some(mut c) = cmd() else { return };
+        c.arg("selftest").args([
+            "--json",
+            "--tier",
+            "native",
+            "--egress",
+            "--only",
+            "egress.allowed",
+        ]);
+        let out = c.stdin(Stdio::null()).output().unwrap();
+        let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(json["complete"], false, "{json}");
+        assert_eq!(json["passed"], false, "{json}");
+        let why = json["incomplete"].to_string();
+        assert!(
+            why.contains("the egress gateway was not attacked: needs root"),
+            "{why}"
+        );
+    }
+
     // A failed probe is never accepted, whatever the flags.
     let Some(c) = cmd() else { return };
     let failing = dir.join("failing.dsse.json");
