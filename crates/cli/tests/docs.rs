@@ -6,19 +6,22 @@
 //!   (stdout and stderr together; a last line without a newline counts as a line), matched with snapbox: `[..]` matches any text within a line,
 //!   `...` on a line of its own any number of lines. A command must exit 0 unless its last line
 //!   ends with the comment `# exit status N`.
-//! - All commands of a block run, in order, in one `bash` (variables carry over), in a fresh
-//!   folder holding a copy of `examples/` and a `data.csv` (a copy of
-//!   `examples/csv-summary/report.csv`, the file the README's examples name), with this build's
-//!   `agentjail` first on `PATH`, `crates/verify/tests/receipt_verify.py`, and `HOME` inside that folder (the receipt key, the image
-//!   store and the service's data land there). As root, every block runs in a network
-//!   namespace of its own with only loopback (the server quick start listens on 8787 without
-//!   meeting anything else on this machine).
+//! - All commands of a block run, in order, in one `bash` (variables carry over). **The blocks
+//!   of one page run in order, in one folder that holds only what a user has after a clone**
+//!   (a copy of the repository's tracked files, nothing the harness adds), with `HOME` a fresh,
+//!   empty folder elsewhere (the receipt key, the image store and the service's data land
+//!   there), and this build's `agentjail` first on `PATH`: a page must set up what its commands
+//!   need in its own words, and a command that works only after another page's does not pass.
+//!   As root, every block runs in a network namespace of its own with only loopback (the
+//!   server quick start listens on 8787 without meeting anything else on this machine).
 //! - A block marked `<!-- doc-test: twice -->` (on the line before its fence) runs a second
 //!   time in the same folder: a quick start must survive being run again.
 //! - A `sh` block is a list of commands with placeholders (`sha256:…`, a remote host, a
 //!   `cargo build`): it must be marked `<!-- doc-test: skip: REASON -->` on the line before its
 //!   fence, and is listed in this test's output as skipped, with its reason. An unmarked `sh`
-//!   block fails the test, so no new command block escapes unnoticed.
+//!   block fails the test, so no new command block escapes unnoticed; so does an unmarked
+//!   `bash` or `shell` block, or a block without a language whose lines look like commands
+//!   (`$ `, `sudo `, `agentjail `, `cargo `, `curl `…): a diagram is fenced as `text`.
 //!
 //! Needs bash, python3 (the examples) with the `cryptography` package (docs/receipts.md's
 //! third-party verifier), curl and jq (the server quick start). Missing one is a
@@ -106,7 +109,7 @@ fn parse(name: &str, text: &str, out: &mut Parsed) {
         i = end + 1;
         let skip = mark.as_deref().and_then(|m| m.strip_prefix("skip:"));
         match (info.as_str(), skip) {
-            ("console" | "sh", Some(reason)) => {
+            ("console" | "sh" | "bash" | "shell", Some(reason)) => {
                 out.skipped
                     .push((name.to_string(), start, reason.trim().to_string()))
             }
@@ -151,10 +154,27 @@ fn parse(name: &str, text: &str, out: &mut Parsed) {
                     twice: mark.as_deref() == Some("twice"),
                 });
             }
-            ("sh", None) => out.unmarked.push((name.to_string(), start)),
+            ("sh" | "bash" | "shell", None) => out.unmarked.push((name.to_string(), start)),
+            ("", None) if body.iter().any(|l| looks_like_a_command(l)) => {
+                out.unmarked.push((name.to_string(), start))
+            }
+            ("", Some(reason)) => {
+                out.skipped
+                    .push((name.to_string(), start, reason.trim().to_string()))
+            }
             _ => {}
         }
     }
+}
+
+/// A line a reader would copy into a shell.
+fn looks_like_a_command(line: &str) -> bool {
+    const STARTS: [&str; 11] = [
+        "$ ", "sudo ", "agentjail ", "cargo ", "curl ", "docker ", "kubectl ", "npx ", "pip ",
+        "python3 ", "apt-get ",
+    ];
+    let l = line.trim_start();
+    STARTS.iter().any(|s| l.starts_with(s))
 }
 
 fn have(tool: &str) -> bool {
@@ -186,20 +206,9 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let t = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &t);
-        } else {
-            std::fs::copy(e.path(), &t).unwrap();
-        }
-    }
-}
-
-/// A folder the sandbox user can traverse (as root, runs use an unprivileged host uid).
+/// What a user has after a clone: a copy of the repository's tracked files (as they are in
+/// the work tree), in a folder the sandbox user can traverse (as root, runs use an
+/// unprivileged host uid). Nothing else.
 fn workdir() -> tempfile::TempDir {
     use std::os::unix::fs::PermissionsExt;
     let d = tempfile::Builder::new()
@@ -207,26 +216,54 @@ fn workdir() -> tempfile::TempDir {
         .tempdir()
         .unwrap();
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    copy_dir(&repo().join("examples"), &d.path().join("examples"));
-    std::fs::copy(
-        repo().join("examples/csv-summary/report.csv"),
-        d.path().join("data.csv"),
-    )
-    .unwrap();
-    // docs/receipts.md runs the third-party verifier as a user would, from a checkout.
-    let v = d.path().join("crates/verify/tests");
-    std::fs::create_dir_all(&v).unwrap();
-    std::fs::copy(
-        repo().join("crates/verify/tests/receipt_verify.py"),
-        v.join("receipt_verify.py"),
-    )
-    .unwrap();
-    std::fs::create_dir(d.path().join("home")).unwrap();
+    let root = repo();
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(&root)
+        .args(["ls-files", "-z"])
+        .output()
+        .expect("git ls-files (the documentation test copies the checkout)");
+    assert!(out.status.success(), "git ls-files failed in {}", root.display());
+    for f in out.stdout.split(|b| *b == 0).filter(|f| !f.is_empty()) {
+        let rel = Path::new(std::str::from_utf8(f).unwrap());
+        let from = root.join(rel);
+        // A file deleted in the work tree but not yet in the index is not there for a user.
+        let Ok(meta) = std::fs::symlink_metadata(&from) else {
+            continue;
+        };
+        let to = d.path().join(rel);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        if meta.file_type().is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&from).unwrap(), &to).unwrap();
+        } else {
+            std::fs::copy(&from, &to).unwrap();
+        }
+    }
+    // Folders as git makes them for a user whose umask is 022.
+    fn open_up(p: &Path) {
+        for e in std::fs::read_dir(p).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o755))
+                    .unwrap();
+                open_up(&e.path());
+            }
+        }
+    }
+    open_up(d.path());
     d
 }
 
+/// A fresh, empty home folder.
+fn homedir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("agentjail-doctest-home-")
+        .tempdir()
+        .unwrap()
+}
+
 /// Runs a block's commands in one bash; returns each command's (output, exit status).
-fn run_block(b: &Block, dir: &Path, results: &Path) -> Vec<(String, i32)> {
+fn run_block(b: &Block, dir: &Path, home: &Path, results: &Path) -> Vec<(String, i32)> {
     let mut script = String::from("exec </dev/null\n");
     if is_root() {
         script.push_str("ip link set lo up || exit 99\n");
@@ -264,7 +301,7 @@ fn run_block(b: &Block, dir: &Path, results: &Path) -> Vec<(String, i32)> {
     let status = cmd
         .current_dir(dir)
         .env("PATH", path)
-        .env("HOME", dir.join("home"))
+        .env("HOME", home)
         .env_remove("XDG_DATA_HOME")
         .env_remove("AGENTJAIL_IMAGE_STORE")
         .env_remove("AGENTJAIL_TOKEN")
@@ -368,15 +405,22 @@ fn the_documented_commands_work_as_written() {
         parsed.run
     );
     let mut failures = Vec::new();
+    // One folder and one home per page, its blocks in order.
+    let mut page: Option<(String, tempfile::TempDir, tempfile::TempDir)> = None;
     for b in &parsed.run {
-        let dir = workdir();
+        if page.as_ref().is_none_or(|(f, _, _)| *f != b.file) {
+            page = Some((b.file.clone(), workdir(), homedir()));
+        }
+        let Some((_, dir, home)) = &page else {
+            unreachable!()
+        };
         let results = tempfile::tempdir().unwrap();
         let t = std::time::Instant::now();
-        let got = run_block(b, dir.path(), results.path());
+        let got = run_block(b, dir.path(), home.path(), results.path());
         failures.extend(check(b, &got, ""));
         if b.twice {
             let results = tempfile::tempdir().unwrap();
-            let got = run_block(b, dir.path(), results.path());
+            let got = run_block(b, dir.path(), home.path(), results.path());
             failures.extend(check(b, &got, " (second run)"));
         }
         eprintln!(
