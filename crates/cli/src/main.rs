@@ -18,6 +18,7 @@ use clap::{Parser, Subcommand};
 
 mod cmd;
 mod flags;
+mod manpages;
 mod pipeline;
 mod usage;
 
@@ -32,10 +33,16 @@ static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
 /// Exit status for setup and usage errors.
 const EXIT_SETUP: u8 = 125;
 
+/// What `--version` prints after the name: the version, the commit and its date, and the
+/// target triple, e.g. `0.1.0 (commit abcdef0, 2026-12-03, x86_64-unknown-linux-musl)`
+/// (build.rs; `commit unknown` when built outside a git checkout without the release
+/// script's `AGENTJAIL_BUILD_COMMIT`).
+const VERSION_LINE: &str = env!("AGENTJAIL_VERSION_LINE");
+
 #[derive(Parser)]
 #[command(
     name = "agentjail",
-    version,
+    version = VERSION_LINE,
     about = "Run code that AI agents write, with kernel-enforced bounds",
     propagate_version = true
 )]
@@ -99,6 +106,19 @@ enum Command {
     Config {
         #[arg(long, required = true)]
         schema: bool,
+    },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout, e.g.
+    /// `agentjail completions bash > /etc/bash_completion.d/agentjail`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (agentjail.1 and one per subcommand) into DIR (used by the
+    /// release build and the Debian package).
+    #[command(hide = true)]
+    Man {
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
     },
 }
 
@@ -192,7 +212,7 @@ fn run_command() -> clap::Command {
     RunArgs::augment_args(
         clap::Command::new("run")
             .bin_name("agentjail run")
-            .version(env!("CARGO_PKG_VERSION")),
+            .version(VERSION_LINE),
     )
     .about("Run a command (or a manifest) in a sandbox")
 }
@@ -215,6 +235,8 @@ fn dispatch(cli: Cli) -> Result<u8, String> {
         Command::Selftest(a) => cmd::selftest::run(a),
         Command::Audit(c) => cmd::audit::dispatch(c),
         Command::Config { .. } => cmd::config::run(),
+        Command::Completions { shell } => manpages::completions(shell),
+        Command::Man { dir } => manpages::write_all(&dir),
     }
 }
 
