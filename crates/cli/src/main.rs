@@ -3,6 +3,9 @@
 //! Exit status of `agentjail run`: the command's own code; 128+N when signal N ended it; 124 on
 //! timeout; 65 when output was rejected; 125 when agentjail could not set up the run or the
 //! arguments were wrong (one line on stderr, never a backtrace).
+//!
+//! Any subcommand whose stdout reader left before it was written (`agentjail check | head -1`)
+//! exits 141, quietly, like coreutils (128 + SIGPIPE); a lost stderr changes nothing (`out`).
 
 //!
 //! Layout: `flags` holds the flags that describe a run and their translation into a manifest;
@@ -10,12 +13,16 @@
 //! verification, delivery, receipt, report). `agentjail serve` runs each job as a child
 //! `agentjail run --lifeline`, so the pipeline has one caller: this binary.
 
-use std::io::Write;
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+// First: its macros (`outln!`, `errln!`) are for every module after it.
+#[macro_use]
+mod out;
 mod cmd;
 mod flags;
 mod manpages;
@@ -123,14 +130,14 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let code = main_inner();
+    let code = out::quiet_on_lost_streams(main_inner);
     agentjail_engine::discard_prespawned();
     // Undo a claim of our own cgroup v2 (`cgroup::release`): nothing of ours is left behind.
     agentjail_engine::cgroup::release();
-    code
+    ExitCode::from(out::exit_code(code))
 }
 
-fn main_inner() -> ExitCode {
+fn main_inner() -> u8 {
     agentjail_engine::timing::init_from_env();
     agentjail_engine::timing::mark("main");
     // A run's sandbox init is cloned before anything else, while this process is small and
@@ -152,11 +159,11 @@ fn main_inner() -> ExitCode {
             return match e.kind() {
                 ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
                     let _ = e.print();
-                    ExitCode::SUCCESS
+                    0
                 }
                 ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
                     let _ = e.print();
-                    ExitCode::from(EXIT_SETUP)
+                    EXIT_SETUP
                 }
                 _ => {
                     let line = usage::one_line(&e);
@@ -171,8 +178,8 @@ fn main_inner() -> ExitCode {
                             );
                         }
                     }
-                    eprintln!("agentjail: error: {line}");
-                    ExitCode::from(EXIT_SETUP)
+                    errln!("agentjail: error: {line}");
+                    EXIT_SETUP
                 }
             };
         }
@@ -180,11 +187,11 @@ fn main_inner() -> ExitCode {
     match dispatch(cli) {
         Ok(code) => {
             agentjail_engine::timing::mark("main: returning");
-            ExitCode::from(code)
+            code
         }
         Err(msg) => {
-            eprintln!("agentjail: error: {msg}");
-            ExitCode::from(EXIT_SETUP)
+            errln!("agentjail: error: {msg}");
+            EXIT_SETUP
         }
     }
 }
@@ -243,8 +250,7 @@ fn dispatch(cli: Cli) -> Result<u8, String> {
 /// Prints `v` as pretty JSON and a newline on stdout.
 fn print_json<T: serde::Serialize>(v: &T) {
     let s = serde_json::to_string_pretty(v).unwrap_or_default();
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{s}");
+    outln!("{s}");
 }
 
 #[cfg(test)]

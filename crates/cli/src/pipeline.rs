@@ -228,7 +228,7 @@ pub fn execute_in(
     annotate_image(&mut report, &root);
     // `--allow-degraded` ran without something: said every time, not only in the report.
     if let Some(line) = degraded_line(&report) {
-        eprintln!("agentjail: degraded: {line}");
+        errln!("agentjail: degraded: {line}");
     }
 
     let mut artifact = None;

@@ -8,18 +8,18 @@ pub fn run(json: bool) -> Result<u8, String> {
         print_json(&r);
     } else {
         for i in &r.items {
-            println!(
+            outln!(
                 "{:<16} {:<4} {}",
                 i.name,
                 if i.ok { "ok" } else { "NO" },
                 i.detail
             );
         }
-        println!("{:<16} {:<4} {}", "host image", "", r.host_image);
+        outln!("{:<16} {:<4} {}", "host image", "", r.host_image);
         if !r.strict_run_ok {
-            println!("a strict run is refused here:");
+            outln!("a strict run is refused here:");
             for f in &r.fixes {
-                println!("  {f}");
+                outln!("  {f}");
             }
         }
     }

@@ -1,6 +1,5 @@
 //! `agentjail demo`: the CSV-summary example (examples/csv-summary) end to end.
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use agentjail_engine::RunOptions;
@@ -53,7 +52,7 @@ pub fn run(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> 
             jiff::Timestamp::now(),
         )
         .map_err(|e| e.to_string())?;
-    eprintln!(
+    errln!(
         "agentjail demo: summarizing report.csv with python3 in a sandbox (network denied, /input read-only)"
     );
     // Both of the command's streams go to our stderr.
@@ -80,13 +79,12 @@ pub fn run(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> 
     let r = &f.report;
     match &f.artifact {
         Some(bytes) => {
-            let mut out = std::io::stdout().lock();
-            let _ = out.write_all(bytes);
+            crate::out::out_bytes(bytes);
             if !bytes.ends_with(b"\n") {
-                let _ = out.write_all(b"\n");
+                outln!();
             }
             let status = status_word(r.status);
-            eprintln!(
+            errln!(
                 "agentjail demo: status {status}, verified against summary.schema.json; wall {} ms, cpu {} ms, peak memory {} KiB; isolation: landlock ABI {}, seccomp {}, cgroup {}",
                 r.wall_ms,
                 r.cpu_ms,

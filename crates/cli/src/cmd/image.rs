@@ -71,21 +71,21 @@ pub fn dispatch(c: ImageCmd) -> Result<u8, String> {
             let s = Store::at(store.store.as_deref());
             let imp = s.import(&path, &limits).map_err(|e| e.to_string())?;
             if json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::to_string_pretty(&imp.record).unwrap_or_default()
                 );
             } else {
-                println!("{}", imp.record.digest);
+                outln!("{}", imp.record.digest);
             }
             if imp.already_present {
-                eprintln!(
+                errln!(
                     "agentjail image: {} was already in the store",
                     imp.record.digest
                 );
             }
             if imp.record.dropped_count > 0 {
-                eprintln!(
+                errln!(
                     "agentjail image: {} entr(y/ies) not reproduced (device nodes, FIFOs, setuid bits, xattrs); see `image ls --json`",
                     imp.record.dropped_count
                 );
@@ -103,20 +103,20 @@ pub fn dispatch(c: ImageCmd) -> Result<u8, String> {
                         Err(e) => serde_json::json!({ "error": e.to_string() }),
                     })
                     .collect();
-                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
             } else if all.is_empty() {
-                println!(
+                outln!(
                     "no images (in {}; add one with `agentjail image import`)",
                     s.root().display()
                 );
             } else {
                 for r in all {
                     match r {
-                        Ok(r) => println!(
+                        Ok(r) => outln!(
                             "{}  {:<10} {:>8} files {:>12} bytes  {}  {}",
                             r.digest, r.kind, r.entries, r.bytes, r.created, r.source
                         ),
-                        Err(e) => println!("{e}"),
+                        Err(e) => outln!("{e}"),
                     }
                 }
             }
@@ -126,7 +126,7 @@ pub fn dispatch(c: ImageCmd) -> Result<u8, String> {
             Store::at(store.store.as_deref())
                 .remove(&digest)
                 .map_err(|e| e.to_string())?;
-            eprintln!("agentjail image: removed {digest}");
+            errln!("agentjail image: removed {digest}");
             Ok(0)
         }
         ImageCmd::Verify {
@@ -138,13 +138,13 @@ pub fn dispatch(c: ImageCmd) -> Result<u8, String> {
                 .verify(&digest)
                 .map_err(|e| e.to_string())?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
             } else if v.ok {
-                println!("{digest}: ok (every file matches the record)");
+                outln!("{digest}: ok (every file matches the record)");
             } else {
-                println!("{digest}: CHANGED since import");
+                outln!("{digest}: CHANGED since import");
                 for c in &v.changes {
-                    println!("  {c}");
+                    outln!("  {c}");
                 }
             }
             Ok(if v.ok { 0 } else { 1 })

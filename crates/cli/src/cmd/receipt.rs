@@ -60,7 +60,7 @@ pub fn dispatch(c: ReceiptCmd) -> Result<u8, String> {
             let path = key.unwrap_or_else(agentjail_verify::receipt::default_key_path);
             let k = agentjail_verify::receipt::ReceiptKey::load_or_create(&path)
                 .map_err(|e| e.to_string())?;
-            print!("{}", k.public_key_pem());
+            out!("{}", k.public_key_pem());
             Ok(0)
         }
     }
@@ -97,7 +97,7 @@ fn verify(
     use agentjail_verify::receipt::VerifiedAny;
     match agentjail_verify::receipt::verify_any(&env, pem.as_deref(), &arts) {
         Ok(VerifiedAny::Run(v)) => {
-            println!(
+            outln!(
                 "receipt OK: signed by key {}; status {}; {} subject(s); {} artifact(s) match",
                 v.keyid,
                 serde_json::to_value(v.statement.predicate.status)
@@ -111,7 +111,7 @@ fn verify(
         }
         Ok(VerifiedAny::Selftest(v)) => Ok(selftest_verdict(&v, arts.len(), accept)),
         Err(e) => {
-            eprintln!("agentjail: receipt verification failed: {e}");
+            errln!("agentjail: receipt verification failed: {e}");
             Ok(1)
         }
     }
@@ -162,7 +162,7 @@ fn selftest_verdict(
     } else {
         "receipt authentic, attestation not accepted"
     };
-    println!(
+    outln!(
         "{head}: selftest attestation signed by key {}; {}{accepted}; agentjail {} (binary sha256:{}) on kernel {}, at {}; {artifacts} artifact(s) match",
         v.keyid,
         verdict.word(),
@@ -179,7 +179,7 @@ fn selftest_verdict(
         printable(p["host"]["kernel"].as_str().unwrap_or("?"), 200),
         text("started_at"),
     );
-    println!(
+    outln!(
         "  tiers: {}; egress: {}; filter: {}; mode: {}",
         if c.tiers.is_empty() {
             "none".to_string()
@@ -193,7 +193,7 @@ fn selftest_verdict(
         },
         c.mode
     );
-    println!(
+    outln!(
         "  probes: {} of {} run: {} passed, {} failed, {} skipped",
         c.total,
         c.corpus
@@ -203,13 +203,13 @@ fn selftest_verdict(
         c.skipped
     );
     if !c.failed_probes.is_empty() {
-        println!("  failed: {}", c.failed_probes.join(", "));
+        outln!("  failed: {}", c.failed_probes.join(", "));
     }
     for why in &c.incomplete {
-        println!("  partial: {why}");
+        outln!("  partial: {why}");
     }
     if verdict.is_degraded() {
-        println!(
+        outln!(
             "  degraded: a strict run was refused on the attested host (mode {})",
             c.mode
         );
@@ -229,7 +229,7 @@ fn selftest_verdict(
             } else {
                 "the attestation does not claim a pass (predicate.passed is not true)".into()
             };
-            eprintln!(
+            errln!(
                 "agentjail: selftest attestation not accepted: FAILED: {what}; no flag accepts a failure"
             );
         }
@@ -238,7 +238,7 @@ fn selftest_verdict(
             if verdict.is_degraded() {
                 why.push(format!("mode {}", c.mode));
             }
-            eprintln!(
+            errln!(
                 "agentjail: selftest attestation not accepted: {} ({}); pass {} to accept it",
                 verdict.word(),
                 why.join("; "),

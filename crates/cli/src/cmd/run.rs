@@ -408,13 +408,13 @@ pub fn summarize(r: &RunReport, terminal: bool) {
         ));
     }
     if terminal {
-        eprintln!(
+        errln!(
             "{} {}",
             agentjail_engine::term::OUR_TAG,
             agentjail_engine::term::inert_line(&line)
         );
     } else {
-        eprintln!("agentjail: {line}");
+        errln!("agentjail: {line}");
     }
     if r.status == Status::SetupError
         && r.error

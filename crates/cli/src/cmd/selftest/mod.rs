@@ -589,7 +589,7 @@ pub fn run(a: SelftestArgs) -> Result<u8, String> {
     if a.list {
         for (g, t) in &plan {
             for p in g.probes.iter().filter(|p| selected(only, p.id)) {
-                println!(
+                outln!(
                     "{:<7} {:<28} {} — expected: {}",
                     t.name(),
                     p.id,
@@ -623,11 +623,10 @@ pub fn run(a: SelftestArgs) -> Result<u8, String> {
     let progress_to_stderr = a.json && std::io::stderr().is_terminal();
     let say = |line: &str| {
         if !a.json {
-            let mut o = std::io::stdout().lock();
-            let _ = writeln!(o, "{line}");
-            let _ = o.flush();
+            outln!("{line}");
+            let _ = std::io::stdout().lock().flush();
         } else if progress_to_stderr {
-            eprintln!("{line}");
+            errln!("{line}");
         }
     };
     say(&format!(
@@ -782,8 +781,7 @@ pub fn run(a: SelftestArgs) -> Result<u8, String> {
     }
     if a.json {
         let s = serde_json::to_string_pretty(&result).unwrap_or_default();
-        let mut o = std::io::stdout().lock();
-        let _ = writeln!(o, "{s}");
+        outln!("{s}");
     } else {
         let skipped_why: Vec<String> = {
             let mut v: Vec<String> = results

@@ -1,0 +1,288 @@
+//! The first day (issue 31): what a new user meets when they use the real `agentjail` binary in
+//! a shell. No panic reaches them, and messages point at the fix.
+//!
+//! Closed streams: closing a pipe early is ordinary in shells (`agentjail check | head -1`,
+//! `$(agentjail receipt pubkey)` in a script that exits). Every subcommand (enumerated from
+//! `--help`, so a new one must be added here) is run with its stdout a pipe whose reader is
+//! gone before anything is written, and again with its stderr such a pipe: no panic text, no
+//! exit 101.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::{bin, tmp};
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Which of the binary's streams is a pipe whose reader has gone.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Closed {
+    Stdout,
+    Stderr,
+}
+
+/// What a run with a closed stream produced: its exit code (None: still running at the
+/// deadline, then killed; a signal: -signal) and the other stream.
+struct Seen {
+    code: Option<i32>,
+    other: String,
+}
+
+/// Runs `agentjail ARGS` in `dir` (HOME there too) with `closed` a pipe whose read end is
+/// already closed, and the other stream captured. Waits up to `secs`, then kills it.
+fn with_closed(dir: &Path, args: &[&str], closed: Closed, secs: u64) -> Seen {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut c = Command::new(bin());
+    c.args(args)
+        .current_dir(dir)
+        .env("HOME", dir)
+        .env("AGENTJAIL_TOKEN", "ajt_first_day")
+        .env_remove("XDG_DATA_HOME")
+        .env_remove("AGENTJAIL_IMAGE_STORE")
+        .env_remove("RUST_BACKTRACE")
+        .stdin(Stdio::null());
+    match closed {
+        Closed::Stdout => c.stdout(writer).stderr(Stdio::piped()),
+        Closed::Stderr => c.stderr(writer).stdout(Stdio::piped()),
+    };
+    let mut child = c.spawn().unwrap();
+    let mut pipe = match closed {
+        Closed::Stdout => Box::new(child.stderr.take().unwrap()) as Box<dyn Read + Send>,
+        Closed::Stderr => Box::new(child.stdout.take().unwrap()),
+    };
+    // `c` (holding the write end) must not keep it open in this process.
+    drop(c);
+    let collect = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = pipe.read_to_end(&mut s);
+        String::from_utf8_lossy(&s).into_owned()
+    });
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    use std::os::unix::process::ExitStatusExt;
+    let code = status.map(|s| s.code().unwrap_or_else(|| -s.signal().unwrap_or(0)));
+    Seen {
+        code,
+        other: collect.join().unwrap(),
+    }
+}
+
+/// The subcommands `agentjail [SUB] --help` lists (without `help`).
+fn subcommands(prefix: &[&str]) -> Vec<String> {
+    let mut args: Vec<&str> = prefix.to_vec();
+    args.push("--help");
+    let o = Command::new(bin()).args(&args).output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let mut in_commands = false;
+    let mut found = Vec::new();
+    for l in text.lines() {
+        if l.trim_end() == "Commands:" {
+            in_commands = true;
+            continue;
+        }
+        if in_commands {
+            if !l.starts_with("  ") {
+                break;
+            }
+            if let Some(name) = l.split_whitespace().next()
+                && name != "help"
+            {
+                found.push(name.to_string());
+            }
+        }
+    }
+    found
+}
+
+/// Each subcommand doing its ordinary work (or refusing, as a user would meet it), quickly.
+/// Several per subcommand where it prints on more than one path.
+fn cases() -> Vec<Vec<&'static str>> {
+    [
+        &["--help"][..],
+        &["--version"],
+        &["help"],
+        &["run", "--", "/bin/echo", "hi"],
+        &["run", "--dry-run", "--", "/bin/echo", "hi"],
+        &["run", "--no-such-flag", "--", "/bin/echo", "hi"],
+        &["run", "--report", "r.json", "--", "/bin/sh", "-c", "exit 3"],
+        &["image", "ls", "--store", "store"],
+        &["image", "import", "rootfs", "--store", "store"],
+        &["image", "verify", "--store", "store", "sha256:0000"],
+        &["image", "rm", "--store", "store", "sha256:0000"],
+        &["manifest", "--schema"],
+        &["manifest", "--print", "--", "/bin/echo", "hi"],
+        &["check"],
+        &["check", "--json"],
+        &["demo"],
+        &["receipt", "pubkey", "--key", "key.pem"],
+        &[
+            "receipt",
+            "verify",
+            "receipt.json",
+            "--pubkey",
+            "pub.pem",
+            "--artifact",
+            "out/hello.txt",
+        ],
+        &["receipt", "verify", "missing.json"],
+        &["report", "--schema"],
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            "data-serve",
+        ],
+        &[
+            "mcp",
+            "--tenant",
+            "dev",
+            "--actor",
+            "dev",
+            "--data-dir",
+            "data-mcp",
+        ],
+        &["worker"],
+        &["selftest", "--list"],
+        &["audit", "verify", "audit.jsonl"],
+        &["audit", "export"],
+        &["config", "--schema"],
+        &["completions", "bash"],
+    ]
+    .iter()
+    .map(|a| a.to_vec())
+    .collect()
+}
+
+/// A folder with what the cases read: a root file system to import, an empty audit log, a
+/// signing key with its public half, and a receipt of a run with its artifact.
+fn scratch() -> tempfile::TempDir {
+    let d = tmp();
+    let p = d.path();
+    std::fs::create_dir(p.join("rootfs")).unwrap();
+    std::fs::write(p.join("rootfs/hello"), "hi\n").unwrap();
+    std::fs::write(p.join("audit.jsonl"), "").unwrap();
+    let o = Command::new(bin())
+        .current_dir(p)
+        .env("HOME", p)
+        .env_remove("XDG_DATA_HOME")
+        .args([
+            "run",
+            "--output",
+            "/output/hello.txt",
+            "--output-dir",
+            "out",
+            "--receipt",
+            "receipt.json",
+            "--key",
+            "key.pem",
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo hi > /output/hello.txt",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success() && p.join("key.pem").exists(),
+        "setting up the receipt: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = Command::new(bin())
+        .current_dir(p)
+        .args(["receipt", "pubkey", "--key", "key.pem"])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    std::fs::write(p.join("pub.pem"), &o.stdout).unwrap();
+    d
+}
+
+#[test]
+fn every_subcommand_exits_quietly_when_its_stdout_or_stderr_is_closed() {
+    // Every subcommand, nested ones too, has a case.
+    let mut listed = Vec::new();
+    for top in subcommands(&[]) {
+        let nested = subcommands(&[top.as_str()]);
+        if nested.is_empty() {
+            listed.push(top);
+        } else {
+            listed.extend(nested.into_iter().map(|n| format!("{top} {n}")));
+        }
+    }
+    assert!(listed.len() > 10, "subcommands from --help: {listed:?}");
+    let cases = cases();
+    for sub in &listed {
+        let words: Vec<&str> = sub.split(' ').collect();
+        assert!(
+            cases.iter().any(|c| c.starts_with(&words)),
+            "`agentjail {sub}` has no case here: add one"
+        );
+    }
+    let d = scratch();
+    let mut failures = Vec::new();
+    for args in &cases {
+        for closed in [Closed::Stdout, Closed::Stderr] {
+            // A fresh output folder and report each time (a run refuses a non-empty one).
+            let _ = std::fs::remove_file(d.path().join("r.json"));
+            // `serve` runs until stopped: a panic would come at its start.
+            let secs = if args[0] == "serve" { 10 } else { 60 };
+            let s = with_closed(d.path(), args, closed, secs);
+            let code = s.code;
+            if code == Some(101) || s.other.contains("panicked") {
+                failures.push(format!(
+                    "agentjail {} with {closed:?} closed: exit {code:?}\n{}",
+                    args.join(" "),
+                    s.other
+                ));
+            }
+            // Quiet: no error about the pipe, and no death by a signal.
+            if closed == Closed::Stdout && s.other.contains("Broken pipe") {
+                failures.push(format!(
+                    "agentjail {} with stdout closed talks of it:\n{}",
+                    args.join(" "),
+                    s.other
+                ));
+            }
+            if let Some(c) = code
+                && c < 0
+            {
+                failures.push(format!(
+                    "agentjail {} with {closed:?} closed: killed by signal {}",
+                    args.join(" "),
+                    -c
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Like coreutils: a command whose stdout reader left exits 141 (128 + SIGPIPE, what a shell
+/// shows for `yes | head -1`); a lost stderr changes nothing.
+#[test]
+fn a_printing_command_whose_reader_left_exits_141_and_a_lost_stderr_changes_nothing() {
+    let d = tmp();
+    for args in [&["report", "--schema"][..], &["selftest", "--list"], &["check"]] {
+        let s = with_closed(d.path(), args, Closed::Stdout, 60);
+        assert_eq!(s.code, Some(141), "{args:?}: {}", s.other);
+        assert_eq!(s.other, "", "{args:?}");
+    }
+    let s = with_closed(d.path(), &["report", "--schema"], Closed::Stderr, 60);
+    assert_eq!(s.code, Some(0));
+    assert!(s.other.contains("\"$schema\""), "{}", s.other);
+}
