@@ -801,3 +801,192 @@ fn a_worker_serves_its_metrics_and_health() {
     let exit = w.wait_exit(30);
     assert_eq!(exit.code(), Some(0), "{}", w.log());
 }
+
+/// [`config`] with its own node id (two replicas must not share one).
+fn config_node(marker: &str, node: &str) -> String {
+    config(marker).replace("node_id = \"api\"", &format!("node_id = \"{node}\""))
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to a node this test started (its `Child`, not yet reaped:
+/// the pid is still that process's).
+fn signal(node: &Node, signal: &str) {
+    assert!(
+        Command::new("kill")
+            .args([&format!("-{signal}"), &node.pid().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+/// One request, timed, by a client that gives up after 20 s: (elapsed, HTTP status or 0).
+fn timed(
+    f: impl FnOnce(&reqwest::blocking::Client) -> reqwest::Result<reqwest::blocking::Response>,
+) -> (Duration, u16) {
+    let http = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let t = Instant::now();
+    let s = f(&http).map(|r| r.status().as_u16()).unwrap_or(0);
+    (t.elapsed(), s)
+}
+
+/// Issue 30, finding 1: a node stopped (SIGSTOP) in the middle of an audit append, its
+/// transaction left open, stalls no other node. The append is made to wait (a trigger holds
+/// the insert of that one record on an advisory lock the test holds) so that the node is
+/// stopped *while* it appends, then the hold is released: the stopped node's transaction is
+/// open, holding whatever an append holds. Meanwhile a submission on another replica and GETs
+/// on a third node must each be answered within [`STALL_BOUND`]; first with a worker stopped,
+/// then with a replica stopped (a healthy worker's run in flight meanwhile ends `ok`). Every
+/// run has its `run_accepted`, and `audit verify` passes.
+#[test]
+fn a_node_stopped_mid_audit_append_stalls_no_other_node() {
+    /// The most a submission or a GET may wait for a stopped node (measured: see the log).
+    const STALL_BOUND: Duration = Duration::from_secs(2);
+    const HOLD: i64 = 4243;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pg) = Pg::start() else { return };
+    let (d_a, d_b, d_w) = (tempdir(), tempdir(), tempdir());
+    let marker = marker_for(&d_a, "stall");
+    let (a_node, api_a) = api(d_a.path(), &pg, &config_node(&marker, "api-a"));
+    let (_b_node, api_b) = api(d_b.path(), &pg, &config_node(&marker, "api-b"));
+    let w = worker(d_w.path(), &pg, &config_node(&marker, "w"), "w-stop");
+    let mut measured = Vec::new();
+    // A run not final yet is answered 202, a final one 200.
+    let mut check = |what: &str, (t, s): (Duration, u16), want: &[u16]| {
+        eprintln!("{what}: {s} after {t:?}");
+        measured.push((what.to_string(), t));
+        assert!(
+            want.contains(&s) && t <= STALL_BOUND,
+            "{what}: answered {s} after {t:?} (bound {STALL_BOUND:?}) while a node is stopped mid-append"
+        );
+    };
+    let sleeper = |id: &str, secs: &str| json!({"request_id": id, "task": "sleeper", "inputs": [], "args": [secs]});
+
+    // 1. The worker, stopped while it appends its run's `run_start`.
+    pg.hold_audit_insert("hold_w", "run_start", "stall-w", HOLD);
+    let lock = pg.hold_advisory_lock(HOLD);
+    assert_eq!(
+        api_a
+            .run(ALICE, &sleeper("stall-w", "1"), "?wait=false")
+            .status(),
+        202
+    );
+    pg.wait_advisory_waiter(HOLD, "the worker's run_start", || true);
+    signal(&w, "STOP");
+    drop(lock);
+    std::thread::sleep(Duration::from_millis(300)); // its insert is through; its commit is not
+    let u = api_b.url("/v1/runs?wait=false");
+    check(
+        "submission on api-b, worker stopped",
+        timed(|h| {
+            h.post(&u)
+                .bearer_auth(ALICE)
+                .json(&sleeper("other-1", "0"))
+                .send()
+        }),
+        &[202],
+    );
+    let u = api_a.url("/v1/runs/stall-w");
+    check(
+        "GET on api-a, worker stopped",
+        timed(|h| h.get(&u).bearer_auth(ALICE).send()),
+        &[200, 202],
+    );
+    // The stopped worker's open transaction is ended by the database, not left to hold.
+    let t = Instant::now();
+    while pg.psql("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'agentjail' AND state LIKE 'idle in transaction%'") != "0" {
+        assert!(t.elapsed() < Duration::from_secs(15), "a stopped node's transaction stays open");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!(
+        "the stopped worker's open transaction was ended after {:?} more",
+        t.elapsed()
+    );
+    signal(&w, "CONT");
+    assert_eq!(wait_final(&api_a, "other-1")["status"], "ok");
+
+    // 2. A replica, stopped while it appends a run's `run_accepted`; a healthy worker's run
+    // is in flight meanwhile.
+    assert_eq!(
+        api_b
+            .run(ALICE, &sleeper("busy", "3"), "?wait=false")
+            .status(),
+        202
+    );
+    wait_status(&api_b, "busy", "running", 30);
+    pg.hold_audit_insert("hold_r", "run_accepted", "stall-r", HOLD);
+    let lock = pg.hold_advisory_lock(HOLD);
+    let (http, u) = (api_a.http.clone(), api_a.url("/v1/runs?wait=false"));
+    let body = sleeper("stall-r", "0");
+    let stalled = std::thread::spawn(move || {
+        http.post(u)
+            .bearer_auth(ALICE)
+            .json(&body)
+            .send()
+            .map(|r| r.status().as_u16())
+            .unwrap_or(0)
+    });
+    pg.wait_advisory_waiter(HOLD, "the replica's run_accepted", || true);
+    signal(&a_node, "STOP");
+    drop(lock);
+    std::thread::sleep(Duration::from_millis(300));
+    let u = api_b.url("/v1/runs?wait=false");
+    check(
+        "submission on api-b, replica stopped",
+        timed(|h| {
+            h.post(&u)
+                .bearer_auth(ALICE)
+                .json(&sleeper("other-2", "0"))
+                .send()
+        }),
+        &[202],
+    );
+    let u = api_b.url("/v1/runs/busy");
+    check(
+        "GET on api-b, replica stopped",
+        timed(|h| h.get(&u).bearer_auth(ALICE).send()),
+        &[200, 202],
+    );
+    assert_eq!(
+        wait_final(&api_b, "busy")["status"],
+        "ok",
+        "a healthy worker's run"
+    );
+    assert_eq!(wait_final(&api_b, "other-2")["status"], "ok");
+    signal(&a_node, "CONT");
+    let s = stalled.join().unwrap();
+    if s != 202 {
+        // The stopped replica's transaction was ended under it: nothing of it was recorded,
+        // and the client resends.
+        assert_eq!(
+            api_b
+                .run(ALICE, &sleeper("stall-r", "0"), "?wait=false")
+                .status(),
+            202,
+            "first answer {s}"
+        );
+    }
+    for id in ["stall-w", "other-1", "busy", "stall-r", "other-2"] {
+        let v = wait_final(&api_b, id);
+        assert_eq!(pg.audited("run_accepted", id), "1", "{id}");
+        // stall-w's worker was stopped past its lease: `unknown`, and audited as such.
+        let end = if v["status"] == "unknown" {
+            "run_unknown"
+        } else {
+            "run_end"
+        };
+        assert!(v["status"] == "ok" || id == "stall-w", "{id}: {v}");
+        assert_eq!(pg.audited(end, id), "1", "{id}: {v}");
+    }
+    let o: common::Out = Command::new(common::bin())
+        .args(["audit", "verify", "--database", &pg.url()])
+        .env("PGPASSWORD", pg::PASSWORD)
+        .output()
+        .unwrap()
+        .into();
+    assert_eq!(o.code, 0, "{}", o.dump());
+    eprintln!("stall bound {STALL_BOUND:?}; measured {measured:?}");
+}
+

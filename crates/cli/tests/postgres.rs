@@ -486,8 +486,15 @@ fn a_killed_replica_marks_only_its_own_runs_unknown() {
     );
 }
 
-/// The audit chain's advisory lock (`crate::pg::AUDIT_LOCK` of the server crate).
-const AUDIT_LOCK: i64 = 0x6167_6a6c_0002;
+/// The advisory lock of `node`'s audit chain (`crate::pg::AUDIT_LOCK_PREFIX` of the server
+/// crate), as the database computes it.
+fn audit_lock(pg: &Pg, node: &str) -> i64 {
+    pg.psql(&format!(
+        "SELECT hashtextextended('agentjail-audit-chain:{node}', 0)"
+    ))
+    .parse()
+    .unwrap()
+}
 
 /// Starts node-a on `dir`, runs `sleeper` (20 s) as `request_id` and kills (SIGKILL) the
 /// replica mid-run: its next start finds the run in flight.
@@ -541,14 +548,15 @@ fn a_replica_killed_while_ending_a_run_leaves_no_unaudited_result() {
         std::thread::sleep(Duration::from_millis(20));
     }
     // The payload sleeps 4 s: the chain is locked before it ends.
-    let lock = pg.hold_advisory_lock(AUDIT_LOCK);
+    let audit_lock = audit_lock(&pg, "node-a");
+    let lock = pg.hold_advisory_lock(audit_lock);
     assert_eq!(
         pg.psql("SELECT status FROM runs WHERE request_id = 'end-1'"),
         "running",
         "the run ended before the lock was taken; the test proves nothing"
     );
     // Wait until the replica's end of the run waits on the chain's lock.
-    wait_for_advisory_waiter(&pg, AUDIT_LOCK, "the run's end", || true);
+    wait_for_advisory_waiter(&pg, audit_lock, "the run's end", || true);
     let seen = pg.psql("SELECT status FROM runs WHERE request_id = 'end-1'");
     a.kill(); // SIGKILL, mid-append
     drop(lock);
@@ -588,7 +596,8 @@ fn a_replica_killed_while_marking_its_runs_unknown_leaves_no_unaudited_marking()
     );
     kill_mid_run(da.path(), &pg, &marker, "mark-1");
     let records = || pg.audited("run_unknown", "mark-1");
-    let lock = pg.hold_advisory_lock(AUDIT_LOCK);
+    let audit_lock = audit_lock(&pg, "node-a");
+    let lock = pg.hold_advisory_lock(audit_lock);
     // The restart, by hand: it must not get past its start-up marking.
     let mut restart = Command::new(common::bin())
         .args(["serve", "--listen", "127.0.0.1:0", "--config"])
@@ -602,7 +611,7 @@ fn a_replica_killed_while_marking_its_runs_unknown_leaves_no_unaudited_marking()
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    wait_for_advisory_waiter(&pg, AUDIT_LOCK, "the restart's marking", || {
+    wait_for_advisory_waiter(&pg, audit_lock, "the restart's marking", || {
         restart.try_wait().unwrap().is_none()
     });
     let seen = pg.psql("SELECT status FROM runs WHERE request_id = 'mark-1'");
@@ -842,6 +851,41 @@ fn audit_chain_in_the_database_verifies_and_detects_tampering() {
     std::fs::write(&file, &o.stdout).unwrap();
     let v = agentjail(&["audit", "verify", file.to_str().unwrap()], &[]);
     assert_eq!(v.code, 0, "{}", v.dump());
+    // One chain per replica, each anchoring the other's head: node-a's chain cut short below
+    // the head node-b recorded is detected, though node-a's chain verifies on its own.
+    let anchored = "SELECT coalesce(max((x->>'seq')::bigint), 0) FROM audit_log, jsonb_array_elements(record::jsonb->'anchors') x WHERE chain = 'node-b' AND x->>'node' = 'node-a'";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pg.psql(anchored) == "0" {
+        assert!(
+            Instant::now() < deadline,
+            "node-b never anchored node-a's chain"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let o = agentjail(&["audit", "export", "--database", &url], &env);
+    let seq: u64 = pg.psql(anchored).parse().unwrap();
+    let cut: Vec<&str> = o
+        .stdout
+        .lines()
+        .filter(|l| {
+            let r: serde_json::Value = serde_json::from_str(l).unwrap();
+            !(r["node"] == "node-a" && r["seq"].as_u64().unwrap() >= seq)
+        })
+        .collect();
+    std::fs::write(&file, cut.join("\n") + "\n").unwrap();
+    let v = agentjail(&["audit", "verify", file.to_str().unwrap()], &[]);
+    assert_eq!(v.code, 1, "{}", v.dump());
+    assert!(
+        v.stderr.contains("chain node-a lacks its record"),
+        "{}",
+        v.dump()
+    );
+    let o = agentjail(&["audit", "verify", "--database", &url], &env);
+    assert!(
+        o.stdout.contains("2 chain(s)") && o.stdout.contains("cross-anchor"),
+        "{}",
+        o.dump()
+    );
     // Without the password: a clear refusal (125), not a verdict.
     let o = agentjail(&["audit", "verify", "--database", &url], &[]);
     assert_eq!(o.code, 125, "{}", o.dump());

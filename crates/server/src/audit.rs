@@ -53,6 +53,21 @@ pub struct Event {
     /// The MCP tool called (`mcp_tool_call` records only); never its arguments.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool: Option<String>,
+    /// The chain the record is on: the node that appended it (PostgreSQL: one chain per
+    /// node); absent in the file log (one chain).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// `audit_anchor` records only: the heads of the other chains as this node read them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub anchors: Option<Vec<Anchor>>,
+}
+
+/// One cross-anchor: chain `node` had record `seq` with hash `hash`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Anchor {
+    pub node: String,
+    pub seq: u64,
+    pub hash: String,
 }
 
 struct Inner {
@@ -239,6 +254,121 @@ where
     Ok((seq, prev))
 }
 
+/// What [`verify_chains`] found: every chain's (records, head), by chain (`""`: the records
+/// with no `node`, the file log's and the database's before it had one chain per node), and
+/// how many cross-anchors were checked.
+#[derive(Debug, Clone, Default)]
+pub struct Verified {
+    pub chains: std::collections::BTreeMap<String, (u64, String)>,
+    pub records: u64,
+    pub anchors: u64,
+}
+
+/// Verifies one or more chains given as their lines, interleaved in any order of chains but
+/// each chain in its own order: records are grouped by `node` (absent: chain `""`), and each
+/// chain must verify as [`verify_lines`] does (seq from 1, consecutive; `prev`; `hash`). Then
+/// every cross-anchor (an `audit_anchor` record naming another chain's `seq` and `hash`) must
+/// match that chain's record: a chain truncated or rewritten below a head another node
+/// recorded is broken even if it verifies on its own.
+pub fn verify_chains<I>(lines: I) -> Result<Verified, AuditError>
+where
+    I: IntoIterator<Item = Result<String, AuditError>>,
+{
+    use std::collections::BTreeMap;
+    // Per chain: (seq, prev hash, the hashes of its records in order).
+    let mut chains: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut anchors: Vec<(u64, String, Anchor)> = Vec::new();
+    let mut records = 0u64;
+    for (i, line) in lines.into_iter().enumerate() {
+        let n = i as u64 + 1;
+        let line = line?;
+        let mut rec: Map<String, Value> = serde_json::from_str(&line)
+            .map_err(|e| AuditError::Chain(n, format!("not a JSON object: {e}")))?;
+        let Some(Value::String(h)) = rec.remove("hash") else {
+            return Err(AuditError::Chain(n, "no hash".into()));
+        };
+        let chain = match rec.get("node") {
+            None => String::new(),
+            Some(Value::String(s)) if !s.is_empty() => s.clone(),
+            Some(_) => return Err(AuditError::Chain(n, "node is not a chain name".into())),
+        };
+        let hashes = chains.entry(chain.clone()).or_default();
+        let prev = hashes.last().map_or(GENESIS, String::as_str);
+        let name = if chain.is_empty() {
+            String::new()
+        } else {
+            format!(" (chain {chain})")
+        };
+        if rec.get("prev").and_then(Value::as_str) != Some(prev) {
+            return Err(AuditError::Chain(
+                n,
+                format!("prev does not match the previous record's hash{name}"),
+            ));
+        }
+        if rec.get("seq").and_then(Value::as_u64) != Some(hashes.len() as u64 + 1) {
+            return Err(AuditError::Chain(
+                n,
+                format!("seq is not consecutive{name}"),
+            ));
+        }
+        if hash_record(&rec).map_err(|e| AuditError::Canonical(n, e))? != h {
+            return Err(AuditError::Chain(
+                n,
+                format!("hash does not match the record{name}"),
+            ));
+        }
+        if let Some(a) = rec.get("anchors") {
+            let list: Vec<Anchor> = serde_json::from_value(a.clone())
+                .map_err(|e| AuditError::Chain(n, format!("anchors: {e}")))?;
+            anchors.extend(list.into_iter().map(|a| (n, chain.clone(), a)));
+        }
+        hashes.push(h);
+        records += 1;
+    }
+    for (n, by, a) in &anchors {
+        let found = chains
+            .get(&a.node)
+            .and_then(|hs| hs.get((a.seq as usize).wrapping_sub(1)));
+        if found != Some(&a.hash) {
+            return Err(AuditError::Chain(
+                *n,
+                format!(
+                    "chain {} lacks its record {} that chain {by} anchored (hash {}): it was truncated, rewritten or deleted",
+                    if a.node.is_empty() {
+                        "(unnamed)"
+                    } else {
+                        &a.node
+                    },
+                    a.seq,
+                    a.hash
+                ),
+            ));
+        }
+    }
+    Ok(Verified {
+        chains: chains
+            .into_iter()
+            .map(|(k, hs)| {
+                let head = hs.last().cloned().unwrap_or_else(|| GENESIS.to_string());
+                (k, (hs.len() as u64, head))
+            })
+            .collect(),
+        records,
+        anchors: anchors.len() as u64,
+    })
+}
+
+/// [`verify_chains`] of the log (or export) at `path`.
+pub fn verify_file_chains(path: &Path) -> Result<Verified, AuditError> {
+    let f = File::open(path).map_err(|e| AuditError::Io(path.display().to_string(), e))?;
+    let p = path.display().to_string();
+    verify_chains(
+        BufReader::new(f)
+            .lines()
+            .map(|l| l.map_err(|e| AuditError::Io(p.clone(), e))),
+    )
+}
+
 /// Verifies the whole chain of the log at `path`; returns (last seq, last hash).
 pub fn verify_chain(path: &Path) -> Result<(u64, String), AuditError> {
     let f = File::open(path).map_err(|e| AuditError::Io(path.display().to_string(), e))?;
@@ -286,5 +416,44 @@ mod tests {
             .replace("break 1", "break 9");
         std::fs::write(&p, tampered).unwrap();
         assert!(matches!(verify_chain(&p), Err(AuditError::Chain(2, _))));
+    }
+
+    fn on(node: &str, seq: u64, prev: &str, anchors: Option<Vec<Anchor>>) -> (String, String) {
+        let ev = Event {
+            event: if anchors.is_some() {
+                "audit_anchor"
+            } else {
+                "test"
+            },
+            node: Some(node.into()),
+            anchors,
+            ..Default::default()
+        };
+        chain_record(&ev, seq, prev).unwrap()
+    }
+
+    #[test]
+    fn chains_per_node_verify_with_their_anchors() {
+        let (a1, ha1) = on("a", 1, GENESIS, None);
+        let (b1, hb1) = on("b", 1, GENESIS, None);
+        let (a2, ha2) = on("a", 2, &ha1, None);
+        let anchor = vec![Anchor {
+            node: "a".into(),
+            seq: 2,
+            hash: ha2.clone(),
+        }];
+        let (b2, _) = on("b", 2, &hb1, Some(anchor));
+        let ok = |ls: &[&String]| verify_chains(ls.iter().map(|l| Ok((*l).clone())));
+        let v = ok(&[&a1, &b1, &a2, &b2]).unwrap();
+        assert_eq!((v.records, v.chains.len(), v.anchors), (4, 2, 1));
+        assert_eq!(v.chains["a"], (2, ha2));
+        // Grouped by chain, any order of chains.
+        assert!(ok(&[&b1, &b2, &a1, &a2]).is_ok());
+        // a's anchored record deleted: a verifies alone, the anchor does not.
+        let e = ok(&[&a1, &b1, &b2]).unwrap_err().to_string();
+        assert!(e.contains("chain a lacks its record 2"), "{e}");
+        // A record repeated, or edited, breaks its chain.
+        assert!(ok(&[&a1, &a2, &a2]).is_err());
+        assert!(ok(&[&a1, &b1.replace("\"test\"", "\"tost\""), &a2]).is_err());
     }
 }

@@ -28,6 +28,10 @@ use crate::app::{AppState, now};
 use crate::pg::{Claimed, JobSpec, PgStore};
 use crate::runner::{self, Job, Lease};
 
+/// How often a node records the other nodes' audit chain heads in its own chain (when one
+/// moved): a record older than this is anchored by every live node.
+pub const ANCHOR_EVERY: Duration = Duration::from_secs(5);
+
 /// How often an idle executor looks for work.
 pub const POLL: Duration = Duration::from_millis(250);
 
@@ -153,8 +157,15 @@ fn lease_of(state: &AppState) -> Duration {
 pub fn spawn_cluster_tasks(state: AppState, queue: PgStore, stop: CancellationToken) {
     let every = (lease_of(&state) / 3).max(Duration::from_secs(1));
     tokio::spawn(async move {
+        let mut anchored: Option<Instant> = None;
         loop {
             sweep_leases(&queue).await;
+            if anchored.is_none_or(|t| t.elapsed() >= ANCHOR_EVERY) {
+                match queue.anchor().await {
+                    Ok(_) => anchored = Some(Instant::now()),
+                    Err(e) => tracing::warn!(error = %e, "anchoring the other audit chains failed"),
+                }
+            }
             match queue.cluster_gauges(lease_of(&state) * 2).await {
                 Ok(g) => {
                     metrics::gauge!("agentjail_cluster_queue_depth").set(g.queue_depth as f64);

@@ -10,10 +10,14 @@
 //!   with `ON CONFLICT DO NOTHING`, and the loser reads the winner's record.
 //! - Each run records its `node_id`; a replica records the end of (and at start-up marks
 //!   `unknown`) only its own runs.
-//! - The audit chain: each append takes a transaction-level advisory lock, reads the head
-//!   (`seq`, `hash`), and inserts the next record built by [`audit::chain_record`], the same
-//!   record and hash as the file log; [`export`] writes the JSONL that
-//!   `agentjail audit verify FILE` checks.
+//! - The audit trail: one hash chain per node (`audit_log.chain`, the record's `node`). A node
+//!   appends to its own chain only, under that chain's advisory lock, inside the transaction
+//!   of the write the record accounts for; no node ever waits on another's chain. Every node
+//!   records the other chains' heads in its own chain every [`crate::fleet::ANCHOR_EVERY`]
+//!   (`audit_anchor`), so a chain cut short or rewritten below an anchored head is detected.
+//!   Records are built by [`audit::chain_record`] as in the file log; [`export`] writes the
+//!   JSONL that `agentjail audit verify FILE` checks ([`audit::verify_chains`]).
+//! - Every session runs under [`SESSION_LIMITS`] (timeouts, keepalives).
 //!
 //! The password never appears in a URL (refused), a log line or an error: it comes from a
 //! 0600 file or `PGPASSWORD`. TLS is not implemented: `sslmode=require` and `verify-*` are
@@ -40,7 +44,6 @@ use crate::store::{
 
 /// Advisory lock keys (arbitrary constants, fixed forever).
 const MIGRATION_LOCK: i64 = 0x6167_6a6c_0001;
-const AUDIT_LOCK: i64 = 0x6167_6a6c_0002;
 const OBJECTS_LOCK: i64 = 0x6167_6a6c_0003;
 
 /// Schema migrations, applied in order; `schema_migrations` holds the versions applied.
@@ -117,6 +120,15 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE TABLE cluster_counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
     INSERT INTO cluster_counters (name, value) VALUES ('expired_leases', 0);",
+    // 3: one audit chain per node (docs/server.md, "PostgreSQL"): `chain` names the node that
+    // appended the record (`''`: the one chain of the versions before, closed now), each chain
+    // numbered from 1; `audit_heads` holds each chain's last record, for the cross-anchors.
+    "ALTER TABLE audit_log ADD COLUMN chain TEXT NOT NULL DEFAULT '';
+    ALTER TABLE audit_log DROP CONSTRAINT audit_log_pkey;
+    ALTER TABLE audit_log ADD PRIMARY KEY (chain, seq);
+    CREATE TABLE audit_heads (chain TEXT PRIMARY KEY, seq BIGINT NOT NULL, hash TEXT NOT NULL);
+    INSERT INTO audit_heads (chain, seq, hash)
+        SELECT '', seq, hash FROM audit_log ORDER BY seq DESC LIMIT 1;",
 ];
 
 /// How many migrations this version knows (tests compare `schema_migrations` with it).
@@ -152,18 +164,33 @@ pub fn connect_config(
     }
     c.connect_timeout(Duration::from_secs(5));
     c.application_name("agentjail");
-    // A session that stops talking inside a transaction (its process or host gone, a network
-    // cut) would hold what it locked, the audit chain's lock among them, until TCP gives up on
-    // it (hours): the server ends such a session after a minute. Transactions here never wait
-    // on their client between statements for that long.
-    let idle = "-c idle_in_transaction_session_timeout=60000";
+    // This side notices a database host that is gone (keepalives; unacknowledged data).
+    c.keepalives(true);
+    c.keepalives_idle(Duration::from_secs(5));
+    c.keepalives_interval(Duration::from_secs(2));
+    c.keepalives_retries(3);
+    c.tcp_user_timeout(Duration::from_secs(10));
     let options = match c.get_options() {
-        Some(o) if !o.is_empty() => format!("{o} {idle}"),
-        _ => idle.to_string(),
+        Some(o) if !o.is_empty() => format!("{o} {SESSION_LIMITS}"),
+        _ => SESSION_LIMITS.to_string(),
     };
     c.options(&options);
     Ok(c)
 }
+
+/// The limits every session of a node runs under (docs/deploy.md, "Clocks and timeouts"), so
+/// that a node stopped, killed or cut off cannot hold what its session locked for long:
+///
+/// - `idle_in_transaction_session_timeout` 5 s: the server ends a session whose client stops
+///   talking inside a transaction (a stopped process, a host cut off). Transactions here never
+///   wait on their client between statements.
+/// - `tcp_keepalives_*` and `tcp_user_timeout`: the server drops the connection of a host that
+///   is gone (probes after 5 s idle, every 2 s, 3 lost: ~11 s; unacknowledged data: 10 s),
+///   instead of keeping it, and its locks, for TCP's default of hours.
+/// - `lock_timeout` 5 s: a statement waits at most that long for a lock (then the operation
+///   fails as "unavailable": 503 with Retry-After, or retried by the executor's writes).
+/// - `statement_timeout` 60 s: no statement of a node runs longer.
+const SESSION_LIMITS: &str = "-c idle_in_transaction_session_timeout=5000 -c lock_timeout=5000 -c statement_timeout=60000 -c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=3 -c tcp_user_timeout=10000";
 
 /// The password: `file` (must be 0600 or stricter; one line) or `PGPASSWORD`; None: neither.
 pub fn read_password(file: Option<&Path>) -> Result<Option<Vec<u8>>, String> {
@@ -240,9 +267,15 @@ pub fn node_id(configured: Option<&str>) -> Result<String, String> {
 fn pg_err(e: tokio_postgres::Error) -> StoreError {
     // Connection-level failures (no SQLSTATE), connection exceptions (08…) and operator
     // intervention (57…: shutdown, restart) mean "try again later".
+    // So are a lock not granted in time (55P03), a session ended for idling in a transaction
+    // (25P03), a deadlock or serialization failure (40P01, 40001): nothing was written.
     match e.code().map(|c| c.code().to_string()) {
         None => StoreError::Unavailable(e.to_string()),
-        Some(c) if c.starts_with("08") || c.starts_with("57") => {
+        Some(c)
+            if c.starts_with("08")
+                || c.starts_with("57")
+                || matches!(c.as_str(), "55P03" | "25P03" | "40P01" | "40001") =>
+        {
             StoreError::Unavailable(e.to_string())
         }
         Some(_) => StoreError::Database(e.to_string()),
@@ -292,6 +325,10 @@ pub fn pool(c: tokio_postgres::Config, size: usize) -> Result<Pool, String> {
 pub async fn migrate(pool: &Pool) -> Result<usize, StoreError> {
     let mut c = pool.get().await.map_err(pool_err)?;
     let tx = c.transaction().await.map_err(pg_err)?;
+    // Another node may be migrating (it holds the lock for as long as that takes).
+    tx.batch_execute("SET LOCAL lock_timeout = '120s'; SET LOCAL statement_timeout = 0")
+        .await
+        .map_err(pg_err)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await
         .map_err(pg_err)?;
@@ -346,6 +383,8 @@ pub async fn migrate(pool: &Pool) -> Result<usize, StoreError> {
 pub struct PgStore {
     pool: Pool,
     node: String,
+    /// The heads the last `audit_anchor` of this node named.
+    anchored: Arc<std::sync::Mutex<Option<Vec<audit::Anchor>>>>,
     /// This replica's content-addressed object folder (`DATA/objects`).
     objects: PathBuf,
 }
@@ -412,6 +451,7 @@ impl PgStore {
         Ok(PgStore {
             pool,
             node,
+            anchored: Arc::default(),
             objects,
         })
     }
@@ -467,9 +507,48 @@ impl PgStore {
     async fn append_audit(&self, ev: &Event) -> Result<(), StoreError> {
         let mut c = self.client().await?;
         let tx = read_committed(&mut c).await?;
-        append_audit_in(&tx, ev).await?;
+        append_audit_in(&tx, &self.node, ev).await?;
         tx.commit().await.map_err(pg_err)?;
         Ok(())
+    }
+
+    /// Appends an `audit_anchor` record to this node's chain naming the heads of every other
+    /// chain, unless none moved since this node's last anchor; true: one was appended.
+    pub async fn anchor(&self) -> Result<bool, StoreError> {
+        let mut c = self.client().await?;
+        let tx = read_committed(&mut c).await?;
+        let heads: Vec<audit::Anchor> = tx
+            .query(
+                "SELECT chain, seq, hash FROM audit_heads WHERE chain <> $1 ORDER BY chain",
+                &[&self.node],
+            )
+            .await
+            .map_err(pg_err)?
+            .iter()
+            .map(|r| audit::Anchor {
+                node: r.get(0),
+                seq: r.get::<_, i64>(1).max(0) as u64,
+                hash: r.get(2),
+            })
+            .collect();
+        let mut last = self
+            .anchored
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if heads.is_empty() || last.as_ref() == Some(&heads) {
+            return Ok(false);
+        }
+        let ev = Event {
+            event: "audit_anchor",
+            anchors: Some(heads.clone()),
+            ..Default::default()
+        };
+        append_audit_in(&tx, &self.node, &ev).await?;
+        tx.commit().await.map_err(pg_err)?;
+        last = Some(heads);
+        *self.anchored.lock().unwrap_or_else(|e| e.into_inner()) = last;
+        Ok(true)
     }
 
     async fn sweep_async(
@@ -779,7 +858,7 @@ impl Store for PgStore {
             };
             // The change and its record commit together, or neither does.
             if n == 1 {
-                append_audit_in(&tx, &record).await?;
+                append_audit_in(&tx, &self.node, &record).await?;
             }
             tx.commit().await.map_err(pg_err)?;
             Ok(n == 1)
@@ -831,7 +910,7 @@ impl Store for PgStore {
                 .collect();
             // Each marking's record commits with it.
             for run in &unknown {
-                append_audit_in(&tx, &run.unknown_event(UNKNOWN_AT_START_UP.into())).await?;
+                append_audit_in(&tx, &self.node, &run.unknown_event(UNKNOWN_AT_START_UP.into())).await?;
             }
             tx.commit().await.map_err(pg_err)?;
             Ok((unknown, given_up))
@@ -881,21 +960,31 @@ async fn read_committed(
         .map_err(pg_err)
 }
 
-/// Appends `ev` to the audit chain inside `tx` (READ COMMITTED, see [`read_committed`]): takes
-/// the chain's advisory lock (held to the end of `tx`), reads the head and inserts the next
-/// record. Committed with `tx`, so a record and the write it accounts for land together or not
-/// at all.
+/// The advisory lock key of `node`'s audit chain: `hashtextextended(AUDIT_LOCK_PREFIX ||
+/// node, 0)`, computed by the database (a test can hold it the same way).
+pub const AUDIT_LOCK_PREFIX: &str = "agentjail-audit-chain:";
+
+/// Appends `ev` to `node`'s audit chain inside `tx` (READ COMMITTED, see [`read_committed`]):
+/// takes that chain's advisory lock (held to the end of `tx`; only this node's own
+/// transactions ever take it, so a node stopped or cut off mid-append holds up no other node),
+/// reads the chain's head, inserts the next record (its `node` names the chain) and moves the
+/// head in `audit_heads`. Committed with `tx`, so a record and the write it accounts for land
+/// together or not at all.
 async fn append_audit_in(
     tx: &deadpool_postgres::Transaction<'_>,
+    node: &str,
     ev: &Event,
 ) -> Result<(), StoreError> {
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&AUDIT_LOCK])
-        .await
-        .map_err(pg_err)?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended($1 || $2, 0))",
+        &[&AUDIT_LOCK_PREFIX, &node],
+    )
+    .await
+    .map_err(pg_err)?;
     let head = tx
         .query_opt(
-            "SELECT seq, hash FROM audit_log ORDER BY seq DESC LIMIT 1",
-            &[],
+            "SELECT seq, hash FROM audit_log WHERE chain = $1 ORDER BY seq DESC LIMIT 1",
+            &[&node],
         )
         .await
         .map_err(pg_err)?;
@@ -904,10 +993,21 @@ async fn append_audit_in(
         None => (0, audit::GENESIS.to_string()),
     };
     let next = seq + 1;
-    let (line, hash) = audit::chain_record(ev, next as u64, &prev)?;
+    let ev = Event {
+        node: Some(node.to_string()),
+        ..ev.clone()
+    };
+    let (line, hash) = audit::chain_record(&ev, next as u64, &prev)?;
     tx.execute(
-        "INSERT INTO audit_log (seq, hash, record) VALUES ($1, $2, $3)",
-        &[&next, &hash, &line],
+        "INSERT INTO audit_log (chain, seq, hash, record) VALUES ($1, $2, $3, $4)",
+        &[&node, &next, &hash, &line],
+    )
+    .await
+    .map_err(pg_err)?;
+    tx.execute(
+        "INSERT INTO audit_heads (chain, seq, hash) VALUES ($1, $2, $3)
+         ON CONFLICT (chain) DO UPDATE SET seq = EXCLUDED.seq, hash = EXCLUDED.hash",
+        &[&node, &next, &hash],
     )
     .await
     .map_err(pg_err)?;
@@ -922,19 +1022,25 @@ async fn one_client(
     let c = connect_config(url, read_password(password_file)?)?;
     let where_ = describe(&c);
     let p = pool(c, 2)?;
-    p.get()
+    let c = p
+        .get()
         .await
-        .map_err(|e| format!("cannot connect to {where_}: {}", pool_err(e)))
+        .map_err(|e| format!("cannot connect to {where_}: {}", pool_err(e)))?;
+    // Reading a long chain may take longer than a node's statements may.
+    c.batch_execute("SET statement_timeout = 0")
+        .await
+        .map_err(|e| format!("{where_}: {}", pg_err(e)))?;
+    Ok(c)
 }
 
 /// The audit chain in the database, as the JSONL lines of the file log, in order.
 async fn audit_lines(url: &str, password_file: Option<&Path>) -> Result<Vec<String>, String> {
     let c = one_client(url, password_file).await?;
     let rows = c
-        .query("SELECT seq, record FROM audit_log ORDER BY seq", &[])
+        .query("SELECT record FROM audit_log ORDER BY chain, seq", &[])
         .await
         .map_err(|e| format!("reading the audit chain: {}", pg_err(e)))?;
-    Ok(rows.iter().map(|r| r.get::<_, String>(1)).collect())
+    Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
 }
 
 /// Why [`verify`] failed.
@@ -946,12 +1052,13 @@ pub enum VerifyError {
     Broken(String),
 }
 
-/// `agentjail audit verify --database`: verifies the chain in the database; (records, head).
-pub fn verify(url: &str, password_file: Option<&Path>) -> Result<(u64, String), VerifyError> {
+/// `agentjail audit verify --database`: verifies every node's chain in the database and the
+/// cross-anchors between them ([`audit::verify_chains`]).
+pub fn verify(url: &str, password_file: Option<&Path>) -> Result<audit::Verified, VerifyError> {
     let lines = block_on(audit_lines(url, password_file))
         .and_then(|r| r)
         .map_err(VerifyError::Access)?;
-    audit::verify_lines(lines.into_iter().map(Ok::<_, AuditError>))
+    audit::verify_chains(lines.into_iter().map(Ok::<_, AuditError>))
         .map_err(|e| VerifyError::Broken(format!("in the database: {e}")))
 }
 
@@ -1200,7 +1307,7 @@ impl PgStore {
                     };
                 }
                 if let Some(ev) = audit {
-                    append_audit_in(&tx, ev).await?;
+                    append_audit_in(&tx, &self.node, ev).await?;
                 }
                 tx.commit().await.map_err(pg_err)?;
                 Ok(())
@@ -1234,7 +1341,7 @@ impl PgStore {
             .await
             .map_err(pg_err)?;
         if n == 1 {
-            append_audit_in(&tx, record).await?;
+            append_audit_in(&tx, &self.node, record).await?;
         }
         tx.commit().await.map_err(pg_err)?;
         Ok(n == 1)
@@ -1293,7 +1400,7 @@ impl PgStore {
             .collect();
         // Each marking's record commits with it.
         for e in &expired {
-            append_audit_in(&tx, &e.unknown_event()).await?;
+            append_audit_in(&tx, &self.node, &e.unknown_event()).await?;
         }
         tx.commit().await.map_err(pg_err)?;
         Ok((expired, requeued))

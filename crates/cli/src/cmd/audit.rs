@@ -7,8 +7,9 @@ use clap::Subcommand;
 
 #[derive(Subcommand)]
 pub enum AuditCmd {
-    /// Verify the chain (every record's hash, `prev` and `seq`): exit 0 when intact, 1 when
-    /// broken (the first bad record is named), 125 when it cannot be read.
+    /// Verify the chain (every record's hash, `prev` and `seq`; in a database, every node's
+    /// chain and the cross-anchors between them): exit 0 when intact, 1 when broken (the first
+    /// bad record is named), 125 when it cannot be read.
     Verify {
         /// An audit log file (`DATA/private/audit.jsonl`, or an export).
         #[arg(required_unless_present = "database", conflicts_with = "database")]
@@ -44,7 +45,7 @@ pub fn dispatch(c: AuditCmd) -> Result<u8, String> {
                     if !f.exists() {
                         return Err(format!("{}: no such file", f.display()));
                     }
-                    agentjail_server::audit::verify_chain(&f).map_err(|e| e.to_string())
+                    agentjail_server::audit::verify_file_chains(&f).map_err(|e| e.to_string())
                 }
                 (None, Some(url)) => {
                     match agentjail_server::pg::verify(&url, database_password_file.as_deref()) {
@@ -56,8 +57,29 @@ pub fn dispatch(c: AuditCmd) -> Result<u8, String> {
                 (None, None) => return Err("name a file or --database".into()),
             };
             match r {
-                Ok((n, head)) => {
-                    println!("audit chain OK: {n} record(s), head {head}");
+                Ok(v) => {
+                    match v.chains.iter().next() {
+                        // One chain (the file log): as ever.
+                        Some((name, (n, head))) if v.chains.len() == 1 && name.is_empty() => {
+                            println!("audit chain OK: {n} record(s), head {head}");
+                        }
+                        _ => {
+                            println!(
+                                "audit chain OK: {} record(s) in {} chain(s), {} cross-anchor(s) checked",
+                                v.records,
+                                v.chains.len(),
+                                v.anchors
+                            );
+                            for (name, (n, head)) in &v.chains {
+                                let name = if name.is_empty() {
+                                    "(before per-node chains)"
+                                } else {
+                                    name
+                                };
+                                println!("  chain {name}: {n} record(s), head {head}");
+                            }
+                        }
+                    }
                     Ok(0)
                 }
                 Err(e) => {

@@ -311,6 +311,35 @@ impl Pg {
         }
     }
 
+    /// Waits (at most 30 s) until a session of an agentjail node waits on the advisory lock
+    /// `key` (a one-bigint key is held as (classid, objid) = (high, low 32 bits)); `alive` is
+    /// asked on each round (false: the node exited first).
+    pub fn wait_advisory_waiter(&self, key: i64, what: &str, mut alive: impl FnMut() -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let waiting = format!(
+            "SELECT count(*) > 0 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+             WHERE a.application_name = 'agentjail' AND l.locktype = 'advisory' AND NOT l.granted
+             AND ((l.classid::bigint << 32) | l.objid::bigint) = {key}"
+        );
+        while self.psql(&waiting) != "t" {
+            assert!(alive(), "the node exited before {what} reached its lock");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what} never reached its lock"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Makes the insert of an audit record of `event` for `request_id` wait on the advisory
+    /// lock `key` (a trigger; the caller holds `key` with [`Pg::hold_advisory_lock`]): the
+    /// node appending it waits inside its append's transaction, holding what that takes.
+    pub fn hold_audit_insert(&self, name: &str, event: &str, request_id: &str, key: i64) {
+        self.psql(&format!(
+            "CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF NEW.record::jsonb->>'event' = '{event}' AND NEW.record::jsonb->>'request_id' = '{request_id}' THEN PERFORM pg_advisory_xact_lock({key}); END IF; RETURN NEW; END $$; CREATE TRIGGER {name} BEFORE INSERT ON audit_log FOR EACH ROW EXECUTE FUNCTION {name}()"
+        ));
+    }
+
     /// Runs `sql` in [`DB`] over the unix socket; its output (tuples only, unaligned).
     pub fn psql(&self, sql: &str) -> String {
         self.psql_db(DB, sql)
