@@ -990,3 +990,45 @@ fn a_node_stopped_mid_audit_append_stalls_no_other_node() {
     eprintln!("stall bound {STALL_BOUND:?}; measured {measured:?}");
 }
 
+/// Issue 30, finding 3: a second process with a live node's id is refused at start (exit 125,
+/// naming the fix), before it touches anything: the first's run is not marked `unknown` by the
+/// second's start-up and ends `ok`. The same for `serve`. Once the first stops, its id is free.
+#[test]
+fn a_live_node_id_is_refused_at_start() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pg) = Pg::start() else { return };
+    let (d_api, d_w1, d_w2, d_s) = (tempdir(), tempdir(), tempdir(), tempdir());
+    let marker = marker_for(&d_api, "dup");
+    let cfg = config(&marker);
+    let (_api_node, api) = api(d_api.path(), &pg, &cfg);
+    let mut w1 = worker(d_w1.path(), &pg, &cfg, "w1");
+    let body = json!({"request_id": "first", "task": "sleeper", "inputs": [], "args": ["3"]});
+    assert_eq!(api.run(ALICE, &body, "?wait=false").status(), 202);
+    wait_status(&api, "first", "running", 30);
+    for args in [
+        &["worker", "--slots", "1", "--node-id", "w1"][..],
+        &["serve", "--listen", "127.0.0.1:0", "--slots", "0"][..],
+    ] {
+        let dir = if args[0] == "worker" { &d_w2 } else { &d_s };
+        let cfg = if args[0] == "worker" {
+            cfg.clone()
+        } else {
+            config_node(&marker, "w1")
+        };
+        let (mut dup, ready) = Node::spawn(dir.path(), &pg.url(), &cfg, args, "agentjail");
+        let code = dup.wait_exit(20).code();
+        let log = dup.log();
+        assert_eq!(code, Some(125), "{args:?}: {ready:?}\n{log}");
+        assert!(
+            log.contains("node id w1 is in use") && log.contains("--node-id"),
+            "{args:?}: the refusal names the fix:\n{log}"
+        );
+    }
+    let v = wait_final(&api, "first");
+    assert_eq!(v["status"], "ok", "the first worker's run: {v}");
+    assert_eq!(pg.audited("run_unknown", "first"), "0");
+    // Stopped, the first frees its id.
+    w1.kill();
+    let _w = worker(d_w2.path(), &pg, &cfg, "w1");
+}
+

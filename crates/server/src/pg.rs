@@ -441,9 +441,105 @@ fn is_sha_hex(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
+/// The advisory lock a live node holds on its id, for as long as its process lives:
+/// `hashtextextended(NODE_LOCK_PREFIX || node, 0)`, session-level, on a connection of its own.
+pub const NODE_LOCK_PREFIX: &str = "agentjail-node:";
+
+/// Takes `node`'s id lock on a connection of its own (outside the pool): Ok(Some(client)) holds
+/// it (keep the client, and the task driving its connection, alive); Ok(None): a live session
+/// holds it (a second process with this id); the description of that session when known.
+async fn take_node_lock(
+    config: &tokio_postgres::Config,
+    node: &str,
+) -> Result<Result<tokio_postgres::Client, String>, StoreError> {
+    let (client, conn) = config.connect(NoTls).await.map_err(pg_err)?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    // A session of a process killed a moment ago ends as soon as the server reads its EOF:
+    // asked again for up to 3 s before refusing.
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let got: bool = client
+            .query_one(
+                "SELECT pg_try_advisory_lock(hashtextextended($1 || $2, 0))",
+                &[&NODE_LOCK_PREFIX, &node],
+            )
+            .await
+            .map_err(pg_err)?
+            .get(0);
+        if got {
+            // The connection's end is watched through the client (`is_closed`).
+            return Ok(Ok(client));
+        }
+        if std::time::Instant::now() >= deadline {
+            let holder = client
+                .query_opt(
+                    "SELECT coalesce(host(a.client_addr), 'a local socket') || ', connected since ' || date_trunc('second', a.backend_start)::text
+                     FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+                     WHERE l.locktype = 'advisory' AND l.granted
+                     AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended($1 || $2, 0)",
+                    &[&NODE_LOCK_PREFIX, &node],
+                )
+                .await
+                .ok()
+                .flatten()
+                .map(|r| r.get::<_, String>(0))
+                .unwrap_or_else(|| "a session of another process".into());
+            return Ok(Err(holder));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Holds this node's id for as long as the process lives (see [`take_node_lock`]): when the
+/// session is lost (a database restart), it is taken again; if another process took the id
+/// meanwhile, that is logged as an error every time it is tried.
+fn hold_node_lock(config: tokio_postgres::Config, node: String, client: tokio_postgres::Client) {
+    tokio::spawn(async move {
+        let mut client = client;
+        loop {
+            // Poll the session: a closed client means the connection ended.
+            while !client.is_closed() {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            tracing::warn!(node = %node, "the database session holding this node's id ended; taking the id again");
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                match take_node_lock(&config, &node).await {
+                    Ok(Ok(c)) => {
+                        client = c;
+                        break;
+                    }
+                    Ok(Err(holder)) => {
+                        tracing::error!(node = %node, %holder, "another process took this node's id while this one's database session was lost: two processes now use one node id; stop one and give each its own --node-id");
+                    }
+                    Err(e) => {
+                        tracing::warn!(node = %node, error = %e, "taking this node's id again failed; retrying");
+                    }
+                }
+            }
+        }
+    });
+}
+
 impl PgStore {
-    /// Connects (checking the database answers), applies migrations, and returns the store.
-    pub async fn open(pool: Pool, node: String, objects: PathBuf) -> Result<PgStore, StoreError> {
+    /// Connects (checking the database answers), takes this node's id (refused while another
+    /// live process holds it), applies migrations, and returns the store.
+    pub async fn open(
+        pool: Pool,
+        config: &tokio_postgres::Config,
+        node: String,
+        objects: PathBuf,
+    ) -> Result<PgStore, StoreError> {
+        match take_node_lock(config, &node).await? {
+            Ok(client) => hold_node_lock(config.clone(), node.clone(), client),
+            Err(holder) => {
+                return Err(StoreError::Database(format!(
+                    "node id {node} is in use by a live node ({holder}); each `serve` and `worker` process needs its own: give this one another --node-id (or server.node_id; the default is the host name), or stop the other first"
+                )));
+            }
+        }
         let applied = migrate(&pool).await?;
         if applied > 0 {
             tracing::info!(applied, "database migrations applied");

@@ -261,9 +261,9 @@ fn open_pg(
     let c = pg::connect_config(url, password).map_err(ServerError::Io)?;
     let where_ = pg::describe(&c);
     // Every run holds a connection only per statement; requests and runs share the pool.
-    let pool = pg::pool(c, concurrency * 2 + 8).map_err(ServerError::Io)?;
+    let pool = pg::pool(c.clone(), concurrency * 2 + 8).map_err(ServerError::Io)?;
     let objects = data_dir.join("objects");
-    let store = pg::block_on(pg::PgStore::open(pool, node.clone(), objects))
+    let store = pg::block_on(pg::PgStore::open(pool, &c, node.clone(), objects))
         .map_err(ServerError::Io)?
         .map_err(|e| ServerError::Io(format!("database {where_}: {e}")))?;
     tracing::info!(database = %where_, node = %node, "store: PostgreSQL");
