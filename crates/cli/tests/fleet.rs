@@ -1032,3 +1032,49 @@ fn a_live_node_id_is_refused_at_start() {
     let _w = worker(d_w2.path(), &pg, &cfg, "w1");
 }
 
+/// Issue 30, finding 4: a replica killed between recording a new run and appending its
+/// `run_accepted` leaves neither: the insert and its record commit in one transaction. The
+/// append is held (a trigger waits on a lock the test holds) and the replica is SIGKILLed while
+/// it waits. The client resends to the other replica: the run is accepted there, runs once,
+/// and its trail is `run_accepted`, `run_start`, `run_end`.
+#[test]
+fn a_replica_killed_between_insert_and_audit_leaves_neither() {
+    const HOLD: i64 = 4244;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pg) = Pg::start() else { return };
+    let (d_a, d_b, d_w) = (tempdir(), tempdir(), tempdir());
+    let marker = marker_for(&d_a, "acc");
+    let (mut a_node, api_a) = api(d_a.path(), &pg, &config_node(&marker, "api-a"));
+    let (_b_node, api_b) = api(d_b.path(), &pg, &config_node(&marker, "api-b"));
+    let _w = worker(d_w.path(), &pg, &config_node(&marker, "w"), "w1");
+    pg.hold_audit_insert("hold_acc", "run_accepted", "acc-1", HOLD);
+    let lock = pg.hold_advisory_lock(HOLD);
+    let body = json!({"request_id": "acc-1", "task": "sleeper", "inputs": [], "args": ["0"]});
+    let (http, u, b2) = (
+        api_a.http.clone(),
+        api_a.url("/v1/runs?wait=false"),
+        body.clone(),
+    );
+    let call = std::thread::spawn(move || {
+        let _ = http.post(u).bearer_auth(ALICE).json(&b2).send();
+    });
+    pg.wait_advisory_waiter(HOLD, "api-a's run_accepted", || true);
+    a_node.kill(); // SIGKILL while its append waits
+    drop(lock);
+    let _ = call.join();
+    // The killed replica's session ends once its held insert is through.
+    std::thread::sleep(Duration::from_secs(2));
+    let seen = (
+        pg.psql("SELECT count(*) FROM runs WHERE request_id = 'acc-1'"),
+        pg.audited("run_accepted", "acc-1"),
+    );
+    assert!(
+        seen == ("0".into(), "0".into()) || seen == ("1".into(), "1".into()),
+        "(runs, run_accepted records) = {seen:?}: a run was recorded without its run_accepted"
+    );
+    assert_eq!(api_b.run(ALICE, &body, "?wait=false").status(), 202);
+    assert_eq!(wait_final(&api_b, "acc-1")["status"], "ok");
+    for ev in ["run_accepted", "run_start", "run_end"] {
+        assert_eq!(pg.audited(ev, "acc-1"), "1", "{ev}");
+    }
+}

@@ -1225,19 +1225,23 @@ pub struct ClusterGauges {
 impl PgStore {
     /// Records a new queued run with what an executor needs to run it (`spec`) and the labels
     /// an executor must have, unless one with its (tenant, request_id) exists (atomically, as
-    /// [`Store::insert_run`]).
+    /// [`Store::insert_run`]), with its `accepted` record (`run_accepted`) in the same
+    /// transaction: a node killed in between leaves neither, never a run the chain does not
+    /// account for. A conflict appends nothing.
     pub async fn enqueue(
         &self,
         row: RunRow,
         spec: &JobSpec,
         labels: &[String],
+        accepted: &Event,
     ) -> Result<Insert, StoreError> {
         let spec = serde_json::to_string(spec)
             .map_err(|e| StoreError::Database(format!("encoding a run's spec: {e}")))?;
         let labels = labels.to_vec();
-        let c = self.client().await?;
+        let mut c = self.client().await?;
+        let tx = read_committed(&mut c).await?;
         let status = row.status.as_str();
-        let n = c
+        let n = tx
             .execute(
                 &format!("INSERT INTO runs ({RUN_COLS}, node_id, spec, labels) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25)
                  ON CONFLICT (tenant, request_id) DO NOTHING"),
@@ -1252,6 +1256,10 @@ impl PgStore {
             )
             .await
             .map_err(pg_err)?;
+        if n == 1 {
+            append_audit_in(&tx, &self.node, accepted).await?;
+        }
+        tx.commit().await.map_err(pg_err)?;
         drop(c);
         if n == 1 {
             return Ok(Insert::Inserted);

@@ -786,8 +786,15 @@ async fn enqueue(
             inputs: admitted.inputs,
             code: admitted.code,
         };
+        // The run and its `run_accepted` commit together.
+        let accepted = Event {
+            event: "run_accepted",
+            decision: Some("allow"),
+            job_id: Some(row.job_id.clone()),
+            ..ev.clone()
+        };
         queue
-            .enqueue(row.clone(), &spec, &admitted.task.labels)
+            .enqueue(row.clone(), &spec, &admitted.task.labels, &accepted)
             .await?
     };
     if let Insert::Exists(existing) = inserted {
@@ -802,15 +809,6 @@ async fn enqueue(
         )
         .await;
     }
-    state
-        .store()
-        .audit(Event {
-            event: "run_accepted",
-            decision: Some("allow"),
-            job_id: Some(row.job_id.clone()),
-            ..ev
-        })
-        .await;
     if wait {
         wait_for(state, &row.tenant, &row.request_id, cancel.as_ref()).await
     } else {
