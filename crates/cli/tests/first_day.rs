@@ -286,3 +286,88 @@ fn a_printing_command_whose_reader_left_exits_141_and_a_lost_stderr_changes_noth
     assert_eq!(s.code, Some(0));
     assert!(s.other.contains("\"$schema\""), "{}", s.other);
 }
+
+/// Runs `agentjail ARGS` in `dir` with `HOME` there and no data settings of the caller.
+fn agentjail_in(dir: &Path, args: &[&str]) -> common::Out {
+    Command::new(bin())
+        .args(args)
+        .current_dir(dir)
+        .env("HOME", dir)
+        .env_remove("XDG_DATA_HOME")
+        .env_remove("AGENTJAIL_IMAGE_STORE")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+        .into()
+}
+
+/// Every file and folder below `dir`, for "nothing was created".
+fn tree(dir: &Path) -> Vec<String> {
+    let mut all = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            all.push(p.strip_prefix(dir).unwrap().display().to_string());
+            if e.file_type().unwrap().is_dir() {
+                todo.push(p);
+            }
+        }
+    }
+    all.sort();
+    all
+}
+
+/// docs/api.md's `receipt pubkey --key PATH` with a path that did not exist created a new
+/// private key there and printed its public half: the next verification failed. Reading a key
+/// never creates one; `--create` does, on purpose.
+#[test]
+fn receipt_pubkey_never_creates_a_key_unless_told_to() {
+    let d = tmp();
+    let missing = d.path().join("home/.local/share/agentjail/server/private/receipt-key.pem");
+    for args in [
+        &[
+            "receipt",
+            "pubkey",
+            "--key",
+            "home/.local/share/agentjail/server/private/receipt-key.pem",
+        ][..],
+        &["receipt", "pubkey"],
+    ] {
+        let o = agentjail_in(d.path(), args);
+        assert_eq!(o.code, 125, "{args:?}: {}", o.dump());
+        assert_eq!(o.stdout, "", "{args:?}: {}", o.dump());
+        assert_eq!(o.stderr.lines().count(), 1, "{args:?}: {}", o.dump());
+        let path = if args.len() > 2 {
+            missing.clone()
+        } else {
+            d.path().join(".local/share/agentjail/receipt-key.pem")
+        };
+        assert!(
+            o.stderr.starts_with("agentjail: error: no receipt key at ")
+                && o.stderr.contains(&path.display().to_string())
+                && o.stderr.contains("--create"),
+            "{args:?}: {}",
+            o.dump()
+        );
+        assert_eq!(tree(d.path()), Vec::<String>::new(), "{args:?} created files");
+    }
+    // On purpose: created 0600 (folders 0700), printed; then read, the same key.
+    let o = agentjail_in(
+        d.path(),
+        &["receipt", "pubkey", "--create", "--key", "keys/k.pem"],
+    );
+    assert_eq!(o.code, 0, "{}", o.dump());
+    assert!(o.stdout.starts_with("-----BEGIN PUBLIC KEY-----"), "{}", o.dump());
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &str| std::fs::metadata(d.path().join(p)).unwrap().permissions().mode() & 0o777;
+    assert_eq!((mode("keys/k.pem"), mode("keys")), (0o600, 0o700));
+    let again = agentjail_in(d.path(), &["receipt", "pubkey", "--key", "keys/k.pem"]);
+    assert_eq!((again.code, &again.stdout), (0, &o.stdout), "{}", again.dump());
+    // `--create` with a key already there reads it.
+    let third = agentjail_in(
+        d.path(),
+        &["receipt", "pubkey", "--create", "--key", "keys/k.pem"],
+    );
+    assert_eq!((third.code, &third.stdout), (0, &o.stdout), "{}", third.dump());
+}

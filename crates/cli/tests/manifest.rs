@@ -1279,6 +1279,15 @@ fn a_flipped_byte_in_the_artifact_is_detected() {
 #[test]
 fn a_receipt_checked_against_another_key_fails() {
     let g = GoodRun::new();
+    // Another key, made on purpose (`receipt pubkey` alone never makes one).
+    let made = agentjail(&[
+        "receipt",
+        "pubkey",
+        "--create",
+        "--key",
+        g.path("other-key.pem").to_str().unwrap(),
+    ]);
+    assert_eq!(made.code, 0, "{}", made.dump());
     let other = pubkey_of(&g.path("other-key.pem"), &g.path("other-pub.pem"));
     assert_ne!(
         std::fs::read(&other).unwrap(),

@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
-/// A signing key and its public half in `dir`.
+/// A signing key (made here) and its public half in `dir`.
 struct Keys {
     key: PathBuf,
     pubkey: PathBuf,
@@ -27,7 +27,7 @@ fn keys(dir: &Path) -> Keys {
     let key = dir.join("key.pem");
     let pubkey = dir.join("pub.pem");
     let out = Command::new(bin())
-        .args(["receipt", "pubkey", "--key"])
+        .args(["receipt", "pubkey", "--create", "--key"])
         .arg(&key)
         .output()
         .unwrap();

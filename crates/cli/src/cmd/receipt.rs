@@ -1,5 +1,5 @@
 //! `agentjail receipt`: verify signed run receipts and self-test attestations, or print the
-//! receipt public key.
+//! receipt public key (of an existing key: `--create` to make one).
 //!
 //! A self-test attestation is authentic whatever it found; `verify` also reads its claim
 //! (`agentjail_verify::selftest`) and exits 0 only for PASSED (the whole corpus of its tiers,
@@ -32,10 +32,17 @@ pub enum ReceiptCmd {
         #[arg(long)]
         accept_degraded: bool,
     },
-    /// Print the public key of the receipt signing key (created if absent).
+    /// Print the public key of a receipt signing key. Reading a key never creates one: exit 0
+    /// printed, 125 when there is no key at that path (nothing is created) or it cannot be
+    /// read. `run --receipt` and `selftest --receipt` create the key they sign with; so does
+    /// `--create`.
     Pubkey {
+        /// The private key (PEM) [default: $XDG_DATA_HOME/agentjail/receipt-key.pem].
         #[arg(long, value_name = "FILE")]
         key: Option<PathBuf>,
+        /// Create the key (mode 0600, missing folders 0700) when there is none at that path.
+        #[arg(long)]
+        create: bool,
     },
 }
 
@@ -56,14 +63,34 @@ pub fn dispatch(c: ReceiptCmd) -> Result<u8, String> {
                 degraded: accept_degraded,
             },
         ),
-        ReceiptCmd::Pubkey { key } => {
-            let path = key.unwrap_or_else(agentjail_verify::receipt::default_key_path);
-            let k = agentjail_verify::receipt::ReceiptKey::load_or_create(&path)
-                .map_err(|e| e.to_string())?;
-            out!("{}", k.public_key_pem());
-            Ok(0)
+        ReceiptCmd::Pubkey { key, create } => pubkey(key, create),
+    }
+}
+
+/// `receipt pubkey`: prints the public half of the key at `key` (default: the user's), which
+/// must exist unless `create`. A mistyped or not-yet-made path (docs/api.md names the service's
+/// key) must not become a fresh key whose receipts nobody can verify.
+fn pubkey(key: Option<PathBuf>, create: bool) -> Result<u8, String> {
+    use agentjail_verify::receipt::{ReceiptKey, default_key_path};
+    let path = key.unwrap_or_else(default_key_path);
+    let k = if create {
+        ReceiptKey::load_or_create(&path)
+    } else {
+        match std::fs::symlink_metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let shown = std::path::absolute(&path).unwrap_or_else(|_| path.clone());
+                return Err(format!(
+                    "no receipt key at {} (nothing was created); check the path, or make a new key on purpose: agentjail receipt pubkey --create --key {}",
+                    shown.display(),
+                    path.display()
+                ));
+            }
+            _ => ReceiptKey::load(&path),
         }
     }
+    .map_err(|e| e.to_string())?;
+    out!("{}", k.public_key_pem());
+    Ok(0)
 }
 
 /// Exit status of `receipt verify` for an authentic self-test attestation that is FAILED.
