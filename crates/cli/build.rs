@@ -29,7 +29,7 @@ fn main() {
     let (commit, date) = match from_env("AGENTJAIL_BUILD_COMMIT") {
         Some(c) => (Some(short(&c)), from_env("AGENTJAIL_BUILD_DATE")),
         None => match git_commit(&manifest_dir) {
-            Some((c, d)) => (Some(c), Some(d)),
+            Some((c, d)) => (Some(c), d),
             None => (None, source_date_epoch()),
         },
     };
@@ -53,57 +53,107 @@ fn short(c: &str) -> String {
     c.trim().chars().take(7).collect()
 }
 
-/// Runs git in `dir`; its trimmed stdout when it succeeds.
-fn git(dir: &Path, args: &[&str]) -> Option<String> {
+/// Runs git in `dir`; its trimmed stdout when it succeeds, else what went wrong.
+fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
     let out = Command::new("git")
         .arg("-C")
         .arg(dir)
         .args(args)
         .output()
-        .ok()?;
+        .map_err(|e| format!("git: {e}"))?;
     if !out.status.success() {
-        return None;
+        return Err(format!(
+            "git {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
     }
-    let s = String::from_utf8(out.stdout).ok()?;
-    Some(s.trim().to_string())
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// HEAD's short id and commit date (YYYY-MM-DD), when `manifest_dir` is inside a git checkout
-/// whose top level is this workspace (crates/cli/../..): a tarball unpacked inside some other
+/// HEAD's short id and, when git answers, its commit date (YYYY-MM-DD); `None` when this
+/// workspace (crates/cli/../..) has no `.git` of its own: a tarball unpacked inside some other
 /// repository must not borrow that repository's commit. Asks cargo to rerun this script when
-/// HEAD moves.
-fn git_commit(manifest_dir: &Path) -> Option<(String, String)> {
+/// HEAD moves, whether or not git answered this time (the files are read directly), so that a
+/// failure of git is never stuck in the build.
+fn git_commit(manifest_dir: &Path) -> Option<(String, Option<String>)> {
     let workspace = manifest_dir.parent()?.parent()?.canonicalize().ok()?;
-    let top = PathBuf::from(git(manifest_dir, &["rev-parse", "--show-toplevel"])?);
-    if top.canonicalize().ok()? != workspace {
-        return None;
-    }
-    let line = git(manifest_dir, &["log", "-1", "--format=%h %cs", "--abbrev=7", "HEAD"])?;
-    let (c, d) = line.split_once(' ')?;
-    // HEAD, the branch it names, and packed-refs: the files that change when HEAD moves. A path
-    // that does not exist is not named (cargo would rerun the script on every build).
-    let mut watch = vec!["HEAD".to_string(), "packed-refs".to_string()];
-    if let Some(r) = git(manifest_dir, &["symbolic-ref", "-q", "HEAD"]) {
-        watch.push(r);
-    }
-    for w in watch {
-        if let Some(p) = git(manifest_dir, &["rev-parse", "--git-path", &w]) {
-            let p = if Path::new(&p).is_absolute() {
-                PathBuf::from(p)
-            } else {
-                manifest_dir.join(p)
-            };
-            if p.exists() {
-                println!("cargo:rerun-if-changed={}", p.display());
-            }
+    let gitdir = git_dir(&workspace)?;
+    let head = std::fs::read_to_string(gitdir.join("HEAD")).ok()?;
+    let head = head.trim();
+    println!("cargo:rerun-if-changed={}", gitdir.join("HEAD").display());
+    // A worktree keeps its branches in the common folder.
+    let common = std::fs::read_to_string(gitdir.join("commondir"))
+        .ok()
+        .map(|c| gitdir.join(c.trim()))
+        .unwrap_or_else(|| gitdir.clone());
+    let branch = head.strip_prefix("ref: ").map(str::trim);
+    for p in [
+        branch.map(|b| common.join(b)),
+        Some(common.join("packed-refs")),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        // A path that does not exist is not named: cargo would rerun the script every build.
+        if p.exists() {
+            println!("cargo:rerun-if-changed={}", p.display());
         }
     }
-    Some((short(c), d.to_string()))
+    match git(
+        &workspace,
+        &["log", "-1", "--format=%h %cs", "--abbrev=7", "HEAD"],
+    ) {
+        Ok(line) => {
+            let (c, d) = line.split_once(' ')?;
+            Some((short(c), Some(d.to_string())))
+        }
+        Err(e) => {
+            // The id from the files; the date needs git.
+            println!("cargo:warning=agentjail --version: {e}; reading HEAD from .git");
+            let id = match branch {
+                None => head.to_string(),
+                Some(b) => std::fs::read_to_string(common.join(b))
+                    .ok()
+                    .map(|s| s.trim().to_string())
+                    .or_else(|| {
+                        let packed = std::fs::read_to_string(common.join("packed-refs")).ok()?;
+                        packed.lines().find_map(|l| {
+                            let (id, name) = l.split_once(' ')?;
+                            (name == b).then(|| id.to_string())
+                        })
+                    })?,
+            };
+            id.bytes()
+                .all(|c| c.is_ascii_hexdigit())
+                .then(|| (short(&id), None))
+        }
+    }
+}
+
+/// The git folder of `workspace`: `.git` itself, or the folder a `.git` file names
+/// (`gitdir: …`, a worktree or submodule).
+fn git_dir(workspace: &Path) -> Option<PathBuf> {
+    let dot = workspace.join(".git");
+    if dot.is_dir() {
+        return Some(dot);
+    }
+    let text = std::fs::read_to_string(&dot).ok()?;
+    let d = PathBuf::from(text.trim().strip_prefix("gitdir:")?.trim());
+    Some(if d.is_absolute() {
+        d
+    } else {
+        workspace.join(d)
+    })
 }
 
 /// `SOURCE_DATE_EPOCH` (seconds since 1970) as a UTC date, YYYY-MM-DD.
 fn source_date_epoch() -> Option<String> {
-    let secs: i64 = std::env::var("SOURCE_DATE_EPOCH").ok()?.trim().parse().ok()?;
+    let secs: i64 = std::env::var("SOURCE_DATE_EPOCH")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
     let days = secs.div_euclid(86_400);
     let (y, m, d) = civil_from_days(days);
     Some(format!("{y:04}-{m:02}-{d:02}"))
