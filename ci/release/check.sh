@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# ci/release/check.sh OUTDIR: tests the release artifacts that ci/release/build.sh wrote, as a
+# user gets them (docs/release.md). Any failure exits non-zero; nothing is skipped.
+#
+#  1. SHA256SUMS checks; the binary is static and `--version` names the commit it was built from.
+#  2. The provenance verifies (verify-provenance.py, the shipped verifier, and securesystemslib,
+#     the DSSE library of the in-toto tools), covers the binary, SBOM, .deb and OCI layout, and
+#     is refused for a changed binary and for another key.
+#  3. The SBOM is CycloneDX JSON describing agentjail at this version with its dependencies.
+#  4. The OCI layout imports with `agentjail image import` (every blob checked against its
+#     digest) and holds the binary and nothing else.
+#  5. The .deb installs with dpkg into a clean Debian 12 root made by mmdebstrap (no Rust in
+#     it), which then runs `agentjail check`, `agentjail demo` and `agentjail selftest --tier
+#     native` with the installed binary; purging it removes the user and the data directory.
+set -euo pipefail
+[ $# -eq 1 ] || { echo "usage: $0 OUTDIR" >&2; exit 2; }
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(git -C "$here" rev-parse --show-toplevel)"
+out="$(realpath "$1")"
+step() { echo "=== release check: $1 (${SECONDS}s) ===" >&2; }
+fail() { echo "FAIL: $*" >&2; exit 1; }
+work="$(mktemp -d /var/tmp/agentjail-release-check.XXXXXX)"
+root=""
+cleanup() {
+  # The root's mounts live in their own mount namespace (unshare below) and are gone with it.
+  rm -rf "$work"
+}
+trap cleanup EXIT
+cd "$out"
+bin="$out/agentjail-x86_64-linux-musl"
+deb="$(ls agentjail_*_amd64.deb)"
+
+step "SHA256SUMS, static binary, --version"
+sha256sum --quiet -c SHA256SUMS || fail "SHA256SUMS does not check"
+for f in agentjail-x86_64-linux-musl "$deb" agentjail.cdx.json agentjail-oci-layout.tar \
+  agentjail.provenance.json release-signing-key.pub verify-provenance.py; do
+  grep -q "  $f\$" SHA256SUMS || fail "SHA256SUMS does not list $f"
+done
+if readelf -lW "$bin" | grep -q 'program interpreter' || readelf -dW "$bin" | grep -q '(NEEDED)'; then
+  fail "$bin is not static: $(readelf -dW "$bin" | grep NEEDED)"
+fi
+"$bin" --version | tee "$work/version" >&2
+version="$(awk '{print $2}' "$work/version")"
+commit="$(python3 - <<'EOF'
+import base64, json
+st = json.loads(base64.b64decode(json.load(open("agentjail.provenance.json"))["payload"]))
+print(st["predicate"]["buildDefinition"]["externalParameters"]["commit"])
+EOF
+)"
+grep -qE "^agentjail $version \(commit ${commit:0:7}, [0-9]{4}-[0-9]{2}-[0-9]{2}, x86_64-unknown-linux-musl\)\$" \
+  "$work/version" || fail "--version does not name commit ${commit:0:7} and the musl target"
+git -C "$repo" cat-file -e "$commit^{commit}" || fail "the provenance's commit $commit is not in this repository"
+
+step "provenance"
+python3 verify-provenance.py --pubkey release-signing-key.pub agentjail.provenance.json \
+  agentjail-x86_64-linux-musl agentjail.cdx.json "$deb" agentjail-oci-layout.tar \
+  || fail "the provenance does not verify"
+cp "$bin" "$work/agentjail-x86_64-linux-musl" && printf 'x' >> "$work/agentjail-x86_64-linux-musl"
+if python3 verify-provenance.py --pubkey release-signing-key.pub agentjail.provenance.json \
+  "$work/agentjail-x86_64-linux-musl" 2>"$work/err"; then
+  fail "the provenance verified a changed binary"
+fi
+grep -q "does not match" "$work/err" || fail "a changed binary was refused for another reason: $(cat "$work/err")"
+(umask 077 && openssl genpkey -algorithm ed25519 -out "$work/other.pem")
+openssl pkey -in "$work/other.pem" -pubout -out "$work/other.pub"
+if python3 verify-provenance.py --pubkey "$work/other.pub" agentjail.provenance.json 2>"$work/err"; then
+  fail "the provenance verified with another key"
+fi
+# A third-party DSSE implementation (securesystemslib, behind the in-toto tools) agrees.
+python3 - release-signing-key.pub agentjail.provenance.json "$work/other.pub" <<'EOF' || fail "securesystemslib disagrees"
+import hashlib, json, sys
+from cryptography.hazmat.primitives.serialization import load_pem_public_key, Encoding, PublicFormat
+from securesystemslib.dsse import Envelope
+from securesystemslib.signer import SSlibKey
+def key(path):
+    pub = load_pem_public_key(open(path, "rb").read())
+    raw = pub.public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return SSlibKey.from_crypto(pub, keyid=hashlib.sha256(raw).hexdigest())
+env = Envelope.from_dict(json.load(open(sys.argv[2])))
+env.verify([key(sys.argv[1])], 1)
+try:
+    env.verify([key(sys.argv[3])], 1)
+except Exception:
+    pass
+else:
+    sys.exit("verified with another key")
+st = json.loads(env.payload)
+assert st["_type"] == "https://in-toto.io/Statement/v1", st["_type"]
+assert st["predicateType"] == "https://slsa.dev/provenance/v1", st["predicateType"]
+print("securesystemslib: provenance verified; subjects", [s["name"] for s in st["subject"]], file=sys.stderr)
+EOF
+
+step "SBOM"
+python3 - agentjail.cdx.json "$version" <<'EOF' || fail "the SBOM is not what it should be"
+import json, sys
+bom = json.load(open(sys.argv[1]))
+assert bom["bomFormat"] == "CycloneDX", bom.get("bomFormat")
+assert bom["specVersion"] == "1.5", bom.get("specVersion")
+comp = bom["metadata"]["component"]
+assert comp["name"] == "agentjail" and comp["version"] == sys.argv[2], comp
+names = {c["name"] for c in bom.get("components", [])}
+for dep in ("agentjail-engine", "agentjail-verify", "ed25519-dalek", "rustls", "rusqlite", "clap"):
+    assert dep in names, "%s is not a component" % dep
+assert all(c.get("purl", "").startswith("pkg:cargo/") for c in bom["components"]), "a component without a cargo purl"
+print("SBOM: CycloneDX %s, %d components" % (bom["specVersion"], len(names)), file=sys.stderr)
+EOF
+
+step "OCI image layout"
+digest="$("$bin" image import --store "$work/store" agentjail-oci-layout.tar)"
+echo "$digest" | grep -qE '^sha256:[0-9a-f]{64}$' || fail "image import printed $digest"
+[ "$(python3 -c 'import json,sys; print(json.load(sys.stdin)["manifests"][0]["digest"])' \
+  < <(tar -xOf agentjail-oci-layout.tar index.json))" = "$digest" ] \
+  || fail "the imported digest is not the layout's manifest digest"
+"$bin" image verify --store "$work/store" "$digest" >/dev/null || fail "image verify $digest"
+files="$(cd "$work/store/images/${digest#sha256:}/rootfs" && find . -type f)"
+[ "$files" = "./usr/local/bin/agentjail" ] || fail "the image holds more than the binary: $files"
+cmp "$work/store/images/${digest#sha256:}/rootfs/usr/local/bin/agentjail" "$bin" \
+  || fail "the image's binary is not the release binary"
+
+step "Debian package: clean Debian 12 root (mmdebstrap, cached)"
+dpkg-deb -c "$deb" > "$work/contents"
+for p in ./usr/bin/agentjail ./usr/share/man/man1/agentjail.1.gz ./usr/share/man/man1/agentjail-run.1.gz \
+  ./usr/share/bash-completion/completions/agentjail ./usr/share/zsh/vendor-completions/_agentjail \
+  ./usr/share/fish/vendor_completions.d/agentjail.fish ./etc/apparmor.d/agentjail \
+  ./etc/agentjail/config.toml ./usr/lib/systemd/system/agentjail.service; do
+  grep -q " $p\$" "$work/contents" || fail "the .deb has no $p"
+done
+dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles | grep -qx /etc/agentjail/config.toml \
+  || fail "/etc/agentjail/config.toml is not a conffile"
+tarball="$("$here/debian-root.sh")"
+root="$work/root"
+mkdir "$root"
+tar -xf "$tarball" -C "$root"
+[ ! -e "$root/usr/bin/cargo" ] && [ ! -e "$root/usr/bin/rustc" ] || fail "the Debian root has Rust"
+cp "$deb" "$root/tmp/"
+cat > "$root/tmp/in-root.sh" <<EOF
+#!/bin/sh
+# Runs in the clean root, as root. What a user does after downloading the .deb.
+set -eu
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8
+dpkg -i /tmp/$deb
+command -v agentjail
+agentjail --version
+id agentjail
+[ "\$(stat -c '%U %a' /var/lib/agentjail)" = "agentjail 700" ]
+[ -s /usr/share/man/man1/agentjail-serve.1.gz ]
+grep -q '^Delegate=yes' /usr/lib/systemd/system/agentjail.service
+grep -q '^User=agentjail' /usr/lib/systemd/system/agentjail.service
+agentjail check
+agentjail demo
+agentjail selftest --tier native
+dpkg --purge agentjail
+if id agentjail 2>/dev/null; then echo "purge left the user" >&2; exit 1; fi
+test ! -e /var/lib/agentjail
+test ! -e /usr/bin/agentjail
+echo "in-root: all passed"
+EOF
+chmod 755 "$root/tmp/in-root.sh"
+# Not a chroot: the kernel refuses to create a user namespace for a chrooted process (EPERM
+# from clone(CLONE_NEWUSER) when the caller's root is not its mount namespace's root), so
+# agentjail's sandbox cannot be built under chroot(8) at all. The nearest honest equivalent:
+# a private mount and PID namespace (gone, with every mount, when it ends) in which the root is
+# bound onto itself, given its own /proc and the host's /sys (cgroups) and /dev, and made the
+# namespace's root with pivot_root; the host's tree is then detached. Processes see only the
+# clean root's files; the kernel, cgroups and network are the host's.
+step "Debian package: dpkg -i, check, demo, selftest --tier native, purge (in the root)"
+unshare --mount --pid --fork --propagation private sh -euc '
+  root=$1
+  mount --bind "$root" "$root"
+  mount -t proc proc "$root/proc"
+  mount --rbind /sys "$root/sys"
+  mount --rbind /dev "$root/dev"
+  cd "$root"
+  mkdir -p .host
+  pivot_root . .host
+  cd /
+  umount -l /.host
+  rmdir /.host
+  exec /usr/bin/env -i /tmp/in-root.sh
+' sh "$root" 2>&1 | tee "$work/in-root.log" >&2
+grep -q '^in-root: all passed$' "$work/in-root.log" || fail "the .deb's test in the clean root failed (log above)"
+cmp "$bin" <(dpkg-deb --fsys-tarfile "$deb" | tar -xO ./usr/bin/agentjail) \
+  || fail "the .deb's binary is not the release binary"
+step "all passed"
