@@ -5,12 +5,14 @@
 //! The credentialed path too: the path rule of a credentialed host (`unambiguous_path`: a
 //! path it admits means the same after any number of percent-decodings), and the masking of
 //! an echoed secret in a body that arrives in chunks (`BodyMasker`: same length out, no copy
-//! left, wherever the chunks are cut). (The HTTP framing itself is hyper's.)
+//! left, wherever the chunks are cut), and the search for a request smuggled in a request
+//! body (`SmuggleScanner`: the same verdict wherever the chunks are cut, and a body it passes
+//! comes out unchanged). (The HTTP framing itself is hyper's.)
 #![no_main]
 
 use std::net::{IpAddr, Ipv6Addr};
 
-use agentjail_egress::credential::{BodyMasker, Needles, unambiguous_path};
+use agentjail_egress::credential::{BodyMasker, Needles, SmuggleScanner, unambiguous_path};
 use agentjail_egress::host::{parse_authority, parse_host};
 use agentjail_egress::{compile_policy, redirect_target};
 use agentjail_manifest::{AllowRule, EgressPolicy};
@@ -117,5 +119,43 @@ fn credentialed(secret: &str, path: &str, data: &[u8]) {
         needles.mask(&mut again),
         0,
         "a copy of the secret was left in the body"
+    );
+
+    let mut sc = SmuggleScanner::default();
+    let mut passed = Vec::new();
+    let mut refused = false;
+    let mut rest = data;
+    let mut cuts = data.iter().rev().cycle();
+    while !rest.is_empty() {
+        let n = (usize::from(*cuts.next().unwrap_or(&1)) % 23)
+            .max(1)
+            .min(rest.len());
+        let (chunk, tail) = rest.split_at(n);
+        match sc.push(chunk) {
+            Ok(b) => passed.extend(b),
+            Err(_) => {
+                refused = true;
+                break;
+            }
+        }
+        rest = tail;
+    }
+    if !refused {
+        match sc.finish() {
+            Ok(b) => {
+                passed.extend(b);
+                assert_eq!(passed, data, "a body that passed came out changed");
+            }
+            Err(_) => refused = true,
+        }
+    }
+    let mut one = SmuggleScanner::default();
+    let whole = match one.push(data) {
+        Ok(_) => one.finish().is_err(),
+        Err(_) => true,
+    };
+    assert_eq!(
+        refused, whole,
+        "the verdict depends on where the chunks are cut"
     );
 }

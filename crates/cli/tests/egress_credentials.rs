@@ -736,6 +736,10 @@ class H(http.server.BaseHTTPRequestHandler):
         elif p.endswith("/gzip"):
             body = gzip.compress(("zipped: " + a).encode())
             extra.append(("Content-Encoding", "gzip"))
+        elif p.endswith("/coding"):
+            extra.append(("Content-Encoding", "x-" + tok))
+        elif p.endswith("/reflect"):
+            extra.append(("X-Request-Id", self.headers.get("X-Request-Id") or ""))
         self.send_response(200, reason)
         for k, v in extra:
             self.send_header(k, v)
@@ -835,7 +839,46 @@ fn logged(dir: &Path) -> Vec<Logged> {
 /// so the script itself never holds it; a planted control proves the search finds what is
 /// there.
 const ATTACK_PROBE: &str = r#"/usr/bin/python3 - <<'PY'
-import gzip, os, socket, ssl, zlib
+HELPERS
+# Finding 1: a smuggled request in a GET body on a pooled upstream connection, then a
+# credentialed request on the same client connection.
+case("DESYNC_ECHO", req(b"GET", b"/v2/innocent", smuggle) + req(b"POST", b"/v1/anything", b"x" * 300), n=2)
+case("DESYNC_ADMIN", req(b"GET", b"/v2/innocent", admin) + req(b"POST", b"/v1/anything", b"x" * 300), n=2)
+# The same through a POST body (allowed): the credentialed request must not follow it on
+# that upstream connection.
+case("DESYNC_POST", req(b"POST", b"/v2/innocent", smuggle) + req(b"POST", b"/v1/anything", b"x" * 300), n=2)
+case("DESYNC_POST_ADMIN", req(b"POST", b"/v2/innocent", admin) + req(b"GET", b"/v1/data"), n=2)
+# Finding 2: encoded path segments under /v1/.
+for i, p in enumerate([b"/v1/..%2Fadmin", b"/v1/%2e%2e%2fadmin", b"/v1/%2E%2E%2Fadmin",
+        b"/v1/..%2F..%2Fadmin", b"/v1/..;/admin", b"/v1/x/..;/..;/admin", b"/v1/%252e%252e/admin",
+        b"/v1/%c0%ae%c0%ae/admin", b"/v1/%u002e%u002e/admin", b"/v1/..%00/admin", b"/v1/..%3Badmin",
+        "/v1/\uff0e\uff0e/admin".encode()]):
+    case("PATH%d" % i, req(b"GET", p))
+# Finding 3: methods that echo or are not meant to carry the credential.
+for m in (b"TRACE", b"TRACK", b"PROPFIND"):
+    case("METHOD_" + m.decode(), req(m, b"/v1/x"))
+# Finding 4: the upstream echoes the credential back.
+for p in ("reason", "bare", "hname", "lower", "split", "anything", "chunked", "gzip"):
+    case("ECHO_" + p.upper(), req(b"GET", b"/v1/" + p.encode()))
+case("ECHO_CODING", req(b"GET", b"/v1/coding"))
+# Removing what holds a mere piece of the token would be an oracle: a header the upstream
+# reflects from the request (a request id) comes back whatever piece of the token it holds.
+r, _ = exchange(req(b"GET", b"/v2/reflect", extra=b"X-Request-Id: xx-agentjail-test-xx\r\n"))
+print("REFLECT_PIECE", "KEPT" if b"x-request-id: xx-agentjail-test-xx" in r.lower() else "REMOVED", flush=True)
+# A path that gets no credential may be encoded as its API wants (GitLab's group%2Fproject).
+case("ENCODED_V2", req(b"GET", b"/v2/projects/group%2Fproject"))
+# Finding 5: another allowed port of the credentialed host.
+case("PORT_8443", req(b"GET", b"/v1/data"), port=8443)
+# Controls: a credentialed request works, and the search finds a planted copy.
+case("CONTROL_V1", req(b"GET", b"/v1/data"))
+print("CONTROL_SEARCH", "SECRET_SEEN" if S in (b"x" + S.upper() + b"x").lower() else "NOT_SEEN", flush=True)
+PY
+"#;
+
+/// The Python of [`ATTACK_PROBE`] (and of the service's task): raw HTTP/1.1 inside TLS
+/// through the gateway, each exchange's bytes searched for the secret.
+const ATTACK_HELPERS: &str = r#"
+import gzip, os, socket, ssl
 S = ("sk-agentjail" + "-test-s3cret").lower().encode()
 ph, pp = os.environ["https_proxy"].split("//")[-1].strip("/").rsplit(":", 1)
 def conn(port=443):
@@ -887,7 +930,7 @@ def read_resp(f):
         except Exception:
             pass
     return head, body
-def case(name, raw, port=443, n=1):
+def exchange(raw, port=443, n=1):
     got, codes = b"", []
     try:
         t = conn(port)
@@ -902,39 +945,16 @@ def case(name, raw, port=443, n=1):
             codes.append(r[0].split(b" ")[1].decode())
     except Exception as e:
         codes.append("ERR:" + type(e).__name__)
+    return got, codes
+def case(name, raw, port=443, n=1):
+    got, codes = exchange(raw, port, n)
     print(name, "SECRET_SEEN" if S in got.lower() else "NOT_SEEN", ",".join(codes), flush=True)
 H = b"Host: api.test\r\n"
 def req(method, path, body=b"", extra=b""):
     cl = b"Content-Length: %d\r\n" % len(body) if body or method in (b"POST", b"PUT") else b""
     return method + b" " + path + b" HTTP/1.1\r\n" + H + cl + extra + b"\r\n" + body
-# Finding 1: a smuggled request in a GET body on a pooled upstream connection, then a
-# credentialed request on the same client connection.
 smuggle = b"POST /v2/echo HTTP/1.1\r\nHost: api.test:443\r\nContent-Length: 260\r\n\r\n"
-case("DESYNC_ECHO", req(b"GET", b"/v2/innocent", smuggle) + req(b"POST", b"/v1/anything", b"x" * 300), n=2)
 admin = b"GET /admin/delete-everything HTTP/1.1\r\nX-Ignore: "
-case("DESYNC_ADMIN", req(b"GET", b"/v2/innocent", admin) + req(b"POST", b"/v1/anything", b"x" * 300), n=2)
-# The same through a POST body (allowed): the credentialed request must not follow it on
-# that upstream connection.
-case("DESYNC_POST", req(b"POST", b"/v2/innocent", smuggle) + req(b"POST", b"/v1/anything", b"x" * 300), n=2)
-case("DESYNC_POST_ADMIN", req(b"POST", b"/v2/innocent", admin) + req(b"GET", b"/v1/data"), n=2)
-# Finding 2: encoded path segments under /v1/.
-for i, p in enumerate([b"/v1/..%2Fadmin", b"/v1/%2e%2e%2fadmin", b"/v1/%2E%2E%2Fadmin",
-        b"/v1/..%2F..%2Fadmin", b"/v1/..;/admin", b"/v1/x/..;/..;/admin", b"/v1/%252e%252e/admin",
-        b"/v1/%c0%ae%c0%ae/admin", b"/v1/%u002e%u002e/admin", b"/v1/..%00/admin", b"/v1/..%3Badmin",
-        "/v1/\uff0e\uff0e/admin".encode()]):
-    case("PATH%d" % i, req(b"GET", p))
-# Finding 3: methods that echo or are not meant to carry the credential.
-for m in (b"TRACE", b"TRACK", b"PROPFIND"):
-    case("METHOD_" + m.decode(), req(m, b"/v1/x"))
-# Finding 4: the upstream echoes the credential back.
-for p in ("reason", "bare", "hname", "lower", "split", "anything", "chunked", "gzip"):
-    case("ECHO_" + p.upper(), req(b"GET", b"/v1/" + p.encode()))
-# Finding 5: another allowed port of the credentialed host.
-case("PORT_8443", req(b"GET", b"/v1/data"), port=8443)
-# Controls: a credentialed request works, and the search finds a planted copy.
-case("CONTROL_V1", req(b"GET", b"/v1/data"))
-print("CONTROL_SEARCH", "SECRET_SEEN" if S in (b"x" + S.upper() + b"x").lower() else "NOT_SEEN", flush=True)
-PY
 "#;
 
 /// Issue #29, findings 1–5, against the careless upstream: the sandbox tries to get the
@@ -956,7 +976,7 @@ fn credentials_hold_against_a_careless_upstream_and_a_hostile_sandbox() {
             443,
             Some(&secret),
             &work.path().join("ca.pem"),
-            ATTACK_PROBE,
+            &ATTACK_PROBE.replace("HELPERS", ATTACK_HELPERS),
         );
         let log = logged(work.path());
         let ctx = format!(
@@ -989,6 +1009,8 @@ fn credentials_hold_against_a_careless_upstream_and_a_hostile_sandbox() {
             "ECHO_ANYTHING",
             "ECHO_CHUNKED",
             "ECHO_GZIP",
+            "ECHO_CODING",
+            "ENCODED_V2",
             "PORT_8443",
         ] {
             assert_eq!(seen(name), "NOT_SEEN", "{name}: {ctx}");
@@ -1015,8 +1037,20 @@ fn credentials_hold_against_a_careless_upstream_and_a_hostile_sandbox() {
         }
         assert!(o.line("DESYNC_ECHO").starts_with("NOT_SEEN 400"), "{ctx}");
         assert!(o.denied("a request body on GET is refused"), "{ctx}");
-        // The POST body's smuggled request reached the upstream on the POST's connection
-        // (the upstream left it unread), and the credentialed request went on another one.
+        // A POST body that holds a request line is refused before that line leaves (an
+        // upstream that leaves the body unread, or the app behind a front proxy's pooled
+        // connection, would run it); the credentialed request after it goes out as usual.
+        assert!(o.line("DESYNC_POST").starts_with("NOT_SEEN 400"), "{ctx}");
+        assert!(
+            o.line("DESYNC_POST_ADMIN").starts_with("NOT_SEEN 400"),
+            "{ctx}"
+        );
+        assert!(o.denied("rule: no request smuggled in a body"), "{ctx}");
+        assert!(
+            log.iter()
+                .all(|l| l.path != "/v2/echo" && !l.path.contains("admin")),
+            "{ctx}"
+        );
         assert!(
             log.iter()
                 .any(|l| l.path == "/v1/anything" && l.auth == vec![secret.clone()]),
@@ -1053,6 +1087,22 @@ fn credentials_hold_against_a_careless_upstream_and_a_hostile_sandbox() {
             );
         }
         assert!(o.line("ECHO_GZIP").ends_with("502"), "{ctx}");
+        // A refusal built from what the upstream sent (here its Content-Encoding) masks the
+        // secret too.
+        assert!(o.line("ECHO_CODING").ends_with("502"), "{ctx}");
+        // Only whole copies are removed: a reflected piece of the token comes back as sent.
+        assert_eq!(o.line("REFLECT_PIECE"), "KEPT", "{ctx}");
+        // An encoded path that gets no credential is forwarded, without it.
+        assert!(o.line("ENCODED_V2").ends_with("200"), "{ctx}");
+        assert!(
+            log.iter()
+                .any(|l| l.path == "/v2/projects/group%2Fproject" && l.auth.is_empty()),
+            "{ctx}"
+        );
+        assert!(
+            o.report_text.contains("no credential for method PROPFIND"),
+            "{ctx}"
+        );
         assert!(o.denied("content-encoding: gzip"), "{ctx}");
         assert!(
             o.report_text.contains("masked in the response body"),
@@ -1107,9 +1157,12 @@ http {{
   fastcgi_temp_path {d}/nginx-fastcgi;
   uwsgi_temp_path {d}/nginx-uwsgi;
   scgi_temp_path {d}/nginx-scgi;
+  upstream app {{ server 127.0.0.1:9000; keepalive 8; }}
   server {{
     listen 127.0.0.1:443 ssl;
     server_name api.test;
+    location /v1/app/ {{ proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; }}
+    location /v2/app/ {{ proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; }}
     ssl_certificate {d}/leaf.pem;
     ssl_certificate_key {d}/leaf.key;
     location /admin/ {{ return 200 "ADMIN $http_authorization\n"; }}
@@ -1144,8 +1197,35 @@ http {{
     );
 }
 
-/// Issue #29, findings 2 and 4, against nginx: no encoded path reaches another location with
-/// the secret, and nginx's echo (header and body) comes back without it.
+/// The app behind nginx's `/v1/app/` and `/v2/app/` (an upstream pool with keepalive, as
+/// nginx is commonly set up): Python's `http.server`, which answers `*/ping` without reading
+/// the body and returns the body of `*/echo`; it logs path and Authorization.
+const NGINX_APP: &str = r#"
+import http.server, json, sys
+log = sys.argv[1]
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def handle_one(self):
+        with open(log, "a") as f:
+            f.write(json.dumps({"method": self.command, "path": self.path, "auth": self.headers.get_all("Authorization") or []}) + "\n")
+        body = b"app-ok"
+        if self.path.endswith("/echo"):
+            body = b"echo: " + self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    do_GET = do_POST = handle_one
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", 9000), H).serve_forever()
+"#;
+
+/// Issue #29, findings 1, 2 and 4, against nginx: no encoded path reaches another location
+/// with the secret, nginx's echo (header and body) comes back without it, and a request
+/// smuggled in a body to the app behind nginx's pooled upstream connections is refused
+/// before it leaves (the red team's variant of finding 1: the gateway's own connections are
+/// fresh, nginx's to the app are not).
 #[test]
 fn credentials_hold_against_nginx() {
     common::netns::in_netns(&[], || {
@@ -1153,6 +1233,21 @@ fn credentials_hold_against_nginx() {
         let Some(_nginx) = nginx_upstream(work.path()) else {
             return;
         };
+        std::fs::write(work.path().join("app.py"), NGINX_APP).unwrap();
+        let _app = Reap(
+            Command::new("python3")
+                .arg(work.path().join("app.py"))
+                .arg(work.path().join("app.log"))
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        for _ in 0..100 {
+            if std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, 9000)).is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
         let dns_port = dns(names());
         let secret = format!("Bearer {SECRET_PART}-{}", std::process::id());
         let paths = [
@@ -1174,6 +1269,11 @@ fn credentials_hold_against_nginx() {
         script += "echo V1 $(curl -s -m 10 -w ' %{http_code}' https://api.test/v1/data || echo CURL_FAILED)\n";
         script += "curl -s -m 10 -D /tmp/h -o /tmp/b https://api.test/v1/echo\n";
         script += "if cat /tmp/h /tmp/b | grep -qiF \"$S\"; then echo ECHO SECRET_SEEN; elif grep -q '^you sent \\*' /tmp/b; then echo ECHO MASKED; else echo ECHO OTHER $(head -c 200 /tmp/b); fi\n";
+        // The smuggle: a body (to a path without the credential) that is a request of its own
+        // whose body would be the next request on nginx's pooled connection to the app.
+        script += "printf 'POST /v2/app/echo HTTP/1.1\\r\\nHost: app\\r\\nContent-Length: 400\\r\\n\\r\\n' > /tmp/smuggle\n";
+        script += "echo SMUGGLE $(curl -s -m 10 -o /dev/null -w '%{http_code}' --data-binary @/tmp/smuggle https://api.test/v2/app/ping || echo CURL_FAILED)\n";
+        script += "curl -s -m 10 -o /tmp/app https://api.test/v1/app/data; if grep -qiF \"$S\" /tmp/app; then echo APP SECRET_SEEN; else echo APP $(head -c 40 /tmp/app); fi\n";
         let o = run_on(
             work.path(),
             dns_port,
@@ -1202,6 +1302,125 @@ fn credentials_hold_against_nginx() {
         // copy masked at the same length.
         assert_eq!(o.line("ECHO"), "MASKED", "{ctx}");
         assert!(access.contains("\"uri\": \"/v1/echo\""), "{ctx}");
+        // The smuggled request never left the gateway; the credentialed request to the app
+        // got its own answer.
+        let app = std::fs::read_to_string(work.path().join("app.log")).unwrap_or_default();
+        assert_eq!(o.line("SMUGGLE"), "400", "{ctx}\napp saw:\n{app}");
+        assert!(o.denied("rule: no request smuggled in a body"), "{ctx}");
+        assert_eq!(o.line("APP"), "app-ok", "{ctx}\napp saw:\n{app}");
+        assert!(!app.contains("/v2/app/echo"), "{ctx}\napp saw:\n{app}");
+        assert!(
+            app.contains(&format!(
+                "\"path\": \"/v1/app/data\", \"auth\": [\"{secret}\"]"
+            )),
+            "{ctx}\napp saw:\n{app}"
+        );
         assert!(!o.report_text.contains(SECRET_PART), "{ctx}");
+    });
+}
+
+/// Issue #29, finding 1 through `agentjail serve`: the smuggling attacks of
+/// [`ATTACK_PROBE`] run as a task whose verified artifact holds what came back (as the
+/// issue's reproduction did: the operator's secret ended up in the tenant's artifact and the
+/// service's database). Neither the artifact, the data directory nor the service's log holds
+/// the secret; the upstream got it only on the credentialed request's own connection.
+#[test]
+fn smuggling_through_the_service_brings_no_secret_into_the_artifact_or_the_database() {
+    common::netns::in_netns(&[], || {
+        let work = common::tmp();
+        let Some(_upstream) = hostile_upstream(work.path()) else {
+            return;
+        };
+        if Command::new("unshare").arg("--version").output().is_err() {
+            common::skip("unshare(1) is not installed");
+            return;
+        }
+        let hosts = work.path().join("hosts");
+        std::fs::write(&hosts, "127.0.0.1 localhost api.test\n").unwrap();
+        std::fs::set_permissions(&hosts, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let script = format!(
+            "{ATTACK_HELPERS}\nimport base64, json\nout = {{}}\n\
+             for name, raw in ((\"get\", req(b\"GET\", b\"/v2/innocent\", smuggle)), (\"post\", req(b\"POST\", b\"/v2/innocent\", smuggle))):\n\
+             \x20   got, codes = exchange(raw + req(b\"POST\", b\"/v1/anything\", b\"x\" * 300), n=2)\n\
+             \x20   out[name] = {{\"codes\": codes, \"text\": got.decode(\"latin-1\")}}\n\
+             json.dump(out, open(\"/output/o.json\", \"w\"))\n"
+        );
+        assert!(
+            !script.contains("'''"),
+            "the script goes into a TOML literal string"
+        );
+        let alice = "tok-alice-smuggle-5c1e";
+        let cfg = format!(
+            r#"
+[tenants.acme]
+{actor}
+[tasks.smuggle]
+description = "Calls an API whose key the service holds"
+code = "forbidden"
+command = ["/usr/bin/python3", "-c", '''{script}''']
+allowed_tenants = ["acme"]
+network = {{ allow = [{{ host = "api.test", ports = [443] }}], allow_private = ["127.0.0.1/32"], credentials = [{{ host = "api.test", header = "Authorization", value_from = "env:AJ_TEST_TOKEN", paths = ["/v1/"] }}], upstream_ca_file = "{ca}" }}
+{output}[tasks.smuggle.limits]
+seconds = 60
+"#,
+            actor = common::serve::actor("alice", "acme", alice, false),
+            ca = work.path().join("ca.pem").display(),
+            output = common::serve::json_output("smuggle", "o.json", 60000),
+        );
+        let cfg = common::serve::write_config(work.path(), &cfg);
+        let data = work.path().join("data");
+        let secret = format!("Bearer {SECRET_PART}-{}", std::process::id());
+        let mut cmd = Command::new("unshare");
+        cmd.args(["-m", "--", "/bin/sh", "-c"])
+            .arg("mount --bind \"$1\" /etc/hosts && shift && exec \"$@\"")
+            .arg("sh")
+            .arg(&hosts)
+            .arg(common::bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&cfg)
+            .arg("--data-dir")
+            .arg(&data)
+            .env("AJ_TEST_TOKEN", &secret)
+            .env("AGENTJAIL_LOG", "debug");
+        let serve = common::serve::Serve::spawn(cmd);
+        let api = common::serve::Api::new(&serve.base);
+        let r = api.run(
+            alice,
+            &serde_json::json!({"request_id": "smuggle-1", "task": "smuggle", "inputs": []}),
+            "",
+        );
+        let status = r.status();
+        let body: Value = r.json().unwrap();
+        let log = logged(work.path());
+        let ctx = format!("{status} {body:#}\nupstream saw {log:#?}\n{}", serve.log());
+        assert_eq!(status, 200, "{ctx}");
+        assert_eq!(body["status"], "ok", "{ctx}");
+        let art = &body["artifact"]["json"];
+        // The GET with a body and the POST whose body holds a request were refused; the
+        // credentialed request after each went out (the control).
+        assert_eq!(art["get"]["codes"][0], "400", "{ctx}");
+        assert_eq!(art["post"]["codes"][0], "400", "{ctx}");
+        assert!(
+            log.iter()
+                .any(|l| l.path == "/v1/anything" && l.auth == vec![secret.clone()]),
+            "{ctx}"
+        );
+        assert!(
+            log.iter()
+                .filter(|l| !l.auth.is_empty())
+                .all(|l| l.path == "/v1/anything"),
+            "{ctx}"
+        );
+        assert!(!body.to_string().contains(SECRET_PART), "{ctx}");
+        assert_eq!(
+            files_containing(&data, SECRET_PART.as_bytes()),
+            Vec::<String>::new(),
+            "{ctx}"
+        );
+        assert!(
+            files_containing(&data, b"smuggle-1").len() >= 1,
+            "the search must find the request id: {ctx}"
+        );
+        assert!(!serve.log().contains(SECRET_PART), "{ctx}");
     });
 }

@@ -6,11 +6,18 @@
 //! one of its `paths`; that match means something only if the upstream reads the path the
 //! same way the gateway does, so a path whose meaning depends on the upstream's normalisation
 //! (an encoded `/`, `\`, `.`, `;`, `%`, a control or non-ASCII byte, a dot segment, path
-//! parameters) is refused outright ([`unambiguous_path`]). On the way back, the secret and
+//! parameters) is refused outright ([`unambiguous_path`]). A request body that holds an HTTP
+//! request line is refused ([`SmuggleScanner`]): an upstream (or a front proxy's pooled
+//! connection behind it) that leaves a body unread parses it as the next request, and the
+//! gateway's next, credentialed request as that one's body. On the way back, the secret and
 //! its bare token (the value without its `Bearer`-style scheme) are looked for in the
-//! response, case-insensitively: in header names and values (also split across headers,
-//! [`Needles::header_spans`]) and in the body, across chunk boundaries ([`BodyMasker`]), where
-//! each copy is overwritten at the same length so the body's framing is unchanged.
+//! response, case-insensitively: in header names and values (also split across consecutive
+//! headers, [`Needles::header_spans`]) and in the body, across chunk boundaries
+//! ([`BodyMasker`]), where each copy is overwritten at the same length so the body's framing
+//! is unchanged. Only **whole** copies are looked for: removing a header that holds a piece
+//! of the secret would tell a sandbox that reflects its own guesses through the upstream
+//! (a request id, a CORS header) which guess was a piece of it, an oracle that recovers the
+//! secret piece by piece.
 
 /// Why a path would be read differently by some upstream than by the gateway's prefix match;
 /// `Ok` when no server normalises it into another path. The reason names the rule.
@@ -69,20 +76,12 @@ fn nibble(h: u8) -> u8 {
 pub struct Needles {
     /// Longest first; never empty strings.
     whole: Vec<Vec<u8>>,
-    /// The shortest needle: every run of this many of its bytes is a piece to look for in
-    /// headers (a copy split across headers has a piece at least this long in one of them,
-    /// unless it was cut into pieces shorter than [`Needles::PIECE`]).
-    token: Vec<u8>,
 }
 
 impl Needles {
-    /// Shortest piece of the bare token looked for in a single header.
-    pub const PIECE: usize = 8;
-
     /// The needles of the secrets `values` (header values as sent).
     pub fn new<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Needles {
         let mut whole: Vec<Vec<u8>> = Vec::new();
-        let mut token: Vec<u8> = Vec::new();
         for v in values {
             let v = v.trim_ascii().to_ascii_lowercase();
             if v.is_empty() {
@@ -93,17 +92,14 @@ impl Needles {
                 Some(at) if at > 0 => v.get(at + 1..).unwrap_or_default().trim_ascii().to_vec(),
                 _ => v.clone(),
             };
-            for n in [v, bare.clone()] {
+            for n in [v, bare] {
                 if !n.is_empty() && !whole.contains(&n) {
                     whole.push(n);
                 }
             }
-            if token.is_empty() || (!bare.is_empty() && bare.len() < token.len()) {
-                token = bare;
-            }
         }
         whole.sort_by_key(|n| std::cmp::Reverse(n.len()));
-        Needles { whole, token }
+        Needles { whole }
     }
 
     /// Longest needle (0 when there is none).
@@ -111,18 +107,20 @@ impl Needles {
         self.whole.first().map_or(0, Vec::len)
     }
 
-    /// Whether `hay` holds a whole copy of a needle, or a piece of the bare token at least
-    /// [`Needles::PIECE`] bytes long, case-insensitively.
+    /// Whether `hay` holds a whole copy of a needle, case-insensitively.
     pub fn in_header(&self, hay: &[u8]) -> bool {
-        if self.whole.iter().any(|n| find(hay, n, 0).is_some()) {
-            return true;
+        self.whole.iter().any(|n| find(hay, n, 0).is_some())
+    }
+
+    /// `text` with every copy of a needle masked (for messages built from what an upstream
+    /// sent: a refusal's reason).
+    pub fn redact(&self, text: &str) -> String {
+        let mut b = text.as_bytes().to_vec();
+        if self.mask(&mut b) == 0 {
+            return text.to_owned();
         }
-        let w = Needles::PIECE.min(self.token.len());
-        w > 0
-            && self
-                .token
-                .windows(w)
-                .any(|piece| find(hay, piece, 0).is_some())
+        // Needles are ASCII, so only ASCII bytes were replaced: still UTF-8.
+        String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
     }
 
     /// The indexes of the values in `values` that together hold a whole needle when read
@@ -237,6 +235,87 @@ impl BodyMasker {
     }
 }
 
+/// Finds an HTTP request line at the start of any line of a request body that arrives in
+/// chunks, before the line is passed on: the current line is held back until its end (or
+/// until it is longer than [`SmuggleScanner::MAX_LINE`], which no server takes as a request
+/// line). A request line is `METHOD SP TARGET SP HTTP/d…`, any case, after optional leading
+/// blanks.
+#[derive(Debug, Default)]
+pub struct SmuggleScanner {
+    line: Vec<u8>,
+    /// The current line is too long to be a request line: pass it on without holding.
+    overlong: bool,
+}
+
+/// Why a body was refused.
+pub const SMUGGLED: &str = "a request body that holds an HTTP request line is refused for a credentialed host (rule: no request smuggled in a body)";
+
+impl SmuggleScanner {
+    /// Longest line held back.
+    pub const MAX_LINE: usize = 64 << 10;
+
+    /// Takes the next chunk; returns the bytes that may be passed on now, or the refusal.
+    pub fn push(&mut self, chunk: &[u8]) -> Result<Vec<u8>, &'static str> {
+        let mut out = Vec::with_capacity(chunk.len() + self.line.len());
+        for &b in chunk {
+            if self.overlong {
+                out.push(b);
+                if b == b'\n' {
+                    self.overlong = false;
+                }
+                continue;
+            }
+            self.line.push(b);
+            if b == b'\n' {
+                if is_request_line(&self.line) {
+                    return Err(SMUGGLED);
+                }
+                out.append(&mut self.line);
+            } else if self.line.len() > Self::MAX_LINE {
+                out.append(&mut self.line);
+                self.overlong = true;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The end of the body: the last line, unless it is a request line.
+    pub fn finish(&mut self) -> Result<Vec<u8>, &'static str> {
+        if !self.overlong && is_request_line(&self.line) {
+            return Err(SMUGGLED);
+        }
+        Ok(std::mem::take(&mut self.line))
+    }
+
+    /// Bytes held back.
+    pub fn held(&self) -> usize {
+        self.line.len()
+    }
+}
+
+/// `METHOD SP TARGET SP HTTP/d` at the start of `line` (after blanks), any case.
+fn is_request_line(line: &[u8]) -> bool {
+    let blank = |c: &u8| matches!(c, b' ' | b'\t' | b'\r');
+    let start = line.iter().position(|c| !blank(c)).unwrap_or(line.len());
+    let mut words = line
+        .get(start..)
+        .unwrap_or_default()
+        .split(|c| blank(c) || *c == b'\n')
+        .filter(|w| !w.is_empty());
+    let (Some(method), Some(_target), Some(version)) = (words.next(), words.next(), words.next())
+    else {
+        return false;
+    };
+    method
+        .iter()
+        .all(|c| c.is_ascii_alphabetic() || *c == b'-' || *c == b'_')
+        && version.len() >= 6
+        && version
+            .get(..5)
+            .is_some_and(|v| v.eq_ignore_ascii_case(b"http/"))
+        && version.get(5).is_some_and(u8::is_ascii_digit)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,12 +373,58 @@ mod tests {
         assert_eq!(n.max_len(), "bearer sk-secret-0123456789".len());
         assert!(n.in_header(b"you sent bearer SK-SECRET-0123456789"));
         assert!(n.in_header(b"sk-secret-0123456789"));
-        // A piece of the token (a copy cut in two).
-        assert!(n.in_header(b"x=Secret-01"));
+        // A piece is not looked for: its removal would tell a guessing sandbox it was right.
+        assert!(!n.in_header(b"x=Secret-01"));
+        assert!(!n.in_header(b"sk-secret-012345678"));
         assert!(!n.in_header(b"text/html; charset=utf-8"));
+        assert_eq!(
+            n.redact("refused: gzip-SK-secret-0123456789"),
+            "refused: gzip-********************"
+        );
+        assert_eq!(n.redact("fine"), "fine");
         let spans = n.header_spans(&[b"ok", b"Bearer sk-Se", b"cret-0123", b"456789", b"ok"]);
         assert_eq!(spans, vec![1, 2, 3]);
         assert!(n.header_spans(&[b"ok", b"fine"]).is_empty());
+    }
+
+    #[test]
+    fn request_lines_in_bodies_are_found_across_chunks() {
+        for body in [
+            &b"POST /v2/echo HTTP/1.1\r\nHost: app\r\nContent-Length: 99\r\n\r\n"[..],
+            b"a=1&b=2\r\n  get /admin/delete-everything http/1.0\r\nX-Ignore: ",
+            b"x\nGET /admin HTTP/1.1",
+            b"\r\n\r\nPROPFIND * HTTP/2\r\n",
+        ] {
+            for split in 1..body.len() {
+                let mut s = SmuggleScanner::default();
+                let mut passed = Vec::new();
+                let mut refused = false;
+                for c in body.chunks(split) {
+                    match s.push(c) {
+                        Ok(b) => passed.extend(b),
+                        Err(_) => {
+                            refused = true;
+                            break;
+                        }
+                    }
+                }
+                refused = refused || s.finish().is_err();
+                assert!(refused, "{split}: {:?}", String::from_utf8_lossy(body));
+                // What was passed on before the refusal holds no request line.
+                assert!(!passed.windows(5).any(|w| w.eq_ignore_ascii_case(b"http/")));
+            }
+        }
+        for body in [
+            &b"{\"note\": \"GET /admin HTTP/1.1\"}"[..],
+            b"hello world\nthe HTTP/1.1 spec\n",
+            b"a b http/x\n",
+            b"",
+        ] {
+            let mut s = SmuggleScanner::default();
+            let mut out = s.push(body).unwrap();
+            out.extend(s.finish().unwrap());
+            assert_eq!(out, body);
+        }
     }
 
     #[test]

@@ -23,10 +23,10 @@ use tokio::task::JoinSet;
 use agentjail_manifest::EgressPolicy;
 
 use crate::addr::canonical;
-use crate::credential::unambiguous_path;
+use crate::credential::{SMUGGLED, unambiguous_path};
 use crate::decision::{Decision, Log, method_name, ms, now_ms, sanitize};
 use crate::host::{Host, Target, TargetError, parse_authority, parse_host, redirect_target};
-use crate::intercept::{HostTls, Interception, MaskedBody, Without};
+use crate::intercept::{HostTls, Interception, MaskedBody, SmuggleGuard, Without};
 use crate::meter::{BoxError, Budget, Dir, Flow, Meter, MeteredBody, MeteredStream, reserve};
 use crate::ownaddr::OwnAddrs;
 use crate::policy::NEVER_CREDENTIALED_METHODS;
@@ -1332,20 +1332,17 @@ async fn handle_forward(
     // refused (it could be taken for the next request on the connection), and the decision
     // names the credentials added.
     let has_body = !hyper::body::Body::is_end_stream(req.body());
-    let method = method_name(req.method());
+    // The method as sent (the decision's `method` field folds unknown ones into OTHER; the
+    // credential rules must not).
+    let method = req.method().as_str().to_owned();
+    let shown = sanitize(&method, 32);
     let mut add: Vec<&crate::intercept::Secret> = Vec::new();
     let mut without = None;
     if let Some(tls) = &tls {
         let path = uri.path();
-        if let Err(rule) = unambiguous_path(path) {
-            let reason =
-                format!("path refused for a credentialed host (rule: unambiguous paths): {rule}");
-            shared.deny(d, start, &reason, None);
-            return refusal(StatusCode::BAD_REQUEST, &reason);
-        }
         if has_body && BODILESS_METHODS.contains(&method.as_str()) {
             let reason = format!(
-                "a request body on {method} is refused for a credentialed host (rule: no body where the upstream may not read one)"
+                "a request body on {shown} is refused for a credentialed host (rule: no body where the upstream may not read one)"
             );
             shared.deny(d, start, &reason, None);
             return refusal(StatusCode::BAD_REQUEST, &reason);
@@ -1353,10 +1350,27 @@ async fn handle_forward(
         if !NEVER_CREDENTIALED_METHODS.contains(&method.as_str()) {
             (add, without) = tls.applicable(&method, target.port, path);
         }
+        // Only a request that would carry the secret needs a path every server reads alike:
+        // one without it carries nothing to misdirect.
+        if !add.is_empty()
+            && let Err(rule) = unambiguous_path(path)
+        {
+            let reason = format!(
+                "path refused for a credentialed request (rule: unambiguous paths): {rule}"
+            );
+            shared.deny(d, start, &reason, None);
+            return refusal(StatusCode::BAD_REQUEST, &reason);
+        }
     }
     let added: Vec<String> = match &tls {
         Some(tls) => add.iter().map(|s| s.label(&tls.name)).collect(),
         None => Vec::new(),
+    };
+    // Text an upstream chose (a Location, a coding, an error) goes into refusals and the
+    // report only with any copy of a credential masked.
+    let redact = |text: &str| match &tls {
+        Some(tls) => tls.needles.redact(text),
+        None => text.to_owned(),
     };
     // Vetted for every request, pooled connection or not: a pooled connection is used only
     // for the same host and port and when its address is among the addresses vetted now.
@@ -1400,10 +1414,10 @@ async fn handle_forward(
         (None, _) => vetted.reason,
         (Some(_), true) => match without {
             Some(Without::Method) => {
-                format!("{}; no credential for method {method}", vetted.reason)
+                format!("{}; no credential for method {shown}", vetted.reason)
             }
             Some(Without::Path) | None if NEVER_CREDENTIALED_METHODS.contains(&method.as_str()) => {
-                format!("{}; no credential for method {method}", vetted.reason)
+                format!("{}; no credential for method {shown}", vetted.reason)
             }
             Some(Without::Path) | None => {
                 format!("{}; no credential for this path", vetted.reason)
@@ -1442,11 +1456,11 @@ async fn handle_forward(
                     match connected {
                         Ok(Ok(s)) => client_handshake(max, s).await,
                         Ok(Err(e)) => {
-                            let reason = format!(
+                            let reason = tls.needles.redact(&format!(
                                 "upstream TLS with {} failed: {}",
                                 tls.name,
                                 sanitize(&e.to_string(), 200)
-                            );
+                            ));
                             pending.refuse(reason.clone());
                             return refusal(StatusCode::BAD_GATEWAY, &reason);
                         }
@@ -1520,6 +1534,13 @@ async fn handle_forward(
     if !meter.take(Dir::Up, head) {
         return refusal(StatusCode::FORBIDDEN, "max_bytes_up exceeded");
     }
+    // A body to a credentialed host must not hold a request of its own (smuggled to an
+    // upstream, or to the server behind a front proxy, that leaves it unread).
+    let smuggled = Arc::new(AtomicBool::new(false));
+    let body = match &tls {
+        Some(_) => SmuggleGuard::new(body, smuggled.clone()).boxed(),
+        None => body.map_err(BoxError::from).boxed(),
+    };
     let body = MeteredBody {
         inner: body,
         meter: meter.clone(),
@@ -1535,13 +1556,21 @@ async fn handle_forward(
     let resp = match up.sender.send_request(out).await {
         Ok(r) => r,
         Err(e) => {
-            let reason = if meter.flow.exceeded().is_some() {
-                "request body exceeded the byte budget".to_owned()
+            let (status, reason) = if smuggled.load(Ordering::SeqCst) {
+                (StatusCode::BAD_REQUEST, SMUGGLED.to_owned())
+            } else if meter.flow.exceeded().is_some() {
+                (
+                    StatusCode::BAD_GATEWAY,
+                    "request body exceeded the byte budget".to_owned(),
+                )
             } else {
-                format!("upstream request failed: {e}")
+                (
+                    StatusCode::BAD_GATEWAY,
+                    redact(&format!("upstream request failed: {e}")),
+                )
             };
             pending.refuse(reason.clone());
-            return refusal(StatusCode::BAD_GATEWAY, &reason);
+            return refusal(status, &reason);
         }
     };
 
@@ -1561,11 +1590,11 @@ async fn handle_forward(
     if let Some((host, port, why, address)) =
         check_locations(&shared, &target, resp.headers()).await
     {
-        let reason = format!("redirect from {target} refused: {why}");
+        let reason = redact(&format!("redirect from {target} refused: {why}"));
         let denial = Decision {
             allowed: false,
             method: d.method.clone(),
-            host,
+            host: redact(&host),
             port,
             address,
             reason: reason.clone(),
@@ -1586,9 +1615,9 @@ async fn handle_forward(
     if tls.is_some()
         && let Some(why) = encoded_body(resp.headers())
     {
-        let reason = format!(
+        let reason = redact(&format!(
             "response from {target} refused: {why} (the body could not be scanned for an echoed credential)"
-        );
+        ));
         pending.refuse(reason.clone());
         drop(resp);
         return refusal(StatusCode::BAD_GATEWAY, &reason);

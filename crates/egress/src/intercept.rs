@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -24,7 +24,7 @@ use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
-use crate::credential::{BodyMasker, Needles};
+use crate::credential::{BodyMasker, Needles, SmuggleScanner};
 use crate::host::{Host, Target, parse_host};
 use crate::meter::BoxError;
 
@@ -97,7 +97,7 @@ impl HostTls {
         let mut why = None;
         let mut got = Vec::new();
         for s in self.secrets.iter().filter(|s| s.ports.contains(&port)) {
-            if !s.paths.iter().any(|p| path.starts_with(p.as_str())) {
+            if !s.paths.iter().any(|p| covers(p, path)) {
                 why.get_or_insert(Without::Path);
             } else if !s.methods.iter().any(|m| m == method) {
                 why = Some(Without::Method);
@@ -108,6 +108,17 @@ impl HostTls {
         let why = if got.is_empty() { why } else { None };
         (got, why)
     }
+}
+
+/// Whether the `paths` entry `prefix` covers `path`: a prefix ending in `/` covers what starts
+/// with it; another covers itself and what lies below it as a path segment (`/v1` covers
+/// `/v1` and `/v1/x`, not `/v1-internal`).
+pub(crate) fn covers(prefix: &str, path: &str) -> bool {
+    if prefix.ends_with('/') {
+        return path.starts_with(prefix);
+    }
+    path.strip_prefix(prefix)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
 /// The credential flow of one run: per-host leaf certificates and secrets, the upstream TLS
@@ -450,6 +461,91 @@ where
     }
 }
 
+/// A request body to a credentialed host, passed on line by line through a
+/// [`SmuggleScanner`]: a line that is an HTTP request line ends the body with an error (and
+/// sets `smuggled`) before any of its bytes left.
+pub(crate) struct SmuggleGuard<B> {
+    inner: B,
+    scanner: SmuggleScanner,
+    done: bool,
+    smuggled: Arc<AtomicBool>,
+}
+
+impl<B> SmuggleGuard<B> {
+    pub(crate) fn new(inner: B, smuggled: Arc<AtomicBool>) -> SmuggleGuard<B> {
+        SmuggleGuard {
+            inner,
+            scanner: SmuggleScanner::default(),
+            done: false,
+            smuggled,
+        }
+    }
+
+    fn refuse(&mut self, why: &'static str) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.done = true;
+        self.smuggled.store(true, Ordering::SeqCst);
+        Poll::Ready(Some(Err(why.into())))
+    }
+}
+
+impl<B> Body for SmuggleGuard<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        loop {
+            if self.done {
+                return Poll::Ready(None);
+            }
+            match Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    // Trailers of a request to a credentialed host are not forwarded.
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
+                    match self.scanner.push(&data) {
+                        Ok(out) if out.is_empty() => {}
+                        Ok(out) => return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out))))),
+                        Err(why) => return self.refuse(why),
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
+                Poll::Ready(None) => {
+                    self.done = true;
+                    return match self.scanner.finish() {
+                        Ok(tail) if tail.is_empty() => Poll::Ready(None),
+                        Ok(tail) => Poll::Ready(Some(Ok(Frame::data(Bytes::from(tail))))),
+                        Err(why) => self.refuse(why),
+                    };
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || (self.inner.is_end_stream() && self.scanner.held() == 0)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let held = self.scanner.held() as u64;
+        let inner = self.inner.size_hint();
+        let mut h = SizeHint::new();
+        h.set_lower(inner.lower().saturating_add(held));
+        if let Some(u) = inner.upper() {
+            h.set_upper(u.saturating_add(held));
+        }
+        h
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -507,6 +603,17 @@ mod tests {
             assert!(apply(&h, &add, &mut m).is_empty());
             assert!(m.get("authorization").is_none());
         }
+    }
+
+    #[test]
+    fn a_path_prefix_covers_whole_segments() {
+        assert!(covers("/v1/", "/v1/x"));
+        assert!(!covers("/v1/", "/v1"));
+        assert!(covers("/v1", "/v1"));
+        assert!(covers("/v1", "/v1/x"));
+        assert!(!covers("/v1", "/v1-internal/admin"));
+        assert!(!covers("/v1", "/v10"));
+        assert!(covers("/", "/anything"));
     }
 
     #[test]
