@@ -1078,3 +1078,42 @@ fn a_replica_killed_between_insert_and_audit_leaves_neither() {
         assert_eq!(pg.audited(ev, "acc-1"), "1", "{ev}");
     }
 }
+
+/// Issue 30, finding 6: a run is recorded started only if its payload can still start. Every
+/// write of a claimed run is held in the database (a trigger waits on a lock the test holds:
+/// the `running` mark and the lease renewals alike) for longer than the lease, so the worker's
+/// own deadline passes and it gives the claim up. Released, the mark must not commit a start
+/// the worker can no longer run (on the old code: a `run_start` with no payload, status
+/// `unknown`). The claim is given back, the run is claimed again and ends `ok`, with one
+/// `run_start` and one `run_end`.
+#[test]
+fn a_running_mark_that_outlived_the_lease_records_no_start() {
+    const HOLD: i64 = 4245;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pg) = Pg::start() else { return };
+    let (d_api, d_w) = (tempdir(), tempdir());
+    let marker = marker_for(&d_api, "slow");
+    let cfg = config(&marker);
+    let (_api_node, api) = api(d_api.path(), &pg, &cfg);
+    let w = worker(d_w.path(), &pg, &cfg, "w1");
+    pg.psql(&format!(
+        "CREATE FUNCTION hold_slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF OLD.request_id = 'slow-1' AND OLD.owner IS NOT NULL THEN PERFORM pg_advisory_xact_lock({HOLD}); END IF; RETURN NEW; END $$; CREATE TRIGGER hold_slow BEFORE UPDATE ON runs FOR EACH ROW EXECUTE FUNCTION hold_slow()"
+    ));
+    let lock = pg.hold_advisory_lock(HOLD);
+    let body = json!({"request_id": "slow-1", "task": "sleeper", "inputs": [], "args": ["0"]});
+    assert_eq!(api.run(ALICE, &body, "?wait=false").status(), 202);
+    pg.wait_advisory_waiter(HOLD, "the running mark", || true);
+    // Past the 3 s lease by the worker's clock, within the 5 s lock_timeout.
+    std::thread::sleep(Duration::from_millis(4200));
+    drop(lock);
+    let v = wait_final(&api, "slow-1");
+    assert_eq!(v["status"], "ok", "{v}\n{}", w.log());
+    assert_eq!(
+        pg.audited("run_start", "slow-1"),
+        "1",
+        "a start was recorded twice"
+    );
+    assert_eq!(pg.audited("run_end", "slow-1"), "1");
+    assert_eq!(pg.audited("run_unknown", "slow-1"), "0");
+}
+

@@ -296,7 +296,14 @@ fn five_hundred_runs_over_two_replicas_and_three_workers() {
     );
     assert_eq!(
         f.pg.psql("SELECT string_agg(status || ':' || n, ',') FROM (SELECT status, count(*) n FROM runs GROUP BY status) x"),
-        format!("ok:{N}")
+        format!("ok:{N}"),
+        "not ok: {}\nworkers' errors:\n{}",
+        f.pg.psql("SELECT string_agg(request_id || ' ' || node_id || ': ' || coalesce(reason, ''), E'\n') FROM runs WHERE status <> 'ok'"),
+        f.workers
+            .iter()
+            .flat_map(|w| w.log().lines().filter(|l| l.contains("ERROR") || l.contains("WARN")).map(String::from).collect::<Vec<_>>())
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     // Every answer, from the other replica than the one that took it.
     f.on_client(|| {

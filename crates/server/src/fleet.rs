@@ -307,12 +307,13 @@ async fn run_claimed(
     let lost = CancellationToken::new();
     let done = CancellationToken::new();
     let run = c.run;
+    let deadline = Arc::new(std::sync::Mutex::new(claimed_at + lease));
     let heartbeat = tokio::spawn(heartbeat(
         queue.clone(),
         run.job_id.clone(),
         c.fence,
         lease,
-        claimed_at + lease,
+        deadline.clone(),
         lost.clone(),
         done.clone(),
     ));
@@ -322,6 +323,7 @@ async fn run_claimed(
         queue: queue.clone(),
         fence: c.fence,
         lost,
+        deadline,
     };
     match (spec, args) {
         (Ok(spec), Ok(args)) => {
@@ -367,11 +369,12 @@ async fn heartbeat(
     job_id: String,
     fence: i64,
     lease: Duration,
-    mut deadline: Instant,
+    shared: Arc<std::sync::Mutex<Instant>>,
     lost: CancellationToken,
     done: CancellationToken,
 ) {
     let every = lease / 3;
+    let mut deadline = *shared.lock().unwrap_or_else(|e| e.into_inner());
     loop {
         let deadline_t = tokio::time::Instant::from_std(deadline);
         tokio::select! {
@@ -397,6 +400,7 @@ async fn heartbeat(
             Ok(true) => {
                 count_heartbeat("lease", "ok");
                 deadline = sent + lease;
+                *shared.lock().unwrap_or_else(|e| e.into_inner()) = deadline;
             }
             Ok(false) => {
                 if done.is_cancelled() {

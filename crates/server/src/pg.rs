@@ -1056,6 +1056,29 @@ async fn read_committed(
         .map_err(pg_err)
 }
 
+/// Limits the statements that follow in `tx` to what is left of `deadline` less
+/// [`MARK_MARGIN`]; [`StoreError::Fenced`] when nothing is left.
+async fn within(
+    tx: &deadpool_postgres::Transaction<'_>,
+    deadline: std::time::Instant,
+    fence: i64,
+) -> Result<(), StoreError> {
+    let ms = deadline
+        .saturating_duration_since(std::time::Instant::now())
+        .saturating_sub(MARK_MARGIN)
+        .as_millis();
+    if ms == 0 {
+        return Err(StoreError::Fenced(fence));
+    }
+    tx.batch_execute(&format!("SET LOCAL statement_timeout = {ms}"))
+        .await
+        .map_err(pg_err)
+}
+
+/// How long before the executor's own end of a lease its `running` mark must have committed:
+/// the runner then still gets its manifest before the executor would kill it.
+pub const MARK_MARGIN: Duration = Duration::from_millis(1000);
+
 /// The advisory lock key of `node`'s audit chain: `hashtextextended(AUDIT_LOCK_PREFIX ||
 /// node, 0)`, computed by the database (a test can hold it the same way).
 pub const AUDIT_LOCK_PREFIX: &str = "agentjail-audit-chain:";
@@ -1287,7 +1310,7 @@ impl PgStore {
 
     /// Claims the oldest queued run whose labels this executor has (`FOR UPDATE SKIP LOCKED`:
     /// concurrent claimers never wait for, nor take, the same row): owner = this node, a new
-    /// fencing token, the lease until the database's `now() + lease`.
+    /// fencing token, the lease until the database's `clock_timestamp() + lease`.
     pub async fn claim(
         &self,
         labels: &[String],
@@ -1300,7 +1323,7 @@ impl PgStore {
             .query_opt(
                 &format!(
                     "UPDATE runs SET owner = $1, node_id = $1, fence = nextval('run_fence'),
-                        lease_expires_at = now() + make_interval(secs => $2)
+                        lease_expires_at = clock_timestamp() + make_interval(secs => $2)
                      WHERE (tenant, request_id) = (
                         SELECT tenant, request_id FROM runs
                         WHERE status = 'queued' AND owner IS NULL AND spec IS NOT NULL AND labels <@ $3
@@ -1320,7 +1343,7 @@ impl PgStore {
         }))
     }
 
-    /// Extends the lease of `job_id` held with `fence` to `now() + lease`; false: refused (the
+    /// Extends the lease of `job_id` held with `fence` to `clock_timestamp() + lease`; false: refused (the
     /// lease expired or was taken, or the run ended).
     pub async fn heartbeat(
         &self,
@@ -1332,9 +1355,9 @@ impl PgStore {
         let c = self.client().await?;
         let n = c
             .execute(
-                "UPDATE runs SET lease_expires_at = now() + make_interval(secs => $3)
+                "UPDATE runs SET lease_expires_at = clock_timestamp() + make_interval(secs => $3)
                  WHERE job_id = $1 AND fence = $2 AND status IN ('queued', 'running')
-                 AND lease_expires_at > now()",
+                 AND lease_expires_at > clock_timestamp()",
                 &[&job_id, &fence, &secs],
             )
             .await
@@ -1342,26 +1365,59 @@ impl PgStore {
         Ok(n == 1)
     }
 
-    /// The fenced `running` mark: only while `fence` holds an unexpired lease on the run. A
-    /// retry after a lost reply finds its own mark (same `started_at`).
+    /// The fenced `running` mark and its `run_start` `record`, in one transaction: only while
+    /// `fence` holds an unexpired lease on the run (the database's clock at the statement,
+    /// `clock_timestamp()`), and only while the executor can still start the payload: every
+    /// statement runs under a `statement_timeout` of what is left of `deadline` (the lease's
+    /// end by the executor's own clock, when it kills the runner) less [`MARK_MARGIN`], so a
+    /// mark held up in the database past that is cancelled and nothing is recorded
+    /// ([`StoreError::Fenced`]: not started). A retry after a lost reply finds its own mark
+    /// (same `started_at`) and appends nothing more.
     pub async fn mark_running_fenced(
         &self,
         job_id: &str,
         fence: i64,
         now: i64,
+        deadline: impl Fn() -> std::time::Instant,
+        record: &Event,
     ) -> Result<bool, StoreError> {
+        let deadline = &deadline;
         self.persist("mark_running", || async move {
-            let c = self.client().await?;
-            let n = c
-                .execute(
-                    "UPDATE runs SET status = 'running', started_at = $3
-                     WHERE job_id = $1 AND fence = $2 AND lease_expires_at > now()
-                     AND (status = 'queued' OR (status = 'running' AND started_at = $3))",
+            let mut c = self.client().await?;
+            let tx = read_committed(&mut c).await?;
+            within(&tx, deadline(), fence).await?;
+            let row = tx
+                .query_opt(
+                    "SELECT status = 'running' AND started_at = $3 FROM runs
+                     WHERE job_id = $1 AND fence = $2 FOR UPDATE",
                     &[&job_id, &fence, &now],
                 )
                 .await
                 .map_err(pg_err)?;
-            Ok(n == 1)
+            match row.map(|r| r.get::<_, Option<bool>>(0)) {
+                None => return Ok(false),
+                // This very mark, committed by an attempt whose answer was lost.
+                Some(Some(true)) => return Ok(true),
+                Some(_) => {}
+            }
+            within(&tx, deadline(), fence).await?;
+            let n = tx
+                .execute(
+                    "UPDATE runs SET status = 'running', started_at = $3
+                     WHERE job_id = $1 AND fence = $2 AND lease_expires_at > clock_timestamp()
+                     AND status = 'queued'",
+                    &[&job_id, &fence, &now],
+                )
+                .await
+                .map_err(pg_err)?;
+            if n != 1 {
+                return Ok(false);
+            }
+            within(&tx, deadline(), fence).await?;
+            append_audit_in(&tx, &self.node, record).await?;
+            within(&tx, deadline(), fence).await?;
+            tx.commit().await.map_err(pg_err)?;
+            Ok(true)
         })
         .await
     }
@@ -1386,7 +1442,7 @@ impl PgStore {
                 let n = tx
                     .execute(
                         "UPDATE runs SET status = $2, reason = $3, finished_at = $4, report = $5, receipt = $6, artifact = $7, artifact_sha256 = $8, spec = NULL
-                         WHERE job_id = $1 AND fence = $9 AND lease_expires_at > now() AND status IN ('queued', 'running')",
+                         WHERE job_id = $1 AND fence = $9 AND lease_expires_at > clock_timestamp() AND status IN ('queued', 'running')",
                         &[&f.job_id, &status, &f.reason, &f.now, &f.report, &f.receipt, &f.artifact, &f.artifact_sha256, &fence],
                     )
                     .await
@@ -1465,7 +1521,7 @@ impl PgStore {
             .query(
                 "UPDATE runs SET status = 'unknown', finished_at = $1,
                     reason = 'the lease of its executor (node ' || owner || ') expired while it ran: the executor stopped renewing it, so it was killed or cut off; the outcome is unknown, reconcile it'
-                 WHERE status = 'running' AND owner IS NOT NULL AND lease_expires_at < now()
+                 WHERE status = 'running' AND owner IS NOT NULL AND lease_expires_at < clock_timestamp()
                  RETURNING tenant, request_id, task, job_id, owner",
                 &[&now],
             )
@@ -1475,7 +1531,7 @@ impl PgStore {
             .execute(
                 &format!(
                     "UPDATE runs SET owner = NULL, fence = NULL, lease_expires_at = NULL, job_id = {NEW_JOB_ID}
-                     WHERE status = 'queued' AND owner IS NOT NULL AND lease_expires_at < now()"
+                     WHERE status = 'queued' AND owner IS NOT NULL AND lease_expires_at < clock_timestamp()"
                 ),
                 &[],
             )

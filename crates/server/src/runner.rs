@@ -52,6 +52,15 @@ pub struct Lease {
     /// Cancelled by the heartbeat when the lease is lost (renewal refused, or not renewed
     /// before its end by this process's monotonic clock): the sandbox is killed.
     pub lost: CancellationToken,
+    /// That end (moved by each successful renewal): the `running` mark must commit before it.
+    pub deadline: Arc<std::sync::Mutex<Instant>>,
+}
+
+impl Lease {
+    /// The lease's end by this process's clock, as of now.
+    pub fn deadline(&self) -> Instant {
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl std::fmt::Debug for Lease {
@@ -68,12 +77,19 @@ async fn lease_lost(job: &Job) {
     }
 }
 
-/// The `running` mark: fenced for a claimed run.
-async fn mark_started(state: &AppState, job: &Job) -> Result<bool, crate::store::StoreError> {
+/// The `running` mark: fenced for a claimed run, and then committed with its `run_start`
+/// record (`start`) and only while the payload can still start (see
+/// [`crate::pg::PgStore::mark_running_fenced`]); on the local store `run_start` is appended
+/// after the mark, by the caller.
+async fn mark_started(
+    state: &AppState,
+    job: &Job,
+    start: &Event,
+) -> Result<bool, crate::store::StoreError> {
     match &job.lease {
         Some(l) => {
             l.queue
-                .mark_running_fenced(&job.job_id, l.fence, now())
+                .mark_running_fenced(&job.job_id, l.fence, now(), || l.deadline(), start)
                 .await
         }
         None => state.store().mark_running(&job.job_id, now()).await,
@@ -1036,13 +1052,19 @@ pub async fn execute(
             return;
         }
     };
+    let start = Event {
+        event: "run_start",
+        ..base.clone()
+    };
     let marked = if job.lease.as_ref().is_some_and(|l| l.lost.is_cancelled()) {
         Err(crate::store::StoreError::Fenced(
             job.lease.as_ref().map_or(0, |l| l.fence),
         ))
     } else {
-        mark_started(&state, &job).await
+        mark_started(&state, &job, &start).await
     };
+    // The mark committed, but the lease was lost meanwhile (the executor's clock): the runner
+    // is killed on the way (`hand_over_and_wait`), and the run ends `unknown`.
     if !matches!(marked, Ok(true)) {
         // Not recorded as started: the runner never gets its manifest.
         runner.abort().await;
@@ -1077,13 +1099,9 @@ pub async fn execute(
         }
         return;
     }
-    state
-        .store()
-        .audit(Event {
-            event: "run_start",
-            ..base.clone()
-        })
-        .await;
+    if job.lease.is_none() {
+        state.store().audit(start).await;
+    }
     metrics::gauge!("agentjail_runs_in_flight").increment(1.0);
     let (ended, results) = hand_over_and_wait(runner, &task, &job, manifest).await;
     let elapsed = started.elapsed();
