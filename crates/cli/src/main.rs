@@ -166,8 +166,8 @@ fn main_inner() -> u8 {
                     EXIT_SETUP
                 }
                 _ => {
-                    let line = usage::one_line(&e);
                     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+                    let line = usage::one_line(&e, &args);
                     if args.get(1).and_then(|a| a.to_str()) == Some("run") {
                         let report = usage::report_path(&args);
                         if cmd::run::clear_stale_report(report.as_deref()).is_ok() {

@@ -305,8 +305,18 @@ pub fn execute_in(
 /// What a `--allow-degraded` run went without, in one line (`None` when nothing): e.g.
 /// `no cgroup (memory and pids bounded by rlimits only)`. The report's
 /// `isolation.degraded` has each reason in full.
+///
+/// The gVisor tier's own notes (`gvisor: …`: its Sentry instead of a seccomp listener, its
+/// gofer instead of Landlock, no CPU time) are what the tier the user chose does by design,
+/// the same on every run (docs/isolation.md): they stay in the report and are not said here,
+/// where only a protection that was not applied belongs.
 pub fn degraded_line(report: &RunReport) -> Option<String> {
-    let d = &report.isolation.degraded;
+    let d: Vec<&String> = report
+        .isolation
+        .degraded
+        .iter()
+        .filter(|e| !e.starts_with("gvisor:"))
+        .collect();
     // A refused run (no `--allow-degraded`) lists what it lacked too, but ran without nothing.
     if d.is_empty() || report.status == Status::SetupError {
         return None;
@@ -320,7 +330,7 @@ pub fn degraded_line(report: &RunReport) -> Option<String> {
         } else if e.starts_with("landlock") {
             "no Landlock (file access bounded by the mount namespace only)".to_string()
         } else {
-            e.clone()
+            e.to_string()
         };
         if !parts.contains(&part) {
             parts.push(part);

@@ -35,8 +35,74 @@ fn alternatives(values: &[String]) -> String {
     }
 }
 
-/// One line for a usage error (without the `agentjail: error: ` prefix).
-pub fn one_line(e: &clap::Error) -> String {
+/// A word as a POSIX shell reads it back: bare when safe, else in single quotes.
+fn shell_word(w: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "_./:=@%+,-".contains(c);
+    if !w.is_empty() && w.chars().all(safe) {
+        w.to_string()
+    } else {
+        format!("'{}'", w.replace('\'', "'\\''"))
+    }
+}
+
+/// For `run`/`manifest` refusing a bare word (`agentjail run python3 -c …`): the same command
+/// line with `--` before that word, where the program and its arguments go.
+fn forgotten_double_dash(e: &clap::Error, args: &[OsString]) -> Option<String> {
+    if e.kind() != ErrorKind::UnknownArgument {
+        return None;
+    }
+    let word = context(e, ContextKind::InvalidArg)?;
+    let sub = args.get(1)?.to_str()?;
+    if word.starts_with('-') || !matches!(sub, "run" | "manifest") || args.iter().any(|a| a == "--")
+    {
+        return None;
+    }
+    let at = args.iter().skip(2).position(|a| *a == *word)? + 2;
+    let mut words: Vec<String> = vec!["agentjail".into()];
+    for (i, a) in args.iter().enumerate().skip(1) {
+        if i == at {
+            words.push("--".into());
+        }
+        words.push(shell_word(&a.to_string_lossy()));
+    }
+    let mut line = words.join(" ");
+    if line.chars().count() > 200 {
+        line = line.chars().take(200).collect::<String>() + "…";
+    }
+    Some(format!(
+        "unexpected argument '{word}': the program and its arguments go after `--`: {line}"
+    ))
+}
+
+/// clap's suggestion for a mistyped flag or subcommand, which its first line leaves out.
+fn did_you_mean(e: &clap::Error) -> Option<String> {
+    match (
+        e.get(ContextKind::SuggestedArg),
+        e.get(ContextKind::SuggestedSubcommand),
+    ) {
+        (Some(ContextValue::String(s)), _) => return Some(format!("did you mean `{s}`?")),
+        (_, Some(ContextValue::Strings(v))) if !v.is_empty() => {
+            return Some(format!("did you mean `{}`?", v.join("` or `")));
+        }
+        _ => {}
+    }
+    match e.get(ContextKind::Suggested) {
+        Some(ContextValue::StyledStrs(v)) if !v.is_empty() => Some(
+            v.iter()
+                .map(|s| format!("tip: {s}"))
+                .collect::<Vec<_>>()
+                .join("; "),
+        ),
+        _ => None,
+    }
+}
+
+/// One line for a usage error (without the `agentjail: error: ` prefix); `args` is the command
+/// line clap refused.
+pub fn one_line(e: &clap::Error, args: &[OsString]) -> String {
+    if let Some(line) = forgotten_double_dash(e, args) {
+        return line;
+    }
     let arg = context(e, ContextKind::InvalidArg);
     match e.kind() {
         ErrorKind::InvalidValue => {
@@ -75,10 +141,11 @@ pub fn one_line(e: &clap::Error) -> String {
         .unwrap_or_default()
         .trim_start_matches("error: ")
         .trim_end_matches(':');
-    match (e.kind(), arg) {
-        (ErrorKind::MissingRequiredArgument, Some(missing)) => {
+    match (e.kind(), arg, did_you_mean(e)) {
+        (ErrorKind::MissingRequiredArgument, Some(missing), _) => {
             format!("missing {missing}; see --help")
         }
+        (_, _, Some(tip)) => format!("{first}; {tip}"),
         _ => format!("{first}; see --help"),
     }
 }

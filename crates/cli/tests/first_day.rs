@@ -277,7 +277,11 @@ fn every_subcommand_exits_quietly_when_its_stdout_or_stderr_is_closed() {
 #[test]
 fn a_printing_command_whose_reader_left_exits_141_and_a_lost_stderr_changes_nothing() {
     let d = tmp();
-    for args in [&["report", "--schema"][..], &["selftest", "--list"], &["check"]] {
+    for args in [
+        &["report", "--schema"][..],
+        &["selftest", "--list"],
+        &["check"],
+    ] {
         let s = with_closed(d.path(), args, Closed::Stdout, 60);
         assert_eq!(s.code, Some(141), "{args:?}: {}", s.other);
         assert_eq!(s.other, "", "{args:?}");
@@ -324,7 +328,9 @@ fn tree(dir: &Path) -> Vec<String> {
 #[test]
 fn receipt_pubkey_never_creates_a_key_unless_told_to() {
     let d = tmp();
-    let missing = d.path().join("home/.local/share/agentjail/server/private/receipt-key.pem");
+    let missing = d
+        .path()
+        .join("home/.local/share/agentjail/server/private/receipt-key.pem");
     for args in [
         &[
             "receipt",
@@ -350,7 +356,11 @@ fn receipt_pubkey_never_creates_a_key_unless_told_to() {
             "{args:?}: {}",
             o.dump()
         );
-        assert_eq!(tree(d.path()), Vec::<String>::new(), "{args:?} created files");
+        assert_eq!(
+            tree(d.path()),
+            Vec::<String>::new(),
+            "{args:?} created files"
+        );
     }
     // On purpose: created 0600 (folders 0700), printed; then read, the same key.
     let o = agentjail_in(
@@ -358,16 +368,256 @@ fn receipt_pubkey_never_creates_a_key_unless_told_to() {
         &["receipt", "pubkey", "--create", "--key", "keys/k.pem"],
     );
     assert_eq!(o.code, 0, "{}", o.dump());
-    assert!(o.stdout.starts_with("-----BEGIN PUBLIC KEY-----"), "{}", o.dump());
+    assert!(
+        o.stdout.starts_with("-----BEGIN PUBLIC KEY-----"),
+        "{}",
+        o.dump()
+    );
     use std::os::unix::fs::PermissionsExt;
-    let mode = |p: &str| std::fs::metadata(d.path().join(p)).unwrap().permissions().mode() & 0o777;
+    let mode = |p: &str| {
+        std::fs::metadata(d.path().join(p))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777
+    };
     assert_eq!((mode("keys/k.pem"), mode("keys")), (0o600, 0o700));
     let again = agentjail_in(d.path(), &["receipt", "pubkey", "--key", "keys/k.pem"]);
-    assert_eq!((again.code, &again.stdout), (0, &o.stdout), "{}", again.dump());
+    assert_eq!(
+        (again.code, &again.stdout),
+        (0, &o.stdout),
+        "{}",
+        again.dump()
+    );
     // `--create` with a key already there reads it.
     let third = agentjail_in(
         d.path(),
         &["receipt", "pubkey", "--create", "--key", "keys/k.pem"],
     );
-    assert_eq!((third.code, &third.stdout), (0, &o.stdout), "{}", third.dump());
+    assert_eq!(
+        (third.code, &third.stdout),
+        (0, &o.stdout),
+        "{}",
+        third.dump()
+    );
+}
+
+/// The one line a run or refusal printed on stderr (its last line: the command's own output
+/// comes first).
+fn last_line(o: &common::Out) -> String {
+    o.stderr.lines().last().unwrap_or_default().to_string()
+}
+
+/// A limit that ended the run is named by the flag that sets it (a manifest run: by its
+/// field), with its value: the user sees what to change.
+#[test]
+fn a_limit_that_ended_the_run_is_named_by_its_flag() {
+    let d = tmp();
+    let o = agentjail_in(
+        d.path(),
+        &["run", "--timeout", "1", "--", "/bin/sleep", "5"],
+    );
+    assert_eq!(o.code, 124, "{}", o.dump());
+    let l = last_line(&o);
+    assert!(
+        l.starts_with("agentjail: run ended: timeout") && l.contains("--timeout 1"),
+        "{}",
+        o.dump()
+    );
+    let o = agentjail_in(
+        d.path(),
+        &[
+            "run",
+            "--output-max-mb",
+            "1",
+            "--",
+            "/bin/sh",
+            "-c",
+            "head -c 3000000 /dev/zero > /output/big",
+        ],
+    );
+    assert_eq!(o.code, 65, "{}", o.dump());
+    let l = last_line(&o);
+    assert!(
+        l.starts_with("agentjail: run ended: output_rejected") && l.contains("--output-max-mb 1"),
+        "{}",
+        o.dump()
+    );
+    // A manifest's run: the field, not a flag it did not use.
+    std::fs::write(
+        d.path().join("m.yaml"),
+        "limits: {seconds: 1}\ncommand: [/bin/sleep, '5']\n",
+    )
+    .unwrap();
+    let o = agentjail_in(d.path(), &["run", "--manifest", "m.yaml"]);
+    assert_eq!(o.code, 124, "{}", o.dump());
+    let l = last_line(&o);
+    assert!(
+        l.contains("limits.seconds: 1") && !l.contains("--timeout"),
+        "{}",
+        o.dump()
+    );
+}
+
+/// clap's "did you mean" reaches the one-line usage error.
+#[test]
+fn a_mistyped_flag_or_subcommand_gets_did_you_mean() {
+    let d = tmp();
+    for (args, want) in [
+        (
+            &["run", "--timeuot", "3", "--", "/bin/echo", "COMMAND-RAN"][..],
+            "--timeout",
+        ),
+        (&["imge", "ls"][..], "`image`"),
+        (&["check", "--jsn"][..], "--json"),
+        (&["receipt", "pubky"][..], "`pubkey`"),
+    ] {
+        let o = agentjail_in(d.path(), args);
+        assert_eq!(o.code, 125, "{args:?}: {}", o.dump());
+        assert!(!o.stdout.contains("COMMAND-RAN"), "{}", o.dump());
+        assert_eq!(o.stderr.lines().count(), 1, "{args:?}: {}", o.dump());
+        assert!(
+            o.stderr.contains("did you mean") && o.stderr.contains(want),
+            "{args:?}: {}",
+            o.dump()
+        );
+    }
+}
+
+/// `agentjail run python3 -c …` (no `--`): the refusal shows the command line with it.
+#[test]
+fn a_forgotten_double_dash_gets_the_command_line_with_it() {
+    let d = tmp();
+    std::fs::write(d.path().join("x.csv"), "a\n").unwrap();
+    for (args, want) in [
+        (
+            &["run", "/usr/bin/python3", "-c", "print('COMMAND-RAN')"][..],
+            "agentjail run -- /usr/bin/python3 -c 'print('\\''COMMAND-RAN'\\'')'",
+        ),
+        (
+            &[
+                "run",
+                "--ro",
+                "x.csv",
+                "--timeout",
+                "5",
+                "/bin/echo",
+                "COMMAND-RAN",
+            ][..],
+            "agentjail run --ro x.csv --timeout 5 -- /bin/echo COMMAND-RAN",
+        ),
+    ] {
+        let o = agentjail_in(d.path(), args);
+        assert_eq!(o.code, 125, "{args:?}: {}", o.dump());
+        assert!(!o.stdout.contains("COMMAND-RAN"), "{}", o.dump());
+        assert_eq!(o.stderr.lines().count(), 1, "{args:?}: {}", o.dump());
+        assert!(
+            o.stderr.contains("after `--`") && o.stderr.contains(want),
+            "{args:?}: want {want}\n{}",
+            o.dump()
+        );
+    }
+}
+
+/// A run that ends `ok` with denials says so on a stderr that is not a terminal, in the words
+/// a terminal gets, without the terminal's styling; a clean run stays silent.
+#[test]
+fn an_ok_run_with_denials_says_so_when_stderr_is_not_a_terminal() {
+    let d = tmp();
+    let o = agentjail_in(
+        d.path(),
+        &[
+            "run",
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            "import ctypes; print('COMMAND-RAN', ctypes.CDLL(None).syscall(165, 0, 0, 0, 0, 0))",
+        ],
+    );
+    assert_eq!(o.code, 0, "{}", o.dump());
+    assert!(o.stdout.contains("COMMAND-RAN -1"), "{}", o.dump());
+    assert_eq!(
+        o.stderr,
+        "agentjail: run ended: ok (1 denial(s); first: mount)\n",
+        "{}",
+        o.dump()
+    );
+    let o = agentjail_in(d.path(), &["run", "--", "/bin/echo", "COMMAND-RAN"]);
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{}", o.dump());
+}
+
+/// `check` and a run's report give the same Landlock ABI: the one applied. Where the kernel
+/// offers a newer one, `check` says so, and why the newer rights are not asked for.
+#[test]
+fn check_and_run_reports_agree_on_the_landlock_abi() {
+    let d = tmp();
+    let o = agentjail_in(d.path(), &["run", "--report", "r.json", "--", "/bin/true"]);
+    assert_eq!(o.code, 0, "{}", o.dump());
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.path().join("r.json")).unwrap()).unwrap();
+    let abi = r["isolation"]["landlock_abi"]
+        .as_u64()
+        .expect("landlock applied");
+    let c = agentjail_in(d.path(), &["check", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&c.stdout).unwrap();
+    let item = v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["name"] == "landlock")
+        .unwrap()["detail"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        item.starts_with(&format!("ABI {abi} applied")),
+        "check: {item}; run report: landlock_abi {abi}"
+    );
+    // A newer kernel ABI is named, with why it changes nothing.
+    if item.contains("the kernel offers ABI") {
+        assert!(item.contains("no right agentjail uses"), "{item}");
+    }
+}
+
+/// An `--isolation gvisor` run printed a long `degraded:` line every time, listing what the
+/// tier does differently by design (gVisor's Sentry instead of a seccomp listener, its gofer
+/// instead of Landlock). Nothing was missing: nothing is said on stderr; the report keeps the
+/// tier's notes.
+#[test]
+fn a_gvisor_run_says_degraded_only_where_something_was_not_applied() {
+    if !common::is_root() {
+        common::skip("the gvisor tier needs root");
+        return;
+    }
+    let runsc = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .any(|d| d.join("runsc").is_file());
+    if !runsc {
+        common::skip("runsc not found (apt-get install runsc)");
+        return;
+    }
+    let d = tmp();
+    let o = agentjail_in(
+        d.path(),
+        &[
+            "run",
+            "--isolation",
+            "gvisor",
+            "--report",
+            "r.json",
+            "--",
+            "/bin/echo",
+            "COMMAND-RAN",
+        ],
+    );
+    assert_eq!(o.code, 0, "{}", o.dump());
+    assert_eq!(o.stdout, "COMMAND-RAN\n", "{}", o.dump());
+    assert_eq!(o.stderr, "", "{}", o.dump());
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.path().join("r.json")).unwrap()).unwrap();
+    assert!(
+        r["isolation"]["degraded"].as_array().is_some_and(|a| a
+            .iter()
+            .any(|e| e.as_str().unwrap_or("").starts_with("gvisor:"))),
+        "{r}"
+    );
 }

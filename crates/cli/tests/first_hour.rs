@@ -278,12 +278,46 @@ fn check_as_an_ordinary_user_blames_the_cgroup_and_prints_the_fix() {
         "check tells the user to run check: {}",
         o.dump()
     );
-    assert!(
-        o.stdout
-            .contains("systemd-run --user --scope -p Delegate=yes agentjail run"),
-        "{}",
-        o.dump()
-    );
+    // The fix fits the host: `systemd-run --user` only where systemd is PID 1 (sd_booted), a
+    // user manager runs for this uid and the cgroups are unified (v2); elsewhere, what an
+    // admin must set up for this host's cgroup version.
+    let host = Host::probe(65534);
+    let fix = o
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("fix:"))
+        .unwrap_or_else(|| panic!("no fix: {}", o.dump()))
+        .to_string();
+    if host.systemd && host.user_manager && host.unified {
+        assert!(
+            fix.contains("systemd-run --user --scope -p Delegate=yes agentjail run"),
+            "{host:?}: {}",
+            o.dump()
+        );
+    } else {
+        // Named only where it works once the user logs in (a user manager is missing).
+        if !host.systemd || !host.unified {
+            assert!(!o.stdout.contains("systemd-run"), "{host:?}: {}", o.dump());
+        }
+        assert!(fix.contains("an admin"), "{host:?}: {}", o.dump());
+        let (version, tool) = if host.unified {
+            ("cgroup v2", "cgroup.subtree_control")
+        } else {
+            ("cgroup v1", "/tasks")
+        };
+        assert!(
+            fix.contains(version) && fix.contains(tool),
+            "{host:?}: {}",
+            o.dump()
+        );
+        if !host.systemd {
+            assert!(
+                fix.contains("PID 1 is not systemd"),
+                "{host:?}: {}",
+                o.dump()
+            );
+        }
+    }
     assert!(
         o.stdout.contains("--allow-degraded")
             && o.stdout.contains("rlimits only")
@@ -294,6 +328,33 @@ fn check_as_an_ordinary_user_blames_the_cgroup_and_prints_the_fix() {
     let j = agentjail(d.path(), true, &["check", "--json"], &[]);
     let v: Value = serde_json::from_str(&j.stdout).unwrap();
     assert!(v["fixes"].as_array().is_some_and(|f| f.len() == 2), "{v}");
+}
+
+/// What a host offers for giving an ordinary user a cgroup, read here independently of
+/// agentjail's own probe.
+#[derive(Debug)]
+struct Host {
+    /// systemd is PID 1 (sd_booted(): /run/systemd/system exists).
+    systemd: bool,
+    /// A systemd user manager runs for the uid (its private socket exists).
+    user_manager: bool,
+    /// cgroup v2 alone is mounted at /sys/fs/cgroup (not v1, not the hybrid layout).
+    unified: bool,
+}
+
+impl Host {
+    fn probe(uid: u32) -> Host {
+        Host {
+            systemd: Path::new("/run/systemd/system").is_dir(),
+            user_manager: Path::new(&format!("/run/user/{uid}/systemd/private")).exists(),
+            unified: Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
+        }
+    }
+
+    /// Whether `systemd-run --user --scope -p Delegate=yes` gives the uid a cgroup here.
+    fn systemd_run_works(&self) -> bool {
+        self.systemd && self.user_manager && self.unified
+    }
 }
 
 #[test]
@@ -451,10 +512,16 @@ fn serve_and_mcp_refuse_to_start_where_a_strict_run_is_refused_and_name_the_fix(
         std::io::Read::read_to_string(&mut c.stderr.take().unwrap(), &mut err).unwrap();
         let status = status.unwrap_or_else(|| panic!("{args:?} started anyway:\n{err}"));
         assert!(!status.success(), "{args:?}: {err}");
+        // The fix `check` gives for this host (systemd-run only where it works).
+        let fix = if Host::probe(65534).systemd_run_works() {
+            "systemd-run --user --scope -p Delegate=yes"
+        } else {
+            "an admin"
+        };
         assert!(
             err.contains("refusing to start")
                 && err.contains("cgroup")
-                && err.contains("systemd-run --user --scope -p Delegate=yes")
+                && err.contains(fix)
                 && err.contains("--allow-degraded"),
             "{args:?}:\n{err}"
         );

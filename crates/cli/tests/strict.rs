@@ -362,7 +362,7 @@ fn check_names_landlock_rights_and_substitutes() {
     let ll = items.iter().find(|i| i["name"] == "landlock").unwrap();
     let d = ll["detail"].as_str().unwrap();
     assert_eq!(ll["ok"], true, "{v}");
-    assert!(d.starts_with("ABI 2: rights fs, refer;"), "{d}");
+    assert!(d.starts_with("ABI 2 applied: rights fs, refer;"), "{d}");
     assert!(d.contains("tcp (Landlock ABI 4): network namespace"), "{d}");
     assert!(d.contains("scope (Landlock ABI 6): pid namespace"), "{d}");
     let strict = items.iter().find(|i| i["name"] == "strict run").unwrap();

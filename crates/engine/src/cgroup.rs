@@ -597,7 +597,15 @@ impl Cgroup {
         fs::create_dir(&dir).map_err(|source| CgroupError::Mkdir {
             path: dir.clone(),
             hint: if source.kind() == io::ErrorKind::PermissionDenied {
-                " (this user holds no delegated cgroup here: run under `systemd-run --user --scope -p Delegate=yes`, or as root)"
+                // `systemd-run` is named only where it works (`check::Delegation`); `agentjail
+                // check` names the fix for any other host.
+                if crate::check::Delegation::probe(rustix::process::geteuid().as_raw())
+                    .systemd_run_works()
+                {
+                    " (this user holds no delegated cgroup here: run under `systemd-run --user --scope -p Delegate=yes`, or as root)"
+                } else {
+                    " (this user holds no delegated cgroup here)"
+                }
             } else {
                 ""
             },

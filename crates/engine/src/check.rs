@@ -31,8 +31,70 @@ pub struct Report {
 /// The end of the engine's refusal message, addressed to someone who has not run `check` yet.
 const RUN_HINT: &str = "; hint: `agentjail check` explains";
 
+/// What a host offers for giving an ordinary user a cgroup of its own, so that the fix `check`
+/// proposes is one that works there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delegation {
+    /// systemd is PID 1 (`sd_booted()`: /run/systemd/system exists).
+    pub systemd: bool,
+    /// A systemd user manager runs for the uid (its private socket exists): `systemd-run
+    /// --user` has someone to ask.
+    pub user_manager: bool,
+    /// cgroup v2 alone is mounted at /sys/fs/cgroup; else v1 or the hybrid layout, where
+    /// systemd delegates nothing to users.
+    pub unified: bool,
+}
+
+impl Delegation {
+    pub fn probe(uid: u32) -> Delegation {
+        use std::path::Path;
+        Delegation {
+            systemd: Path::new("/run/systemd/system").is_dir(),
+            user_manager: Path::new(&format!("/run/user/{uid}/systemd/private")).exists(),
+            unified: Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
+        }
+    }
+
+    /// Whether `systemd-run --user --scope -p Delegate=yes` gives the user a cgroup here.
+    pub fn systemd_run_works(self) -> bool {
+        self.systemd && self.user_manager && self.unified
+    }
+}
+
+/// The fix for an ordinary user without a cgroup, fitted to the host.
+fn cgroup_fix(d: Delegation, uid: u32) -> String {
+    const SYSTEMD_RUN: &str = "`systemd-run --user --scope -p Delegate=yes agentjail run …`";
+    if d.systemd_run_works() {
+        return format!(
+            "fix: run agentjail in a cgroup delegated to you: {SYSTEMD_RUN} (systemd's user manager delegates memory, pids and cpu), or run it as root"
+        );
+    }
+    let why = if !d.systemd {
+        "PID 1 is not systemd (no user manager here to delegate one)".to_string()
+    } else if !d.unified {
+        "systemd delegates cgroups to users on cgroup v2 only, and this host mounts cgroup v1"
+            .to_string()
+    } else {
+        format!(
+            "no systemd user manager runs for uid {uid} (one starts with a login session, or at boot after an admin's `loginctl enable-linger`; then {SYSTEMD_RUN} works)"
+        )
+    };
+    let how = if d.unified {
+        format!(
+            "cgroup v2 here: an admin makes /sys/fs/cgroup/agentjail-{uid} with memory, pids and cpu in /sys/fs/cgroup/cgroup.subtree_control, chowns it, its cgroup.procs and cgroup.subtree_control to uid {uid}, and moves the user's shell into it (`echo PID > /sys/fs/cgroup/agentjail-{uid}/cgroup.procs`)"
+        )
+    } else {
+        format!(
+            "cgroup v1 here: an admin makes a cgroup for uid {uid} in each of the memory, pids, cpu and cpuacct hierarchies (`mkdir /sys/fs/cgroup/H/agentjail-{uid} && chown -R {uid} /sys/fs/cgroup/H/agentjail-{uid}`), and agentjail runs from a shell moved into them (`echo $$ > /sys/fs/cgroup/H/agentjail-{uid}/tasks` for each H)"
+        )
+    };
+    format!(
+        "fix: this user holds no cgroup of its own, and {why}; an admin can delegate one: {how}; or run agentjail as root"
+    )
+}
+
 /// How to get what a failed strict run lacked, from the items that failed.
-fn fixes_for(items: &[Item], root: bool) -> Vec<String> {
+fn fixes_for(items: &[Item], root: bool, delegation: Delegation, uid: u32) -> Vec<String> {
     let failed = |name: &str| items.iter().any(|i| i.name == name && !i.ok);
     let mut fixes = Vec::new();
     let mut costs = Vec::new();
@@ -40,7 +102,7 @@ fn fixes_for(items: &[Item], root: bool) -> Vec<String> {
         fixes.push(if root {
             "fix: mount cgroup v2 with the memory, pids and cpu controllers enabled (or cgroup v1 memory, pids and cpu hierarchies)".to_string()
         } else {
-            "fix: run agentjail in a cgroup delegated to you: `systemd-run --user --scope -p Delegate=yes agentjail run …` (systemd's user manager delegates memory, pids and cpu), or run it as root".to_string()
+            cgroup_fix(delegation, uid)
         });
         costs.push("memory and processes bounded per process by rlimits only (RLIMIT_AS, RLIMIT_NPROC), not for the whole tree, and no CPU limit");
     }
@@ -225,7 +287,13 @@ pub fn check() -> Report {
     let fixes = if strict.is_ok() {
         Vec::new()
     } else {
-        fixes_for(&items, rustix::process::geteuid().is_root())
+        let uid = rustix::process::geteuid();
+        fixes_for(
+            &items,
+            uid.is_root(),
+            Delegation::probe(uid.as_raw()),
+            uid.as_raw(),
+        )
     };
     Report {
         strict_run_ok: strict.is_ok(),

@@ -151,16 +151,31 @@ fn test_cap() -> u32 {
 }
 
 /// One line for `agentjail check`: what Landlock applies here and what covers the rest.
-pub fn describe(abi: u32) -> (bool, String) {
-    match requirement(abi) {
+pub fn describe(kernel_abi: u32) -> (bool, String) {
+    // The ABI a run applies, as its report's `landlock_abi` says: the kernel's, capped at
+    // the newest whose rights are used.
+    let newer = if kernel_abi > WANTED_ABI {
+        format!(
+            " (the kernel offers ABI {kernel_abi}; newer ABIs than {WANTED_ABI} add no right agentjail uses)"
+        )
+    } else {
+        String::new()
+    };
+    match requirement(kernel_abi) {
         Err(e) => (false, e.to_string()),
-        Ok(c) if c.substitutes.is_empty() => {
-            (true, format!("ABI {abi}: rights {}", c.rights.join(", ")))
-        }
+        Ok(c) if c.substitutes.is_empty() => (
+            true,
+            format!(
+                "ABI {} applied: rights {}{newer}",
+                c.abi,
+                c.rights.join(", ")
+            ),
+        ),
         Ok(c) => (
             true,
             format!(
-                "ABI {abi}: rights {}; covered by other layers: {}",
+                "ABI {} applied: rights {}; covered by other layers: {}{newer}",
+                c.abi,
                 c.rights.join(", "),
                 c.substitutes.join("; ")
             ),
@@ -257,13 +272,19 @@ mod tests {
     fn check_line_names_rights_and_substitutes() {
         let (ok, d) = describe(2);
         assert!(ok);
-        assert!(d.starts_with("ABI 2: rights fs, refer;"), "{d}");
+        assert!(d.starts_with("ABI 2 applied: rights fs, refer;"), "{d}");
         assert!(d.contains("tcp (Landlock ABI 4)"), "{d}");
+        // The ABI applied, as run reports say it, and the kernel's when it is newer.
         let (ok, d) = describe(7);
         assert!(ok);
         assert_eq!(
             d,
-            "ABI 7: rights fs, refer, truncate, tcp, ioctl_dev, scope"
+            "ABI 6 applied: rights fs, refer, truncate, tcp, ioctl_dev, scope (the kernel offers ABI 7; newer ABIs than 6 add no right agentjail uses)"
+        );
+        let (_, d) = describe(6);
+        assert_eq!(
+            d,
+            "ABI 6 applied: rights fs, refer, truncate, tcp, ioctl_dev, scope"
         );
         let (ok, _) = describe(0);
         assert!(!ok);

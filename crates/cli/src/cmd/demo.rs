@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use agentjail_engine::RunOptions;
 use agentjail_manifest::{Manifest, SourcePolicy};
 
-use crate::cmd::run::{Terminal, clear_stale_report, status_word, summarize};
+use crate::cmd::run::{LimitNames, Terminal, clear_stale_report, status_word, summarize};
 use crate::pipeline::{self, Delivery, SetupFailure};
 
 const DEMO_FILES: &[(&str, &str)] = &[
@@ -96,7 +96,7 @@ pub fn run(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> 
                 r.isolation.cgroup.as_deref().unwrap_or("none")
             );
         }
-        None => summarize(r, terminal.stderr),
+        None => summarize(r, terminal.stderr, LimitNames::Manifest),
     }
     Ok(f.exit_code.clamp(0, 255) as u8)
 }

@@ -312,7 +312,12 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
             return Err(msg);
         }
     };
-    summarize(&finished.report, terminal.stderr);
+    let names = if a.manifest.is_none() && !a.lifeline {
+        LimitNames::Flags
+    } else {
+        LimitNames::Manifest
+    };
+    summarize(&finished.report, terminal.stderr, names);
     Ok(finished.exit_code.clamp(0, 255) as u8)
 }
 
@@ -382,15 +387,48 @@ pub fn status_word(s: agentjail_manifest::report::Status) -> String {
         .unwrap_or_default()
 }
 
-/// One line on stderr for a person: what happened, and why when it was not `ok`.
+/// How the run's limits were set, to name the one that ended it in the words the user wrote.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum LimitNames {
+    /// `agentjail run --timeout …`: the flags.
+    Flags,
+    /// A manifest file (or the service's): its fields.
+    Manifest,
+}
+
+/// The limit that ended the run, as its flag or field and value (`--timeout 5`,
+/// `limits.output_mb: 1`), so that the summary says what to change.
+fn limit_hit(r: &RunReport, names: LimitNames) -> Option<String> {
+    use agentjail_manifest::report::{DenialKind, Status};
+    let l = &r.limits;
+    let output_full = r.denials.iter().any(|d| {
+        d.kind == DenialKind::Output
+            && (d.detail.contains("exceeds its limit") || d.detail.contains("reached its limit"))
+    });
+    let (flag, field, value) = match r.status {
+        Status::Timeout => ("--timeout", "limits.seconds", l.seconds),
+        Status::MemoryLimit => ("--memory-mb", "limits.memory_mb", l.memory_mb),
+        _ if output_full => ("--output-max-mb", "limits.output_mb", l.output_mb),
+        _ => return None,
+    };
+    Some(match names {
+        LimitNames::Flags => format!("limit set by {flag} {value}"),
+        LimitNames::Manifest => format!("limit set by {field}: {value}"),
+    })
+}
+
+/// One line on stderr for a person: what happened, and why when it was not `ok`; when a limit
+/// ended it, the flag (or manifest field) that set it.
 ///
 /// When stderr is a terminal (and the sandbox's output is filtered), the line is printed for
 /// every status, `ok` included, and starts with [`agentjail_engine::term::OUR_TAG`]: an escape
 /// sequence that the filtered output of the sandbox cannot contain, so it cannot be forged.
-pub fn summarize(r: &RunReport, terminal: bool) {
+/// Elsewhere (a pipe, a file), an `ok` run prints it only when something was denied: the same
+/// words, without the styling.
+pub fn summarize(r: &RunReport, terminal: bool, names: LimitNames) {
     use agentjail_manifest::report::Status;
     let mut line = match r.status {
-        Status::Ok if !terminal => return,
+        Status::Ok if !terminal && r.denial_total() == 0 => return,
         Status::Ok => "run ended: ok".to_string(),
         Status::SetupError => format!(
             "error: {}",
@@ -406,6 +444,9 @@ pub fn summarize(r: &RunReport, terminal: bool) {
             r.denial_total(),
             d.detail
         ));
+    }
+    if let Some(limit) = limit_hit(r, names) {
+        line.push_str(&format!("; {limit}"));
     }
     if terminal {
         errln!(
