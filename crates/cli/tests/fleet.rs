@@ -1117,3 +1117,34 @@ fn a_running_mark_that_outlived_the_lease_records_no_start() {
     assert_eq!(pg.audited("run_unknown", "slow-1"), "0");
 }
 
+/// Issue 30, finding 7: job expiry is decided by the database's clock, as leases are. A worker
+/// whose wall clock is 400 s ahead (more than `job_ttl_seconds`, 300; a fault-injection hook
+/// of debug builds, `AGENTJAIL_TEST_CLOCK_SKEW_SECONDS`, shifts the server's wall clock) runs
+/// a fresh run `ok`; on the old code it ended every run `expired` (the replica's clock + 300 s
+/// checked against the worker's).
+#[test]
+fn a_worker_with_a_clock_ahead_does_not_expire_fresh_runs() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pg) = Pg::start() else { return };
+    let (d_api, d_w) = (tempdir(), tempdir());
+    let marker = marker_for(&d_api, "skew");
+    let cfg = config(&marker);
+    let (_api_node, api) = api(d_api.path(), &pg, &cfg);
+    let wrap = [
+        "env".to_string(),
+        "AGENTJAIL_TEST_CLOCK_SKEW_SECONDS=400".to_string(),
+    ];
+    let (w, _) = Node::start_on(
+        &wrap,
+        d_w.path(),
+        &pg.url(),
+        &cfg,
+        &["worker", "--slots", "1", "--node-id", "w-ahead"],
+        "claiming runs",
+    );
+    let body = json!({"request_id": "skew-1", "task": "sleeper", "inputs": [], "args": ["0"]});
+    assert_eq!(api.run(ALICE, &body, "?wait=false").status(), 202);
+    let v = wait_final(&api, "skew-1");
+    assert_eq!(v["status"], "ok", "{v}\n{}", w.log());
+}
+

@@ -333,7 +333,8 @@ async fn run_claimed(
                 request_id: run.request_id,
                 task: run.task,
                 job_id: run.job_id,
-                job_expires_at: run.job_expires_at,
+                // The database decided how long the job id has left; on this host's clock.
+                job_expires_at: now() + c.job_left,
                 inputs: spec.inputs,
                 code: spec.code,
                 args,

@@ -937,9 +937,9 @@ impl Store for PgStore {
                 // The replica that retries runs the new attempt: it becomes the run's node.
                 Some((job_id, expires)) => tx
                     .execute(
-                        "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL, node_id = $5
+                        "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = EXTRACT(EPOCH FROM clock_timestamp())::bigint + $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL, node_id = $5
                          WHERE tenant = $1 AND request_id = $2 AND status = 'unknown'",
-                        &[&t, &r, &job_id, &expires, &self.node],
+                        &[&t, &r, &job_id, &(expires - crate::app::now()), &self.node],
                     )
                     .await
                     .map_err(pg_err)?,
@@ -1217,6 +1217,9 @@ pub struct Claimed {
     pub run: RunRow,
     pub spec: String,
     pub fence: i64,
+    /// Seconds left before the job id expires, by the database's clock at the claim (the
+    /// executor translates it into its own clock: no two hosts' wall clocks are compared).
+    pub job_left: i64,
 }
 
 /// A run whose lease expired while it ran (now `unknown`).
@@ -1266,11 +1269,13 @@ impl PgStore {
         let status = row.status.as_str();
         let n = tx
             .execute(
-                &format!("INSERT INTO runs ({RUN_COLS}, node_id, spec, labels) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25)
+                // The job id's expiry: the time to live the replica gave it, from the
+                // database's clock (executors compare it with that clock, never their own).
+                &format!("INSERT INTO runs ({RUN_COLS}, node_id, spec, labels) VALUES ($1, $2, $3, $4, $5, $6, EXTRACT(EPOCH FROM clock_timestamp())::bigint + $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25)
                  ON CONFLICT (tenant, request_id) DO NOTHING"),
                 &[
                     &row.tenant, &row.request_id, &row.body_sha256, &row.task, &row.actor,
-                    &row.job_id, &row.job_expires_at, &status, &row.reason, &row.created_at,
+                    &row.job_id, &(row.job_expires_at - row.created_at), &status, &row.reason, &row.created_at,
                     &row.started_at, &row.finished_at, &row.inputs, &row.report, &row.receipt,
                     &row.artifact, &row.artifact_sha256, &row.outputs_expire_at,
                     &row.logs_expire_at, &row.outputs_deleted, &row.args, &row.manifest_digest,
@@ -1329,7 +1334,7 @@ impl PgStore {
                         WHERE status = 'queued' AND owner IS NULL AND spec IS NOT NULL AND labels <@ $3
                         ORDER BY created_at, job_id LIMIT 1 FOR UPDATE SKIP LOCKED)
                      AND status = 'queued' AND owner IS NULL
-                     RETURNING {RUN_COLS}, spec, fence"
+                     RETURNING {RUN_COLS}, spec, fence, job_expires_at - EXTRACT(EPOCH FROM clock_timestamp())::bigint"
                 ),
                 &[&self.node, &secs, &labels],
             )
@@ -1340,6 +1345,7 @@ impl PgStore {
             run: run_from_row(&r)?,
             spec: r.get(22),
             fence: r.get(23),
+            job_left: r.get(24),
         }))
     }
 
@@ -1493,10 +1499,11 @@ impl PgStore {
         let tx = read_committed(&mut c).await?;
         let n = tx
             .execute(
-                "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL,
+                "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = EXTRACT(EPOCH FROM clock_timestamp())::bigint + $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL,
                     owner = NULL, fence = NULL, lease_expires_at = NULL, spec = $5
                  WHERE tenant = $1 AND request_id = $2 AND status = 'unknown'",
-                &[&tenant, &request_id, &job_id, &expires, &spec],
+                // A time to live from this replica's clock, an expiry by the database's.
+                &[&tenant, &request_id, &job_id, &(expires - crate::app::now()), &spec],
             )
             .await
             .map_err(pg_err)?;
