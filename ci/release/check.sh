@@ -8,10 +8,11 @@
 #     is refused for a changed binary and for another key.
 #  3. The SBOM is CycloneDX JSON describing agentjail at this version with its dependencies.
 #  4. The OCI layout imports with `agentjail image import` (every blob checked against its
-#     digest) and holds the binary and nothing else.
+#     digest) and holds the binary and nothing else; runc runs its entrypoint.
 #  5. The .deb installs with dpkg into a clean Debian 12 root made by mmdebstrap (no Rust in
 #     it), which then runs `agentjail check`, `agentjail demo` and `agentjail selftest --tier
 #     native` with the installed binary; purging it removes the user and the data directory.
+#     Its systemd unit passes `systemd-analyze verify` without a warning.
 set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: $0 OUTDIR" >&2; exit 2; }
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -117,6 +118,34 @@ files="$(cd "$work/store/images/${digest#sha256:}/rootfs" && find . -type f)"
 cmp "$work/store/images/${digest#sha256:}/rootfs/usr/local/bin/agentjail" "$bin" \
   || fail "the image's binary is not the release binary"
 
+# The image runs: runc (no daemon) starts its config's entrypoint in a bundle whose read-only
+# root is the imported tree, with runc's default spec (no network, default capabilities).
+if command -v runc >/dev/null; then
+  mkdir "$work/bundle"
+  cp -a "$work/store/images/${digest#sha256:}/rootfs" "$work/bundle/rootfs"
+  (cd "$work/bundle" && runc spec)
+  python3 - "$work/bundle/config.json" agentjail-oci-layout.tar <<'EOF'
+import json, sys, tarfile
+t = tarfile.open(sys.argv[2])
+blob = lambda d: json.load(t.extractfile("blobs/sha256/" + d.split(":", 1)[1]))
+index = json.load(t.extractfile("index.json"))
+config = blob(blob(index["manifests"][0]["digest"])["config"]["digest"])
+c = json.load(open(sys.argv[1]))
+c["process"]["args"] = config["config"]["Entrypoint"] + ["--version"]
+c["process"]["terminal"] = False
+c["root"]["readonly"] = True
+json.dump(c, open(sys.argv[1], "w"))
+EOF
+  timeout 120 runc run --bundle "$work/bundle" "agentjail-release-check-$$" > "$work/runc.out" 2>&1 \
+    || { cat "$work/runc.out" >&2; fail "runc could not run the image's entrypoint"; }
+  cmp -s "$work/runc.out" "$work/version" || fail "the image says $(cat "$work/runc.out")"
+  echo "runc: the image's entrypoint: $(cat "$work/runc.out")" >&2
+elif [ -n "${CI:-}" ]; then
+  fail "runc is missing (apt-get install runc): the OCI image was not run"
+else
+  echo "SKIP: runc is missing: the OCI image was not run" >&2
+fi
+
 step "Debian package: clean Debian 12 root (mmdebstrap, cached)"
 dpkg-deb -c "$deb" > "$work/contents"
 for p in ./usr/bin/agentjail ./usr/share/man/man1/agentjail.1.gz ./usr/share/man/man1/agentjail-run.1.gz \
@@ -127,6 +156,20 @@ for p in ./usr/bin/agentjail ./usr/share/man/man1/agentjail.1.gz ./usr/share/man
 done
 dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles | grep -qx /etc/agentjail/config.toml \
   || fail "/etc/agentjail/config.toml is not a conffile"
+# The unit as systemd reads it (unknown keys, bad values), with ExecStart on the release binary.
+if command -v systemd-analyze >/dev/null; then
+  mkdir "$work/unit"
+  dpkg-deb --fsys-tarfile "$deb" | tar -xO ./usr/lib/systemd/system/agentjail.service \
+    | sed "s#^ExecStart=/usr/bin/agentjail #ExecStart=$bin #" > "$work/unit/agentjail.service"
+  grep -q "^ExecStart=$bin serve " "$work/unit/agentjail.service" || fail "the unit's ExecStart is not /usr/bin/agentjail serve"
+  systemd-analyze verify --man=no "$work/unit/agentjail.service" > "$work/unit/log" 2>&1 \
+    || { cat "$work/unit/log" >&2; fail "systemd-analyze verify refused agentjail.service"; }
+  [ ! -s "$work/unit/log" ] || { cat "$work/unit/log" >&2; fail "systemd-analyze verify warned about agentjail.service"; }
+elif [ -n "${CI:-}" ]; then
+  fail "systemd-analyze is missing (apt-get install systemd): agentjail.service was not verified"
+else
+  echo "SKIP: systemd-analyze is missing: agentjail.service was not verified" >&2
+fi
 tarball="$("$here/debian-root.sh")"
 root="$work/root"
 mkdir "$root"
