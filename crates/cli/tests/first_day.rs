@@ -621,3 +621,30 @@ fn a_gvisor_run_says_degraded_only_where_something_was_not_applied() {
         "{r}"
     );
 }
+
+/// The supervisor outlives a reader that left: the run keeps the command's status and its
+/// report is written (SIGPIPE's default action would have killed it at the first relayed
+/// write).
+#[test]
+fn a_run_whose_stdout_reader_left_keeps_its_status_and_writes_its_report() {
+    let d = tmp();
+    let s = with_closed(
+        d.path(),
+        &[
+            "run",
+            "--report",
+            "r.json",
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo one; echo two; exit 3",
+        ],
+        Closed::Stdout,
+        60,
+    );
+    assert_eq!(s.code, Some(3), "{}", s.other);
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.path().join("r.json")).unwrap()).unwrap();
+    assert_eq!(r["status"], "exit_nonzero", "{r}");
+    assert_eq!(r["exit_code"], 3, "{r}");
+}
