@@ -3,24 +3,20 @@
 //! parses the command line, so they cannot drift from it. The Debian package installs both
 //! (docs/release.md).
 
-use std::io::Write;
 use std::path::Path;
 
 use clap::CommandFactory;
 
 use crate::Cli;
 
-/// Prints the completion script for `shell` on stdout. A closed stdout ends it quietly.
+/// Prints the completion script for `shell` on stdout. A closed stdout ends it quietly, as
+/// for every subcommand (exit 141, `crate::out`).
 pub fn completions(shell: clap_complete::Shell) -> Result<u8, String> {
     let mut cmd = Cli::command();
     let mut buf = Vec::new();
     clap_complete::generate(shell, &mut cmd, "agentjail", &mut buf);
-    let mut out = std::io::stdout().lock();
-    match out.write_all(&buf).and_then(|()| out.flush()) {
-        Ok(()) => Ok(0),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
-        Err(e) => Err(format!("cannot write the completion script: {e}")),
-    }
+    crate::out::out_bytes(&buf);
+    Ok(0)
 }
 
 /// Writes `agentjail.1` and `agentjail-SUB.1` (and `agentjail-SUB-SUBSUB.1`) for every visible
@@ -31,9 +27,8 @@ pub fn write_all(dir: &Path) -> Result<u8, String> {
     cmd.build();
     let mut written = Vec::new();
     page(dir, &cmd, &mut written)?;
-    let mut out = std::io::stdout().lock();
     for w in written {
-        let _ = writeln!(out, "{w}");
+        outln!("{w}");
     }
     Ok(0)
 }

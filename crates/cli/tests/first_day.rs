@@ -281,6 +281,7 @@ fn a_printing_command_whose_reader_left_exits_141_and_a_lost_stderr_changes_noth
         &["report", "--schema"][..],
         &["selftest", "--list"],
         &["check"],
+        &["completions", "bash"],
     ] {
         let s = with_closed(d.path(), args, Closed::Stdout, 60);
         assert_eq!(s.code, Some(141), "{args:?}: {}", s.other);
