@@ -1148,3 +1148,57 @@ fn a_worker_with_a_clock_ahead_does_not_expire_fresh_runs() {
     assert_eq!(v["status"], "ok", "{v}\n{}", w.log());
 }
 
+/// Issue 30, finding 5: of two concurrent retries of one `unknown` run (one per replica), one
+/// wins; the other is told the truth: `409` naming the winner's decision, and its refusal is
+/// audited. The first retry is held between its change and its record (a trigger), the second
+/// is sent meanwhile (it waits on the run's row), then the first is let through.
+#[test]
+fn the_losing_one_of_two_concurrent_retries_gets_409() {
+    const HOLD: i64 = 4246;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pg) = Pg::start() else { return };
+    let (d_a, d_b) = (tempdir(), tempdir());
+    let marker = marker_for(&d_a, "race");
+    let (_a, api_a) = api(d_a.path(), &pg, &config_node(&marker, "api-a"));
+    let (_b, api_b) = api(d_b.path(), &pg, &config_node(&marker, "api-b"));
+    let body = json!({"request_id": "race-1", "task": "sleeper", "inputs": [], "args": ["0"]});
+    assert_eq!(api_a.run(ALICE, &body, "?wait=false").status(), 202);
+    // No worker: as a lost executor leaves it.
+    pg.psql("UPDATE runs SET status = 'unknown', reason = 'test', spec = NULL WHERE request_id = 'race-1'");
+    pg.hold_audit_insert("hold_rec", "reconcile", "race-1", HOLD);
+    let lock = pg.hold_advisory_lock(HOLD);
+    let retry = |api: &Api| {
+        let (http, u) = (api.http.clone(), api.url("/v1/runs/race-1/reconcile"));
+        std::thread::spawn(move || {
+            let r = http
+                .post(u)
+                .bearer_auth(ALICE)
+                .json(&json!({"action": "retry"}))
+                .send()
+                .unwrap();
+            (r.status().as_u16(), r.text().unwrap())
+        })
+    };
+    let first = retry(&api_a);
+    pg.wait_advisory_waiter(HOLD, "the first retry's record", || true);
+    let second = retry(&api_b);
+    std::thread::sleep(Duration::from_millis(500)); // it waits on the run's row
+    drop(lock);
+    let (first, second) = (first.join().unwrap(), second.join().unwrap());
+    let job = pg.psql("SELECT job_id FROM runs WHERE request_id = 'race-1'");
+    assert!(first.0 < 300, "the first retry: {first:?}");
+    assert_eq!(
+        second.0, 409,
+        "the second retry was told it succeeded: {second:?}"
+    );
+    assert!(
+        second.1.contains("retried") && second.1.contains(&job),
+        "the 409 names the winner's decision: {second:?}"
+    );
+    assert_eq!(
+        pg.psql("SELECT count(*) FROM audit_log WHERE record::jsonb->>'event' = 'reconcile' AND record::jsonb->>'request_id' = 'race-1' AND record::jsonb->>'decision' = 'deny'"),
+        "1",
+        "the refusal is audited"
+    );
+    assert_eq!(pg.audited("reconcile", "race-1"), "2");
+}

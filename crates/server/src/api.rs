@@ -180,9 +180,11 @@ fn http_status(r: &Refusal) -> (StatusCode, &'static str) {
         OutputsExpired => (StatusCode::GONE, "Deleted by retention"),
         NoArtifact { .. } => (StatusCode::CONFLICT, "No verified artifact"),
         NoReceipt { .. } => (StatusCode::CONFLICT, "No receipt"),
-        NotUnknown { .. } | InputExpired | CodeNotKept | NoManifestDigest => {
-            (StatusCode::CONFLICT, "Not reconcilable")
-        }
+        NotUnknown { .. }
+        | ReconcileLost { .. }
+        | InputExpired
+        | CodeNotKept
+        | NoManifestDigest => (StatusCode::CONFLICT, "Not reconcilable"),
         TaskChanged { .. } => (StatusCode::CONFLICT, "Task changed"),
         NotJson => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "Unsupported media type"),
     }
@@ -1064,6 +1066,13 @@ mod tests {
             ),
             (Refusal::NoReceipt { state: s }, 409, "No receipt"),
             (Refusal::NotUnknown { state: s }, 409, "Not reconcilable"),
+            (
+                Refusal::ReconcileLost {
+                    decision: "abandoned it".into(),
+                },
+                409,
+                "Not reconcilable",
+            ),
             (Refusal::InputExpired, 409, "Not reconcilable"),
             (Refusal::CodeNotKept, 409, "Not reconcilable"),
             (Refusal::NoManifestDigest, 409, "Not reconcilable"),

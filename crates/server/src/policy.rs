@@ -141,6 +141,9 @@ pub enum Refusal {
     NotOperator,
     /// Only `unknown` runs are reconciled.
     NotUnknown { state: RunState },
+    /// A concurrent reconcile of the run decided first (`decision`: what it did); this one
+    /// changed nothing.
+    ReconcileLost { decision: String },
     /// The run's task was removed from the configuration.
     TaskGone,
     /// A task with network access cannot be retried (an external effect may have happened).
@@ -194,7 +197,11 @@ impl Refusal {
             OutputsExpired => "outputs-expired",
             NoArtifact { .. } => "no-verified-artifact",
             NoReceipt { .. } => "no-receipt",
-            NotUnknown { .. } | InputExpired | CodeNotKept | NoManifestDigest => "not-reconcilable",
+            NotUnknown { .. }
+            | ReconcileLost { .. }
+            | InputExpired
+            | CodeNotKept
+            | NoManifestDigest => "not-reconcilable",
             TaskChanged { .. } => "task-changed",
             NotJson => "unsupported-media-type",
         }
@@ -246,6 +253,9 @@ impl Refusal {
             NotOperator => "only an operator may reconcile runs".into(),
             NotUnknown { state } => format!(
                 "only runs with status `unknown` are reconciled; this one is `{state}`"
+            ),
+            ReconcileLost { decision } => format!(
+                "another reconcile of this run decided first: it {decision}; this one changed nothing"
             ),
             TaskGone => "the task no longer exists".into(),
             RetryWithNetwork => "the task has network access: an external effect may have happened, so it cannot be retried; abandon it".into(),

@@ -992,6 +992,25 @@ pub enum ReconcileAction {
 
 /// An operator's decision on an `unknown` run: abandon it, or retry it (network-free tasks
 /// with a fixed program only) and wait for its end. Returns the record afterwards.
+/// The answer to a reconcile that found the run no longer `unknown` when it came to change it:
+/// a concurrent reconcile decided first. The refusal names what that one did (read from the
+/// run now) and is audited (`reconcile`, `deny`).
+async fn lost_reconcile(state: &AppState, caller: &Caller, request_id: &str) -> Failure {
+    let mut ev = caller.event("reconcile");
+    ev.request_id = Some(request_id.to_string());
+    let decision = match state.store().get_run(&caller.tenant, request_id).await {
+        Ok(Some(r)) => {
+            ev.task = Some(r.task.clone());
+            match r.status {
+                RunState::Abandoned => "abandoned it".to_string(),
+                s => format!("retried it as job {} (now `{s}`)", r.job_id),
+            }
+        }
+        _ => "changed it".to_string(),
+    };
+    deny(state, caller, ev, Refusal::ReconcileLost { decision }).await
+}
+
 pub(crate) async fn reconcile(
     state: &AppState,
     caller: &Caller,
@@ -1015,10 +1034,13 @@ pub(crate) async fn reconcile(
             status: Some(RunState::Abandoned.into()),
             ..ev
         };
-        state
+        if !state
             .store()
             .reconcile(tenant, rid, None, now(), record)
-            .await?;
+            .await?
+        {
+            return Err(lost_reconcile(state, caller, request_id).await);
+        }
     } else {
         let task = match policy::check_retry(task.as_ref()) {
             Ok(t) => t,
@@ -1060,9 +1082,12 @@ pub(crate) async fn reconcile(
                 inputs: rows,
                 code: None,
             };
-            queue
+            if !queue
                 .requeue(tenant, rid, (job_id.clone(), expires), &spec, &record(ev))
-                .await?;
+                .await?
+            {
+                return Err(lost_reconcile(state, caller, request_id).await);
+            }
             return state
                 .store()
                 .get_run(&caller.tenant, &r.request_id)
@@ -1082,7 +1107,11 @@ pub(crate) async fn reconcile(
                 record(ev),
             )
             .await?;
-        if ok {
+        if !ok {
+            drop(admission);
+            return Err(lost_reconcile(state, caller, request_id).await);
+        }
+        {
             let job = Job {
                 tenant: caller.tenant.clone(),
                 actor: r.actor.clone(),
