@@ -19,7 +19,7 @@ mod common;
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
@@ -582,6 +582,74 @@ fn files_containing(dir: &Path, needle: &[u8]) -> Vec<String> {
     hits
 }
 
+/// `agentjail serve` with one task `name` for tenant acme (caller alice): it runs `command`
+/// (a TOML array), may reach api.test:443 (and `ports` more, a TOML `ports = […]` for the
+/// credential, or empty for its default), the secret (`env:AJ_TEST_TOKEN`, in the service's
+/// environment) bound to api.test's `/v1/`, and a JSON output `o.json` of up to `max_bytes`.
+/// The runner resolves names with the host's `/etc/hosts` (the service has no test DNS
+/// option), so the service runs under `unshare -m` with a private `/etc/hosts` naming
+/// api.test. Returns the service, alice's token and the data directory; `None` (after a
+/// skip) without unshare(1).
+fn serve_with_task(
+    work: &Path,
+    name: &str,
+    command: &str,
+    ports: &str,
+    max_bytes: u32,
+    secret: &str,
+) -> Option<(common::serve::Serve, &'static str, PathBuf)> {
+    if Command::new("unshare").arg("--version").output().is_err() {
+        common::skip("unshare(1) is not installed");
+        return None;
+    }
+    let hosts = work.join("hosts");
+    std::fs::write(&hosts, "127.0.0.1 localhost api.test\n").unwrap();
+    std::fs::set_permissions(&hosts, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let alice = "tok-alice-cred-81d2";
+    let allowed: Vec<u16> = std::iter::once(443)
+        .chain(
+            ports
+                .trim_start_matches("ports = [")
+                .trim_end_matches(']')
+                .split(',')
+                .filter_map(|p| p.trim().parse().ok()),
+        )
+        .collect();
+    let sep = if ports.is_empty() { "" } else { ", " };
+    let cfg = format!(
+        r#"
+[tenants.acme]
+{actor}
+[tasks.{name}]
+description = "Calls an API whose key the service holds"
+code = "forbidden"
+command = {command}
+allowed_tenants = ["acme"]
+network = {{ allow = [{{ host = "api.test", ports = {allowed:?} }}], allow_private = ["127.0.0.1/32"], credentials = [{{ host = "api.test", header = "Authorization", value_from = "env:AJ_TEST_TOKEN", paths = ["/v1/"]{sep}{ports} }}], upstream_ca_file = "{ca}" }}
+{output}[tasks.{name}.limits]
+seconds = 60
+"#,
+        actor = common::serve::actor("alice", "acme", alice, false),
+        ca = work.join("ca.pem").display(),
+        output = common::serve::json_output(name, "o.json", max_bytes),
+    );
+    let cfg = common::serve::write_config(work, &cfg);
+    let data = work.join("data");
+    let mut cmd = Command::new("unshare");
+    cmd.args(["-m", "--", "/bin/sh", "-c"])
+        .arg("mount --bind \"$1\" /etc/hosts && shift && exec \"$@\"")
+        .arg("sh")
+        .arg(&hosts)
+        .arg(common::bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(&data)
+        .env("AJ_TEST_TOKEN", secret)
+        .env("AGENTJAIL_LOG", "debug");
+    Some((common::serve::Serve::spawn(cmd), alice, data))
+}
+
 /// The credential flow through `agentjail serve`: a task type binds the secret
 /// (`value_from = "env:AJ_TEST_TOKEN"`, in the service's environment) to api.test; the runner
 /// gets it, the upstream receives the header, and the sandbox's environment and files, the
@@ -598,48 +666,18 @@ fn credentials_through_the_service_reach_the_upstream_and_no_log_or_job_folder()
         let Some(_upstream) = tls_upstream(work.path(), port) else {
             return;
         };
-        if Command::new("unshare").arg("--version").output().is_err() {
-            common::skip("unshare(1) is not installed");
-            return;
-        }
-        let hosts = work.path().join("hosts");
-        std::fs::write(&hosts, "127.0.0.1 localhost api.test\n").unwrap();
-        std::fs::set_permissions(&hosts, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let alice = "tok-alice-cred-81d2";
         let script = SERVE_PROBE.replace("'''", "");
-        let cfg = format!(
-            r#"
-[tenants.acme]
-{actor}
-[tasks.cred]
-description = "Calls an API whose key the service holds"
-code = "forbidden"
-command = ["/bin/sh", "-c", '''{script}''']
-allowed_tenants = ["acme"]
-network = {{ allow = [{{ host = "api.test", ports = [{port}] }}], allow_private = ["127.0.0.1/32"], credentials = [{{ host = "api.test", header = "Authorization", value_from = "env:AJ_TEST_TOKEN", paths = ["/v1/"], ports = [{port}] }}], upstream_ca_file = "{ca}" }}
-{output}[tasks.cred.limits]
-seconds = 60
-"#,
-            actor = common::serve::actor("alice", "acme", alice, false),
-            ca = work.path().join("ca.pem").display(),
-            output = common::serve::json_output("cred", "o.json", 1000),
-        );
-        let cfg = common::serve::write_config(work.path(), &cfg);
-        let data = work.path().join("data");
         let secret = format!("Bearer {SECRET_PART}-{}", std::process::id());
-        let mut cmd = Command::new("unshare");
-        cmd.args(["-m", "--", "/bin/sh", "-c"])
-            .arg("mount --bind \"$1\" /etc/hosts && shift && exec \"$@\"")
-            .arg("sh")
-            .arg(&hosts)
-            .arg(common::bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&cfg)
-            .arg("--data-dir")
-            .arg(&data)
-            .env("AJ_TEST_TOKEN", &secret)
-            .env("AGENTJAIL_LOG", "debug");
-        let serve = common::serve::Serve::spawn(cmd);
+        let Some((serve, alice, data)) = serve_with_task(
+            work.path(),
+            "cred",
+            &format!("[\"/bin/sh\", \"-c\", '''{script}''']"),
+            &format!("ports = [{port}]"),
+            1000,
+            &secret,
+        ) else {
+            return;
+        };
         let api = common::serve::Api::new(&serve.base);
         let r = api.run(
             alice,
@@ -1331,13 +1369,6 @@ fn smuggling_through_the_service_brings_no_secret_into_the_artifact_or_the_datab
         let Some(_upstream) = hostile_upstream(work.path()) else {
             return;
         };
-        if Command::new("unshare").arg("--version").output().is_err() {
-            common::skip("unshare(1) is not installed");
-            return;
-        }
-        let hosts = work.path().join("hosts");
-        std::fs::write(&hosts, "127.0.0.1 localhost api.test\n").unwrap();
-        std::fs::set_permissions(&hosts, std::fs::Permissions::from_mode(0o644)).unwrap();
         let script = format!(
             "{ATTACK_HELPERS}\nimport base64, json\nout = {{}}\n\
              for name, raw in ((\"get\", req(b\"GET\", b\"/v2/innocent\", smuggle)), (\"post\", req(b\"POST\", b\"/v2/innocent\", smuggle))):\n\
@@ -1349,40 +1380,17 @@ fn smuggling_through_the_service_brings_no_secret_into_the_artifact_or_the_datab
             !script.contains("'''"),
             "the script goes into a TOML literal string"
         );
-        let alice = "tok-alice-smuggle-5c1e";
-        let cfg = format!(
-            r#"
-[tenants.acme]
-{actor}
-[tasks.smuggle]
-description = "Calls an API whose key the service holds"
-code = "forbidden"
-command = ["/usr/bin/python3", "-c", '''{script}''']
-allowed_tenants = ["acme"]
-network = {{ allow = [{{ host = "api.test", ports = [443] }}], allow_private = ["127.0.0.1/32"], credentials = [{{ host = "api.test", header = "Authorization", value_from = "env:AJ_TEST_TOKEN", paths = ["/v1/"] }}], upstream_ca_file = "{ca}" }}
-{output}[tasks.smuggle.limits]
-seconds = 60
-"#,
-            actor = common::serve::actor("alice", "acme", alice, false),
-            ca = work.path().join("ca.pem").display(),
-            output = common::serve::json_output("smuggle", "o.json", 60000),
-        );
-        let cfg = common::serve::write_config(work.path(), &cfg);
-        let data = work.path().join("data");
         let secret = format!("Bearer {SECRET_PART}-{}", std::process::id());
-        let mut cmd = Command::new("unshare");
-        cmd.args(["-m", "--", "/bin/sh", "-c"])
-            .arg("mount --bind \"$1\" /etc/hosts && shift && exec \"$@\"")
-            .arg("sh")
-            .arg(&hosts)
-            .arg(common::bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&cfg)
-            .arg("--data-dir")
-            .arg(&data)
-            .env("AJ_TEST_TOKEN", &secret)
-            .env("AGENTJAIL_LOG", "debug");
-        let serve = common::serve::Serve::spawn(cmd);
+        let Some((serve, alice, data)) = serve_with_task(
+            work.path(),
+            "smuggle",
+            &format!("[\"/usr/bin/python3\", \"-c\", '''{script}''']"),
+            "",
+            60000,
+            &secret,
+        ) else {
+            return;
+        };
         let api = common::serve::Api::new(&serve.base);
         let r = api.run(
             alice,

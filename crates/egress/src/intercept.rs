@@ -381,6 +381,18 @@ pub(crate) fn redact_response(host: &HostTls, headers: &mut HeaderMap) -> usize 
     removed
 }
 
+/// The size of a body that passes on all of `inner` and the `held` bytes a wrapper holds
+/// back (neither wrapper below changes a body's length).
+fn plus_held(inner: SizeHint, held: usize) -> SizeHint {
+    let held = held as u64;
+    let mut h = SizeHint::new();
+    h.set_lower(inner.lower().saturating_add(held));
+    if let Some(u) = inner.upper() {
+        h.set_upper(u.saturating_add(held));
+    }
+    h
+}
+
 /// A response body from a credentialed host with every copy of its secrets masked at the
 /// same length ([`BodyMasker`]), trailers dropped. The copies masked are added to `masked`.
 pub(crate) struct MaskedBody<B> {
@@ -450,14 +462,7 @@ where
     }
 
     fn size_hint(&self) -> SizeHint {
-        let held = self.masker.held() as u64;
-        let inner = self.inner.size_hint();
-        let mut h = SizeHint::new();
-        h.set_lower(inner.lower().saturating_add(held));
-        if let Some(u) = inner.upper() {
-            h.set_upper(u.saturating_add(held));
-        }
-        h
+        plus_held(self.inner.size_hint(), self.masker.held())
     }
 }
 
@@ -535,14 +540,7 @@ where
     }
 
     fn size_hint(&self) -> SizeHint {
-        let held = self.scanner.held() as u64;
-        let inner = self.inner.size_hint();
-        let mut h = SizeHint::new();
-        h.set_lower(inner.lower().saturating_add(held));
-        if let Some(u) = inner.upper() {
-            h.set_upper(u.saturating_add(held));
-        }
-        h
+        plus_held(self.inner.size_hint(), self.scanner.held())
     }
 }
 
