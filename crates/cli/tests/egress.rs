@@ -102,7 +102,7 @@ fn allowed_host_is_reached_and_others_are_refused_with_a_reason() {
                 .iter()
                 .all(|c| c["host"] == "allowed.test" && c["address"] == "127.0.0.1")
         );
-        assert_eq!(up.connections.load(Ordering::SeqCst), 2);
+        assert_eq!(up.connections_once(2), 2);
         assert_eq!(o.code, 0);
     });
 }
@@ -258,7 +258,7 @@ for name, t in [("DECIMAL", "2130706433:{p}"), ("OCTAL", "0177.0.0.1:{p}"), ("HE
         // A trailing dot is the same allowed name, not a bypass and not a refusal.
         assert!(o.line("TRAILING_DOT").contains("200"), "{}", o.report);
         assert_eq!(
-            up.connections.load(Ordering::SeqCst),
+            up.connections_once(1),
             1,
             "only the trailing-dot CONNECT may connect"
         );

@@ -64,6 +64,22 @@ pub struct Upstream {
     pub connections: Arc<AtomicUsize>,
 }
 
+impl Upstream {
+    /// The connections accepted so far, once there are at least `n` (or after 10 s): the
+    /// gateway's connect completes in the kernel before this upstream's accept loop counts it,
+    /// so a count read right after the run can lag behind on a loaded machine.
+    pub fn connections_once(&self, n: usize) -> usize {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let c = self.connections.load(Ordering::SeqCst);
+            if c >= n || std::time::Instant::now() > deadline {
+                return c;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
 /// Starts an [`Upstream`] on `bind`: each request's head is read, and `answer(path)` is
 /// written back as the whole response (status line, headers and body), so it can send what a
 /// real HTTP library would not.
