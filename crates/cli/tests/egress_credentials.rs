@@ -1306,7 +1306,7 @@ fn credentials_hold_against_nginx() {
         }
         script += "echo V1 $(curl -s -m 10 -w ' %{http_code}' https://api.test/v1/data || echo CURL_FAILED)\n";
         script += "curl -s -m 10 -D /tmp/h -o /tmp/b https://api.test/v1/echo\n";
-        script += "if cat /tmp/h /tmp/b | grep -qiF \"$S\"; then echo ECHO SECRET_SEEN; elif grep -q '^you sent \\*' /tmp/b; then echo ECHO MASKED; else echo ECHO OTHER $(head -c 200 /tmp/b); fi\n";
+        script += "if cat /tmp/h /tmp/b | grep -qiF \"$S\"; then echo ECHO SECRET_SEEN; elif grep -q '^you sent .*\\*\\*\\*\\*' /tmp/b; then echo ECHO MASKED; else echo ECHO OTHER $(head -c 200 /tmp/b); fi\n";
         // The smuggle: a body (to a path without the credential) that is a request of its own
         // whose body would be the next request on nginx's pooled connection to the app.
         script += "printf 'POST /v2/app/echo HTTP/1.1\\r\\nHost: app\\r\\nContent-Length: 400\\r\\n\\r\\n' > /tmp/smuggle\n";

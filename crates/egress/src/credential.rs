@@ -98,6 +98,14 @@ impl Needles {
                 }
             }
         }
+        // A needle that holds another needs no search of its own: every copy of it holds a
+        // copy of the other, which is masked (or its header removed) anyway. Usually that
+        // leaves the bare token alone: one pass over a body instead of two.
+        let all = whole.clone();
+        whole.retain(|n| {
+            !all.iter()
+                .any(|m| m.len() < n.len() && find(n, m, 0).is_some())
+        });
         whole.sort_by_key(|n| std::cmp::Reverse(n.len()));
         Needles { whole }
     }
@@ -174,7 +182,7 @@ fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
     let mut i = from;
     while i <= last_start {
         let rest = hay.get(i..=last_start)?;
-        let off = rest.iter().position(|c| c.to_ascii_lowercase() == first)?;
+        let off = memchr::memchr2(first, first.to_ascii_uppercase(), rest)?;
         i += off;
         if hay
             .get(i..i + needle.len())
@@ -370,7 +378,8 @@ mod tests {
     #[test]
     fn needles_are_the_value_and_its_bare_token_any_case() {
         let n = needles();
-        assert_eq!(n.max_len(), "bearer sk-secret-0123456789".len());
+        // The whole value holds the bare token: the token alone is searched for.
+        assert_eq!(n.max_len(), "sk-secret-0123456789".len());
         assert!(n.in_header(b"you sent bearer SK-SECRET-0123456789"));
         assert!(n.in_header(b"sk-secret-0123456789"));
         // A piece is not looked for: its removal would tell a guessing sandbox it was right.
