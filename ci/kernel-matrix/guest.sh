@@ -72,7 +72,12 @@ run_config() {
   if [ $cgv = v2 ]; then
     case "$cgl" in "cgroups ok v2"*) result check PASS "$cgl";; *) result check FAIL "$cgl";; esac
   else
-    case "$cgl" in *"Permission denied"*Delegate=yes*) result check PASS "$cgl";; *) result check FAIL "$cgl";; esac
+    # No delegated cgroup, and no systemd in this guest (busybox is PID 1): the fix `check`
+    # names must fit that host (an admin's delegation, or --allow-degraded), not systemd-run.
+    if echo "$cgl" | grep -q "Permission denied" && grep -q "an admin can delegate one" $o/check.txt \
+      && grep -q -e "--allow-degraded" $o/check.txt && ! grep -q "systemd-run" $o/check.txt; then
+      result check PASS "$cgl"
+    else result check FAIL "$cgl $(grep -m1 'fix:' $o/check.txt | head -c 200)"; fi
   fi
   # The CSV example, strict (no --allow-degraded).
   place $CFG $AJ run --manifest $REPO/examples/csv-summary/manifest.yaml --output-dir $o/csv --report $o/csv.json > $o/csv.out 2>&1
@@ -80,7 +85,8 @@ run_config() {
   if [ $cgv = v2 ]; then
     result csv-strict $(python3 $P eval ok $o/csv.json v2) "rc=$rc $(grep -m1 refusing $o/csv.out)"
   else
-    if [ $rc -ne 0 ] && grep -q 'Delegate=yes' $o/csv.out; then result csv-strict PASS "refused, naming the fix: $(grep -m1 -o 'mkdir[^;]*' $o/csv.out)"
+    if [ $rc -ne 0 ] && grep -q 'Permission denied' $o/csv.out && grep -q 'agentjail check' $o/csv.out \
+      && ! grep -q 'systemd-run' $o/csv.out; then result csv-strict PASS "refused, pointing at the fix: $(grep -m1 -o 'mkdir[^;]*' $o/csv.out)"
     else result csv-strict FAIL "rc=$rc $(head -c 300 $o/csv.out)"; fi
     place $CFG $AJ run --allow-degraded --manifest $REPO/examples/csv-summary/manifest.yaml --output-dir $o/csvd --report $o/csvd.json > $o/csvd.out 2>&1
     result csv-degraded $(python3 $P eval ok $o/csvd.json none)
