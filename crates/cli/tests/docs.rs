@@ -170,8 +170,17 @@ fn parse(name: &str, text: &str, out: &mut Parsed) {
 /// A line a reader would copy into a shell.
 fn looks_like_a_command(line: &str) -> bool {
     const STARTS: [&str; 11] = [
-        "$ ", "sudo ", "agentjail ", "cargo ", "curl ", "docker ", "kubectl ", "npx ", "pip ",
-        "python3 ", "apt-get ",
+        "$ ",
+        "sudo ",
+        "agentjail ",
+        "cargo ",
+        "curl ",
+        "docker ",
+        "kubectl ",
+        "npx ",
+        "pip ",
+        "python3 ",
+        "apt-get ",
     ];
     let l = line.trim_start();
     STARTS.iter().any(|s| l.starts_with(s))
@@ -223,7 +232,11 @@ fn workdir() -> tempfile::TempDir {
         .args(["ls-files", "-z"])
         .output()
         .expect("git ls-files (the documentation test copies the checkout)");
-    assert!(out.status.success(), "git ls-files failed in {}", root.display());
+    assert!(
+        out.status.success(),
+        "git ls-files failed in {}",
+        root.display()
+    );
     for f in out.stdout.split(|b| *b == 0).filter(|f| !f.is_empty()) {
         let rel = Path::new(std::str::from_utf8(f).unwrap());
         let from = root.join(rel);
@@ -244,8 +257,7 @@ fn workdir() -> tempfile::TempDir {
         for e in std::fs::read_dir(p).unwrap() {
             let e = e.unwrap();
             if e.file_type().unwrap().is_dir() {
-                std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o755))
-                    .unwrap();
+                std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
                 open_up(&e.path());
             }
         }

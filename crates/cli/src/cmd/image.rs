@@ -114,7 +114,12 @@ pub fn dispatch(c: ImageCmd) -> Result<u8, String> {
                     match r {
                         Ok(r) => outln!(
                             "{}  {:<10} {:>8} files {:>12} bytes  {}  {}",
-                            r.digest, r.kind, r.entries, r.bytes, r.created, r.source
+                            r.digest,
+                            r.kind,
+                            r.entries,
+                            r.bytes,
+                            r.created,
+                            r.source
                         ),
                         Err(e) => outln!("{e}"),
                     }
