@@ -6,8 +6,9 @@
 //! (one job folder each, counted across the three workers).
 //! What is attacked: 500 runs over both replicas (none lost, none twice, every worker used);
 //! `kill -9` of a worker mid-run; a worker whose link is taken down mid-run (lease, sandbox
-//! killed, late result fenced); PostgreSQL restarted under load; one request sent to both
-//! replicas at once.
+//! killed, late result fenced); a worker paused mid-run (its runner kills the payload before
+//! the lease ends; the retry never overlaps it); PostgreSQL restarted under load; one request
+//! sent to both replicas at once.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -513,6 +514,110 @@ fn a_worker_whose_link_goes_down_kills_its_sandbox_and_is_fenced() {
         assert_eq!(v["status"], "ok", "{v}");
     });
     assert_eq!(w.job_folders().len(), 2);
+}
+
+/// Sends `sig` (`STOP`, `CONT`) to a node's process (the child this test started).
+fn signal(node: &Node, sig: &str) {
+    let pid = node.pid().to_string();
+    assert!(
+        Command::new("kill")
+            .args([&format!("-{sig}"), &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+/// Issue #30, finding 2: a worker paused (SIGSTOP) mid-run. Its runner is a separate process
+/// and lives on, so it must enforce the lease itself: the payload is dead before the lease
+/// ends (3 s after the last renewal), i.e. before any node can mark the run `unknown`, and the
+/// `unknown` reason says so. The operator's retry then runs on a live worker while the paused
+/// one is resumed: sampled from /proc (one pid namespace for every test host) all along, there
+/// is never more than one payload of the run, the resumed worker's late result is fenced, and
+/// the trail is two `run_start`, one `run_unknown`, one `run_end`.
+#[test]
+fn a_paused_workers_payload_dies_before_its_lease_ends_and_a_retry_never_overlaps_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(f) = Fleet::up("pause") else { return };
+    let marker = f.marker.clone();
+    // Every 10 ms until the end: the most payload processes of the run seen at once.
+    let sampling = std::sync::atomic::AtomicBool::new(true);
+    let most = AtomicUsize::new(0);
+    /// Ends the sampling when dropped, also when an assertion below panics.
+    struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::Relaxed);
+        }
+    }
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while sampling.load(Ordering::Relaxed) {
+                most.fetch_max(payloads(&marker).len(), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        let _stop = Stop(&sampling);
+        f.on_client(|| {
+            let [a1, a2] = f.clients();
+            let body =
+                json!({"request_id": "paused", "task": "sleeper", "inputs": [], "args": ["10"]});
+            assert_eq!(a1.run(ALICE, &body, "?wait=false").status(), 202);
+            wait_status(&a2, "paused", "running", 30);
+        });
+        wait_payloads(&marker, 1, 20);
+        let owner = f.row("paused").split('|').nth(1).unwrap().to_string();
+        let w = f.worker(&owner);
+        signal(w, "STOP");
+        let stopped_at = Instant::now();
+        // Lease 3 s, renewed every second; the runner's end is half a second before the
+        // lease's. Before the fix the payload ran on until the worker was resumed.
+        wait_payloads(&marker, 0, 4);
+        let dead_after = stopped_at.elapsed();
+        eprintln!("the paused worker's payload was dead {dead_after:?} after the pause");
+        f.on_client(|| {
+            let [a1, a2] = f.clients();
+            let v = wait_status(&a2, "paused", "unknown", 15);
+            let reason = v["reason"].as_str().unwrap_or("");
+            assert!(
+                reason.contains("lease") && reason.contains("runner kills the sandbox"),
+                "{v}"
+            );
+            let r = a1
+                .http
+                .post(a1.url("/v1/runs/paused/reconcile"))
+                .bearer_auth(ALICE)
+                .json(&json!({"action": "retry"}))
+                .send()
+                .unwrap();
+            let code = r.status();
+            assert!(code.is_success(), "{code}: {:?}", r.text());
+        });
+        // The retry runs on a live worker; then the paused one wakes up.
+        wait_payloads(&marker, 1, 20);
+        signal(w, "CONT");
+        wait_log(w, "the result was refused by fencing", 30);
+        f.on_client(|| {
+            let [a1, _] = f.clients();
+            let v = wait_status(&a1, "paused", "ok", 60);
+            assert!(v.get("reason").is_none_or(|r| r.is_null()), "{v}");
+        });
+    });
+    assert_eq!(
+        most.load(Ordering::Relaxed),
+        1,
+        "two payloads of one run at once"
+    );
+    assert_eq!(
+        f.job_folders().len(),
+        2,
+        "the paused execution and the retry"
+    );
+    assert_eq!(f.audited("run_start", "paused"), 2);
+    assert_eq!(f.audited("run_unknown", "paused"), 1);
+    assert_eq!(f.audited("run_end", "paused"), 1);
+    let (code, out) = f.verify_audit();
+    assert_eq!(code, 0, "{out}");
 }
 
 /// PostgreSQL stopped and started again while 50 runs are queued and running and more are

@@ -236,6 +236,11 @@ pub fn run(
     report.manifest_digest = Some(vm.digest.clone());
     report.image = image;
     report.isolation.kind = "gvisor".into();
+    // The caller's lifeline (and lease): a lease that already ended starts nothing.
+    let mut lifeline = match crate::lifeline::Watch::start(opts) {
+        Ok(w) => w,
+        Err(e) => return fail(report, e),
+    };
     if !matches!(vm.manifest.network, agentjail_manifest::Network::Deny) {
         return fail(report, "manifest field `network`: allowlists are not available on the gvisor tier yet; use the native tier or `network: deny`".into());
     }
@@ -322,15 +327,17 @@ pub fn run(
     let mut out = Stream::new(child.stdout.take().map(OwnedFd::from), opts.stdout);
     let mut err = Stream::new(child.stderr.take().map(OwnedFd::from), opts.stderr);
     let mut timed_out = false;
-    let mut orphaned = false;
+    let mut orphaned: Option<String> = None;
     loop {
         if let Ok(Some(_)) = child.try_wait() {
             break;
         }
         let remaining = deadline.saturating_duration_since(Instant::now());
-        // The caller is gone (its lifeline hung up): kill the sandbox as at the deadline.
-        if !orphaned && opts.lifeline.as_deref().is_some_and(hung_up) {
-            orphaned = true;
+        // The caller is gone (its lifeline hung up) or its lease ended: kill the sandbox as
+        // at the deadline.
+        if let Some(why) = lifeline.as_mut().and_then(crate::lifeline::Watch::check) {
+            lifeline = None;
+            orphaned = Some(why);
             timed_out = true;
             let _ = Command::new(&runsc)
                 .arg("--root")
@@ -355,8 +362,8 @@ pub fn run(
         for f in [&out.fd, &err.fd].into_iter().flatten() {
             fds.push(PollFd::new(f, PollFlags::IN));
         }
-        if let Some(f) = opts.lifeline.as_deref().filter(|_| !orphaned) {
-            fds.push(PollFd::new(f, PollFlags::IN));
+        if let Some(w) = &lifeline {
+            fds.extend(w.poll_fds());
         }
         let step = remaining.min(Duration::from_millis(if pidfd.is_some() {
             60_000
@@ -423,9 +430,9 @@ pub fn run(
         "gvisor: CPU time and peak memory are not reported; a memory-limit kill shows as SIGKILL".into(),
     ];
     let limits = vm.manifest.limits;
-    if orphaned {
+    if let Some(why) = orphaned {
         report.status = Status::SetupError;
-        report.error = Some("the caller (lifeline) is gone; the sandbox was killed".into());
+        report.error = Some(why);
     } else {
         let ended = status.and_then(|s| s.code()).map(|c| match c {
             // runsc reports a container killed by signal N as 128+N.
@@ -827,16 +834,6 @@ fn write_bundle<'p>(
     }
     std::fs::set_permissions(work, std::fs::Permissions::from_mode(0o755))?;
     Ok(inline)
-}
-
-/// The lifeline pipe hung up (or is readable: its writer never writes).
-fn hung_up(fd: &OwnedFd) -> bool {
-    let mut fds = [PollFd::new(fd, PollFlags::IN)];
-    let zero = rustix::time::Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ pub mod gvisor;
 pub mod image;
 mod inside;
 pub mod landlock_policy;
+pub mod lifeline;
 mod outcome;
 pub mod plan;
 mod root_sys;
@@ -98,6 +99,7 @@ pub fn probe_run(allow_degraded: bool) -> Result<(), ProbeError> {
         stderr: Sink::Capture,
         egress_dns: Vec::new(),
         lifeline: None,
+        lease: None,
     };
     let out = run(&vm, &opts, None);
     match out.report.status {

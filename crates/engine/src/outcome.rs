@@ -41,6 +41,10 @@ pub struct RunOptions {
     /// The read end of a pipe whose write end only the caller (the service) holds: when it
     /// hangs up (the caller died), the sandbox is killed and the run ends as a setup error.
     pub lifeline: Option<std::sync::Arc<OwnedFd>>,
+    /// With a lifeline: the lease the caller holds on the run (a fleet executor's), which the
+    /// caller renews over the lifeline; when its end passes, the sandbox is killed
+    /// ([`crate::lifeline`]).
+    pub lease: Option<crate::lifeline::LeaseStart>,
 }
 
 impl Default for RunOptions {
@@ -51,6 +55,7 @@ impl Default for RunOptions {
             stderr: Sink::Stderr,
             egress_dns: Vec::new(),
             lifeline: None,
+            lease: None,
         }
     }
 }

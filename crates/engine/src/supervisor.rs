@@ -68,6 +68,11 @@ pub fn run_on(
     report.image = image;
     crate::timing::init_from_env();
     crate::timing::mark("supervisor: start");
+    // The caller's lifeline (and lease): a lease that already ended starts nothing.
+    let mut lifeline = match crate::lifeline::Watch::start(opts) {
+        Ok(w) => w,
+        Err(e) => return fail(report, e),
+    };
     let root_mode = rustix::process::geteuid().is_root();
     let limits = vm.manifest.limits;
     let mut degraded: Vec<String> = Vec::new();
@@ -198,7 +203,6 @@ pub fn run_on(
     let mut ctl_open = true;
     let mut timed_out = false;
     let mut init_done = false;
-    let mut lifeline = opts.lifeline.clone();
     while !init_done {
         let now = Instant::now();
         let remaining = deadline.saturating_duration_since(now);
@@ -221,10 +225,9 @@ pub fn run_on(
             fds.push(PollFd::new(f, PollFlags::IN));
             fds.len() - 1
         });
-        let life_ix = lifeline.as_deref().map(|f| {
-            fds.push(PollFd::new(f, PollFlags::IN));
-            fds.len() - 1
-        });
+        if let Some(w) = &lifeline {
+            fds.extend(w.poll_fds());
+        }
         let timeout = if timed_out {
             None
         } else {
@@ -243,13 +246,12 @@ pub fn run_on(
             ready(out_ix),
             ready(err_ix),
         );
-        let orphaned = ready(life_ix);
         drop(fds);
-        if orphaned {
-            // The caller is gone: nothing may outlive it (the init's pid namespace dies with it).
+        // The caller is gone, or its lease ended: nothing may outlive either (the init's pid
+        // namespace dies with it).
+        if let Some(why) = lifeline.as_mut().and_then(crate::lifeline::Watch::check) {
             lifeline = None;
-            st.setup_failed
-                .get_or_insert("the caller (lifeline) is gone; the sandbox was killed".into());
+            st.setup_failed.get_or_insert(why);
             let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
         }
         if ctl_ready {

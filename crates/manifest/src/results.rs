@@ -1,6 +1,6 @@
 //! How a runner (`agentjail run --results-on-lifeline`) hands a run's results to
-//! `agentjail serve`: over its lifeline, a Unix socket whose other end only the service holds,
-//! as frames of a one-byte tag, an 8-byte little-endian length and that many bytes. The
+//! `agentjail serve`, and how the service keeps the runner's lease alive: over its lifeline, a
+//! Unix socket whose other end only the service holds, both ways as frames of a one-byte tag, an 8-byte little-endian length and that many bytes. The
 //! runner first announces, just before it starts the sandbox, that the command may run from
 //! now on (an empty [`STARTING`] frame: a runner that dies without a report before it ran
 //! nothing, one that dies after it leaves an unknown outcome); after the run it sends the
@@ -10,6 +10,13 @@
 //! thing (it is cloned with the runner's descriptors), the command gets `/dev/null` as stdin,
 //! and every other inherited descriptor is close-on-exec. The service takes the first frame of
 //! each kind, stops at the first report, and checks the artifact against the report's digest.
+//!
+//! The other way, after the manifest line, a fleet executor sends [`LEASE`] frames (a runner
+//! started with `--lease-until`): each renewal of the run's lease moves the time by which the
+//! runner must have killed its sandbox, on the host's `CLOCK_BOOTTIME` (which, unlike the
+//! monotonic clock, counts a suspended host). Renewals that stop arriving (the executor paused,
+//! cut off or stuck) end the payload by the runner's own clock, before the lease can be taken
+//! over (docs/deploy.md, "Leases and fencing"). Anything else on that direction ends the run.
 
 /// The sandbox is about to start (empty body): from here on the command may run.
 pub const STARTING: u8 = b'S';
@@ -19,6 +26,10 @@ pub const ARTIFACT: u8 = b'A';
 pub const RECEIPT: u8 = b'C';
 /// The run report (JSON); the last frame.
 pub const REPORT: u8 = b'R';
+
+/// Service to runner: the lease's new end (body: 8 bytes, little-endian nanoseconds of
+/// `CLOCK_BOOTTIME`), by which the runner kills its sandbox unless another renewal came.
+pub const LEASE: u8 = b'L';
 
 /// Length of a frame's header: the tag and the body's length.
 pub const HEADER_LEN: usize = 9;
@@ -38,8 +49,66 @@ pub fn parse_header(h: &[u8; HEADER_LEN]) -> (u8, u64) {
     (h[0], u64::from_le_bytes(len))
 }
 
+/// A whole [`LEASE`] frame: the lease ends at `until_ns` (`CLOCK_BOOTTIME`, nanoseconds).
+pub fn lease_frame(until_ns: u64) -> [u8; HEADER_LEN + 8] {
+    let mut f = [0u8; HEADER_LEN + 8];
+    f[..HEADER_LEN].copy_from_slice(&header(LEASE, 8));
+    f[HEADER_LEN..].copy_from_slice(&until_ns.to_le_bytes());
+    f
+}
+
+/// Reads the whole [`LEASE`] frames at the start of `buf`, drops them from it, and returns
+/// the last lease end they carry (None when no whole frame is there yet). `Err` for bytes that
+/// are not a lease frame: the runner then ends the run (fail closed).
+pub fn take_lease_frames(buf: &mut Vec<u8>) -> Result<Option<u64>, &'static str> {
+    let mut last = None;
+    let mut at = 0;
+    while buf.len() - at >= HEADER_LEN {
+        let mut h = [0u8; HEADER_LEN];
+        h.copy_from_slice(&buf[at..at + HEADER_LEN]);
+        if parse_header(&h) != (LEASE, 8) {
+            return Err("the lifeline carried something other than a lease renewal");
+        }
+        if buf.len() - at < HEADER_LEN + 8 {
+            break;
+        }
+        let mut n = [0u8; 8];
+        n.copy_from_slice(&buf[at + HEADER_LEN..at + HEADER_LEN + 8]);
+        last = Some(u64::from_le_bytes(n));
+        at += HEADER_LEN + 8;
+    }
+    buf.drain(..at);
+    Ok(last)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn lease_frames_read_back_whole_and_in_pieces() {
+        let mut stream = Vec::new();
+        stream.extend_from_slice(&super::lease_frame(7));
+        stream.extend_from_slice(&super::lease_frame(u64::MAX - 1));
+        // All at once: the last one counts.
+        let mut b = stream.clone();
+        assert_eq!(super::take_lease_frames(&mut b), Ok(Some(u64::MAX - 1)));
+        assert!(b.is_empty());
+        // Byte by byte: a frame counts only once whole.
+        let mut b = Vec::new();
+        let mut seen = Vec::new();
+        for byte in stream {
+            b.push(byte);
+            if let Some(v) = super::take_lease_frames(&mut b).unwrap() {
+                seen.push(v);
+            }
+        }
+        assert_eq!(seen, [7, u64::MAX - 1]);
+        // Anything else is refused, even in pieces.
+        let mut b = super::header(super::REPORT, 8).to_vec();
+        assert!(super::take_lease_frames(&mut b).is_err());
+        let mut b = super::header(super::LEASE, 9).to_vec();
+        assert!(super::take_lease_frames(&mut b).is_err());
+    }
+
     #[test]
     fn a_header_reads_back() {
         for (tag, len) in [

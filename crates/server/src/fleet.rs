@@ -13,6 +13,12 @@
 //!   last renewal was *sent* (this process's monotonic clock, so never later than the
 //!   database's end), cancels [`crate::runner::Lease::lost`]: the runner is killed, its sandbox
 //!   dies with it, and nothing more of the run is recorded.
+//! - The runner enforces the lease too, so that a paused or stuck executor (whose runner
+//!   lives on) cannot leave a payload running past it: every successful renewal is sent to
+//!   the runner over its lifeline as the time by which its sandbox must be dead, on
+//!   `CLOCK_BOOTTIME` (a suspended host's time counts), [`crate::runner::payload_margin`]
+//!   before the lease's end; the runner kills the sandbox then unless a newer one came
+//!   ([`agentjail_engine::lifeline`]).
 //! - Sweeping: [`crate::pg::PgStore::expire_leases`] on every node every lease/3.
 //! - The node's own state ([`NodeStatus`]: last heartbeat, slots busy, draining) is what a
 //!   worker's `/healthz` and `/readyz` answer from ([`crate::worker_http`]).
@@ -26,7 +32,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::app::{AppState, now};
 use crate::pg::{Claimed, JobSpec, PgStore};
-use crate::runner::{self, Job, Lease};
+use crate::runner::{self, Job, Lease, LeaseEnd};
+use agentjail_engine::lifeline::boottime_ns;
 
 /// How often a node records the other nodes' audit chain heads in its own chain (when one
 /// moved): a record older than this is anchored by every live node.
@@ -249,7 +256,8 @@ pub async fn run_executor(
         if stop.is_cancelled() {
             break;
         }
-        let sent = Instant::now();
+        // Read before the claim leaves: the lease ends after these, by the database's clock.
+        let sent = (Instant::now(), boottime_ns());
         match queue.claim(&labels, lease).await {
             Ok(Some(c)) => {
                 tracing::info!(request_id = %c.run.request_id, job_id = %c.run.job_id, fence = c.fence, "claimed a run");
@@ -300,20 +308,24 @@ async fn run_claimed(
     queue: PgStore,
     c: Claimed,
     permit: tokio::sync::OwnedSemaphorePermit,
-    claimed_at: Instant,
+    claimed_at: (Instant, u64),
     busy: Busy,
 ) {
     let lease = lease_of(&state);
     let lost = CancellationToken::new();
     let done = CancellationToken::new();
     let run = c.run;
-    let deadline = Arc::new(std::sync::Mutex::new(claimed_at + lease));
+    let end = Arc::new(tokio::sync::watch::Sender::new(LeaseEnd::after(
+        claimed_at.0,
+        claimed_at.1,
+        lease,
+    )));
     let heartbeat = tokio::spawn(heartbeat(
         queue.clone(),
         run.job_id.clone(),
         c.fence,
         lease,
-        deadline.clone(),
+        end.clone(),
         lost.clone(),
         done.clone(),
     ));
@@ -323,7 +335,7 @@ async fn run_claimed(
         queue: queue.clone(),
         fence: c.fence,
         lost,
-        deadline,
+        end,
     };
     match (spec, args) {
         (Ok(spec), Ok(args)) => {
@@ -363,19 +375,20 @@ async fn run_claimed(
 }
 
 /// Renews the lease every `lease`/3 until `done`; cancels `lost` when a renewal is refused or
-/// when `deadline` (the end of the last renewal sent, by this process's monotonic clock)
-/// passes without a successful one.
+/// when the lease's end (as of the last renewal sent, by this process's monotonic clock)
+/// passes without a successful one. Each successful renewal moves `shared`, which the runner
+/// receives ([`crate::runner::LeaseEnd`]).
 async fn heartbeat(
     queue: PgStore,
     job_id: String,
     fence: i64,
     lease: Duration,
-    shared: Arc<std::sync::Mutex<Instant>>,
+    shared: Arc<tokio::sync::watch::Sender<LeaseEnd>>,
     lost: CancellationToken,
     done: CancellationToken,
 ) {
     let every = lease / 3;
-    let mut deadline = *shared.lock().unwrap_or_else(|e| e.into_inner());
+    let mut deadline = shared.borrow().lease;
     loop {
         let deadline_t = tokio::time::Instant::from_std(deadline);
         tokio::select! {
@@ -387,7 +400,7 @@ async fn heartbeat(
             }
             _ = tokio::time::sleep(every) => {}
         }
-        let sent = Instant::now();
+        let (sent, sent_boot) = (Instant::now(), boottime_ns());
         let r = tokio::select! {
             _ = done.cancelled() => return,
             _ = tokio::time::sleep_until(deadline_t) => {
@@ -400,8 +413,9 @@ async fn heartbeat(
         match r {
             Ok(true) => {
                 count_heartbeat("lease", "ok");
-                deadline = sent + lease;
-                *shared.lock().unwrap_or_else(|e| e.into_inner()) = deadline;
+                let end = LeaseEnd::after(sent, sent_boot, lease);
+                deadline = end.lease;
+                shared.send_replace(end);
             }
             Ok(false) => {
                 if done.is_cancelled() {

@@ -1527,7 +1527,7 @@ impl PgStore {
         let rows = tx
             .query(
                 "UPDATE runs SET status = 'unknown', finished_at = $1,
-                    reason = 'the lease of its executor (node ' || owner || ') expired while it ran: the executor stopped renewing it, so it was killed or cut off; the outcome is unknown, reconcile it'
+                    reason = 'the lease of its executor (node ' || owner || ') expired while it ran: the executor stopped renewing it (it was stopped, killed or cut off). Its runner kills the sandbox when renewals stop reaching it, before the lease ends by the executor host''s boot clock, so no payload of this run is still running; whether it finished is unknown: reconcile it'
                  WHERE status = 'running' AND owner IS NOT NULL AND lease_expires_at < clock_timestamp()
                  RETURNING tenant, request_id, task, job_id, owner",
                 &[&now],

@@ -52,14 +52,68 @@ pub struct Lease {
     /// Cancelled by the heartbeat when the lease is lost (renewal refused, or not renewed
     /// before its end by this process's monotonic clock): the sandbox is killed.
     pub lost: CancellationToken,
-    /// That end (moved by each successful renewal): the `running` mark must commit before it.
-    pub deadline: Arc<std::sync::Mutex<Instant>>,
+    /// Its end as of the last successful renewal (moved by each): the runner gets every new
+    /// end over its lifeline ([`send_renewals`]) and kills its sandbox by itself when the
+    /// renewals stop.
+    pub end: Arc<tokio::sync::watch::Sender<LeaseEnd>>,
 }
 
 impl Lease {
-    /// The lease's end by this process's clock, as of now.
+    /// The end of the lease's time for the payload, by this process's clock, as of now: the
+    /// `running` mark must commit before it.
     pub fn deadline(&self) -> Instant {
-        *self.deadline.lock().unwrap_or_else(|e| e.into_inner())
+        self.end.borrow().payload
+    }
+}
+
+/// The end of a lease, as of its last renewal (docs/deploy.md, "Leases and fencing").
+#[derive(Clone, Copy, Debug)]
+pub struct LeaseEnd {
+    /// When the database's lease ends at the earliest, by this process's monotonic clock: the
+    /// renewal's request was sent before the database took its own time.
+    pub lease: Instant,
+    /// When the payload must be dead, by this process's monotonic clock: [`PAYLOAD_MARGIN`]
+    /// before [`LeaseEnd::lease`].
+    pub payload: Instant,
+    /// The same moment on `CLOCK_BOOTTIME` (nanoseconds, which also counts a suspended host):
+    /// the runner kills its sandbox then unless a later renewal reached it.
+    pub payload_boot_ns: u64,
+}
+
+/// How much earlier than the lease's end the runner kills its sandbox: the time that killing
+/// it takes, so that the payload is dead when another node may take the run over. At most
+/// a second, and a sixth of the lease (a renewal is sent every third).
+pub fn payload_margin(lease: Duration) -> Duration {
+    (lease / 6).min(Duration::from_secs(1))
+}
+
+impl LeaseEnd {
+    /// The end of a lease of `lease` whose claim or renewal was sent at `sent` (monotonic)
+    /// and `sent_boot_ns` (`CLOCK_BOOTTIME`), both read before the request left.
+    pub fn after(sent: Instant, sent_boot_ns: u64, lease: Duration) -> LeaseEnd {
+        let payload = lease.saturating_sub(payload_margin(lease));
+        LeaseEnd {
+            lease: sent + lease,
+            payload: sent + payload,
+            payload_boot_ns: sent_boot_ns.saturating_add(payload.as_nanos() as u64),
+        }
+    }
+}
+
+/// Sends the runner each new end of the lease (a [`agentjail_manifest::results::LEASE`]
+/// frame), the current one first, until the lease's sender is gone or the lifeline fails.
+/// The runner kills its sandbox when the last end it received passes.
+async fn send_renewals(
+    mut to_runner: tokio::net::UnixStream,
+    mut end: tokio::sync::watch::Receiver<LeaseEnd>,
+) {
+    use tokio::io::AsyncWriteExt;
+    loop {
+        let ns = end.borrow_and_update().payload_boot_ns;
+        let frame = agentjail_manifest::results::lease_frame(ns);
+        if to_runner.write_all(&frame).await.is_err() || end.changed().await.is_err() {
+            return;
+        }
     }
 }
 
@@ -487,6 +541,12 @@ fn spawn_runner(state: &AppState, task: &Task, job: &Job) -> Result<Started, &'s
     if state.inner.allow_degraded {
         cmd.arg("--allow-degraded");
     }
+    // A claimed run: the runner kills its sandbox by itself when the lease's renewals stop
+    // reaching it (the first end now; later ones over the lifeline).
+    if let Some(l) = &job.lease {
+        cmd.arg("--lease-until")
+            .arg(l.end.borrow().payload_boot_ns.to_string());
+    }
     cmd.env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("LANG", "C.UTF-8")
@@ -703,13 +763,29 @@ async fn run_to_exit(
     } else {
         tokio::task::spawn_blocking(write).await
     };
-    // From here the lifeline is read (the results) until the runner's end closes.
+    // From here the lifeline is read (the results) until the runner's end closes; a claimed
+    // run's lease renewals are written to it (through a second descriptor of the socket, never
+    // shut down: that task ends at its first write after the runner exited, or with the lease).
     let results = match written {
-        Ok((w, Ok(()))) => match w
-            .set_nonblocking(true)
-            .and_then(|()| tokio::net::UnixStream::from_std(w))
-        {
-            Ok(s) => Some(tokio::spawn(read_results(s, task.output.max_bytes))),
+        Ok((w, Ok(()))) => match w.set_nonblocking(true).and_then(|()| {
+            let renew = match &job.lease {
+                Some(l) => Some((w.try_clone()?, l.end.subscribe())),
+                None => None,
+            };
+            Ok((tokio::net::UnixStream::from_std(w)?, renew))
+        }) {
+            Ok((s, renew)) => {
+                if let Some((w, end)) = renew {
+                    match tokio::net::UnixStream::from_std(w) {
+                        Ok(w) => drop(tokio::spawn(send_renewals(w, end))),
+                        Err(e) => {
+                            // Without renewals the runner would kill the run at the first end.
+                            tracing::error!(job_id = %job.job_id, error = %e, "cannot send lease renewals to the runner");
+                        }
+                    }
+                }
+                Some(tokio::spawn(read_results(s, task.output.max_bytes)))
+            }
             Err(e) => {
                 tracing::error!(job_id = %job.job_id, error = %e, "cannot read the runner's results");
                 let _ = child.kill().await;

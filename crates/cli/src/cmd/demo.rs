@@ -65,6 +65,7 @@ pub fn run(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> 
             stderr: terminal.stderr_sink(),
             egress_dns: Vec::new(),
             lifeline: None,
+            lease: None,
         },
         &Delivery {
             output_dir: Some(out_dir),

@@ -68,6 +68,13 @@ pub struct RunArgs {
         conflicts_with_all = ["job_dir", "output_dir", "report", "receipt"]
     )]
     pub results_on_lifeline: bool,
+    /// For a fleet executor (with `--lifeline`): the run's lease ends at this time
+    /// (nanoseconds of `CLOCK_BOOTTIME`) unless a renewal moves it; the executor sends
+    /// renewals on the lifeline after the manifest (agentjail_manifest::results::LEASE). When
+    /// it passes, the sandbox is killed, so that no payload outlives a lease its executor lost
+    /// (docs/deploy.md, "Leases and fencing").
+    #[arg(long, hide = true, value_name = "NS", requires = "lifeline")]
+    pub lease_until: Option<u64>,
     /// Image store that a manifest's `image: sha256:…` is taken from (docs/images.md).
     #[arg(long, value_name = "DIR", env = "AGENTJAIL_IMAGE_STORE")]
     pub image_store: Option<PathBuf>,
@@ -121,6 +128,7 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
         std::env::set_current_dir(d).map_err(|e| format!("--job-dir {}: {e}", d.display()))?;
     }
     let mut lifeline = None;
+    let mut lease = None;
     // A report that the run could not be set up: to `--report`, or over the lifeline.
     let setup_error = |limits: Limits, msg: &str| {
         if a.results_on_lifeline {
@@ -131,9 +139,12 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
     };
     let (manifest, policy) = match &a.manifest {
         None if a.lifeline => {
-            let text = read_manifest_line().inspect_err(|e| {
+            let (text, pending) = read_manifest_line().inspect_err(|e| {
                 setup_error(Limits::default(), e);
             })?;
+            lease = a
+                .lease_until
+                .map(|until_ns| agentjail_engine::lifeline::LeaseStart { until_ns, pending });
             let m = Manifest::parse(&text).map_err(|e| {
                 setup_error(Limits::default(), &e.to_string());
                 e.to_string()
@@ -289,6 +300,7 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
         stderr: terminal.stderr_sink(),
         egress_dns: a.egress_dns.clone(),
         lifeline,
+        lease,
     };
     let delivery = Delivery {
         output_dir: a.output_dir.clone(),
@@ -354,8 +366,10 @@ impl Terminal {
 }
 
 /// Reads the manifest that `--lifeline` passes on stdin: bytes up to the first newline (the
-/// service writes compact JSON and a newline, and keeps the pipe open as the lifeline).
-fn read_manifest_line() -> Result<String, String> {
+/// service writes compact JSON and a newline, and keeps the pipe open as the lifeline), and
+/// the bytes read past it (the start of the lease renewals that may follow it:
+/// [`agentjail_engine::lifeline`]).
+fn read_manifest_line() -> Result<(String, Vec<u8>), String> {
     use std::io::Read;
     // The service's manifests carry the task's env and the request's code (at most 1 MiB,
     // up to 6 MiB JSON-escaped) by value. A larger manifest fails its own run (a set-up
@@ -364,19 +378,25 @@ fn read_manifest_line() -> Result<String, String> {
     let mut stdin = std::io::stdin().lock();
     let mut buf = Vec::new();
     let mut chunk = [0u8; 16 * 1024];
-    while !buf.ends_with(b"\n") {
+    let end = loop {
         let n = stdin
             .read(&mut chunk)
             .map_err(|e| format!("lifeline: reading the manifest: {e}"))?;
         if n == 0 {
             return Err("lifeline: stdin ended before the manifest's newline".into());
         }
+        let at = buf.len();
         buf.extend_from_slice(&chunk[..n]);
+        if let Some(i) = chunk[..n].iter().position(|&b| b == b'\n') {
+            break at + i + 1;
+        }
         if buf.len() > MAX {
             return Err("lifeline: the manifest is larger than 16 MiB".into());
         }
-    }
-    String::from_utf8(buf).map_err(|_| "lifeline: the manifest is not UTF-8".into())
+    };
+    let rest = buf.split_off(end);
+    let text = String::from_utf8(buf).map_err(|_| "lifeline: the manifest is not UTF-8")?;
+    Ok((text, rest))
 }
 
 /// A status as the report spells it (`ok`, `exit_nonzero`, …).
