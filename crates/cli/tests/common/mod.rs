@@ -99,6 +99,16 @@ pub fn is_root() -> bool {
 
 /// The payload processes of the `sleeper` task carrying `marker`.
 pub fn payloads(marker: &str) -> Vec<i32> {
+    payload_cmdlines(marker)
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect()
+}
+
+/// The payload processes of the `sleeper` task carrying `marker`, with their command lines
+/// (which hold the run's argument). Every test host is a network namespace of this machine's
+/// one pid namespace, so this sees every host's processes.
+pub fn payload_cmdlines(marker: &str) -> Vec<(i32, String)> {
     let mut found = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
@@ -108,7 +118,7 @@ pub fn payloads(marker: &str) -> Vec<i32> {
             .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
             .unwrap_or_default();
         if cmdline.starts_with("/usr/bin/python3") && cmdline.contains(marker) {
-            found.push(pid);
+            found.push((pid, cmdline));
         }
     }
     found
