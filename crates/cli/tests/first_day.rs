@@ -896,3 +896,61 @@ fn serve_refused_as_an_ordinary_user_shows_no_token_and_names_a_fix_for_serve() 
         o.dump()
     );
 }
+
+/// A task without inputs is called without `"inputs": []`: an omitted `inputs` is the empty
+/// list (the same request, for replay, as `"inputs": []`), and `/openapi.json` says it is
+/// optional, as the MCP tool of such a task has no input property at all.
+#[test]
+fn a_run_of_a_task_without_inputs_needs_no_inputs_field() {
+    use common::serve::{Api, Serve, actor, fixed_task, json_output, write_config};
+    let d = tmp();
+    let token = "ajt_no_inputs_token";
+    let cfg = write_config(
+        d.path(),
+        &format!(
+            "[server]\nallow_degraded = true\n[tenants.acme]\n{}{}{}",
+            actor("alice", "acme", token, false),
+            fixed_task(
+                "hello",
+                "Writes a fixed JSON object",
+                r#"["/usr/bin/python3", "-c", "open('/output/o.json', 'w').write('{\"hello\": 1}')"]"#,
+                r#"allowed_tenants = ["acme"]"#,
+            ),
+            json_output("hello", "o.json", 1000),
+        ),
+    );
+    let s = Serve::start(&cfg, &d.path().join("data"), &[]);
+    let api = Api::new(&s.base);
+    let r = api.run(
+        token,
+        &serde_json::json!({"request_id": "no-inputs-1", "task": "hello"}),
+        "",
+    );
+    let status = r.status().as_u16();
+    let body: serde_json::Value = r.json().unwrap();
+    assert_eq!(status, 200, "{body}\n{}", s.log());
+    assert_eq!(body["status"], "ok", "{body}");
+    assert_eq!(body["artifact"]["json"]["hello"], 1, "{body}");
+    assert_eq!(body["inputs"], serde_json::json!([]), "{body}");
+    // The same request with `"inputs": []` is a replay of it, not a conflict.
+    let r = api.run(
+        token,
+        &serde_json::json!({"request_id": "no-inputs-1", "task": "hello", "inputs": []}),
+        "",
+    );
+    assert_eq!(r.status().as_u16(), 200);
+    let again: serde_json::Value = r.json().unwrap();
+    assert_eq!(again["job_id"], body["job_id"], "{again}");
+    // The contract says so.
+    let doc: serde_json::Value = api.get(token, "/openapi.json").json().unwrap();
+    let req = &doc["components"]["schemas"]["RunRequest"];
+    let required: Vec<&str> = req["required"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{req}"))
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert!(required.contains(&"task"), "{req}");
+    assert!(!required.contains(&"inputs"), "{req}");
+    assert_eq!(req["properties"]["inputs"]["default"], serde_json::json!([]), "{req}");
+}
