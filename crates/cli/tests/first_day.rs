@@ -952,7 +952,11 @@ fn a_run_of_a_task_without_inputs_needs_no_inputs_field() {
         .collect();
     assert!(required.contains(&"task"), "{req}");
     assert!(!required.contains(&"inputs"), "{req}");
-    assert_eq!(req["properties"]["inputs"]["default"], serde_json::json!([]), "{req}");
+    assert_eq!(
+        req["properties"]["inputs"]["default"],
+        serde_json::json!([]),
+        "{req}"
+    );
     // And so does the task's own request schema in GET /v1/tasks.
     let tasks: serde_json::Value = api.get(token, "/v1/tasks").json().unwrap();
     let hello = tasks
@@ -961,5 +965,9 @@ fn a_run_of_a_task_without_inputs_needs_no_inputs_field() {
         .and_then(|a| a.iter().find(|t| t["name"] == "hello"))
         .unwrap_or_else(|| panic!("{tasks}"));
     let rs = &hello["request_schema"];
-    assert_eq!(rs["required"], serde_json::json!(["request_id", "task"]), "{rs}");
+    assert_eq!(
+        rs["required"],
+        serde_json::json!(["request_id", "task"]),
+        "{rs}"
+    );
 }
