@@ -94,7 +94,7 @@ enum Command {
         schema: bool,
     },
     /// Start the orchestrator HTTP service (docs/server.md); without --config, the built-in
-    /// example with a fresh dev token printed on stderr.
+    /// example with a dev token kept in DATA/private/dev-token (delete it to rotate).
     Serve(cmd::serve::ServeArgs),
     /// Serve the orchestrator's tools over MCP on stdin/stdout (docs/mcp.md) as one actor. The
     /// token comes from --token-file or $AGENTJAIL_TOKEN, never from the command line.

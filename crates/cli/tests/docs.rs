@@ -23,6 +23,12 @@
 //!   `bash` or `shell` block, or a block without a language whose lines look like commands
 //!   (`$ `, `sudo `, `agentjail `, `cargo `, `curl `…): a diagram is fenced as `text`.
 //!
+//! - A command named in the prose (inline code that starts like one) is run too: as part of a
+//!   console block's command, or by `every_command_named_in_prose_is_run_or_says_why_not`
+//!   (`PROSE_RUN`); otherwise it says why not: by its kind (placeholders such as `FILE` or `…`,
+//!   a build, a package install, the test suite) or in `PROSE_SKIP`, both listed in the test's
+//!   output. A new one without either fails the test, and so does an entry no page names.
+//!
 //! Needs bash, python3 (the examples) with the `cryptography` package (docs/receipts.md's
 //! third-party verifier), curl and jq (the server quick start). Missing one is a
 //! failure under CI (`CI` set) and a visible `SKIP` otherwise.
@@ -471,6 +477,270 @@ fn the_block_parser_reads_commands_outputs_and_marks() {
     assert_eq!(p.run[1].cmds[0].text, "printf 'x\\n' |\n  cat");
     assert_eq!(p.skipped, vec![("t.md".into(), 9, "remote host".into())]);
     assert_eq!(p.unmarked, vec![("t.md".into(), 12)]);
+}
+
+/// Inline code in the prose of README.md and docs/*.md that a reader would type as a command
+/// (it starts like one, [`looks_like_a_command`]), with the file and the line of its paragraph.
+fn prose_commands(name: &str, text: &str) -> Vec<(String, usize, String)> {
+    let mut found = Vec::new();
+    let mut in_fence = false;
+    let mut para: Vec<(usize, &str)> = Vec::new();
+    let mut flush = |para: &mut Vec<(usize, &str)>| {
+        if let Some((line, _)) = para.first() {
+            // A paragraph joined, so that a span wrapped over two lines is one span.
+            let joined: Vec<&str> = para.iter().map(|(_, l)| l.trim()).collect();
+            let joined = joined.join(" ");
+            for (i, span) in joined.split('`').enumerate() {
+                if i % 2 == 1 && !span.is_empty() && looks_like_a_command(span) {
+                    found.push((name.to_string(), *line, span.trim().to_string()));
+                }
+            }
+        }
+        para.clear();
+    };
+    for (n, l) in text.lines().enumerate() {
+        if l.starts_with("```") {
+            flush(&mut para);
+            in_fence = !in_fence;
+            continue;
+        }
+        if in_fence {
+            continue;
+        }
+        if l.trim().is_empty() {
+            flush(&mut para);
+        } else {
+            para.push((n + 1, l));
+        }
+    }
+    flush(&mut para);
+    found
+}
+
+/// Commands named in prose that this test runs itself (exit 0), in a page's folder as the
+/// console blocks are run.
+const PROSE_RUN: &[&str] = &[
+    "agentjail config --schema",
+    "agentjail --version",
+    "agentjail check | head -1",
+    "agentjail run -- /bin/true",
+    "agentjail demo",
+];
+
+/// Commands named in prose that are not run here, each with the reason.
+const PROSE_SKIP: &[(&str, &str)] = &[
+    (
+        "agentjail mcp",
+        "the subcommand's name; the host configurations above it launch it, and mcp.rs / mcp_ts.rs run it",
+    ),
+    (
+        "agentjail worker",
+        "the subcommand's name; a worker needs PostgreSQL (fleet.rs runs workers)",
+    ),
+    ("agentjail worker --listen", "needs PostgreSQL (fleet.rs)"),
+    (
+        "agentjail worker --listen 0.0.0.0:9464",
+        "needs PostgreSQL (fleet.rs)",
+    ),
+    ("agentjail worker --slots 1", "needs PostgreSQL (fleet.rs)"),
+    (
+        "agentjail serve --slots 0",
+        "needs PostgreSQL (fleet_topology.rs)",
+    ),
+    (
+        "agentjail run --dry-run",
+        "a flag named in prose, without the run it applies to",
+    ),
+    (
+        "agentjail check --json",
+        "its exit status depends on the host; first_hour.rs and first_day.rs check its output",
+    ),
+    (
+        "agentjail selftest --json --tier native",
+        "takes a minute or more; selftest_attestation.rs and .ci/run run it",
+    ),
+    (
+        "agentjail image import py",
+        "needs an OCI image layout (image.rs builds and imports one)",
+    ),
+    (
+        "agentjail image verify",
+        "needs an imported image (image.rs)",
+    ),
+    (
+        "agentjail run --isolation gvisor -- /bin/true",
+        "needs runsc (gvisor_edges.rs)",
+    ),
+    (
+        "python3 summarize.py",
+        "a measurement's baseline outside the sandbox (bench/)",
+    ),
+    (
+        "agentjail image import",
+        "the subcommand's name; image.rs builds and imports images",
+    ),
+    (
+        "agentjail worker --config /etc/agentjail/config.toml --listen 0.0.0.0:9464",
+        "needs PostgreSQL (fleet.rs)",
+    ),
+    (
+        "agentjail 0.1.0 (commit 09bca96, 2026-12-03, x86_64-unknown-linux-musl)",
+        "what `agentjail --version` prints, not a command (release.rs checks it)",
+    ),
+    (
+        "agentjail serve --config /etc/agentjail/config.toml --data-dir /var/lib/agentjail",
+        "the Debian unit's ExecStart (ci/release/check.sh verifies the unit)",
+    ),
+    (
+        "agentjail audit verify audit.jsonl",
+        "verifies a PostgreSQL export (postgres.rs exports and verifies one)",
+    ),
+    (
+        "npx @modelcontextprotocol/inspector",
+        "the unpinned command docs/mcp.md warns against",
+    ),
+];
+
+/// Why a command named in prose is not run here, by what it starts with; None: it must be
+/// run or listed.
+fn prose_skip_by_kind(cmd: &str) -> Option<&'static str> {
+    const KINDS: &[(&[&str], &str)] = &[
+        (
+            &["cargo test"],
+            "a test-suite command: .ci/run runs `cargo test --workspace`",
+        ),
+        (
+            &[
+                "cargo build",
+                "cargo run",
+                "cargo install",
+                "cargo fuzz",
+                "cargo +nightly",
+            ],
+            "builds agentjail: .ci/run builds it (ci/release the release build)",
+        ),
+        (
+            &[
+                "sudo ",
+                "apt-get ",
+                "apt ",
+                "pip ",
+                "python3 -m pip",
+                "npm ci",
+                "kubectl ",
+                "systemctl ",
+                "docker ",
+            ],
+            "changes the machine (packages, kernel settings, a cluster); .ci/run installs what the tests need",
+        ),
+    ];
+    if cmd.contains('…')
+        || cmd.contains("...")
+        || (cmd.contains('<') && cmd.contains('>'))
+        || cmd
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '$' || c == '='))
+            .any(|w| {
+                w.len() >= 3
+                    && !w.starts_with('$')
+                    && !w.contains('=')
+                    && w.chars().all(|c| c.is_ascii_uppercase() || c == '_')
+            })
+    {
+        return Some("a synopsis with placeholders, not a command to type as is");
+    }
+    KINDS
+        .iter()
+        .find(|(starts, _)| starts.iter().any(|s| cmd.starts_with(s)))
+        .map(|(_, why)| *why)
+}
+
+/// Every command that the prose of a page tells a reader to type is run: by a console block
+/// (the span is part of one of their commands), or here ([`PROSE_RUN`]); or it says why not,
+/// by its kind (a placeholder, a build, a package install, the test suite) or in
+/// [`PROSE_SKIP`]. A new one fails this test until it is given one of these; an entry that
+/// no page names any more fails it too.
+#[test]
+fn every_command_named_in_prose_is_run_or_says_why_not() {
+    if !have("bash") {
+        assert!(std::env::var_os("CI").is_none(), "CI must install bash");
+        eprintln!("SKIP: needs bash");
+        return;
+    }
+    let mut parsed = Parsed::default();
+    let mut named = Vec::new();
+    for f in doc_files() {
+        let name = f.strip_prefix(repo()).unwrap_or(&f).display().to_string();
+        let text = std::fs::read_to_string(&f).unwrap();
+        parse(&name, &text, &mut parsed);
+        named.extend(prose_commands(&name, &text));
+    }
+    let run_text: Vec<&str> = parsed
+        .run
+        .iter()
+        .flat_map(|b| b.cmds.iter().map(|c| c.text.as_str()))
+        .collect();
+    let mut unexplained = Vec::new();
+    let mut to_run: Vec<&str> = Vec::new();
+    for (f, line, cmd) in &named {
+        if run_text.iter().any(|t| t.contains(cmd.as_str())) {
+            continue;
+        }
+        if let Some(r) = PROSE_RUN.iter().find(|r| **r == cmd) {
+            if !to_run.contains(r) {
+                to_run.push(r);
+            }
+            continue;
+        }
+        if let Some((_, why)) = PROSE_SKIP.iter().find(|(c, _)| c == cmd) {
+            eprintln!("not run {f}:{line}: `{cmd}`: {why}");
+            continue;
+        }
+        if let Some(why) = prose_skip_by_kind(cmd) {
+            eprintln!("not run {f}:{line}: `{cmd}`: {why}");
+            continue;
+        }
+        unexplained.push(format!("{f}:{line}: `{cmd}`"));
+    }
+    assert!(
+        unexplained.is_empty(),
+        "commands in the prose that no test runs and that give no reason (run them in PROSE_RUN, or give the reason in PROSE_SKIP, in crates/cli/tests/docs.rs):\n{}",
+        unexplained.join("\n")
+    );
+    let stale: Vec<&str> = PROSE_RUN
+        .iter()
+        .copied()
+        .chain(PROSE_SKIP.iter().map(|(c, _)| *c))
+        .filter(|c| !named.iter().any(|(_, _, n)| n == c))
+        .collect();
+    assert!(stale.is_empty(), "no page names these any more: {stale:?}");
+    // Run them, each as a console block of its own in a folder as a user has it.
+    let dir = workdir();
+    let home = homedir();
+    let block = Block {
+        file: "prose".into(),
+        line: 0,
+        cmds: to_run
+            .iter()
+            .map(|c| Cmd {
+                text: c.to_string(),
+                expected: "...\n".into(),
+                status: 0,
+                line: 0,
+            })
+            .collect(),
+        twice: false,
+    };
+    let results = tempfile::tempdir().unwrap();
+    let got = run_block(&block, dir.path(), home.path(), results.path());
+    let failures = check(&block, &got, "");
+    assert!(
+        failures.is_empty(),
+        "commands named in prose fail:\n\n{}",
+        failures.join("\n\n")
+    );
+    for c in &to_run {
+        eprintln!("ran (named in prose): `{c}`");
+    }
 }
 
 /// The demo embeds this manifest: a fixed expiry would break `agentjail demo` (and every block

@@ -649,3 +649,325 @@ fn a_run_whose_stdout_reader_left_keeps_its_status_and_writes_its_report() {
     assert_eq!(r["status"], "exit_nonzero", "{r}");
     assert_eq!(r["exit_code"], 3, "{r}");
 }
+
+/// Runs `cmd` (a `serve` expected to refuse to start) until it exits (60 s at most: one that
+/// started anyway is killed and fails the test); returns its exit code and stderr.
+fn refused_start(mut cmd: Command) -> common::Out {
+    let mut c = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = c.stderr.take().unwrap();
+    let collect = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = c.try_wait().unwrap() {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            let _ = c.kill();
+            let _ = c.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stderr = collect.join().unwrap();
+    let status = status.unwrap_or_else(|| panic!("serve started anyway:\n{stderr}"));
+    common::Out {
+        code: status.code().unwrap_or(-1),
+        stdout: String::new(),
+        stderr,
+    }
+}
+
+/// `agentjail serve` without --config (the dev token) on `data`, degraded allowed so that the
+/// test runs as any user.
+fn dev_serve(data: &Path) -> Command {
+    let mut c = Command::new(bin());
+    c.args([
+        "serve",
+        "--allow-degraded",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+    ])
+    .arg(data)
+    .env_remove("XDG_DATA_HOME")
+    .env("AGENTJAIL_LOG", "info");
+    c
+}
+
+/// Starts [`dev_serve`]; returns it and the one dev token its log shows.
+fn start_dev_serve(data: &Path) -> (common::serve::Serve, String) {
+    let s = common::serve::Serve::spawn(dev_serve(data));
+    let log = s.log();
+    let tokens: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split("export AGENTJAIL_TOKEN=").nth(1))
+        .collect();
+    assert_eq!(tokens.len(), 1, "one token line:\n{log}");
+    let token = tokens[0].trim().to_string();
+    assert_eq!(
+        log.matches(&token).count(),
+        1,
+        "the token shown once:\n{log}"
+    );
+    (s, token)
+}
+
+/// The HTTP status of `GET /v1/tasks` with `token`.
+fn tasks_status(base: &str, token: &str) -> u16 {
+    common::serve::Api::new(base)
+        .get(token, "/v1/tasks")
+        .status()
+        .as_u16()
+}
+
+/// Whether `text` holds a token (`ajt_` and a hex digit).
+fn shows_a_token(text: &str) -> bool {
+    text.split("ajt_")
+        .skip(1)
+        .any(|rest| rest.starts_with(|c: char| c.is_ascii_hexdigit()))
+}
+
+/// Every file below `dir` holding `needle`, for "the token is written nowhere else".
+fn files_holding(dir: &Path, needle: &str) -> Vec<String> {
+    tree(dir)
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(dir.join(p))
+                .map(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// A saved MCP client configuration holds the dev token: `serve` without --config keeps it in
+/// `DATA/private/dev-token` (0600, this user's) and shows the same one at every start, until
+/// the operator deletes that file. A token file that others could have read, or that another
+/// user owns or planted as a symlink, is refused (the service does not start and shows no
+/// token), never reused or silently replaced.
+#[test]
+fn the_dev_token_survives_a_restart_until_its_file_is_deleted() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let d = tmp();
+    let data = d.path().join("data");
+    let file = data.join("private").join("dev-token");
+    let (mut s, t1) = start_dev_serve(&data);
+    assert_eq!(tasks_status(&s.base, &t1), 200);
+    let log = s.log();
+    assert!(
+        log.contains(file.to_str().unwrap()),
+        "names its file:\n{log}"
+    );
+    s.kill();
+    let m = std::fs::symlink_metadata(&file).unwrap();
+    assert!(m.is_file());
+    assert_eq!(m.mode() & 0o777, 0o600, "mode {:o}", m.mode());
+    assert_eq!(
+        m.uid(),
+        std::fs::metadata(d.path()).unwrap().uid(),
+        "owned by the user running serve"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), t1);
+    assert_eq!(files_holding(&data, &t1), ["private/dev-token"]);
+
+    // A restart: the same token works.
+    let (mut s, t2) = start_dev_serve(&data);
+    assert_eq!(t2, t1, "a restart keeps the token");
+    assert_eq!(tasks_status(&s.base, &t1), 200);
+    s.kill();
+
+    // Rotation: delete the file.
+    std::fs::remove_file(&file).unwrap();
+    let (mut s, t3) = start_dev_serve(&data);
+    assert_ne!(t3, t1, "a deleted token file makes a new token");
+    assert_eq!(tasks_status(&s.base, &t1), 401, "the old token is refused");
+    assert_eq!(tasks_status(&s.base, &t3), 200);
+    s.kill();
+    assert_eq!(files_holding(&data, &t1), Vec::<String>::new());
+
+    // Fail closed: readable by group or others, a symlink, another owner.
+    let refused = |why: &str| {
+        let o = refused_start(dev_serve(&data));
+        assert_eq!(o.code, 125, "{why}: {}", o.dump());
+        assert_eq!(o.stderr.lines().count(), 1, "{why}: one line: {}", o.dump());
+        assert!(
+            o.stderr.contains(file.to_str().unwrap()) && o.stderr.contains("delete it"),
+            "{why}: names the file and the fix: {}",
+            o.dump()
+        );
+        assert!(!shows_a_token(&o.stderr), "{why}: no token: {}", o.dump());
+        assert!(!o.stderr.contains("listening"), "{why}: {}", o.dump());
+    };
+    for mode in [0o640, 0o604, 0o644] {
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+        refused(&format!("mode {mode:o}"));
+        // Not rewritten: the operator decides (the token may have been read).
+        assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), t3);
+    }
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let elsewhere = d.path().join("planted");
+    std::fs::write(&elsewhere, format!("{t1}\n")).unwrap();
+    std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::rename(&file, d.path().join("kept")).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &file).unwrap();
+    refused("a symlink");
+    std::fs::remove_file(&file).unwrap();
+    std::fs::write(&file, "not a token\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    refused("not a token");
+    std::fs::rename(d.path().join("kept"), &file).unwrap();
+    if common::is_root() {
+        std::os::unix::fs::chown(&file, Some(65534), Some(65534)).unwrap();
+        refused("owned by uid 65534");
+    } else {
+        common::skip("needs root to give the token file another owner");
+    }
+}
+
+/// `serve` as a user for whom a strict run is refused: it does not start, so it shows no
+/// token and keeps none, and the fix it names is one for `serve` (not `agentjail run`).
+#[test]
+fn serve_refused_as_an_ordinary_user_shows_no_token_and_names_a_fix_for_serve() {
+    use std::os::unix::fs::PermissionsExt;
+    if !common::is_root() || !Path::new("/usr/bin/setpriv").exists() {
+        common::skip("needs root and /usr/bin/setpriv (to run as uid 65534)");
+        return;
+    }
+    let d = tmp();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let as_nobody = |args: &[&str]| {
+        let mut c = Command::new("/usr/bin/setpriv");
+        c.args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "--",
+        ])
+        .arg(bin())
+        .args(args)
+        .current_dir(d.path())
+        .env("HOME", d.path())
+        .env_remove("XDG_DATA_HOME");
+        c
+    };
+    let probe = refused_start(as_nobody(&["run", "--", "/bin/true"]));
+    if probe.code == 0 {
+        common::skip("a strict run works for uid 65534 here");
+        return;
+    }
+    let o = refused_start(as_nobody(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        "data",
+    ]));
+    assert_eq!(o.code, 125, "{}", o.dump());
+    assert_eq!(o.stderr.lines().count(), 1, "one line: {}", o.dump());
+    assert!(!shows_a_token(&o.stderr), "no token: {}", o.dump());
+    assert!(!o.stderr.contains("AGENTJAIL_TOKEN"), "{}", o.dump());
+    assert!(
+        !d.path().join("data/private/dev-token").exists(),
+        "a refused start keeps no token"
+    );
+    assert!(
+        !o.stderr
+            .split("agentjail run")
+            .skip(1)
+            .any(|rest| !rest.starts_with('s')),
+        "the fix is for serve, not `agentjail run`: {}",
+        o.dump()
+    );
+    assert!(
+        o.stderr.contains("refusing to start")
+            && o.stderr.contains("run `agentjail serve` as root")
+            && o.stderr.contains("agentjail serve --allow-degraded"),
+        "{}",
+        o.dump()
+    );
+}
+
+/// A task without inputs is called without `"inputs": []`: an omitted `inputs` is the empty
+/// list (the same request, for replay, as `"inputs": []`), and `/openapi.json` says it is
+/// optional, as the MCP tool of such a task has no input property at all.
+#[test]
+fn a_run_of_a_task_without_inputs_needs_no_inputs_field() {
+    use common::serve::{Api, Serve, actor, fixed_task, json_output, write_config};
+    let d = tmp();
+    let token = "ajt_no_inputs_token";
+    let cfg = write_config(
+        d.path(),
+        &format!(
+            "[server]\nallow_degraded = true\n[tenants.acme]\n{}{}{}",
+            actor("alice", "acme", token, false),
+            fixed_task(
+                "hello",
+                "Writes a fixed JSON object",
+                r#"["/usr/bin/python3", "-c", "open('/output/o.json', 'w').write('{\"hello\": 1}')"]"#,
+                r#"allowed_tenants = ["acme"]"#,
+            ),
+            json_output("hello", "o.json", 1000),
+        ),
+    );
+    let s = Serve::start(&cfg, &d.path().join("data"), &[]);
+    let api = Api::new(&s.base);
+    let r = api.run(
+        token,
+        &serde_json::json!({"request_id": "no-inputs-1", "task": "hello"}),
+        "",
+    );
+    let status = r.status().as_u16();
+    let body: serde_json::Value = r.json().unwrap();
+    assert_eq!(status, 200, "{body}\n{}", s.log());
+    assert_eq!(body["status"], "ok", "{body}");
+    assert_eq!(body["artifact"]["json"]["hello"], 1, "{body}");
+    assert_eq!(body["inputs"], serde_json::json!([]), "{body}");
+    // The same request with `"inputs": []` is a replay of it, not a conflict.
+    let r = api.run(
+        token,
+        &serde_json::json!({"request_id": "no-inputs-1", "task": "hello", "inputs": []}),
+        "",
+    );
+    assert_eq!(r.status().as_u16(), 200);
+    let again: serde_json::Value = r.json().unwrap();
+    assert_eq!(again["job_id"], body["job_id"], "{again}");
+    // The contract says so.
+    let doc: serde_json::Value = api.get(token, "/openapi.json").json().unwrap();
+    let req = &doc["components"]["schemas"]["RunRequest"];
+    let required: Vec<&str> = req["required"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{req}"))
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert!(required.contains(&"task"), "{req}");
+    assert!(!required.contains(&"inputs"), "{req}");
+    assert_eq!(
+        req["properties"]["inputs"]["default"],
+        serde_json::json!([]),
+        "{req}"
+    );
+    // And so does the task's own request schema in GET /v1/tasks.
+    let tasks: serde_json::Value = api.get(token, "/v1/tasks").json().unwrap();
+    let hello = tasks
+        .as_array()
+        .or_else(|| tasks["tasks"].as_array())
+        .and_then(|a| a.iter().find(|t| t["name"] == "hello"))
+        .unwrap_or_else(|| panic!("{tasks}"));
+    let rs = &hello["request_schema"];
+    assert_eq!(
+        rs["required"],
+        serde_json::json!(["request_id", "task"]),
+        "{rs}"
+    );
+}

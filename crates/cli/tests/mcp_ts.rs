@@ -6,7 +6,9 @@
 //!   upload → run → verified result, a failed run, denials and a cancellation whose sandbox is
 //!   gone afterwards, over stdio and over Streamable HTTP (bearer token);
 //! - MCP Inspector's CLI mode (`@modelcontextprotocol/inspector --cli`), `tools/list --strict`
-//!   (the tool-schema portability lint; exit 6 on an error-severity finding), on both transports;
+//!   (the tool-schema portability lint; exit 6 on an error-severity finding), on both transports,
+//!   and docs/mcp.md's copy-paste `npx -y @modelcontextprotocol/inspector@VERSION` command as the
+//!   page writes it;
 //! - the server scenarios of `@modelcontextprotocol/conformance` that apply to a tools-only
 //!   server, through `tests/mcp/ts/proxy.mjs` (adds the bearer token on loopback).
 //!
@@ -465,4 +467,91 @@ fn conformance_server_scenarios_through_a_token_proxy() {
             .unwrap();
         assert_eq!(r.status().as_u16(), want, "Origin: {origin}");
     }
+}
+
+/// The mark before docs/mcp.md's Inspector block: docs.rs skips it, this test runs it.
+const INSPECTOR_DOC_MARK: &str =
+    "<!-- doc-test: skip: run by mcp_ts.rs (the_inspector_command_of_docs_mcp_md_works_as_written)";
+
+/// docs/mcp.md's copy-paste Inspector command, pinned to the version of package.json, runs as
+/// written: the block's text is read from the page (so the page and the test cannot drift) and
+/// run by bash, offline, in `tests/mcp/ts`, where `npx` finds that exact version installed by
+/// `npm ci` and fetches nothing (`npm_config_offline`, and as root no network at all), with
+/// Node 22 and this build's `agentjail` first on `PATH`. Its output must be the block's.
+#[test]
+fn the_inspector_command_of_docs_mcp_md_works_as_written() {
+    if skip(true) {
+        return;
+    }
+    let page =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/mcp.md"))
+            .unwrap();
+    let block = page
+        .split(INSPECTOR_DOC_MARK)
+        .nth(1)
+        .and_then(|rest| rest.split("```console\n").nth(1))
+        .and_then(|rest| rest.split("\n```").next())
+        .unwrap_or_else(|| panic!("docs/mcp.md has no console block after {INSPECTOR_DOC_MARK}"));
+    // Commands (`$ `, continued while a line ends with `\` or `|`) and the expected output.
+    let (mut script, mut expected, mut continued) = (String::new(), String::new(), false);
+    for line in block.lines() {
+        if let Some(c) = line.strip_prefix("$ ").filter(|_| !continued) {
+            script.push_str(c);
+        } else if continued {
+            script.push_str(line);
+        } else {
+            expected.push_str(line);
+            expected.push('\n');
+            continue;
+        }
+        script.push('\n');
+        let t = line.trim_end();
+        continued = t.ends_with('\\') || t.ends_with('|');
+    }
+    // The version in the command is the pinned one.
+    let pkg: Value =
+        serde_json::from_str(&std::fs::read_to_string(ts_dir().join("package.json")).unwrap())
+            .unwrap();
+    let pinned = format!(
+        "@modelcontextprotocol/inspector@{}",
+        pkg["dependencies"]["@modelcontextprotocol/inspector"]
+            .as_str()
+            .unwrap()
+    );
+    assert!(script.contains(&format!("npx -y {pinned} ")), "{script}");
+    let home = common::tmp();
+    let path = format!(
+        "{}:{}:{}",
+        node22().parent().unwrap().display(),
+        common::bin().parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut c = if common::is_root() {
+        let mut c = Command::new("unshare");
+        c.args(["--net", "--", "bash", "-c"]);
+        c
+    } else {
+        let mut c = Command::new("bash");
+        c.arg("-c");
+        c
+    };
+    let out = c
+        .arg(format!("exec 2>&1 </dev/null\nset -e\n{script}"))
+        .current_dir(ts_dir())
+        .env("PATH", path)
+        .env("HOME", home.path())
+        .env("npm_config_offline", "true")
+        .env("npm_config_update_notifier", "false")
+        .env_remove("AGENTJAIL_TOKEN")
+        .env_remove("XDG_DATA_HOME")
+        .env_remove("AGENTJAIL_LOG")
+        .output()
+        .unwrap();
+    let got = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the documented command failed ({}):\n{script}\n--- output\n{got}",
+        out.status
+    );
+    assert_eq!(got, expected, "the documented command's output:\n{script}");
 }

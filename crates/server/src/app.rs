@@ -236,7 +236,12 @@ pub(crate) struct Launch {
 }
 
 impl Launch {
-    pub(crate) fn resolve(config: &Config, allow_degraded: bool) -> Result<Launch, ServerError> {
+    /// `command`: the subcommand starting (`serve`, `mcp`, `worker`), named in the fixes.
+    pub(crate) fn resolve(
+        config: &Config,
+        allow_degraded: bool,
+        command: &str,
+    ) -> Result<Launch, ServerError> {
         let data_dir = config
             .server
             .data_dir
@@ -250,7 +255,7 @@ impl Launch {
         let allow_degraded = allow_degraded || config.server.allow_degraded;
         runner_speaks_results(&runner)?;
         if !allow_degraded {
-            strict_preflight(&runner)?;
+            strict_preflight(&runner, command)?;
         }
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -288,8 +293,9 @@ fn runner_speaks_results(runner: &Path) -> Result<(), ServerError> {
 /// every job will be run. When a strict run is refused here (an ordinary user without a
 /// delegated cgroup, no Landlock), every run would come back `setup_error` and burn its
 /// request id; the service refuses to start instead, with the reason and the fix (from
-/// `agentjail check`).
-fn strict_preflight(runner: &Path) -> Result<(), ServerError> {
+/// `agentjail check`), reworded for `command`: `check` addresses `agentjail run`, and the fix
+/// for a service is to start the service (not a run) that way.
+fn strict_preflight(runner: &Path, command: &str) -> Result<(), ServerError> {
     use std::process::{Command, Stdio};
     let o = Command::new(runner)
         .args(["run", "--", "/bin/true"])
@@ -325,10 +331,35 @@ fn strict_preflight(runner: &Path) -> Result<(), ServerError> {
             })
         })
         .filter(|f| !f.is_empty())
+        .map(|f| for_command(&f, command))
         .unwrap_or_else(|| "`agentjail check` says what this host lacks".into());
     Err(ServerError::Io(format!(
-        "refusing to start: a strict sandbox run fails here, so every run would end in setup_error ({why}); {fixes}; to start anyway with what is available, pass --allow-degraded (or set server.allow_degraded)"
+        "refusing to start: a strict sandbox run fails here, so every run would end in setup_error ({why}); {fixes}; to start anyway with what is available, `agentjail {command} --allow-degraded` (or server.allow_degraded; each run's report then lists what was not applied)"
     )))
+}
+
+/// `check`'s fixes, which address `agentjail run`, reworded for starting `agentjail COMMAND`
+/// (a delegated cgroup or root works for the service as for a run: its runners inherit its
+/// cgroup and its uid). For `serve` on a systemd host with cgroup v2, the Debian package's
+/// unit is named too: it runs `serve` with `Delegate=yes` (packaging/debian/agentjail.service).
+fn for_command(fixes: &str, command: &str) -> String {
+    let mut f = fixes
+        .replace("agentjail run …", &format!("agentjail {command} …"))
+        .replace(
+            "or run agentjail as root",
+            &format!("or run `agentjail {command}` as root"),
+        )
+        .replace(
+            "or run it as root",
+            &format!("or run `agentjail {command}` as root"),
+        );
+    let d = agentjail_engine::check::Delegation::probe(rustix::process::geteuid().as_raw());
+    if command == "serve" && d.systemd && d.unified && f.contains("as root") {
+        f.push_str(
+            ", or as the Debian package's agentjail.service (`systemctl enable --now agentjail`: user agentjail, Delegate=yes)",
+        );
+    }
+    f
 }
 
 /// Authentication failures, audited in aggregate: at most one `auth_failure` record per

@@ -12,7 +12,8 @@
 //! [`policy`] (every decision, pure; typed refusals), [`service`] (the operations both front
 //! doors share), [`store`] (the storage interface; SQLite in [`db`]), [`run_state`] (a run's
 //! states), [`audit`] (append-only log), [`runner`] (jobs), [`api`] (HTTP handlers, problem
-//! details, OpenAPI), [`mcp`] (the MCP server over stdio and at `/mcp`). No module depends on
+//! details, OpenAPI), [`mcp`] (the MCP server over stdio and at `/mcp`), [`dev_token`] (the
+//! token of `serve` without `--config`, kept in the data directory). No module depends on
 //! another transport, and none on this root, which composes the router and `serve`.
 //! Tested by unit tests here and by `crates/cli/tests/server.rs` over real HTTP.
 
@@ -20,6 +21,7 @@ pub mod api;
 pub mod app;
 pub mod audit;
 pub mod db;
+pub mod dev_token;
 pub mod fleet;
 pub mod mcp;
 pub mod pg;
@@ -42,8 +44,8 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
+use app::Launch;
 pub use app::{AppState, ServerError, default_data_dir};
-use app::{Launch, random_hex};
 pub use config::Config;
 
 /// The HTTP application: the API ([`api`]) and the MCP endpoint ([`mcp`], behind the same
@@ -59,7 +61,8 @@ pub async fn router(state: AppState) -> axum::Router {
 /// Options of `agentjail serve`; each overrides the configuration file.
 #[derive(Debug, Clone, Default)]
 pub struct ServeOptions {
-    /// Configuration file (TOML or YAML). None: the built-in example with a fresh dev token.
+    /// Configuration file (TOML or YAML). None: the built-in example with the dev token kept in
+    /// `DATA/private/dev-token` ([`dev_token`]).
     pub config: Option<PathBuf>,
     /// Listen address (default: the config's, else 127.0.0.1:8787).
     pub listen: Option<SocketAddr>,
@@ -148,7 +151,7 @@ pub fn worker_blocking(opts: WorkerOptions) -> Result<(), ServerError> {
         runner,
         allow_degraded,
         rt,
-    } = Launch::resolve(&config, opts.allow_degraded)?;
+    } = Launch::resolve(&config, opts.allow_degraded, "worker")?;
     selftest::at_startup(&runner, config.server.selftest)?;
     rt.block_on(async move {
         let state = AppState::open_with(config, &data_dir, runner, allow_degraded, opts.slots)?;
@@ -207,23 +210,10 @@ pub fn example_config() -> &'static str {
 /// Starts the service and blocks until SIGINT/SIGTERM. Builds its own tokio runtime.
 pub fn serve_blocking(opts: ServeOptions) -> Result<(), ServerError> {
     init_tracing();
+    let dev = opts.config.is_none();
     let mut config = match &opts.config {
         Some(p) => Config::load(p)?,
-        None => {
-            let mut c = Config::example()?;
-            let token = format!(
-                "ajt_{}",
-                random_hex(32).map_err(|e| ServerError::Io(e.to_string()))?
-            );
-            if let Some(a) = c.actors.get_mut("dev") {
-                a.token_sha256 = config::sha256_hex(token.as_bytes());
-            }
-            // Printed once, for the person starting a local instance; never logged afterwards.
-            eprintln!(
-                "agentjail serve: no --config given; using the built-in example configuration.\nagentjail serve: dev token (actor `dev`, tenant `dev`), valid until this process exits:\n\n    export AGENTJAIL_TOKEN={token}\n"
-            );
-            c
-        }
+        None => Config::example()?,
     };
     if let Some(l) = opts.listen {
         config.server.listen = Some(l);
@@ -243,8 +233,19 @@ pub fn serve_blocking(opts: ServeOptions) -> Result<(), ServerError> {
         runner,
         allow_degraded,
         rt,
-    } = Launch::resolve(&config, opts.allow_degraded)?;
+    } = Launch::resolve(&config, opts.allow_degraded, "serve")?;
     selftest::at_startup(&runner, config.server.selftest)?;
+    // The dev token (no --config): kept in the data directory, reused at every start; shown
+    // once the service listens, so that a service that does not start shows none.
+    let dev_token = if dev {
+        let (token, path) = dev_token::load_or_create(&data_dir)?;
+        if let Some(a) = config.actors.get_mut("dev") {
+            a.token_sha256 = config::sha256_hex(token.as_bytes());
+        }
+        Some((token, path))
+    } else {
+        None
+    };
     rt.block_on(async move {
         let state = AppState::open_with(config, &data_dir, runner, allow_degraded, opts.slots)?;
         selftest::publish_metrics();
@@ -259,6 +260,13 @@ pub fn serve_blocking(opts: ServeOptions) -> Result<(), ServerError> {
         let local = listener
             .local_addr()
             .map_err(|e| ServerError::Io(e.to_string()))?;
+        if let Some((token, path)) = &dev_token {
+            // Shown here only, for the person starting a local instance; never logged.
+            eprintln!(
+                "agentjail serve: no --config given; using the built-in example configuration.\nagentjail serve: dev token (actor `dev`, tenant `dev`), kept in {} and reused at every start (delete that file for a new one):\n\n    export AGENTJAIL_TOKEN={token}\n",
+                path.display()
+            );
+        }
         eprintln!(
             "agentjail serve: listening on http://{local} (data in {})",
             state.data_dir().display()

@@ -1577,7 +1577,7 @@ pub fn serve_stdio_blocking(opts: McpOptions) -> Result<(), crate::app::ServerEr
         runner,
         allow_degraded,
         rt,
-    } = crate::app::Launch::resolve(&config, opts.allow_degraded)?;
+    } = crate::app::Launch::resolve(&config, opts.allow_degraded, "mcp")?;
     // Before serving, so that tools/list does not wait for it.
     probe_runtimes(&config);
     rt.block_on(async move {

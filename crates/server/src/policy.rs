@@ -54,7 +54,10 @@ pub struct RunRequest {
     /// Task type name (see `GET /v1/tasks`).
     #[schema(pattern = r"^[a-z0-9_-]{1,64}$")]
     pub task: String,
-    /// Input ids from `POST /v1/inputs`, in the task's input order.
+    /// Input ids from `POST /v1/inputs`, in the task's input order. May be omitted for a task
+    /// without inputs (the same request as `[]`).
+    #[serde(default)]
+    #[schema(default = json!([]))]
     pub inputs: Vec<String>,
     /// Model-proposed code (tasks with `code: allowed` only; required there).
     #[serde(default, skip_serializing_if = "Option::is_none")]

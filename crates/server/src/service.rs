@@ -1199,7 +1199,11 @@ pub(crate) fn task_views(state: &AppState, caller: &Caller) -> Vec<TaskView> {
                 "inputs": {"type": "array", "items": {"type": "string", "pattern": "^in_[0-9a-f]{32}$"},
                            "minItems": t.inputs.len(), "maxItems": t.inputs.len()},
             });
-            let mut required = vec!["request_id", "task", "inputs"];
+            // A task without inputs is called without `inputs` (an omitted one is `[]`).
+            let mut required = vec!["request_id", "task"];
+            if !t.inputs.is_empty() {
+                required.push("inputs");
+            }
             if allowed {
                 props["code"] = serde_json::json!({"type": "string", "maxLength": t.max_code_bytes});
                 required.push("code");
