@@ -351,11 +351,17 @@ fn euid_is_root() -> bool {
 
 /// As root, the sandbox user is a dedicated unprivileged host uid, to which only the "other"
 /// permission bits of an input apply (the bind mount itself is made with the init's
-/// privileges, so the folders above the input do not matter): an input it cannot read would
-/// fail inside the sandbox with a bare "Permission denied". Refused here instead, naming the
-/// file and the fix. A folder is checked with what it holds (up to 10 000 entries).
+/// privileges, so the folders above the input do not matter). A file input it cannot read is
+/// given to it as a read-only copy in memory by the engine ([`agentjail_engine::copies`],
+/// which refuses one over its bound). A folder is not copied: one holding what the sandbox
+/// user cannot read would fail inside with a bare "Permission denied", so it is refused here
+/// instead, naming the entry and the fix; it is checked with what it holds (up to 10 000
+/// entries).
 fn unreadable_input(i: &agentjail_manifest::ResolvedInput) -> Result<(), String> {
     use std::os::unix::fs::PermissionsExt;
+    if !i.is_dir {
+        return Ok(());
+    }
     let refuse = |p: &Path, is_dir: bool, mode: u32| {
         let (what, fix) = if is_dir {
             ("the folder", "o+rx")
@@ -363,7 +369,7 @@ fn unreadable_input(i: &agentjail_manifest::ResolvedInput) -> Result<(), String>
             ("the file", "o+r")
         };
         Err(format!(
-            "input {} ({}): the sandbox user cannot read {what} {} (mode {:04o}): as root, agentjail runs the sandbox as an unprivileged uid, to which only the permissions for others apply; fix: chmod {fix} {}",
+            "input {} ({}): the sandbox user cannot read {what} {} (mode {:04o}): as root, agentjail runs the sandbox as an unprivileged uid, to which only the permissions for others apply (a file given as an input by itself is copied into the sandbox instead, a folder is not); fix: chmod {fix} {}, or give the file by itself",
             i.mount,
             i.host_path.display(),
             p.display(),

@@ -17,7 +17,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 struct Out {
     code: i32,
@@ -129,8 +129,15 @@ fn rejected_output_prints_the_first_schema_error_and_how_many_more() {
     assert_eq!(r["output"]["errors"].as_array().unwrap().len(), 3, "{r}");
 }
 
+/// Issue #31 §4: as root the sandbox runs as an unprivileged uid of its own, to which only the
+/// permissions for others apply. A file input it cannot read (a secret, mode 0600) was
+/// refused with `chmod o+r FILE` as the fix, i.e. making the secret world-readable on the host.
+/// Now such a file of at most 8 MiB is given to the sandbox as a read-only copy in memory: the
+/// command reads it, cannot change it (a write is refused, shown by a sentinel), the host file
+/// keeps its mode, and the report names the copy (`inputs_copied`). A larger one, and a folder
+/// the sandbox user cannot read, are still refused before anything runs, naming the fix.
 #[test]
-fn an_input_the_sandbox_user_cannot_read_is_refused_before_the_run_with_the_fix() {
+fn an_input_the_sandbox_user_cannot_read_is_copied_or_refused_with_the_fix() {
     if !is_root() {
         skip("needs root (only root runs the sandbox as another uid)");
         return;
@@ -143,36 +150,28 @@ fn an_input_the_sandbox_user_cannot_read_is_refused_before_the_run_with_the_fix(
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
     std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
     let run = |ro: &str| {
+        let _ = std::fs::remove_file(d.path().join("report.json"));
         agentjail(
             d.path(),
             false,
             &[
                 "run",
+                "--report",
+                "report.json",
                 "--ro",
                 ro,
                 "--",
                 "/bin/sh",
                 "-c",
-                "echo COMMAND-RAN; cat /input/data.csv /input/private/data.csv 2>/dev/null; true",
+                "echo COMMAND-RAN; cat /input/data.csv /input/private/data.csv 2>/dev/null; \
+                 if (echo x >> /input/data.csv) 2>/dev/null; then echo WROTE-INPUT; else echo WRITE-REFUSED; fi; true",
             ],
             &[],
         )
     };
-    let o = run("private/data.csv");
-    assert_eq!(o.code, 125, "{}", o.dump());
-    assert!(!o.stdout.contains("COMMAND-RAN"), "{}", o.dump());
-    assert_eq!(o.stderr.lines().count(), 1, "{}", o.dump());
-    assert!(
-        o.stderr.contains("input /input/data.csv")
-            && o.stderr.contains("(mode 0600)")
-            && o.stderr
-                .contains(&format!("fix: chmod o+r {}", file.display())),
-        "{}",
-        o.dump()
-    );
-    // Control: readable by others, the file is read, though its folder is 0700 (the bind is
-    // made with the init's privileges; the folders above an input do not matter).
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let report = || -> Value {
+        serde_json::from_slice(&std::fs::read(d.path().join("report.json")).unwrap()).unwrap()
+    };
     let o = run("private/data.csv");
     assert_eq!(o.code, 0, "{}", o.dump());
     assert!(
@@ -180,7 +179,44 @@ fn an_input_the_sandbox_user_cannot_read_is_refused_before_the_run_with_the_fix(
         "{}",
         o.dump()
     );
-    // A folder input is checked with what it holds.
+    assert!(
+        o.stdout.contains("WRITE-REFUSED") && !o.stdout.contains("WROTE-INPUT"),
+        "{}",
+        o.dump()
+    );
+    assert_eq!(report()["inputs_copied"], json!(["/input/data.csv"]));
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o7777,
+        0o600,
+        "the host file's mode changed"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "a,b\n1,2\n");
+    // Control: readable by others, the file is bound as it is (no copy), though its folder is
+    // 0700 (the bind is made with the init's privileges; the folders above do not matter).
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = run("private/data.csv");
+    assert_eq!(o.code, 0, "{}", o.dump());
+    assert!(o.stdout.contains("1,2"), "{}", o.dump());
+    assert!(report().get("inputs_copied").is_none(), "{}", report());
+    // Over the copy's bound: refused before the run, naming the bound and the fix.
+    let big = private.join("big.bin");
+    std::fs::write(&big, vec![b'x'; (8 << 20) + 1]).unwrap();
+    std::fs::set_permissions(&big, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let o = run("private/big.bin");
+    assert_eq!(o.code, 125, "{}", o.dump());
+    assert!(!o.stdout.contains("COMMAND-RAN"), "{}", o.dump());
+    assert_eq!(o.stderr.lines().count(), 1, "{}", o.dump());
+    assert!(
+        o.stderr.contains("input /input/big.bin")
+            && o.stderr.contains("(mode 0600)")
+            && o.stderr.contains("larger than 8 MiB")
+            && o.stderr.contains(&format!("chmod o+r {}", big.display())),
+        "{}",
+        o.dump()
+    );
+    std::fs::remove_file(&big).unwrap();
+    // A folder input is checked with what it holds: not copied, refused with the fix.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
     let o = run("private");
     assert_eq!(o.code, 125, "{}", o.dump());
     assert!(
@@ -191,6 +227,15 @@ fn an_input_the_sandbox_user_cannot_read_is_refused_before_the_run_with_the_fix(
         o.dump()
     );
     std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = run("private");
+    assert_eq!(o.code, 125, "{}", o.dump());
+    assert!(
+        o.stderr
+            .contains(&format!("fix: chmod o+r {}", file.display())),
+        "{}",
+        o.dump()
+    );
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
     let o = run("private");
     assert_eq!(o.code, 0, "{}", o.dump());
     assert!(o.stdout.contains("1,2"), "{}", o.dump());

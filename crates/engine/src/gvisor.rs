@@ -737,6 +737,12 @@ fn write_bundle<'p>(
                 std::fs::write(&p, content)?;
                 std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644))?;
             }
+            Op::Copy { dest, .. } => {
+                // Made by the native tier's supervisor only (crate::copies).
+                return Err(std::io::Error::other(format!(
+                    "input {dest}: a copied input on the gvisor tier"
+                )));
+            }
             Op::Inline { dest, content } => {
                 // runsc's gofer serves binds from host paths, so under gVisor an inline input
                 // is a file below the bundle's `inline` folder, bound read-only; the file is

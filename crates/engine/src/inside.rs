@@ -52,7 +52,8 @@ pub enum ToInit {
     /// The uid/gid maps are written (right after the clone): the init may create files and
     /// start on the parts of the root every host-image run has.
     Maps,
-    /// Carries a memfd holding the [`Plan`] (JSON).
+    /// Carries a memfd holding the [`Plan`] (JSON), then, when an input is copied
+    /// ([`crate::plan::Op::Copy`]), the sealed memfd of the copies.
     Go { allow_degraded: bool },
     /// The run's cgroups, which the init keeps open for the payload (the init itself stays
     /// outside them). `applied` false: none could be made (a degraded run; the rlimits are
@@ -308,10 +309,15 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
             .try_for_each(|op| apply(&mut Host, op, &mut made))
     });
     timing::mark("init: host part of the root built");
-    match step(Step::WaitForPlan, recv::<ToInit>(a.ctl.as_fd()))? {
-        Some((ToInit::Go { allow_degraded }, Some(plan))) => {
+    match step(Step::WaitForPlan, recv_fds::<ToInit>(a.ctl.as_fd()))? {
+        Some((ToInit::Go { allow_degraded }, fds)) if !fds.is_empty() => {
             a.allow_degraded = allow_degraded;
-            a.plan = step(Step::ReadPlan, read_plan(plan))?;
+            let mut fds = fds.into_iter();
+            if let Some(plan) = fds.next() {
+                a.plan = step(Step::ReadPlan, read_plan(plan))?;
+            }
+            // Then, when some input is copied, the memfd of the copies (`Op::Copy`).
+            made.copies = fds.next();
         }
         None => sys::exit_now(0),
         _ => return Err(SetupError::new(Step::WaitForPlan, "unexpected message")),
@@ -639,7 +645,9 @@ fn new_root_tmpfs() -> StepResult<()> {
 /// Throws away what was built at /newroot (for a plan on another image, whether the host
 /// part was built or failed half-way) and starts again on an empty tmpfs.
 fn discard_root(made: &mut Made) -> StepResult<()> {
+    let copies = made.copies.take();
     *made = Made::default();
+    made.copies = copies;
     step(
         Step::DiscardHostRoot,
         rustix::mount::unmount("/newroot", rustix::mount::UnmountFlags::DETACH),
@@ -682,6 +690,8 @@ fn new(dest: &str) -> String {
 struct Made {
     dirs: std::collections::HashSet<std::path::PathBuf>,
     inline: usize,
+    /// The supervisor's sealed memfd of input copies ([`Op::Copy`]), when it sent one.
+    copies: Option<OwnedFd>,
 }
 
 fn mkdirs<S: RootSys>(sys: &mut S, path: &Path, made: &mut Made) -> RootResult<()> {
@@ -824,58 +834,92 @@ fn apply<S: RootSys>(sys: &mut S, op: &Op, made: &mut Made) -> RootResult<()> {
                 sys.write_file(&d, content.as_bytes()),
             )?;
         }
-        Op::Inline { dest, content } => {
-            // Its own tmpfs in the staging root, which is detached with the host's root after
-            // the pivot: the bind at `dest` is then the only way to the file, and it is
-            // read-only (so below the writable /work too: the tmpfs's root directory, not
-            // /work, holds the file, and a bind mount cannot be unlinked or renamed over).
-            // Sized for the content. Its pages are charged to the init's memory cgroup (the
-            // runner's: the init stays outside the run's cgroup), like the root tmpfs's; the
-            // manifest bounds them (8 inputs of 1 MiB).
-            let dir = format!("/inline{}", made.inline);
-            made.inline += 1;
-            match sys.mkdir(&dir) {
-                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
-                    return Err(RootError {
-                        step: RootStep::Mkdir(dir.into()),
-                        source: e,
-                    });
-                }
-                _ => {}
-            }
-            let page = rustix::param::page_size();
-            let size = content.len().div_ceil(page) * page + page;
-            let data = format!("size={size},nr_inodes=2,mode=0755");
-            let cdata = cstr(&data)?;
-            root_step(
-                RootStep::MountTmpfs {
-                    dest: format!("{dir} (for the inline input {dest})"),
-                    data: data.clone(),
-                },
-                sys.mount(
-                    "agentjail",
-                    &dir,
-                    "tmpfs",
-                    MountFlags::NOSUID | MountFlags::NODEV,
-                    Some(cdata.as_c_str()),
-                ),
-            )?;
-            let file = format!("{dir}/content");
-            root_step(
-                RootStep::Write(format!("{file} (for the inline input {dest})")),
-                sys.write_file(&file, content.as_bytes()),
-            )?;
-            let d = mountpoint(sys, dest, false, made)?;
-            root_step(
-                RootStep::Bind {
-                    src: "inline".into(),
-                    dest: dest.clone(),
-                },
-                sys.bind(&file, &d, false),
-            )?;
-            make_readonly(sys, &d, dest)?;
+        Op::Inline { dest, content } => inline_file(sys, dest, content.as_bytes(), made)?,
+        Op::Copy { dest, offset, len } => {
+            // The bytes the supervisor copied (as root) from a file the sandbox user cannot
+            // read: the same read-only tmpfs file as an inline input.
+            let bytes =
+                copied_bytes(made.copies.as_ref(), *offset, *len).map_err(|e| RootError {
+                    step: RootStep::Write(format!("the copy of the input {dest}")),
+                    source: e,
+                })?;
+            inline_file(sys, dest, &bytes, made)?;
         }
     }
+    Ok(())
+}
+
+/// `len` bytes at `offset` of the supervisor's sealed memfd of input copies.
+fn copied_bytes(fd: Option<&OwnedFd>, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+    let fd = fd.ok_or_else(|| std::io::Error::other("no memfd of input copies was sent"))?;
+    let mut bytes = vec![0u8; len as usize];
+    let mut at = 0usize;
+    while at < bytes.len() {
+        match rustix::io::pread(fd, &mut bytes[at..], offset + at as u64) {
+            Ok(0) => return Err(std::io::Error::other("the memfd of input copies is short")),
+            Ok(n) => at += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(bytes)
+}
+
+/// A read-only file given by value (an inline input, or a copied one): its own tmpfs in the
+/// staging root, which is detached with the host's root after the pivot: the bind at `dest`
+/// is then the only way to the file, and it is read-only (so below the writable /work too:
+/// the tmpfs's root directory, not /work, holds the file, and a bind mount cannot be unlinked
+/// or renamed over). Sized for the content. Its pages are charged to the init's memory cgroup
+/// (the runner's: the init stays outside the run's cgroup), like the root tmpfs's; the
+/// manifest bounds inline inputs (8 of 1 MiB), [`crate::copies`] the copies (32 MiB).
+fn inline_file<S: RootSys>(
+    sys: &mut S,
+    dest: &String,
+    content: &[u8],
+    made: &mut Made,
+) -> RootResult<()> {
+    let dir = format!("/inline{}", made.inline);
+    made.inline += 1;
+    match sys.mkdir(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(RootError {
+                step: RootStep::Mkdir(dir.into()),
+                source: e,
+            });
+        }
+        _ => {}
+    }
+    let page = rustix::param::page_size();
+    let size = content.len().div_ceil(page) * page + page;
+    let data = format!("size={size},nr_inodes=2,mode=0755");
+    let cdata = cstr(&data)?;
+    root_step(
+        RootStep::MountTmpfs {
+            dest: format!("{dir} (for the inline input {dest})"),
+            data: data.clone(),
+        },
+        sys.mount(
+            "agentjail",
+            &dir,
+            "tmpfs",
+            MountFlags::NOSUID | MountFlags::NODEV,
+            Some(cdata.as_c_str()),
+        ),
+    )?;
+    let file = format!("{dir}/content");
+    root_step(
+        RootStep::Write(format!("{file} (for the inline input {dest})")),
+        sys.write_file(&file, content),
+    )?;
+    let d = mountpoint(sys, dest, false, made)?;
+    root_step(
+        RootStep::Bind {
+            src: "inline".into(),
+            dest: dest.clone(),
+        },
+        sys.bind(&file, &d, false),
+    )?;
+    make_readonly(sys, &d, dest)?;
     Ok(())
 }
 

@@ -22,6 +22,7 @@
 
 pub mod cgroup;
 pub mod check;
+pub mod copies;
 pub mod gvisor;
 pub mod image;
 mod inside;

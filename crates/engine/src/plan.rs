@@ -72,6 +72,11 @@ pub enum Op {
     /// and bound read-only at `dest` (also below the writable `/work`). Its bytes never reach
     /// the host's disk.
     Inline { dest: String, content: String },
+    /// A file input the sandbox user cannot read on the host (root mode): the supervisor
+    /// copied its bytes into a sealed memfd sent with the plan ([`crate::copies`]); the init
+    /// writes `len` bytes from `offset` of it into a tmpfs of its own, bound read-only at
+    /// `dest` like an inline input. The host file is not changed.
+    Copy { dest: String, offset: u64, len: u64 },
 }
 
 /// Inodes of the `/output` tmpfs: a little more than the collector examines

@@ -88,6 +88,18 @@ pub fn run_on(
 
     crate::timing::mark("supervisor: plan");
     let mut plan = Plan::for_root(vm, root);
+    // As root: a file input the sandbox user cannot read goes in as a read-only copy in memory.
+    let copies = if root_mode {
+        match crate::copies::unreadable_inputs(vm, &mut plan) {
+            Ok(c) => c,
+            Err(e) => return fail(report, e),
+        }
+    } else {
+        None
+    };
+    if let Some(c) = &copies {
+        report.inputs_copied = c.mounts.clone();
+    }
     // Secrets bound to destinations: read here (the supervisor's own environment and files,
     // never the task's), with the run's CA whose certificate the sandbox trusts.
     let mut intercept = match &vm.manifest.network {
@@ -133,7 +145,10 @@ pub fn run_on(
             &ToInit::Go {
                 allow_degraded: opts.allow_degraded,
             },
-            &[memfd.as_fd()],
+            &match &copies {
+                Some(c) => vec![memfd.as_fd(), c.fd.as_fd()],
+                None => vec![memfd.as_fd()],
+            },
         )
     }) {
         let why = init_failure(&ctl_s, &mut report, e);

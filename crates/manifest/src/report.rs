@@ -239,6 +239,14 @@ pub struct RunReport {
     /// A plain-words note about the root image, e.g. that the host image is not pinned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_note: Option<String>,
+    /// Inputs (their sandbox paths) that the sandbox user could not read on the host and that
+    /// were given to the sandbox as a read-only copy in its memory instead of a bind mount: as
+    /// root, the sandbox runs as an unprivileged uid of its own, to which only the permissions
+    /// for others apply, and the file's own permissions stay as they are. Files of at most
+    /// 8 MiB (32 MiB in all); a larger one, or a folder holding one, is refused instead
+    /// (docs/isolation.md, "Inputs the sandbox user cannot read").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs_copied: Vec<String>,
     /// Why the run failed to start (status `setup_error` only). One line, no secrets.
     pub error: Option<String>,
     pub exit_code: Option<i32>,
@@ -286,6 +294,7 @@ impl RunReport {
             image: None,
             image_pinned: false,
             image_note: None,
+            inputs_copied: Vec::new(),
             error: Some(error),
             exit_code: None,
             signal: None,
