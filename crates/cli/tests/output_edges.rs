@@ -719,3 +719,34 @@ fn delivered_output_gets_the_umask_mode_and_no_staging_folder_is_left() {
     assert_eq!(mode(&out.join("a.txt")), 0o644);
     assert!(staging_left().is_empty(), "{:?}", staging_left());
 }
+
+/// A reader that leaves early (`agentjail run -- yes | head -1`, issue #31's "noticed"): the
+/// relay of the command's stdout met EPIPE and kept reading and dropping, so `yes` ran until
+/// the timeout. Now the relay closes its end of the command's pipe, the command gets SIGPIPE
+/// as it would without agentjail in between, and the run ends at once: the report says the
+/// command died by signal 13, not `timeout`; agentjail exits 141 (128 + SIGPIPE) like the
+/// command would have, and prints nothing on the closed stdout.
+#[test]
+fn a_reader_that_leaves_ends_the_command_with_sigpipe_not_the_timeout() {
+    let w = tmp();
+    let report = w.path().join("report.json");
+    let script = format!(
+        "{} run --report {} --timeout 60 -- /usr/bin/yes | head -1; echo \"codes ${{PIPESTATUS[0]}} ${{PIPESTATUS[1]}}\"",
+        bin().display(),
+        report.display()
+    );
+    let o = Command::new("/bin/bash")
+        .args(["-c", &script])
+        .current_dir(w.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stdout.starts_with("y\n"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("codes 141 0"), "{stdout}\n{stderr}");
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_ne!(r["status"], "timeout", "{r}");
+    assert_eq!(r["signal"], 13, "{r}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

@@ -121,6 +121,8 @@ pub(crate) struct Stream {
     pub(crate) report: StreamReport,
     pub(crate) captured: Vec<u8>,
     inert: Option<crate::term::Inert>,
+    /// Our own stream's reader is gone (EPIPE): nothing more is relayed.
+    reader_gone: bool,
 }
 
 impl Stream {
@@ -137,6 +139,7 @@ impl Stream {
             captured: Vec::new(),
             inert: matches!(sink, Sink::StdoutInert | Sink::StderrInert)
                 .then(crate::term::Inert::default),
+            reader_gone: false,
         }
     }
 
@@ -150,14 +153,21 @@ impl Stream {
             }
             None => bytes,
         };
-        match self.sink {
-            Sink::Stdout | Sink::StdoutInert => {
-                let _ = write_all(std::io::stdout().as_fd(), bytes);
+        let relayed = match self.sink {
+            Sink::Stdout | Sink::StdoutInert => write_all(std::io::stdout().as_fd(), bytes),
+            Sink::Stderr | Sink::StderrInert => write_all(std::io::stderr().as_fd(), bytes),
+            Sink::Capture => {
+                self.captured.extend_from_slice(bytes);
+                Ok(())
             }
-            Sink::Stderr | Sink::StderrInert => {
-                let _ = write_all(std::io::stderr().as_fd(), bytes);
-            }
-            Sink::Capture => self.captured.extend_from_slice(bytes),
+        };
+        // The reader of our stream left (`agentjail run -- yes | head -1`): close our end of
+        // the command's pipe, so that its next write meets SIGPIPE as it would without us in
+        // between, instead of being read and dropped until the timeout.
+        if relayed == Err(rustix::io::Errno::PIPE) {
+            self.reader_gone = true;
+            self.fd = None;
+            self.inert = None;
         }
     }
 
@@ -192,7 +202,7 @@ impl Stream {
                     self.deliver(&buf[..keep]);
                 }
                 self.report.bytes += n as u64;
-                true
+                !self.reader_gone
             }
             Err(rustix::io::Errno::INTR) => true,
             Err(rustix::io::Errno::AGAIN) => false,
