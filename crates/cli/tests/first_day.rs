@@ -623,11 +623,13 @@ fn a_gvisor_run_says_degraded_only_where_something_was_not_applied() {
     );
 }
 
-/// The supervisor outlives a reader that left: the run keeps the command's status and its
-/// report is written (SIGPIPE's default action would have killed it at the first relayed
-/// write).
+/// The supervisor outlives a reader that left (SIGPIPE's default action would have killed it
+/// at the first relayed write) and writes its report; the command meets the closed pipe as it
+/// would without agentjail in between: once a relayed write failed, the relay closes its end,
+/// and the command's next write gets SIGPIPE (signal 13, exit 141), so that a command that
+/// goes on writing does not run until the timeout (also output_edges.rs, `yes | head -1`).
 #[test]
-fn a_run_whose_stdout_reader_left_keeps_its_status_and_writes_its_report() {
+fn a_run_whose_stdout_reader_left_ends_as_the_command_would_and_writes_its_report() {
     let d = tmp();
     let s = with_closed(
         d.path(),
@@ -638,16 +640,16 @@ fn a_run_whose_stdout_reader_left_keeps_its_status_and_writes_its_report() {
             "--",
             "/bin/sh",
             "-c",
-            "echo one; echo two; exit 3",
+            "while echo line; do :; done; exit 3",
         ],
         Closed::Stdout,
         60,
     );
-    assert_eq!(s.code, Some(3), "{}", s.other);
+    assert_eq!(s.code, Some(141), "{}", s.other);
     let r: serde_json::Value =
         serde_json::from_slice(&std::fs::read(d.path().join("r.json")).unwrap()).unwrap();
-    assert_eq!(r["status"], "exit_nonzero", "{r}");
-    assert_eq!(r["exit_code"], 3, "{r}");
+    assert_eq!(r["signal"], 13, "{r}");
+    assert_ne!(r["status"], "ok", "{r}");
 }
 
 /// Runs `cmd` (a `serve` expected to refuse to start) until it exits (60 s at most: one that
@@ -844,20 +846,11 @@ fn serve_refused_as_an_ordinary_user_shows_no_token_and_names_a_fix_for_serve() 
     let d = tmp();
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     let as_nobody = |args: &[&str]| {
-        let mut c = Command::new("/usr/bin/setpriv");
-        c.args([
-            "--reuid",
-            "65534",
-            "--regid",
-            "65534",
-            "--clear-groups",
-            "--",
-        ])
-        .arg(bin())
-        .args(args)
-        .current_dir(d.path())
-        .env("HOME", d.path())
-        .env_remove("XDG_DATA_HOME");
+        let mut c = common::as_nobody();
+        c.args(args)
+            .current_dir(d.path())
+            .env("HOME", d.path())
+            .env_remove("XDG_DATA_HOME");
         c
     };
     let probe = refused_start(as_nobody(&["run", "--", "/bin/true"]));

@@ -38,17 +38,7 @@ impl Out {
 /// `dir` and the caller's data settings removed.
 fn agentjail(dir: &Path, nobody: bool, args: &[&str], env: &[(&str, &str)]) -> Out {
     let mut c = if nobody {
-        let mut c = Command::new("setpriv");
-        c.args([
-            "--reuid",
-            "65534",
-            "--regid",
-            "65534",
-            "--clear-groups",
-            "--",
-        ]);
-        c.arg(bin());
-        c
+        common::as_nobody()
     } else {
         Command::new(bin())
     };
@@ -521,16 +511,7 @@ fn serve_and_mcp_refuse_to_start_where_a_strict_run_is_refused_and_name_the_fix(
             "data-mcp",
         ][..],
     ] {
-        let mut c = Command::new("setpriv")
-            .args([
-                "--reuid",
-                "65534",
-                "--regid",
-                "65534",
-                "--clear-groups",
-                "--",
-            ])
-            .arg(bin())
+        let mut c = common::as_nobody()
             .args(args)
             .current_dir(d.path())
             .env("HOME", d.path())

@@ -215,6 +215,19 @@ fn wait_status(api: &Api, id: &str, want: &str, secs: u64) -> Value {
     api.wait_status(ALICE, id, want, secs)
 }
 
+/// An operator's `retry` of an `unknown` run, which must be accepted.
+fn retry(api: &Api, id: &str) {
+    let r = api
+        .http
+        .post(api.url(&format!("/v1/runs/{id}/reconcile")))
+        .bearer_auth(ALICE)
+        .json(&json!({"action": "retry"}))
+        .send()
+        .unwrap();
+    let code = r.status();
+    assert!(code.is_success(), "{code}: {:?}", r.text());
+}
+
 fn wait_log(node: &Node, needle: &str, secs: u64) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     while !node.log().contains(needle) {
@@ -396,15 +409,7 @@ fn a_worker_killed_mid_run_leaves_it_unknown_and_a_retry_runs_it_once() {
     // The operator retries it (no network: safe): one more execution, to `ok`.
     f.on_client(|| {
         let [_, a2] = f.clients();
-        let r = a2
-            .http
-            .post(a2.url("/v1/runs/victim/reconcile"))
-            .bearer_auth(ALICE)
-            .json(&json!({"action": "retry"}))
-            .send()
-            .unwrap();
-        let code = r.status();
-        assert!(code.is_success(), "{code}: {:?}", r.text());
+        retry(&a2, "victim");
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             assert!(payloads(&marker).len() <= 1, "two executions at once");
@@ -584,15 +589,7 @@ fn a_paused_workers_payload_dies_before_its_lease_ends_and_a_retry_never_overlap
                 reason.contains("lease") && reason.contains("runner kills the sandbox"),
                 "{v}"
             );
-            let r = a1
-                .http
-                .post(a1.url("/v1/runs/paused/reconcile"))
-                .bearer_auth(ALICE)
-                .json(&json!({"action": "retry"}))
-                .send()
-                .unwrap();
-            let code = r.status();
-            assert!(code.is_success(), "{code}: {:?}", r.text());
+            retry(&a1, "paused");
         });
         // The retry runs on a live worker; then the paused one wakes up.
         wait_payloads(&marker, 1, 20);

@@ -97,6 +97,22 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
+/// `agentjail` run as uid and gid 65534 with no supplementary groups (`setpriv`, util-linux):
+/// the ordinary user of the unprivileged tests.
+pub fn as_nobody() -> std::process::Command {
+    let mut c = std::process::Command::new("setpriv");
+    c.args([
+        "--reuid",
+        "65534",
+        "--regid",
+        "65534",
+        "--clear-groups",
+        "--",
+    ])
+    .arg(bin());
+    c
+}
+
 /// The payload processes of the `sleeper` task carrying `marker`.
 pub fn payloads(marker: &str) -> Vec<i32> {
     payload_cmdlines(marker)
