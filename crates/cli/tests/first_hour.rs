@@ -231,6 +231,79 @@ fn an_input_the_sandbox_user_cannot_read_is_copied_or_refused_with_the_fix() {
     assert!(o.stdout.contains("1,2"), "{}", o.dump());
 }
 
+/// The red team's race on the copy (issue #31 §4, found before it landed): a folder above a
+/// file input swapped for a link (`renameat2(RENAME_EXCHANGE)` every ~0.3 ms) between the
+/// manifest's check and the supervisor's open made root copy a 0600 file from outside the
+/// manifest's folder into the sandbox (8 runs of 60 showed the secret). The copy is now opened
+/// with `RESOLVE_NO_SYMLINKS` in every component: in 100 runs under the race, the payload never
+/// sees the secret (its sentinel), whatever else each run does (the decoy, or a refusal).
+#[test]
+fn a_folder_swapped_for_a_link_never_gets_a_secret_copied() {
+    if !is_root() {
+        skip("needs root (only root copies inputs)");
+        return;
+    }
+    let d = tmp();
+    let base = d.path();
+    let outside = base.join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    let secret = outside.join("s.txt");
+    std::fs::write(&secret, "TOPSECRET-outside\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let work = base.join("work");
+    std::fs::create_dir(&work).unwrap();
+    std::fs::create_dir(work.join("d")).unwrap();
+    std::fs::write(work.join("d/s.txt"), "decoy\n").unwrap();
+    std::fs::set_permissions(work.join("d/s.txt"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::symlink(&outside, work.join("alt")).unwrap();
+    std::fs::write(
+        work.join("m.yaml"),
+        "inputs:\n  - source: d/s.txt\n    mount: /input/s.txt\nnetwork: deny\n\
+         command: [\"/bin/sh\", \"-c\", \"case $(cat /input/s.txt) in TOPSECRET*) echo SENTINEL-LEAK;; decoy) echo SENTINEL-DECOY;; *) echo SENTINEL-OTHER;; esac\"]\n",
+    )
+    .unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (a, b) = (
+        std::ffi::CString::new(work.join("d").to_str().unwrap()).unwrap(),
+        std::ffi::CString::new(work.join("alt").to_str().unwrap()).unwrap(),
+    );
+    let mut tally = std::collections::BTreeMap::<String, usize>::new();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // SAFETY: two valid NUL-terminated paths; renameat2 only swaps two entries of
+                // the test's own folder.
+                unsafe {
+                    libc::renameat2(
+                        libc::AT_FDCWD,
+                        a.as_ptr(),
+                        libc::AT_FDCWD,
+                        b.as_ptr(),
+                        libc::RENAME_EXCHANGE,
+                    )
+                };
+                std::thread::sleep(std::time::Duration::from_micros(300));
+            }
+        });
+        for _ in 0..100 {
+            let o = agentjail(&work, false, &["run", "--manifest", "m.yaml"], &[]);
+            let what = ["SENTINEL-LEAK", "SENTINEL-DECOY", "SENTINEL-OTHER"]
+                .into_iter()
+                .find(|m| o.stdout.contains(m))
+                .map(String::from)
+                .unwrap_or_else(|| format!("refused ({})", o.code));
+            *tally.entry(what).or_default() += 1;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    eprintln!("under the race: {tally:?}");
+    assert!(!tally.contains_key("SENTINEL-LEAK"), "{tally:?}");
+    assert!(
+        tally.contains_key("SENTINEL-DECOY"),
+        "the race left no run: {tally:?}"
+    );
+}
+
 #[test]
 fn a_degraded_run_says_what_was_not_applied_every_time() {
     if !is_root() || !have_setpriv() {

@@ -40,20 +40,25 @@ pub(crate) fn unreadable_inputs(
     vm: &agentjail_manifest::ValidatedManifest,
     plan: &mut Plan,
 ) -> Result<Option<Copies>, String> {
-    use rustix::fs::{Mode, OFlags};
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
     let mut copies: Option<(std::fs::File, Vec<String>)> = None;
     let mut offset = 0u64;
     for input in vm.inputs.iter().filter(|i| !i.is_dir) {
         let path = &input.host_path;
         let fail = |what: String| format!("input {} ({}): {what}", input.mount, path.display());
-        // Opened without following a link (the path is canonical) and without blocking on a
-        // FIFO; what is checked and copied is this open file, not the path again.
-        let fd = rustix::fs::open(
+        // Opened without following a link in any component (the path is canonical, so a link
+        // found now means it changed since it was checked: a folder above the file swapped
+        // for a link to /etc must not make root copy /etc/shadow), as the init opens a bind's
+        // source; and without blocking on a FIFO. What is checked and copied is this open
+        // file, not the path again.
+        let fd = rustix::fs::openat2(
+            rustix::fs::CWD,
             path,
             OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::NONBLOCK,
             Mode::empty(),
+            ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
         )
-        .map_err(|e| fail(format!("cannot open it: {e}")))?;
+        .map_err(|e| fail(format!("cannot open it without following a link: {e}")))?;
         let st = rustix::fs::fstat(&fd).map_err(|e| fail(format!("fstat: {e}")))?;
         let mode = st.st_mode;
         if mode & libc::S_IFMT != libc::S_IFREG || mode & 0o004 != 0 {
@@ -61,18 +66,17 @@ pub(crate) fn unreadable_inputs(
         }
         let size = st.st_size as u64;
         if size > COPY_MAX || offset + size > COPIES_MAX {
+            let over = if size > COPY_MAX {
+                format!("it is larger than {} MiB", COPY_MAX >> 20)
+            } else {
+                format!(
+                    "with the run's other copies it comes to more than {} MiB",
+                    COPIES_MAX >> 20
+                )
+            };
             return Err(fail(format!(
-                "the sandbox user cannot read the file (mode {:04o}), and it is larger than {} MiB{}, the most agentjail gives the sandbox as a read-only copy in memory: as root, agentjail runs the sandbox as an unprivileged uid of its own, to which only the permissions for others apply; fix: give the run a smaller file, or chmod o+r {} if every user of this host may read it",
+                "the sandbox user cannot read the file (mode {:04o}), and {over}, the most agentjail gives the sandbox as read-only copies in memory: as root, agentjail runs the sandbox as an unprivileged uid of its own, to which only the permissions for others apply; fix: give the run a smaller file, or chmod o+r {} if every user of this host may read it",
                 mode & 0o7777,
-                COPY_MAX >> 20,
-                if size > COPY_MAX {
-                    String::new()
-                } else {
-                    format!(
-                        " (with the run's other copies: {} MiB in all)",
-                        COPIES_MAX >> 20
-                    )
-                },
                 path.display()
             )));
         }
