@@ -16,15 +16,54 @@
 # min) at the start of each round.
 # Usage: bench/fleet.sh [N] [ROUNDS]   (as root, like CI; needs python3 and PostgreSQL's
 # initdb/pg_ctl (Debian: postgresql); builds the release binary, or takes $AGENTJAIL_BIN).
+#
+# bench/fleet.sh stop [SECONDS] [ROUNDS]   (issue #30: "the fleet survives any one node")
+#   Latency while a node is stopped. Per round, on a fresh cluster: two API replicas
+#   (`serve --slots 0`, node ids api-a and api-b) and two workers (`worker --slots 2`, w0 and
+#   w1). 8 clients on api-a, paced to $AGENTJAIL_BENCH_RATE submissions/s in all (default 6;
+#   below what the two workers run, so the queue stays short), each: POST /v1/runs?wait=false
+#   of `tiny` with a unique request_id (must answer 202, or 200 if the run was final by the
+#   answer, counted; a 429 or 503 is retried with the same request_id and counted apart, its
+#   time not in the figures); 4 more on api-a, 12 GETs/s in all, each GET /v1/runs/{id} of a
+#   run submitted before, picked at random (200 or 202). 2 clients on api-b, 2 submissions/s
+#   in all, each followed by 100 GETs of it ($AGENTJAIL_BENCH_B_GETS; reads are audited, so
+#   api-b appends audit records all the time, as a replica serving status polls does; not
+#   reported). After 3 s of warm-up and 15 s without stops, a chaos loop repeats for SECONDS
+#   (default 110): wait a random 0.1-0.5 s, SIGSTOP one of w0, w1, api-b chosen at random at that random moment, hold it
+#   stopped 1 s ($AGENTJAIL_BENCH_STOP), SIGCONT it. A stop of fixed length bounds any stall it
+#   causes (so the bench cannot hang), and short stops make many of them: only a stop that
+#   lands while the node holds the audit lock (old design) stalls the others. Half-way through
+#   each stop it counts the sessions waiting on an advisory lock (pg_locks). Reported per binary,
+#   over its rounds: p50/p99/max of api-a's submissions (202) and GETs in two windows: requests
+#   that overlap no stop ("no node stopped") and requests that overlap one ("a node stopped");
+#   the stops per target, those during which an api-a request took over half the stop
+#   ("stalled"), those with an advisory-lock waiter half-way, and the load average (1 min) at
+#   each round's start and end. With $AGENTJAIL_BIN_OLD set, rounds alternate old, new, old,
+#   new, ... ($AGENTJAIL_BIN, or the release build, is "new"). Signals go only to processes the
+#   bench started (their Popen handles; they also die with it, PR_SET_PDEATHSIG); everything
+#   listens on 127.0.0.1; every process and folder is removed at exit, also on error.
+#   Example: AGENTJAIL_BIN_OLD=/tmp/aj-old AGENTJAIL_BIN=/tmp/aj-new bench/fleet.sh stop 110 2
 set -euo pipefail
 cd "$(dirname "$0")/.."
-n=${1:-60}
-rounds=${2:-3}
+mode=scale
+if [ "${1:-}" = stop ]; then
+  mode=stop
+  shift
+  n=${1:-110}
+  rounds=${2:-2}
+else
+  n=${1:-60}
+  rounds=${2:-3}
+fi
 if [ -z "${AGENTJAIL_BIN:-}" ]; then
   cargo build --release -q -p agentjail
   aj="$PWD/target/x86_64-unknown-linux-gnu/release/agentjail"
 else
   aj=$(realpath "$AGENTJAIL_BIN")
+fi
+aj_old=""
+if [ "$mode" = stop ] && [ -n "${AGENTJAIL_BIN_OLD:-}" ]; then
+  aj_old=$(realpath "$AGENTJAIL_BIN_OLD")
 fi
 pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
 [ -n "$pgbin" ] && [ -x "$pgbin/initdb" ] || { echo "bench/fleet.sh: PostgreSQL's initdb not found (apt-get install postgresql)" >&2; exit 1; }
@@ -39,7 +78,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-AJ="$aj" PGBIN="$pgbin" WORK="$work" N="$n" ROUNDS="$rounds" python3 - <<'PY'
+MODE="$mode" AJ="$aj" AJ_OLD="$aj_old" PGBIN="$pgbin" WORK="$work" N="$n" ROUNDS="$rounds" python3 - <<'PY'
 import hashlib, http.client, json, os, pwd, re, shutil, socket, statistics, subprocess, sys, threading, time
 
 aj, pgbin, work = os.environ["AJ"], os.environ["PGBIN"], os.environ["WORK"]
@@ -52,11 +91,12 @@ except KeyError:
     owner = pwd.getpwnam("nobody")
 
 
-def config(slots):
+def config(slots, node_id=None):
     return f"""
 [server]
 max_concurrent_runs = {slots}
 max_queued_runs = 256
+{f'node_id = "{node_id}"' if node_id else ''}
 lease_seconds = 10
 auth_failure_audit_seconds = 3600
 
@@ -110,7 +150,7 @@ def pg_start(tag):
 
 def pg_stop(d):
     as_owner(f"{pgbin}/pg_ctl", "-D", f"{d}/data", "-m", "immediate", "-w", "stop")
-    shutil.rmtree(d)
+    shutil.rmtree(d, ignore_errors=True)  # the trap removes whatever is left
 
 
 def psql(d, port, sql):
@@ -118,14 +158,14 @@ def psql(d, port, sql):
                            "-d", "agentjail", "-c", sql], check=True, capture_output=True, text=True).stdout.strip()
 
 
-def start(args, tag, slots, ready):
+def start(args, tag, slots, ready, binary=None, node_id=None, preexec=None):
     d = f"{work}/{tag}"
     os.makedirs(d)
     os.chmod(d, 0o755)
-    open(f"{d}/config.toml", "w").write(config(slots))
-    p = subprocess.Popen([aj, *args, "--config", f"{d}/config.toml", "--data-dir", f"{d}/data"],
+    open(f"{d}/config.toml", "w").write(config(slots, node_id))
+    p = subprocess.Popen([binary or aj, *args, "--config", f"{d}/config.toml", "--data-dir", f"{d}/data"],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         text=True, env={**os.environ, "AGENTJAIL_LOG": "warn"})
+                         text=True, env={**os.environ, "AGENTJAIL_LOG": "warn"}, preexec_fn=preexec)
     found = None
     seen = []
     for line in p.stderr:
@@ -229,6 +269,288 @@ def single_round(k, r):
     shutil.rmtree(d)
     return dt
 
+
+# ---- `stop` mode: latency while a node is stopped (issue #30) ----
+import ctypes, math, random, signal
+
+STOP_S = float(os.environ.get("AGENTJAIL_BENCH_STOP", "1"))
+RATE = float(os.environ.get("AGENTJAIL_BENCH_RATE", "6"))
+GAP = (0.1, 0.5)
+QUIET_S = 15  # no stop yet: the first window's baseline
+A_CLIENTS, A_READERS, A_READ_RATE, B_CLIENTS, B_RATE = 8, 4, 12.0, 2, 2.0
+B_GETS = int(os.environ.get("AGENTJAIL_BENCH_B_GETS", "100"))
+STALL_S = STOP_S / 2
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent():
+    _libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: never outlive the bench
+
+
+def _terminated(signum, frame):
+    sys.exit(f"bench/fleet.sh: signal {signum}")
+
+
+def pct(xs, q):
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[max(0, math.ceil(q * len(s)) - 1)]
+
+
+class Load:
+    """One replica's clients: each paced to `period` s per submission (202) + `gets` GETs of
+    it; and `readers` clients paced to `read_rate` GETs/s in all, each of a run submitted
+    before, picked at random (so that GETs start at any moment, not only after a POST)."""
+
+    def __init__(self, port, name, clients, rate, end, gets=0, readers=0, read_rate=1.0):
+        self.port, self.name, self.end, self.gets = port, name, end, gets
+        self.period = clients / rate
+        self.read_period = readers / read_rate if readers else 0
+        self.post, self.get = [], []  # (t0, t1)
+        self.retried = {}  # status -> count (429, 503: retried, not in the figures)
+        self.errors = []
+        self.ids = []
+        self.threads = [threading.Thread(target=self.client, args=(c,), daemon=True) for c in range(clients)]
+        self.threads += [threading.Thread(target=self.reader, daemon=True) for _ in range(readers)]
+
+    def reader(self):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        nxt = time.monotonic() + random.uniform(0, self.read_period)
+        try:
+            while not self.end.is_set():
+                d = nxt - time.monotonic()
+                if d > 0:
+                    time.sleep(d)
+                nxt = max(nxt + self.read_period, time.monotonic())
+                if not self.ids:
+                    continue
+                rid = random.choice(self.ids)
+                st, t0, t1 = self.req(conn, "GET", f"/v1/runs/{rid}")
+                if st in (200, 202):
+                    self.get.append((t0, t1))
+                elif st == 503:
+                    self.retried["GET 503"] = self.retried.get("GET 503", 0) + 1
+                else:
+                    raise AssertionError(f"GET {rid}: {st}")
+        except Exception as e:  # noqa: BLE001 (reported by the round)
+            self.errors.append(e)
+
+    def req(self, conn, method, path, body=None):
+        h = {"Authorization": f"Bearer {token}"}
+        if body is not None:
+            h["Content-Type"] = "application/json"
+        t0 = time.monotonic()
+        conn.request(method, path, body=body, headers=h)
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status, t0, time.monotonic()
+
+    def client(self, c):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        i = 0
+        nxt = time.monotonic() + random.uniform(0, self.period)
+        try:
+            while not self.end.is_set():
+                d = nxt - time.monotonic()
+                if d > 0:
+                    time.sleep(d)
+                nxt = max(nxt + self.period, time.monotonic())  # no burst after a stall
+                rid = f"{self.name}-{c}-{i}"
+                i += 1
+                body = json.dumps({"request_id": rid, "task": "tiny", "inputs": []})
+                tries = 0
+                while True:
+                    st, t0, t1 = self.req(conn, "POST", "/v1/runs?wait=false", body)
+                    if st in (200, 202):  # 200: the run was final by the answer (or a retry's replay)
+                        self.post.append((t0, t1))
+                        if st == 200:
+                            self.retried["POST 200"] = self.retried.get("POST 200", 0) + 1
+                        self.ids.append(rid)
+                        break
+                    tries += 1
+                    if st in (429, 503):
+                        self.retried[f"POST {st}"] = self.retried.get(f"POST {st}", 0) + 1
+                        time.sleep(0.1)
+                        continue
+                    raise AssertionError(f"POST {rid}: {st}")
+                for _ in range(self.gets):
+                    st, t0, t1 = self.req(conn, "GET", f"/v1/runs/{rid}")
+                    if st in (200, 202):
+                        self.get.append((t0, t1))
+                        continue
+                    if st == 503:  # counted apart, not retried
+                        self.retried["GET 503"] = self.retried.get("GET 503", 0) + 1
+                        time.sleep(0.1)
+                        continue
+                    raise AssertionError(f"GET {rid}: {st}")
+        except Exception as e:  # noqa: BLE001 (reported by the round)
+            self.errors.append(e)
+
+
+def stop_round(binary, label, r, secs):
+    tag = f"x{label}-{r}"
+    d, port = pg_start(tag)
+    url = f"postgres://agentjail@127.0.0.1:{port}/agentjail?sslmode=disable"
+    procs = []
+    stops = []  # (target, t_stop, t_cont, advisory-lock waiters half-way)
+    end, chaos_end = threading.Event(), threading.Event()
+    load0 = os.getloadavg()[0]
+    try:
+        ports = {}
+        for name in ("api-a", "api-b"):
+            p, _, line = start(["serve", "--listen", "127.0.0.1:0", "--slots", "0", "--database", url],
+                               f"{tag}-{name}", 1, "listening on ", binary, name, _die_with_parent)
+            procs.append(p)
+            ports[name] = (p, int(re.search(r"listening on http://127\.0\.0\.1:(\d+)", line).group(1)))
+        targets = {"api-b": ports["api-b"][0]}
+        for w in ("w0", "w1"):
+            p, _, _ = start(["worker", "--slots", "2", "--node-id", w, "--database", url],
+                            f"{tag}-{w}", 2, "claiming runs", binary, None, _die_with_parent)
+            procs.append(p)
+            targets[w] = p
+        c = http.client.HTTPConnection("127.0.0.1", ports["api-a"][1], timeout=120)
+        for i in range(4):  # warm-up, through the workers
+            c.request("POST", "/v1/runs", body=json.dumps({"request_id": f"warm-{i}", "task": "tiny", "inputs": []}),
+                      headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+            resp = c.getresponse()
+            v = json.loads(resp.read())
+            assert resp.status == 200 and v["status"] == "ok", (resp.status, v)
+        c.close()
+        la = Load(ports["api-a"][1], "a", A_CLIENTS, RATE, end, 0, A_READERS, A_READ_RATE)
+        lb = Load(ports["api-b"][1], "b", B_CLIENTS, B_RATE, end, B_GETS)
+        for t in la.threads + lb.threads:
+            t.start()
+        time.sleep(3 + QUIET_S)
+
+        def chaos():
+            rnd = random.Random()
+            deadline = time.monotonic() + secs
+            while time.monotonic() < deadline and not chaos_end.is_set():
+                time.sleep(rnd.uniform(*GAP))
+                name = rnd.choice(sorted(targets))
+                p = targets[name]
+                waiters = -1
+                t_stop = time.monotonic()
+                p.send_signal(signal.SIGSTOP)
+                try:
+                    time.sleep(STOP_S / 2)
+                    waiters = psql(d, port, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+                    rest = STOP_S - (time.monotonic() - t_stop)
+                    if rest > 0:
+                        time.sleep(rest)
+                finally:
+                    p.send_signal(signal.SIGCONT)
+                stops.append((name, t_stop, time.monotonic(), int(waiters)))
+
+        ch = threading.Thread(target=chaos, daemon=True)
+        ch.start()
+        ch.join(secs + 60)
+        assert not ch.is_alive(), "the chaos loop did not end"
+        time.sleep(2)
+        end.set()
+        for t in la.threads + lb.threads:
+            t.join(90)
+        if la.errors or lb.errors:
+            sys.exit(f"round {tag}: {(la.errors + lb.errors)[0]!r}")
+        states = psql(d, port, "SELECT string_agg(status || '=' || n, ' ' ORDER BY status) FROM (SELECT status, count(*) n FROM runs GROUP BY status) s")
+    finally:
+        chaos_end.set()
+        end.set()
+        for p in procs:  # none stays stopped
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        pg_stop(d)
+        for q in os.listdir(work):
+            if q.startswith(tag):
+                shutil.rmtree(f"{work}/{q}")
+    load1 = os.getloadavg()[0]
+
+    def split(samples):
+        quiet, stopped = [], []
+        for t0, t1 in samples:
+            (stopped if any(s < t1 and t0 < e for _, s, e, _ in stops) else quiet).append(t1 - t0)
+        return quiet, stopped
+
+    stalled = {}
+    for name, s, e, _ in stops:
+        worst = max((t1 - t0 for t0, t1 in la.post + la.get if s < t1 and t0 < e), default=0.0)
+        if worst > STALL_S:
+            stalled[name] = stalled.get(name, 0) + 1
+    res = {"post": split(la.post), "get": split(la.get), "stops": stops, "stalled": stalled,
+           "retried": la.retried, "load": (load0, load1), "states": states}
+    print(f"{label} round {r + 1}: load {load0:.1f}->{load1:.1f}; runs at the end: {states}; "
+          f"api-a submissions {len(la.post)}, GETs {len(la.get)}, other answers {la.retried or 'none'} "
+          f"(api-b submissions {len(lb.post)}, GETs {len(lb.get)}, other answers {lb.retried or 'none'})", flush=True)
+    print(f"  stops: {len(stops)} ({', '.join(f'{k} {sum(1 for x in stops if x[0] == k)}' for k in sorted(targets))}); "
+          f"stalled (an api-a request > {STALL_S:g} s): {sum(stalled.values())} {stalled or ''}; "
+          f"with an advisory-lock waiter {STOP_S / 2:g} s in: {sum(1 for x in stops if x[3] > 0)}", flush=True)
+    for what in ("post", "get"):
+        q, s = res[what]
+        print(f"  {what.upper():4s} no node stopped: n {len(q)} p50 {pct(q, .5) * 1e3:.1f} p99 {pct(q, .99) * 1e3:.1f} "
+              f"max {max(q, default=0) * 1e3:.1f} ms | a node stopped: n {len(s)} p50 {pct(s, .5) * 1e3:.1f} "
+              f"p99 {pct(s, .99) * 1e3:.1f} max {max(s, default=0) * 1e3:.1f} ms", flush=True)
+    return res
+
+
+def stop_main():
+    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGHUP, _terminated)
+    bins = [("new", aj)]
+    if os.environ.get("AJ_OLD"):
+        bins = [("old", os.environ["AJ_OLD"]), ("new", aj)]
+    for label, b in bins:
+        v = subprocess.run([b, "--version"], capture_output=True, text=True).stdout.strip()
+        print(f"{label}: {b}: {v}", flush=True)
+    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; {n} s of stops per round, {rounds} "
+          f"round(s) per binary; stop {STOP_S:g} s, gap {GAP[0]:g}-{GAP[1]:g} s; {QUIET_S} s without stops first; {A_CLIENTS} clients on api-a at "
+          f"{RATE:g} submissions/s in all and {A_READERS} at {A_READ_RATE:g} GETs/s, {B_CLIENTS} on api-b at {B_RATE:g}/s ({B_GETS} GETs each)", flush=True)
+    out = {label: [] for label, _ in bins}
+    for r in range(rounds):
+        for label, b in bins:
+            out[label].append(stop_round(b, label, r, n))
+    print(f"\nall rounds per binary (load average now {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs); ms:")
+    print("  binary | window | POST n | p50 | p99 | max | GET n | p50 | p99 | max")
+    for label, _ in bins:
+        rs = out[label]
+        for w, wname in ((0, "no node stopped"), (1, "a node stopped")):
+            po = [x for r_ in rs for x in r_["post"][w]]
+            ge = [x for r_ in rs for x in r_["get"][w]]
+            print(f"  {label} | {wname} | {len(po)} | {pct(po, .5) * 1e3:.1f} | {pct(po, .99) * 1e3:.1f} | "
+                  f"{max(po, default=0) * 1e3:.1f} | {len(ge)} | {pct(ge, .5) * 1e3:.1f} | {pct(ge, .99) * 1e3:.1f} | "
+                  f"{max(ge, default=0) * 1e3:.1f}")
+    for label, _ in bins:
+        rs = out[label]
+        stops = [s for r_ in rs for s in r_["stops"]]
+        by = {}
+        for s in stops:
+            by.setdefault(s[0], [0, 0, 0])[0] += 1
+            by[s[0]][2] += s[3] > 0
+        for r_ in rs:
+            for k, v in r_["stalled"].items():
+                by[k][1] += v
+        retried = {}
+        for r_ in rs:
+            for k, v in r_["retried"].items():
+                retried[k] = retried.get(k, 0) + v
+        loads = [x for r_ in rs for x in r_["load"]]
+        print(f"  {label}: stops {len(stops)}; per target (stops, stalled > {STALL_S:g} s, advisory-lock waiter): "
+              f"{', '.join(f'{k} {v[0]}/{v[1]}/{v[2]}' for k, v in sorted(by.items()))}; api-a other answers "
+              f"{retried or 'none'}; load {min(loads):.1f}-{max(loads):.1f}")
+
+
+if os.environ["MODE"] == "stop":
+    stop_main()
+    sys.exit(0)
 
 res = {}
 for k in WORKERS:
