@@ -29,8 +29,8 @@
 #   in all, each followed by 100 GETs of it ($AGENTJAIL_BENCH_B_GETS; reads are audited, so
 #   api-b appends audit records all the time, as a replica serving status polls does; not
 #   reported). After 3 s of warm-up and 15 s without stops, a chaos loop repeats for SECONDS
-#   (default 110): wait a random 0.1-0.5 s, SIGSTOP one of w0, w1, api-b chosen at random at that random moment, hold it
-#   stopped 1 s ($AGENTJAIL_BENCH_STOP), SIGCONT it. A stop of fixed length bounds any stall it
+#   (default 110): wait a random 0.1-0.5 s, SIGSTOP one of w0, w1, api-b chosen at random at
+#   that random moment, hold it stopped 1 s ($AGENTJAIL_BENCH_STOP), SIGCONT it. A stop of fixed length bounds any stall it
 #   causes (so the bench cannot hang), and short stops make many of them: only a stop that
 #   lands while the node holds the audit lock (old design) stalls the others. Half-way through
 #   each stop it counts the sessions waiting on an advisory lock (pg_locks). Reported per binary,
