@@ -31,8 +31,9 @@ const HOSTS: &[&str] = &["pg", "api1", "api2", "w1", "w2", "w3", "client"];
 const WORKERS: &[&str] = &["w1", "w2", "w3"];
 
 /// One node's configuration: a 3-second lease; the tasks `sleeper` (marker in its command
-/// line), `echo` (writes its argument, a number, as its JSON output) and `beater` (prints a
-/// heartbeat line every 0.2 s for two minutes; marker in its command line).
+/// line), `chatty` (like `sleeper`, printing 64 KiB every 0.5 s meanwhile), `echo` (writes its
+/// argument, a number, as its JSON output) and `beater` (prints a heartbeat line every 0.2 s
+/// for two minutes; marker in its command line).
 fn config(node_id: &str, marker: &str) -> String {
     format!(
         r#"
@@ -58,6 +59,19 @@ allowed_tenants = ["acme"]
 path = "/output/o.json"
 media_type = "application/json"
 max_bytes = 100
+
+[tasks.chatty]
+description = "Prints 64 KiB every 0.5 s for as long as its argument says, then writes its output"
+code = "forbidden"
+command = ["/usr/bin/python3", "-c", "import json, sys, time\nprint('ran', flush=True)\nend = time.time() + float(sys.argv[2])\nwhile time.time() < end:\n    sys.stdout.write('x' * 65536); sys.stdout.flush(); time.sleep(0.5)\njson.dump({{'args': sys.argv[1:]}}, open('/output/o.json', 'w'))", "{marker}"]
+max_args = 1
+allowed_tenants = ["acme"]
+[tasks.chatty.output]
+path = "/output/o.json"
+media_type = "application/json"
+max_bytes = 1000
+[tasks.chatty.limits]
+seconds = 60
 
 [tasks.beater]
 description = "Prints a heartbeat line every 0.2 s"
@@ -537,7 +551,9 @@ fn signal(node: &Node, sig: &str) {
 /// Issue #30, finding 2: a worker paused (SIGSTOP) mid-run. Its runner is a separate process
 /// and lives on, so it must enforce the lease itself: the payload is dead before the lease
 /// ends (3 s after the last renewal), i.e. before any node can mark the run `unknown`, and the
-/// `unknown` reason says so. The operator's retry then runs on a live worker while the paused
+/// `unknown` reason says so. The payload prints 64 KiB every 0.5 s, so the paused worker's log
+/// pipe fills and the runner's relay blocks on it (the red team's attack on the first fix:
+/// the kill then waited for the worker to be resumed); the runner's watchdog thread kills it. The operator's retry then runs on a live worker while the paused
 /// one is resumed: sampled from /proc (one pid namespace for every test host) all along, there
 /// is never more than one payload of the run, the resumed worker's late result is fenced, and
 /// the trail is two `run_start`, one `run_unknown`, one `run_end`.
@@ -567,7 +583,7 @@ fn a_paused_workers_payload_dies_before_its_lease_ends_and_a_retry_never_overlap
         f.on_client(|| {
             let [a1, a2] = f.clients();
             let body =
-                json!({"request_id": "paused", "task": "sleeper", "inputs": [], "args": ["10"]});
+                json!({"request_id": "paused", "task": "chatty", "inputs": [], "args": ["10"]});
             assert_eq!(a1.run(ALICE, &body, "?wait=false").status(), 202);
             wait_status(&a2, "paused", "running", 30);
         });

@@ -750,3 +750,51 @@ fn a_reader_that_leaves_ends_the_command_with_sigpipe_not_the_timeout() {
     assert_eq!(r["signal"], 13, "{r}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// A reader that pauses (`| (sleep 6; cat)`) held the relay's blocking write, and with it the
+/// supervisor's loop and the kill at the deadline: the payload ran on past its limit until the
+/// reader came back (red team, with a runner whose log pipe a paused worker stopped reading).
+/// The deadline is kept by a watchdog thread now: with a 2 s limit and the reader away for 6
+/// s, the payload (marked in its command line) is gone from /proc 4.5 s after the start, and
+/// the report says `timeout`.
+#[test]
+fn a_paused_reader_does_not_keep_the_payload_past_its_deadline() {
+    let w = tmp();
+    let report = w.path().join("report.json");
+    // The payload ends as `sleep 3<this test's pid>` (a unique command line, killed anyway).
+    let sleeper = format!("sleep 3{}", std::process::id());
+    let script = format!(
+        "{} run --report {} --timeout 2 -- /bin/sh -c 'head -c 300000 /dev/zero; exec {sleeper}' | (sleep 6; cat > /dev/null)",
+        bin().display(),
+        report.display()
+    );
+    let started = Instant::now();
+    let mut child = Command::new("/bin/bash")
+        .args(["-c", &script])
+        .current_dir(w.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let alive = || {
+        std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .map(|c| {
+                    let c = String::from_utf8_lossy(&c).replace('\0', " ");
+                    // The payload itself, not the shell or agentjail naming it.
+                    c.trim_end() == sleeper
+                        || (c.starts_with("/bin/sh -c head") && c.contains(&sleeper))
+                })
+                .unwrap_or(false)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(4500).saturating_sub(started.elapsed()));
+    let alive_at_4_5 = alive();
+    let _ = child.wait();
+    assert!(
+        !alive_at_4_5,
+        "the payload outlived its 2 s limit while the reader was paused"
+    );
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(r["status"], "timeout", "{r}");
+}

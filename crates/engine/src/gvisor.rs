@@ -237,7 +237,7 @@ pub fn run(
     report.image = image;
     report.isolation.kind = "gvisor".into();
     // The caller's lifeline (and lease): a lease that already ended starts nothing.
-    let mut lifeline = match crate::lifeline::Watch::start(opts) {
+    let lifeline = match crate::lifeline::Watch::start(opts) {
         Ok(w) => w,
         Err(e) => return fail(report, e),
     };
@@ -328,31 +328,39 @@ pub fn run(
     let mut err = Stream::new(child.stderr.take().map(OwnedFd::from), opts.stderr);
     let mut timed_out = false;
     let mut orphaned: Option<String> = None;
+    // The deadline, the lifeline and the lease are kept by a thread of their own (as on the
+    // native tier), so that a relay write blocked on a paused reader cannot keep the sandbox
+    // alive past any of them: `runsc kill`, then SIGKILL to runsc through its pidfd.
+    let kill_pidfd = pidfd.as_ref().and_then(|p| p.try_clone().ok());
+    let (runsc_k, state_k, id_k) = (runsc.clone(), state.clone(), id.clone());
+    let watchdog = match crate::lifeline::Watchdog::start(lifeline, deadline, move || {
+        let _ = Command::new(&runsc_k)
+            .arg("--root")
+            .arg(&state_k)
+            .args(["kill", &id_k, "KILL"])
+            .output();
+        if let Some(p) = &kill_pidfd {
+            let _ = rustix::process::pidfd_send_signal(p, rustix::process::Signal::KILL);
+        }
+    }) {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return fail(report, format!("starting the run's watchdog: {e}"));
+        }
+    };
     loop {
         if let Ok(Some(_)) = child.try_wait() {
             break;
         }
         let remaining = deadline.saturating_duration_since(Instant::now());
-        // The caller is gone (its lifeline hung up) or its lease ended: kill the sandbox as
-        // at the deadline.
-        if let Some(why) = lifeline.as_mut().and_then(crate::lifeline::Watch::check) {
-            lifeline = None;
-            orphaned = Some(why);
+        if !timed_out && let Some(fired) = watchdog.fired() {
+            // The caller is gone or its lease ended (its reason), or the deadline passed.
             timed_out = true;
-            let _ = Command::new(&runsc)
-                .arg("--root")
-                .arg(&state)
-                .args(["kill", &id, "KILL"])
-                .output();
-            let _ = child.kill();
-        }
-        if remaining.is_zero() && !timed_out {
-            timed_out = true;
-            let _ = Command::new(&runsc)
-                .arg("--root")
-                .arg(&state)
-                .args(["kill", &id, "KILL"])
-                .output();
+            if let crate::lifeline::Fired::Caller(why) = fired {
+                orphaned = Some(why);
+            }
             let _ = child.kill();
         }
         let mut fds: Vec<PollFd<'_>> = Vec::new();
@@ -362,14 +370,13 @@ pub fn run(
         for f in [&out.fd, &err.fd].into_iter().flatten() {
             fds.push(PollFd::new(f, PollFlags::IN));
         }
-        if let Some(w) = &lifeline {
-            fds.extend(w.poll_fds());
-        }
-        let step = remaining.min(Duration::from_millis(if pidfd.is_some() {
-            60_000
-        } else {
-            20
-        }));
+        let step = remaining
+            .max(Duration::from_millis(10))
+            .min(Duration::from_millis(if pidfd.is_some() {
+                60_000
+            } else {
+                20
+            }));
         let ts = rustix::time::Timespec {
             tv_sec: step.as_secs() as i64,
             tv_nsec: step.subsec_nanos() as i64,
@@ -389,6 +396,15 @@ pub fn run(
         out.pump();
         err.pump();
     }
+    // Killed by the watchdog while the loop was past its check: the runsc process may have
+    // exited before the loop saw why.
+    if !timed_out && let Some(fired) = watchdog.fired() {
+        timed_out = true;
+        if let crate::lifeline::Fired::Caller(why) = fired {
+            orphaned = Some(why);
+        }
+    }
+    drop(watchdog);
     let status = child.wait().ok();
     let wall = start.elapsed();
     while out.pump() {}

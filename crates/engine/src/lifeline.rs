@@ -144,6 +144,91 @@ impl Watch {
     }
 }
 
+/// What made the [`Watchdog`] kill the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Fired {
+    /// The run's wall-clock limit passed.
+    Deadline,
+    /// The caller is gone or its lease ended (the reason, as the report says it).
+    Caller(String),
+}
+
+/// Kills the sandbox by itself, on a thread of its own, when the run's deadline passes, the
+/// caller's lifeline hangs up or its lease ends: the supervisor's loop relays the command's
+/// output with blocking writes, and a writer whose reader is paused (a stopped executor's
+/// log pipe, a slow `| cmd`) would hold that loop, and with it every kill it makes, for as
+/// long as the reader stays away (found by the red team: a payload that printed 300 KB ran
+/// 6.5 s past its lease). The loop learns what happened from [`Watchdog::fired`].
+pub(crate) struct Watchdog {
+    fired: Arc<std::sync::Mutex<Option<Fired>>>,
+    stop: Arc<OwnedFd>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    /// Starts watching: `kill` ends the sandbox (idempotent; called at most once).
+    pub(crate) fn start(
+        watch: Option<Watch>,
+        deadline: std::time::Instant,
+        mut kill: impl FnMut() + Send + 'static,
+    ) -> std::io::Result<Watchdog> {
+        let stop = Arc::new(rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )?);
+        let fired = Arc::new(std::sync::Mutex::new(None));
+        let (f, s) = (fired.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("agentjail-watchdog".into())
+            .spawn(move || {
+                let mut watch = watch;
+                loop {
+                    let why = watch.as_mut().and_then(Watch::check).map(Fired::Caller);
+                    let remaining = deadline.saturating_duration_since(std::time::Instant::now());
+                    let why = why.or_else(|| remaining.is_zero().then_some(Fired::Deadline));
+                    if let Some(why) = why {
+                        // Said before it is done: whoever sees the sandbox die sees why.
+                        *f.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+                        kill();
+                        return;
+                    }
+                    let mut fds = vec![PollFd::new(&*s, PollFlags::IN)];
+                    if let Some(w) = &watch {
+                        fds.extend(w.poll_fds());
+                    }
+                    let timeout = Timespec {
+                        tv_sec: remaining.as_secs() as i64,
+                        tv_nsec: remaining.subsec_nanos() as i64,
+                    };
+                    let _ = rustix::event::poll(&mut fds, Some(&timeout));
+                    if !fds[0].revents().is_empty() {
+                        return;
+                    }
+                }
+            })?;
+        Ok(Watchdog {
+            fired,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Whether it killed the sandbox, and why.
+    pub(crate) fn fired(&self) -> Option<Fired> {
+        self.fired.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl Drop for Watchdog {
+    /// Stops the thread (the run is over) and waits for it.
+    fn drop(&mut self) {
+        let _ = rustix::io::write(&*self.stop, &1u64.to_ne_bytes());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 impl Lease {
     fn ended(&self) -> bool {
         boottime_ns() >= self.until_ns

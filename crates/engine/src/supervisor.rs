@@ -9,13 +9,17 @@
 //! it, then unshares a cgroup namespace). Serve the egress gateway on the socket the init made
 //! inside ([`ToSupervisor::Listener`], allowlist runs only); take the /output fd
 //! ([`ToSupervisor::Ready`]); then wait on the init's messages, the command's output pipes and
-//! the init's pidfd until it ends or the deadline passes (SIGKILL to the init ends the whole
-//! pid namespace, daemons included); read the cgroup's figures; classify the end
+//! the init's pidfd until it ends, while a watchdog thread ([`crate::lifeline::Watchdog`])
+//! kills the init when the deadline passes or the caller's lifeline or lease ends, whatever
+//! the loop is blocked on (SIGKILL to the init ends the whole pid namespace, daemons
+//! included); read the cgroup's figures; classify the end
 //! (`outcome::classify`, shared with the gVisor tier). The init is reaped and the cgroup
 //! removed when the [`Outcome`]'s [`Cleanup`] is dropped.
 //!
 //! Must run in a single-threaded process (the CLI's main thread, or a helper process the
-//! server spawns): user namespaces cannot be created from a multi-threaded one.
+//! server spawns): user namespaces cannot be created from a multi-threaded one. The threads
+//! it starts itself (the egress gateway's, the watchdog) start after the init is cloned and
+//! are joined before the run returns.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -69,7 +73,7 @@ pub fn run_on(
     crate::timing::init_from_env();
     crate::timing::mark("supervisor: start");
     // The caller's lifeline (and lease): a lease that already ended starts nothing.
-    let mut lifeline = match crate::lifeline::Watch::start(opts) {
+    let lifeline = match crate::lifeline::Watch::start(opts) {
         Ok(w) => w,
         Err(e) => return fail(report, e),
     };
@@ -218,12 +222,30 @@ pub fn run_on(
     let mut ctl_open = true;
     let mut timed_out = false;
     let mut init_done = false;
+    // The deadline, the lifeline and the lease are kept by a thread of their own, so that a
+    // relay write blocked on a paused reader cannot keep the payload alive past any of them.
+    let watchdog = match pidfd.try_clone().and_then(|kill_fd| {
+        crate::lifeline::Watchdog::start(lifeline, deadline, move || {
+            let _ = rustix::process::pidfd_send_signal(&kill_fd, rustix::process::Signal::KILL);
+        })
+    }) {
+        Ok(w) => w,
+        Err(e) => {
+            kill_and_reap(&pidfd);
+            return fail(report, format!("starting the run's watchdog: {e}"));
+        }
+    };
     while !init_done {
-        let now = Instant::now();
-        let remaining = deadline.saturating_duration_since(now);
-        if remaining.is_zero() && !timed_out {
-            timed_out = true;
-            let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let fired = watchdog.fired();
+        match &fired {
+            Some(crate::lifeline::Fired::Deadline) => timed_out = true,
+            // The caller is gone, or its lease ended: nothing may outlive either (the init's
+            // pid namespace died with it).
+            Some(crate::lifeline::Fired::Caller(why)) => {
+                st.setup_failed.get_or_insert(why.clone());
+            }
+            None => {}
         }
         let mut fds: Vec<PollFd<'_>> = vec![PollFd::new(&pidfd, PollFlags::IN)];
         let ctl_ix = if ctl_open {
@@ -240,15 +262,14 @@ pub fn run_on(
             fds.push(PollFd::new(f, PollFlags::IN));
             fds.len() - 1
         });
-        if let Some(w) = &lifeline {
-            fds.extend(w.poll_fds());
-        }
-        let timeout = if timed_out {
+        // Until the watchdog fired, wake at the deadline (and shortly after, until it has).
+        let wake = remaining.max(Duration::from_millis(10));
+        let timeout = if fired.is_some() {
             None
         } else {
             Some(rustix::time::Timespec {
-                tv_sec: remaining.as_secs() as i64,
-                tv_nsec: remaining.subsec_nanos() as i64,
+                tv_sec: wake.as_secs() as i64,
+                tv_nsec: wake.subsec_nanos() as i64,
             })
         };
         if poll(&mut fds, timeout.as_ref()).is_err() {
@@ -262,13 +283,6 @@ pub fn run_on(
             ready(err_ix),
         );
         drop(fds);
-        // The caller is gone, or its lease ended: nothing may outlive either (the init's pid
-        // namespace dies with it).
-        if let Some(why) = lifeline.as_mut().and_then(crate::lifeline::Watch::check) {
-            lifeline = None;
-            st.setup_failed.get_or_insert(why);
-            let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
-        }
         if ctl_ready {
             ctl_open = st.take(&ctl_s, &mut report);
         }
@@ -296,6 +310,16 @@ pub fn run_on(
     }
     crate::timing::mark("supervisor: init done");
     let wall = start.elapsed();
+    // What the watchdog did at the very end still counts: a kill for the caller always (the
+    // sandbox was ended by us), the deadline unless the command had exited by itself.
+    match watchdog.fired() {
+        Some(crate::lifeline::Fired::Deadline) if st.exit.is_none() => timed_out = true,
+        Some(crate::lifeline::Fired::Caller(why)) => {
+            st.setup_failed.get_or_insert(why);
+        }
+        _ => {}
+    }
+    drop(watchdog);
     // Every process but the init is gone now: drain what is left.
     while ctl_open && has_data(ctl_s.as_fd()) {
         ctl_open = st.take(&ctl_s, &mut report);
