@@ -525,10 +525,19 @@ const PROSE_RUN: &[&str] = &[
     "agentjail check | head -1",
     "agentjail run -- /bin/true",
     "agentjail demo",
+    "agentjail run -- yes | head -1",
 ];
 
 /// Commands named in prose that are not run here, each with the reason.
 const PROSE_SKIP: &[(&str, &str)] = &[
+    (
+        "agentjail 0.1.0",
+        "what an old binary's --version printed, quoted (bench/fleet.sh's figures)",
+    ),
+    (
+        "agentjail 0.1.0 (commit 047f2e4, 2026-12-03, x86_64-unknown-linux-gnu)",
+        "what a binary's --version printed, quoted (bench/fleet.sh's figures)",
+    ),
     (
         "agentjail mcp",
         "the subcommand's name; the host configurations above it launch it, and mcp.rs / mcp_ts.rs run it",
