@@ -30,9 +30,10 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::app::{AppState, now};
+use crate::app::AppState;
 use crate::pg::{Claimed, JobSpec, PgStore};
 use crate::runner::{self, Job, Lease, LeaseEnd};
+use crate::util::now;
 use agentjail_engine::lifeline::boottime_ns;
 
 /// How often a node records the other nodes' audit chain heads in its own chain (when one

@@ -31,6 +31,7 @@ pub mod runner;
 pub mod selftest;
 pub mod service;
 pub mod store;
+pub mod util;
 pub mod worker_http;
 
 /// The configuration and its schema: its own crate (`agentjail-config`), so that the parser

@@ -25,11 +25,12 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 
-use crate::app::{AppState, random_hex};
+use crate::app::AppState;
 use crate::audit::Event;
 use crate::config::{CodePolicy, Task};
 use crate::run_state::RunState;
 use crate::service::{self, Caller, Failure, RunRequest, RunView};
+use crate::util::random_hex;
 
 /// Names of the built-in tools; a task with one of these names is not offered over MCP.
 pub const UPLOAD_INPUT: &str = "upload_input";

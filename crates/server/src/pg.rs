@@ -389,7 +389,7 @@ pub struct PgStore {
     objects: PathBuf,
 }
 
-/// SQL for a fresh job id, in the form of [`crate::app::random_hex`]'s (`job_` and 32 hex
+/// SQL for a fresh job id, in the form of [`crate::util::random_hex`]'s (`job_` and 32 hex
 /// digits, from PostgreSQL's `gen_random_uuid()`, a core function since PostgreSQL 13): a run
 /// whose claim was given up before its start gets one when it goes back to the queue.
 const NEW_JOB_ID: &str = "'job_' || replace(gen_random_uuid()::text, '-', '')";
@@ -774,7 +774,7 @@ impl PgStore {
             }
             let dir = self.objects.clone();
             tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-                let tmp = dir.join(format!(".tmp-{}", crate::app::random_hex(8)?));
+                let tmp = dir.join(format!(".tmp-{}", crate::util::random_hex(8)?));
                 let mut f = std::fs::OpenOptions::new()
                     .write(true)
                     .create_new(true)
@@ -939,7 +939,7 @@ impl Store for PgStore {
                     .execute(
                         "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = EXTRACT(EPOCH FROM clock_timestamp())::bigint + $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL, node_id = $5
                          WHERE tenant = $1 AND request_id = $2 AND status = 'unknown'",
-                        &[&t, &r, &job_id, &(expires - crate::app::now()), &self.node],
+                        &[&t, &r, &job_id, &(expires - crate::util::now()), &self.node],
                     )
                     .await
                     .map_err(pg_err)?,
@@ -1503,7 +1503,7 @@ impl PgStore {
                     owner = NULL, fence = NULL, lease_expires_at = NULL, spec = $5
                  WHERE tenant = $1 AND request_id = $2 AND status = 'unknown'",
                 // A time to live from this replica's clock, an expiry by the database's.
-                &[&tenant, &request_id, &job_id, &(expires - crate::app::now()), &spec],
+                &[&tenant, &request_id, &job_id, &(expires - crate::util::now()), &spec],
             )
             .await
             .map_err(pg_err)?;

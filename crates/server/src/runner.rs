@@ -12,13 +12,14 @@ use agentjail_manifest::report::{RunReport, Status};
 use agentjail_manifest::{Manifest, Network};
 use tokio_util::sync::CancellationToken;
 
-use crate::app::{AppState, ServerError, now};
+use crate::app::{AppState, ServerError};
 use crate::audit::Event;
 use crate::config::Task;
 use crate::db::InputRow;
 use crate::policy::{self, JobPaths};
 use crate::run_state::RunState;
 use crate::store::{FinishRun, InFlight, RetentionFiles};
+use crate::util::now;
 
 /// Everything a job needs, fixed at admission.
 #[derive(Debug, Clone)]

@@ -19,8 +19,7 @@ use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 
 use crate::app::{
-    AppState, AuthFailures, Inner, ServerError, TaskSchema, metrics_handle, now, random_hex,
-    zero_metrics,
+    AppState, AuthFailures, Inner, ServerError, TaskSchema, metrics_handle, zero_metrics,
 };
 use crate::audit::{self, Event};
 use crate::config::{self, CodePolicy, Config};
@@ -30,6 +29,7 @@ pub use crate::policy::{Caller, Refusal, RunRequest};
 use crate::run_state::RunState;
 use crate::runner::{self, Admission, Job};
 use crate::store::StoreError;
+use crate::util::{now, random_hex};
 use crate::{db, store};
 
 /// Why a service call did not succeed.
