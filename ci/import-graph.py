@@ -224,7 +224,7 @@ class Crate:
         for m in re.finditer(r"\buse\s+([^;]+);", text):
             paths.extend((m.start(), p) for p in expand(m.group(1)))
         # Every other path expression (not part of a longer path).
-        for m in re.finditer(r"(?<![A-Za-z0-9_:])((?:" + IDENT + r"::)+" + IDENT + ")", text):
+        for m in re.finditer(r"(?<![A-Za-z0-9_:])((?:" + IDENT + r"::)+" + IDENT + r")(?![A-Za-z0-9_]|::)", text):
             paths.append((m.start(), m.group(1)))
         deps = set()
         for pos, p in paths:

@@ -10,9 +10,9 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::sync::Semaphore;
 
-use crate::audit::{self, Event};
 use crate::config::{self, Config};
-use crate::{db, store};
+use crate::storage::audit::{self, Event};
+use crate::storage::{db, store};
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -57,8 +57,8 @@ pub(crate) struct Inner {
     /// How many run slots this node has (0: an API replica that executes nothing).
     pub slots: usize,
     /// The PostgreSQL queue, when the store is PostgreSQL: runs are enqueued there and
-    /// executors claim them (crate::fleet); None: SQLite, this node runs what it admits.
-    pub queue: Option<crate::pg::PgStore>,
+    /// executors claim them (crate::execution::fleet); None: SQLite, this node runs what it admits.
+    pub queue: Option<crate::storage::pg::PgStore>,
     /// Runs admitted (queued or running); bounded by concurrency + queue.
     pub admitted: AtomicUsize,
     pub max_admitted: usize,

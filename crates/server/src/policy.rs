@@ -4,7 +4,7 @@
 //! typed reason with a stable machine code ([`Refusal::code`], the suffix of the HTTP problem
 //! type) and a text for people ([`Refusal::detail`]). The service layer ([`crate::service`])
 //! asks the store for what policy needs (a recorded run, the inputs' records) and applies the
-//! answers; the transports (HTTP in [`crate::api`], MCP in [`crate::mcp`]) map refusals to
+//! answers; the transports (HTTP in [`crate::doors::api`], MCP in [`crate::doors::mcp`]) map refusals to
 //! their own form. Table-tested below: every refusal is reached by some request.
 
 use std::path::Path;
@@ -13,10 +13,10 @@ use agentjail_manifest::{InlineInput, Input, Manifest, Mode, Network};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::audit::Event;
 use crate::config::{CodePolicy, Config, Task, is_name};
-use crate::db::InputRow;
 use crate::run_state::RunState;
+use crate::storage::audit::Event;
+use crate::storage::db::InputRow;
 
 /// The authenticated caller.
 #[derive(Debug, Clone)]

@@ -1,9 +1,9 @@
 //! The service layer, shared by every front door: authenticate, upload, submit (with
 //! execute-once and admission), get, read the artifact or receipt, reconcile, and the task
 //! catalogue. It asks [`crate::policy`] for every decision, talks to the store and the audit
-//! log, starts runs through [`crate::runner`], and returns typed results or a [`Failure`]
+//! log, starts runs through [`crate::execution::runner`], and returns typed results or a [`Failure`]
 //! (a policy [`Refusal`], or an internal error whose detail stays in the log). HTTP
-//! ([`crate::api`]) and MCP ([`crate::mcp`]) map these to their own forms (status + problem
+//! ([`crate::doors::api`]) and MCP ([`crate::doors::mcp`]) map these to their own forms (status + problem
 //! details; tool results and JSON-RPC errors); neither depends on the other.
 
 use std::path::{Path, PathBuf};
@@ -21,16 +21,16 @@ use utoipa::ToSchema;
 use crate::app::{
     AppState, AuthFailures, Inner, ServerError, TaskSchema, metrics_handle, zero_metrics,
 };
-use crate::audit::{self, Event};
 use crate::config::{self, CodePolicy, Config};
-use crate::db::{InputRow, Insert, RunRow};
+use crate::execution::runner::{self, Admission, Job};
 use crate::policy;
 pub use crate::policy::{Caller, Refusal, RunRequest};
 use crate::run_state::RunState;
-use crate::runner::{self, Admission, Job};
-use crate::store::StoreError;
+use crate::storage::audit::{self, Event};
+use crate::storage::db::{InputRow, Insert, RunRow};
+use crate::storage::store::StoreError;
+use crate::storage::{db, store};
 use crate::util::{now, random_hex};
-use crate::{db, store};
 
 /// Why a service call did not succeed.
 #[derive(Debug)]
@@ -214,7 +214,7 @@ impl AppState {
         drop(sqlite);
         zero_metrics(&state.inner.config);
         if state.inner.queue.is_some() {
-            crate::fleet::zero_cluster_metrics();
+            crate::execution::fleet::zero_cluster_metrics();
         }
         runner::reconcile_at_startup(&state)?;
         Ok(state)
@@ -252,8 +252,8 @@ fn open_pg(
     url: &str,
     data_dir: &Path,
     concurrency: usize,
-) -> Result<crate::pg::PgStore, ServerError> {
-    use crate::pg;
+) -> Result<crate::storage::pg::PgStore, ServerError> {
+    use crate::storage::pg;
     let s = &config.server;
     let node = pg::node_id(s.node_id.as_deref()).map_err(ServerError::Io)?;
     let password =
@@ -756,14 +756,14 @@ pub(crate) async fn submit(
 }
 
 /// [`submit`] on PostgreSQL: the run is recorded `queued` with what an executor needs to run
-/// it, and any node's executor claims it (crate::fleet). The queue is bounded cluster-wide by
+/// it, and any node's executor claims it (crate::execution::fleet). The queue is bounded cluster-wide by
 /// `max_queued_runs` (unclaimed runs); beyond it new work is refused as overloaded, replays are
 /// still answered. `wait` polls the record until it is final; `cancel` (MCP) stops the wait
 /// only: the run is on another node's executor.
 #[allow(clippy::too_many_arguments)]
 async fn enqueue(
     state: &AppState,
-    queue: &crate::pg::PgStore,
+    queue: &crate::storage::pg::PgStore,
     caller: &Caller,
     ev: Event,
     row: RunRow,
@@ -782,7 +782,7 @@ async fn enqueue(
             }
         }
     } else {
-        let spec = crate::pg::JobSpec {
+        let spec = crate::storage::pg::JobSpec {
             inputs: admitted.inputs,
             code: admitted.code,
         };
@@ -1078,7 +1078,7 @@ pub(crate) async fn reconcile(
         if let Some(queue) = &state.inner.queue {
             // On PostgreSQL the retry goes back on the queue (any executor claims it), its
             // record in the same transaction.
-            let spec = crate::pg::JobSpec {
+            let spec = crate::storage::pg::JobSpec {
                 inputs: rows,
                 code: None,
             };

@@ -19,7 +19,6 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::app::AppState;
-use crate::db::RunRow;
 #[cfg(test)]
 use crate::policy::{
     valid_arg, valid_file_name, valid_input_id, valid_media_type, valid_request_id,
@@ -29,6 +28,7 @@ pub use crate::service::{
     ArtifactView, Caller, InputCreated, ReconcileAction, RunInput, RunRequest, RunView,
     TaskInputView, TaskView,
 };
+use crate::storage::db::RunRow;
 
 /// Base of the problem `type` URIs.
 pub const PROBLEM_BASE: &str = "https://agentjail.dev/problems/";

@@ -26,10 +26,10 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 
 use crate::app::AppState;
-use crate::audit::Event;
 use crate::config::{CodePolicy, Task};
 use crate::run_state::RunState;
 use crate::service::{self, Caller, Failure, RunRequest, RunView};
+use crate::storage::audit::Event;
 use crate::util::random_hex;
 
 /// Names of the built-in tools; a task with one of these names is not offered over MCP.
@@ -1005,7 +1005,7 @@ fn stderr_tail(state: &AppState, task: Option<&Task>, job_id: &str) -> Option<St
     // Read a little more than the tail, so that a secret cut by the tail's start is still
     // recognised (and redacted) whole.
     let margin = secrets.iter().map(|v| v.len() as u64).max().unwrap_or(0);
-    let dir = crate::runner::job_dir(state, job_id);
+    let dir = crate::execution::runner::job_dir(state, job_id);
     let mut f = match std::fs::File::open(dir.join("stderr.log")) {
         Ok(f) => f,
         // A run that wrote nothing to stderr has no log (it is created at the first byte, in a
@@ -1584,9 +1584,9 @@ pub fn serve_stdio_blocking(opts: McpOptions) -> Result<(), crate::app::ServerEr
     rt.block_on(async move {
         use rmcp::ServiceExt;
         let state = AppState::open(config, &data_dir, runner, allow_degraded)?;
-        crate::runner::spawn_sweeper(state.clone());
+        crate::execution::runner::spawn_sweeper(state.clone());
         // On PostgreSQL the runs this process accepts are queued; it executes them too.
-        let _fleet = crate::fleet::start(&state, Vec::new());
+        let _fleet = crate::execution::fleet::start(&state, Vec::new());
         let caller = service::authenticate(&state, Some(&opts.token), "mcp stdio".into())
             .await
             .ok_or_else(|| ServerError::Io("the token matches no configured actor".into()))?;

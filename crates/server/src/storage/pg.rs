@@ -13,7 +13,7 @@
 //! - The audit trail: one hash chain per node (`audit_log.chain`, the record's `node`). A node
 //!   appends to its own chain only, under that chain's advisory lock, inside the transaction
 //!   of the write the record accounts for; no node ever waits on another's chain. Every node
-//!   records the other chains' heads in its own chain every [`crate::fleet::ANCHOR_EVERY`]
+//!   records the other chains' heads in its own chain every [`crate::execution::fleet::ANCHOR_EVERY`]
 //!   (`audit_anchor`), so a chain cut short or rewritten below an anchored head is detected.
 //!   Records are built by [`audit::chain_record`] as in the file log; [`export`] writes the
 //!   JSONL that `agentjail audit verify FILE` checks ([`audit::verify_chains`]).
@@ -34,10 +34,10 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::{NoTls, Row};
 
-use crate::audit::{self, AuditError, Event};
-use crate::db::{InputRow, Insert, RunRow};
 use crate::run_state::RunState;
-use crate::store::{
+use crate::storage::audit::{self, AuditError, Event};
+use crate::storage::db::{InputRow, Insert, RunRow};
+use crate::storage::store::{
     FinishRun, InFlight, RetentionFiles, Store, StoreError, StoreFuture, Swept,
     UNKNOWN_AT_START_UP, WriteObject,
 };
