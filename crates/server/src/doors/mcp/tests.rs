@@ -1,7 +1,14 @@
 //! The unit tests of [`super`] (the MCP server): tools, schemas, annotations, output shapes,
 //! the stderr tail.
 
-use super::*;
+use serde_json::{Value, json};
+
+use crate::app::AppState;
+use crate::service::Caller;
+
+use super::catalogue::*;
+use super::results::*;
+use super::server::*;
 
 #[test]
 fn tools_come_from_the_catalogue_with_truthful_annotations() {
