@@ -1,6 +1,11 @@
 //! Jobs: build the manifest from the task type, run it in a separate `agentjail run` process
 //! (never a shell; the sandbox needs a single-threaded process), read its report, keep only
 //! verified output, record the outcome; plus start-up reconciliation and the retention sweep.
+//!
+//! Over 800 lines for now: the runner-side lease (`Lease`, `LeaseEnd`, `send_renewals`,
+//! `payload_margin`) has just landed here and is kept whole while it settles. The seams for a
+//! later split are the spawning of `agentjail run`, the collection and verification of its
+//! outputs, and the lifeline framing; about 260 of the lines are its unit tests.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

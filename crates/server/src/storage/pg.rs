@@ -22,6 +22,11 @@
 //! The password never appears in a URL (refused), a log line or an error: it comes from a
 //! 0600 file or `PGPASSWORD`. TLS is not implemented: `sslmode=require` and `verify-*` are
 //! refused rather than silently connecting in plaintext.
+//!
+//! Over 800 lines on purpose: one `PgStore`, whose `Store` implementation and fleet queue
+//! (claims, leases, fencing, workers, gauges) share its private pool, node lock and audit
+//! chain helpers; each query stays beside the code that binds its parameters and reads its
+//! rows. The schema's migrations are apart, in `pg/migrations.rs`.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
