@@ -41,7 +41,6 @@ KNOWN_CYCLES = {
     "cli": [
         {"main.rs", "cmd/check.rs", "cmd/config.rs", "cmd/demo.rs", "cmd/manifest.rs",
          "cmd/report.rs", "cmd/run.rs", "manpages.rs", "out.rs"},
-        {"cmd/selftest/mod.rs", "cmd/selftest/egress.rs", "cmd/selftest/probes.rs"},
     ],
     "engine": [
         {"lib.rs", "cgroup.rs", "check.rs", "gvisor.rs", "inside.rs", "landlock_policy.rs",
