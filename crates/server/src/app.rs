@@ -10,9 +10,9 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::sync::Semaphore;
 
-use crate::audit::{self, Event};
 use crate::config::{self, Config};
-use crate::{db, store};
+use crate::storage::audit::{self, Event};
+use crate::storage::{db, store};
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -57,8 +57,8 @@ pub(crate) struct Inner {
     /// How many run slots this node has (0: an API replica that executes nothing).
     pub slots: usize,
     /// The PostgreSQL queue, when the store is PostgreSQL: runs are enqueued there and
-    /// executors claim them (crate::fleet); None: SQLite, this node runs what it admits.
-    pub queue: Option<crate::pg::PgStore>,
+    /// executors claim them (crate::execution::fleet); None: SQLite, this node runs what it admits.
+    pub queue: Option<crate::storage::pg::PgStore>,
     /// Runs admitted (queued or running); bounded by concurrency + queue.
     pub admitted: AtomicUsize,
     pub max_admitted: usize,
@@ -191,38 +191,6 @@ pub fn default_data_dir() -> PathBuf {
         return PathBuf::from(h).join(".local/share/agentjail/server");
     }
     PathBuf::from("agentjail-data")
-}
-
-/// Random bytes from the kernel, as lower-case hex.
-pub(crate) fn random_hex(n: usize) -> Result<String, std::io::Error> {
-    use std::io::Read;
-    let mut buf = vec![0u8; n];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
-    Ok(agentjail_manifest::hex(&buf))
-}
-
-/// Unix seconds now (this host's wall clock).
-pub(crate) fn now() -> i64 {
-    jiff::Timestamp::now().as_second() + test_clock_skew()
-}
-
-/// Debug builds only (the tests' binary), a fault-injection hook: the environment variable
-/// `AGENTJAIL_TEST_CLOCK_SKEW_SECONDS` shifts this process's wall clock [`now`], so that a
-/// test can run a node whose clock is wrong (crates/cli/tests/fleet.rs). Release builds: 0.
-#[cfg(debug_assertions)]
-fn test_clock_skew() -> i64 {
-    static SKEW: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
-    *SKEW.get_or_init(|| {
-        std::env::var("AGENTJAIL_TEST_CLOCK_SKEW_SECONDS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    })
-}
-
-#[cfg(not(debug_assertions))]
-fn test_clock_skew() -> i64 {
-    0
 }
 
 /// What `serve` and `mcp` both derive from a configuration before they start: the data

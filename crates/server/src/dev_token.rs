@@ -15,7 +15,8 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::app::{ServerError, random_hex};
+use crate::app::ServerError;
+use crate::util::random_hex;
 
 /// The token file's name, in the data directory's `private` folder.
 pub const FILE: &str = "dev-token";

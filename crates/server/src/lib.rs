@@ -8,30 +8,45 @@
 //! (tenant, request_id)** in a separate `agentjail run` process, and only verified output comes
 //! back, with the signed receipt and the report. Every decision goes to a hash-chained audit log.
 //!
-//! Modules: [`config`] (configuration and its schema), [`app`] (the shared state),
-//! [`policy`] (every decision, pure; typed refusals), [`service`] (the operations both front
-//! doors share), [`store`] (the storage interface; SQLite in [`db`]), [`run_state`] (a run's
-//! states), [`audit`] (append-only log), [`runner`] (jobs), [`api`] (HTTP handlers, problem
-//! details, OpenAPI), [`mcp`] (the MCP server over stdio and at `/mcp`), [`dev_token`] (the
-//! token of `serve` without `--config`, kept in the data directory). No module depends on
-//! another transport, and none on this root, which composes the router and `serve`.
-//! Tested by unit tests here and by `crates/cli/tests/server.rs` over real HTTP.
+//! The layers, each a folder or file (docs/ARCHITECTURE.md draws them; `ci/import-graph.py`
+//! checks that a file refers only to its own layer and lower ones, and that no files refer to
+//! each other in a cycle):
+//! - [`doors`]: the front doors, [`api`](doors::api) (HTTP: handlers, problem details, OpenAPI), [`mcp`]
+//!   (the MCP server over stdio and at `/mcp`) and [`worker_http`](doors::worker_http) (a worker's `/metrics`,
+//!   `/healthz`, `/readyz`); each maps the service's results to its own transport.
+//! - [`service`]: the operations the doors share (inputs, runs, reconcile, the task catalogue),
+//!   knowing no transport.
+//! - [`app`] (the shared state and the startup checks), [`selftest`] (the startup self-test)
+//!   and [`dev_token`] (the token of `serve` without `--config`, kept in the data directory).
+//! - [`execution`]: admission and slots, the runner process and its lifeline, leases and
+//!   fencing ([`runner`](execution::runner)); the fleet executor
+//!   ([`fleet`](execution::fleet)).
+//! - [`policy`]: every decision, pure; typed refusals.
+//! - [`storage`]: the [`store`](storage::store) interface, SQLite ([`db`](storage::db)), PostgreSQL ([`pg`]), the
+//!   hash-chained audit log ([`audit`]).
+//! - [`run_state`] (a run's states) and [`util`] (randomness, the clock): leaves anyone uses.
+//!
+//! No door depends on another's transport, and no module on this root, which composes the
+//! router, `serve` and `worker`. Tested by unit tests here and by `crates/cli/tests/server.rs`
+//! over real HTTP.
 
-pub mod api;
 pub mod app;
-pub mod audit;
-pub mod db;
 pub mod dev_token;
-pub mod fleet;
-pub mod mcp;
-pub mod pg;
+pub mod doors;
+pub mod execution;
 pub mod policy;
 pub mod run_state;
-pub mod runner;
 pub mod selftest;
 pub mod service;
-pub mod store;
-pub mod worker_http;
+pub mod storage;
+pub mod util;
+
+// The paths other crates use (crates/cli: `mcp::serve_stdio_blocking`, `pg::verify`,
+// `audit::verify`) and this root's own short names.
+pub use doors::mcp;
+use doors::{api, worker_http};
+use execution::{fleet, runner};
+pub use storage::{audit, pg};
 
 /// The configuration and its schema: its own crate (`agentjail-config`), so that the parser
 /// can be fuzzed without building the service.

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
-use super::{Env, Group, Probe, RunOut, Tier, Verdict};
+use super::kit::{Env, Group, Probe, RunOut, Tier, Verdict};
 
 pub static GROUPS: &[Group] = &[Group {
     name: "egress",
@@ -88,7 +88,7 @@ fn egress(env: &Env, _tier: Tier) -> Vec<(&'static str, Verdict)> {
         return inner(env);
     }
     let all = |v: Verdict| EGRESS.iter().map(|p| (p.id, v.clone())).collect();
-    if !super::rustix_is_root() {
+    if !super::kit::rustix_is_root() {
         return all(Verdict::Skip(
             "needs root to create a private network namespace for the fake upstreams".into(),
         ));
@@ -130,7 +130,7 @@ fn egress(env: &Env, _tier: Tier) -> Vec<(&'static str, Verdict)> {
             let err = String::from_utf8_lossy(&out.stderr);
             return all(Verdict::Fail(format!(
                 "the self-test in a private network namespace printed no result: {}",
-                super::printable(err.lines().last().unwrap_or(""), 300)
+                super::kit::printable(err.lines().last().unwrap_or(""), 300)
             )));
         }
     };
@@ -353,7 +353,7 @@ fn inner(env: &Env) -> Vec<(&'static str, Verdict)> {
     if links.lines().count() != 1 {
         return all(Verdict::Fail(format!(
             "refusing to run: this network namespace is not loopback-only: {}",
-            super::printable(&links, 300)
+            super::kit::printable(&links, 300)
         )));
     }
     let lo = Ipv4Addr::LOCALHOST;

@@ -13,7 +13,7 @@
 //! - The audit trail: one hash chain per node (`audit_log.chain`, the record's `node`). A node
 //!   appends to its own chain only, under that chain's advisory lock, inside the transaction
 //!   of the write the record accounts for; no node ever waits on another's chain. Every node
-//!   records the other chains' heads in its own chain every [`crate::fleet::ANCHOR_EVERY`]
+//!   records the other chains' heads in its own chain every [`crate::execution::fleet::ANCHOR_EVERY`]
 //!   (`audit_anchor`), so a chain cut short or rewritten below an anchored head is detected.
 //!   Records are built by [`audit::chain_record`] as in the file log; [`export`] writes the
 //!   JSONL that `agentjail audit verify FILE` checks ([`audit::verify_chains`]).
@@ -22,6 +22,11 @@
 //! The password never appears in a URL (refused), a log line or an error: it comes from a
 //! 0600 file or `PGPASSWORD`. TLS is not implemented: `sslmode=require` and `verify-*` are
 //! refused rather than silently connecting in plaintext.
+//!
+//! Over 800 lines on purpose: one `PgStore`, whose `Store` implementation and fleet queue
+//! (claims, leases, fencing, workers, gauges) share its private pool, node lock and audit
+//! chain helpers; each query stays beside the code that binds its parameters and reads its
+//! rows. The schema's migrations are apart, in `pg/migrations.rs`.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -34,102 +39,20 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::{NoTls, Row};
 
-use crate::audit::{self, AuditError, Event};
-use crate::db::{InputRow, Insert, RunRow};
 use crate::run_state::RunState;
-use crate::store::{
+use crate::storage::audit::{self, AuditError, Event};
+use crate::storage::db::{InputRow, Insert, RunRow};
+use crate::storage::store::{
     FinishRun, InFlight, RetentionFiles, Store, StoreError, StoreFuture, Swept,
     UNKNOWN_AT_START_UP, WriteObject,
 };
 
+mod migrations;
+use migrations::MIGRATIONS;
+
 /// Advisory lock keys (arbitrary constants, fixed forever).
 const MIGRATION_LOCK: i64 = 0x6167_6a6c_0001;
 const OBJECTS_LOCK: i64 = 0x6167_6a6c_0003;
-
-/// Schema migrations, applied in order; `schema_migrations` holds the versions applied.
-const MIGRATIONS: &[&str] = &[
-    // 1: objects (input content), inputs, runs (with their owning node), the audit chain.
-    "CREATE TABLE objects (
-        sha256 TEXT PRIMARY KEY,
-        content BYTEA NOT NULL,
-        created_at BIGINT NOT NULL
-    );
-    CREATE TABLE inputs (
-        id TEXT PRIMARY KEY,
-        tenant TEXT NOT NULL,
-        sha256 TEXT NOT NULL,
-        name TEXT NOT NULL,
-        media_type TEXT NOT NULL,
-        bytes BIGINT NOT NULL,
-        created_at BIGINT NOT NULL,
-        expires_at BIGINT NOT NULL
-    );
-    CREATE INDEX inputs_sha ON inputs(sha256);
-    CREATE TABLE runs (
-        tenant TEXT NOT NULL,
-        request_id TEXT NOT NULL,
-        body_sha256 TEXT NOT NULL,
-        task TEXT NOT NULL,
-        actor TEXT NOT NULL,
-        job_id TEXT NOT NULL UNIQUE,
-        job_expires_at BIGINT NOT NULL,
-        status TEXT NOT NULL,
-        reason TEXT,
-        created_at BIGINT NOT NULL,
-        started_at BIGINT,
-        finished_at BIGINT,
-        inputs TEXT NOT NULL,
-        report TEXT,
-        receipt TEXT,
-        artifact BYTEA,
-        artifact_sha256 TEXT,
-        outputs_expire_at BIGINT NOT NULL,
-        logs_expire_at BIGINT NOT NULL,
-        outputs_deleted BOOLEAN NOT NULL DEFAULT FALSE,
-        args TEXT NOT NULL DEFAULT '[]',
-        manifest_digest TEXT,
-        node_id TEXT NOT NULL,
-        PRIMARY KEY (tenant, request_id)
-    );
-    CREATE INDEX runs_status ON runs(status);
-    CREATE INDEX runs_node_status ON runs(node_id, status);
-    CREATE TABLE audit_log (
-        seq BIGINT PRIMARY KEY,
-        hash TEXT NOT NULL,
-        record TEXT NOT NULL
-    );",
-    // 2: the queue (docs/deploy.md, "Leases and fencing"): what an executor needs to run a
-    // run it did not admit (`spec`: its inputs' records and code), the labels it needs, and
-    // the claim: `owner`, a fencing token from `run_fence` (new on every claim) and the
-    // lease's end (the database's clock). Live executors in `workers`; the cluster-wide
-    // count of expired leases in `cluster_counters`.
-    "ALTER TABLE runs ADD COLUMN spec TEXT;
-    ALTER TABLE runs ADD COLUMN labels TEXT[] NOT NULL DEFAULT '{}';
-    ALTER TABLE runs ADD COLUMN owner TEXT;
-    ALTER TABLE runs ADD COLUMN fence BIGINT;
-    ALTER TABLE runs ADD COLUMN lease_expires_at TIMESTAMPTZ;
-    CREATE SEQUENCE run_fence;
-    CREATE INDEX runs_queue ON runs(created_at) WHERE status = 'queued' AND owner IS NULL;
-    CREATE INDEX runs_leases ON runs(lease_expires_at) WHERE owner IS NOT NULL AND status IN ('queued', 'running');
-    CREATE TABLE workers (
-        node_id TEXT PRIMARY KEY,
-        slots INTEGER NOT NULL,
-        labels TEXT[] NOT NULL,
-        started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-        heartbeat_at TIMESTAMPTZ NOT NULL DEFAULT now()
-    );
-    CREATE TABLE cluster_counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
-    INSERT INTO cluster_counters (name, value) VALUES ('expired_leases', 0);",
-    // 3: one audit chain per node (docs/server.md, "PostgreSQL"): `chain` names the node that
-    // appended the record (`''`: the one chain of the versions before, closed now), each chain
-    // numbered from 1; `audit_heads` holds each chain's last record, for the cross-anchors.
-    "ALTER TABLE audit_log ADD COLUMN chain TEXT NOT NULL DEFAULT '';
-    ALTER TABLE audit_log DROP CONSTRAINT audit_log_pkey;
-    ALTER TABLE audit_log ADD PRIMARY KEY (chain, seq);
-    CREATE TABLE audit_heads (chain TEXT PRIMARY KEY, seq BIGINT NOT NULL, hash TEXT NOT NULL);
-    INSERT INTO audit_heads (chain, seq, hash)
-        SELECT '', seq, hash FROM audit_log ORDER BY seq DESC LIMIT 1;",
-];
 
 /// How many migrations this version knows (tests compare `schema_migrations` with it).
 pub const SCHEMA_VERSION: usize = MIGRATIONS.len();
@@ -389,7 +312,7 @@ pub struct PgStore {
     objects: PathBuf,
 }
 
-/// SQL for a fresh job id, in the form of [`crate::app::random_hex`]'s (`job_` and 32 hex
+/// SQL for a fresh job id, in the form of [`crate::util::random_hex`]'s (`job_` and 32 hex
 /// digits, from PostgreSQL's `gen_random_uuid()`, a core function since PostgreSQL 13): a run
 /// whose claim was given up before its start gets one when it goes back to the queue.
 const NEW_JOB_ID: &str = "'job_' || replace(gen_random_uuid()::text, '-', '')";
@@ -774,7 +697,7 @@ impl PgStore {
             }
             let dir = self.objects.clone();
             tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-                let tmp = dir.join(format!(".tmp-{}", crate::app::random_hex(8)?));
+                let tmp = dir.join(format!(".tmp-{}", crate::util::random_hex(8)?));
                 let mut f = std::fs::OpenOptions::new()
                     .write(true)
                     .create_new(true)
@@ -939,7 +862,7 @@ impl Store for PgStore {
                     .execute(
                         "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = EXTRACT(EPOCH FROM clock_timestamp())::bigint + $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL, node_id = $5
                          WHERE tenant = $1 AND request_id = $2 AND status = 'unknown'",
-                        &[&t, &r, &job_id, &(expires - crate::app::now()), &self.node],
+                        &[&t, &r, &job_id, &(expires - crate::util::now()), &self.node],
                     )
                     .await
                     .map_err(pg_err)?,
@@ -1503,7 +1426,7 @@ impl PgStore {
                     owner = NULL, fence = NULL, lease_expires_at = NULL, spec = $5
                  WHERE tenant = $1 AND request_id = $2 AND status = 'unknown'",
                 // A time to live from this replica's clock, an expiry by the database's.
-                &[&tenant, &request_id, &job_id, &(expires - crate::app::now()), &spec],
+                &[&tenant, &request_id, &job_id, &(expires - crate::util::now()), &spec],
             )
             .await
             .map_err(pg_err)?;

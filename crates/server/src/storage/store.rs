@@ -1,7 +1,7 @@
 //! The storage interface the service and the runner talk to: run records, input records, the
 //! retention sweep and the audit log, as operations rather than SQL. Two implementations:
-//! [`SqliteStore`] (the embedded database of [`crate::db`] plus the hash-chained file of
-//! [`crate::audit`]; one process) and [`crate::pg::PgStore`] (PostgreSQL, shared by several
+//! [`SqliteStore`] (the embedded database of [`crate::storage::db`] plus the hash-chained file of
+//! [`crate::storage::audit`]; one process) and [`crate::storage::pg::PgStore`] (PostgreSQL, shared by several
 //! replicas); policy and the transports do not know which is in use. Every operation is fallible and returns a boxed future
 //! (a network database answers asynchronously); no SQLite type appears in a signature.
 //!
@@ -13,9 +13,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::audit::{AuditError, AuditLog, Event};
-use crate::db::{self, Db, DbError, Finish, InputRow, Insert, RunRow};
 use crate::run_state::RunState;
+use crate::storage::audit::{AuditError, AuditLog, Event};
+use crate::storage::db::{self, Db, DbError, Finish, InputRow, Insert, RunRow};
 
 /// A store operation in flight.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
@@ -200,7 +200,7 @@ pub trait Store: Send + Sync {
     fn audit_blocking(&self, ev: &Event) -> Result<(), StoreError>;
 }
 
-/// The SQLite store: [`crate::db`] and the audit file of [`crate::audit`].
+/// The SQLite store: [`crate::storage::db`] and the audit file of [`crate::storage::audit`].
 #[derive(Clone)]
 pub struct SqliteStore {
     db: Db,

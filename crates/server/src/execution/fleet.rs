@@ -4,24 +4,24 @@
 //! every write of the run. Every node also sweeps expired leases and publishes the cluster's
 //! gauges.
 //!
-//! - Claiming: [`crate::pg::PgStore::claim`] (`FOR UPDATE SKIP LOCKED`, oldest first, labels
+//! - Claiming: [`crate::storage::pg::PgStore::claim`] (`FOR UPDATE SKIP LOCKED`, oldest first, labels
 //!   matched), only while this node has a free run slot (the slot is taken first). An idle
 //!   executor polls every [`POLL`] (no LISTEN/NOTIFY: a pooled connection cannot hold a
 //!   LISTEN, and a poll also finds runs given back by an expired claim).
 //! - Heartbeat: every lease/3, `UPDATE … WHERE fence = $token AND lease not expired`. A
 //!   refused renewal, or no successful one before the lease's end measured from the moment the
 //!   last renewal was *sent* (this process's monotonic clock, so never later than the
-//!   database's end), cancels [`crate::runner::Lease::lost`]: the runner is killed, its sandbox
+//!   database's end), cancels [`crate::execution::runner::Lease::lost`]: the runner is killed, its sandbox
 //!   dies with it, and nothing more of the run is recorded.
 //! - The runner enforces the lease too, so that a paused or stuck executor (whose runner
 //!   lives on) cannot leave a payload running past it: every successful renewal is sent to
 //!   the runner over its lifeline as the time by which its sandbox must be dead, on
-//!   `CLOCK_BOOTTIME` (a suspended host's time counts), [`crate::runner::payload_margin`]
+//!   `CLOCK_BOOTTIME` (a suspended host's time counts), [`crate::execution::runner::payload_margin`]
 //!   before the lease's end; the runner kills the sandbox then unless a newer one came
 //!   ([`agentjail_engine::lifeline`]).
-//! - Sweeping: [`crate::pg::PgStore::expire_leases`] on every node every lease/3.
+//! - Sweeping: [`crate::storage::pg::PgStore::expire_leases`] on every node every lease/3.
 //! - The node's own state ([`NodeStatus`]: last heartbeat, slots busy, draining) is what a
-//!   worker's `/healthz` and `/readyz` answer from ([`crate::worker_http`]).
+//!   worker's `/healthz` and `/readyz` answer from ([`crate::doors::worker_http`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -30,9 +30,10 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::app::{AppState, now};
-use crate::pg::{Claimed, JobSpec, PgStore};
-use crate::runner::{self, Job, Lease, LeaseEnd};
+use crate::app::AppState;
+use crate::execution::runner::{self, Job, Lease, LeaseEnd};
+use crate::storage::pg::{Claimed, JobSpec, PgStore};
+use crate::util::now;
 use agentjail_engine::lifeline::boottime_ns;
 
 /// How often a node records the other nodes' audit chain heads in its own chain (when one
@@ -377,7 +378,7 @@ async fn run_claimed(
 /// Renews the lease every `lease`/3 until `done`; cancels `lost` when a renewal is refused or
 /// when the lease's end (as of the last renewal sent, by this process's monotonic clock)
 /// passes without a successful one. Each successful renewal moves `shared`, which the runner
-/// receives ([`crate::runner::LeaseEnd`]).
+/// receives ([`crate::execution::runner::LeaseEnd`]).
 async fn heartbeat(
     queue: PgStore,
     job_id: String,

@@ -201,7 +201,7 @@ impl AuditLog {
 
 /// One record of the chain: `ev` with `seq`, `ts` (now) and `prev`, hashed. Returns the
 /// record as one line of JSON (no newline) and its `hash`. The file log and the PostgreSQL
-/// store (`crate::pg`) both build records here, so one verifier serves both.
+/// store (`crate::storage::pg`) both build records here, so one verifier serves both.
 pub fn chain_record(ev: &Event, seq: u64, prev: &str) -> Result<(String, String), AuditError> {
     // An event that does not serialise to an object is an error, never an empty record.
     let mut rec = match serde_json::to_value(ev) {

@@ -20,9 +20,9 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
-use crate::api::ApiError;
 use crate::app::AppState;
-use crate::fleet::NodeStatus;
+use crate::doors::api::ApiError;
+use crate::execution::fleet::NodeStatus;
 
 /// How long `/healthz` waits for the database's answer.
 pub const PING_TIMEOUT: Duration = Duration::from_secs(2);

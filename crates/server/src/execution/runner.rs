@@ -1,6 +1,11 @@
 //! Jobs: build the manifest from the task type, run it in a separate `agentjail run` process
 //! (never a shell; the sandbox needs a single-threaded process), read its report, keep only
 //! verified output, record the outcome; plus start-up reconciliation and the retention sweep.
+//!
+//! Over 800 lines for now: the runner-side lease (`Lease`, `LeaseEnd`, `send_renewals`,
+//! `payload_margin`) has just landed here and is kept whole while it settles. The seams for a
+//! later split are the spawning of `agentjail run`, the collection and verification of its
+//! outputs, and the lifeline framing; about 260 of the lines are its unit tests.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -12,13 +17,14 @@ use agentjail_manifest::report::{RunReport, Status};
 use agentjail_manifest::{Manifest, Network};
 use tokio_util::sync::CancellationToken;
 
-use crate::app::{AppState, ServerError, now};
-use crate::audit::Event;
+use crate::app::{AppState, ServerError};
 use crate::config::Task;
-use crate::db::InputRow;
 use crate::policy::{self, JobPaths};
 use crate::run_state::RunState;
-use crate::store::{FinishRun, InFlight, RetentionFiles};
+use crate::storage::audit::Event;
+use crate::storage::db::InputRow;
+use crate::storage::store::{FinishRun, InFlight, RetentionFiles};
+use crate::util::now;
 
 /// Everything a job needs, fixed at admission.
 #[derive(Debug, Clone)]
@@ -46,7 +52,7 @@ pub struct Job {
 #[derive(Clone)]
 pub struct Lease {
     /// The queue the run was claimed from.
-    pub queue: crate::pg::PgStore,
+    pub queue: crate::storage::pg::PgStore,
     /// The fencing token of this claim: every write of the run is conditioned on it.
     pub fence: i64,
     /// Cancelled by the heartbeat when the lease is lost (renewal refused, or not renewed
@@ -133,13 +139,13 @@ async fn lease_lost(job: &Job) {
 
 /// The `running` mark: fenced for a claimed run, and then committed with its `run_start`
 /// record (`start`) and only while the payload can still start (see
-/// [`crate::pg::PgStore::mark_running_fenced`]); on the local store `run_start` is appended
+/// [`crate::storage::pg::PgStore::mark_running_fenced`]); on the local store `run_start` is appended
 /// after the mark, by the caller.
 async fn mark_started(
     state: &AppState,
     job: &Job,
     start: &Event,
-) -> Result<bool, crate::store::StoreError> {
+) -> Result<bool, crate::storage::store::StoreError> {
     match &job.lease {
         Some(l) => {
             l.queue
@@ -152,7 +158,7 @@ async fn mark_started(
 
 /// Records the end of a run and audits it (`ev`, its `run_end` or `run_refused`), so that no
 /// recorded outcome is ever missing from the audit chain, whatever moment the service dies at.
-/// A claimed run's result is fenced (refused: [`crate::store::StoreError::Fenced`], nothing
+/// A claimed run's result is fenced (refused: [`crate::storage::store::StoreError::Fenced`], nothing
 /// written and nothing audited) and its record is appended in the same transaction, so an
 /// audit chain that cannot be appended to keeps results from being recorded. On the
 /// local store (the audit log is a file beside the database) the record is appended first,
@@ -165,7 +171,7 @@ async fn record_end(
     job: &Job,
     f: FinishRun,
     ev: Event,
-) -> Result<(), crate::store::StoreError> {
+) -> Result<(), crate::storage::store::StoreError> {
     match &job.lease {
         Some(l) => match l.queue.finish_fenced(f, l.fence, Some(&ev)).await {
             // Fail closed: a result whose record cannot be appended is not recorded either
@@ -174,7 +180,7 @@ async fn record_end(
             // tried on its own so that the chain still says what ran. Not when the database
             // stayed unreachable: whether the write committed (with its record) is unknown,
             // and a second record must not follow a first.
-            Err(e @ crate::store::StoreError::Database(_)) => {
+            Err(e @ crate::storage::store::StoreError::Database(_)) => {
                 state.store().audit(ev).await;
                 Err(e)
             }
@@ -199,7 +205,7 @@ pub(crate) struct RunIds<'a> {
 /// Ends a claimed run this executor cannot run as a set-up error (`reason`): the fenced result
 /// and its `run_end` record in one transaction; a failure is logged.
 pub(crate) async fn end_claim_as_setup_error(
-    queue: &crate::pg::PgStore,
+    queue: &crate::storage::pg::PgStore,
     fence: i64,
     who: RunIds<'_>,
     reason: &str,
@@ -1015,7 +1021,7 @@ async fn end_unstarted(
     let f = FinishRun::without_outputs(&job.job_id, status, reason, now());
     if let Err(e) = record_end(state, job, f, ev).await {
         tracing::error!(error = %e, job_id = %job.job_id, status = status.as_str(), "recording the end of a run that did not start failed");
-        if matches!(e, crate::store::StoreError::Fenced(_)) {
+        if matches!(e, crate::storage::store::StoreError::Fenced(_)) {
             return;
         }
     }
@@ -1133,7 +1139,7 @@ pub async fn execute(
         ..base.clone()
     };
     let marked = if job.lease.as_ref().is_some_and(|l| l.lost.is_cancelled()) {
-        Err(crate::store::StoreError::Fenced(
+        Err(crate::storage::store::StoreError::Fenced(
             job.lease.as_ref().map_or(0, |l| l.fence),
         ))
     } else {
@@ -1151,11 +1157,12 @@ pub async fn execute(
         // after a mark that committed but whose answer was lost and was retried after the lease
         // ended, becomes `unknown` at the lease sweep) or someone else ended the run: no
         // retention would reach the folder.
-        if !matches!(&marked, Err(e) if !matches!(e, crate::store::StoreError::Fenced(_))) {
+        if !matches!(&marked, Err(e) if !matches!(e, crate::storage::store::StoreError::Fenced(_)))
+        {
             let _ = std::fs::remove_dir_all(job_dir(&state, &job.job_id));
         }
         match marked {
-            Err(e @ crate::store::StoreError::Fenced(_)) => {
+            Err(e @ crate::storage::store::StoreError::Fenced(_)) => {
                 tracing::error!(job_id = %job.job_id, error = %e, "the running mark was refused by fencing; the run was not started here");
             }
             Ok(false) if job.lease.is_some() => {
@@ -1221,7 +1228,7 @@ pub async fn execute(
     };
     match record_end(&state, &job, f, ev).await {
         Ok(()) => {}
-        Err(crate::store::StoreError::Fenced(fence)) => {
+        Err(crate::storage::store::StoreError::Fenced(fence)) => {
             // Another node owns the run now, or has ended it (`unknown`): this execution's
             // late result is not recorded, and no `run_end` is audited for it.
             tracing::error!(job_id = %job.job_id, fence, status = outcome.status.as_str(), "the result was refused by fencing (the lease expired or was taken); nothing recorded");
@@ -1392,7 +1399,7 @@ pub fn spawn_sweeper(state: AppState) {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::db;
+    use crate::storage::db;
 
     /// The service records an artifact only when it is the file the runner's report lists: an
     /// artifact frame whose digest differs from the report's (a confused or tampered channel)

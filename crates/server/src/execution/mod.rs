@@ -1,0 +1,13 @@
+//! Execution: what happens between an admitted run and its recorded end.
+//!
+//! - [`runner`]: admission into this node's run slots, the job folder, spawning the
+//!   `agentjail run` process and the lifeline protocol with it, collecting and verifying its
+//!   outputs, and the lease and fencing checks around finishing a run; the retention sweeper.
+//! - [`fleet`]: the executor of a PostgreSQL deployment: claims queued runs, renews their
+//!   leases, expires those of lost nodes, and reports this node's status.
+//!
+//! Uses the shared state ([`crate::app`]), policy and storage; never the service or a front
+//! door (the service calls in here, not the other way round).
+
+pub mod fleet;
+pub mod runner;

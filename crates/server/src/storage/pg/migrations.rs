@@ -1,0 +1,88 @@
+//! The PostgreSQL schema: its migrations, kept apart from the code that applies them
+//! ([`super::migrate`], under an advisory lock) and the queries that use the tables. Nothing
+//! here refers to any other module.
+
+/// Schema migrations, applied in order; `schema_migrations` holds the versions applied.
+pub(super) const MIGRATIONS: &[&str] = &[
+    // 1: objects (input content), inputs, runs (with their owning node), the audit chain.
+    "CREATE TABLE objects (
+        sha256 TEXT PRIMARY KEY,
+        content BYTEA NOT NULL,
+        created_at BIGINT NOT NULL
+    );
+    CREATE TABLE inputs (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        sha256 TEXT NOT NULL,
+        name TEXT NOT NULL,
+        media_type TEXT NOT NULL,
+        bytes BIGINT NOT NULL,
+        created_at BIGINT NOT NULL,
+        expires_at BIGINT NOT NULL
+    );
+    CREATE INDEX inputs_sha ON inputs(sha256);
+    CREATE TABLE runs (
+        tenant TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        body_sha256 TEXT NOT NULL,
+        task TEXT NOT NULL,
+        actor TEXT NOT NULL,
+        job_id TEXT NOT NULL UNIQUE,
+        job_expires_at BIGINT NOT NULL,
+        status TEXT NOT NULL,
+        reason TEXT,
+        created_at BIGINT NOT NULL,
+        started_at BIGINT,
+        finished_at BIGINT,
+        inputs TEXT NOT NULL,
+        report TEXT,
+        receipt TEXT,
+        artifact BYTEA,
+        artifact_sha256 TEXT,
+        outputs_expire_at BIGINT NOT NULL,
+        logs_expire_at BIGINT NOT NULL,
+        outputs_deleted BOOLEAN NOT NULL DEFAULT FALSE,
+        args TEXT NOT NULL DEFAULT '[]',
+        manifest_digest TEXT,
+        node_id TEXT NOT NULL,
+        PRIMARY KEY (tenant, request_id)
+    );
+    CREATE INDEX runs_status ON runs(status);
+    CREATE INDEX runs_node_status ON runs(node_id, status);
+    CREATE TABLE audit_log (
+        seq BIGINT PRIMARY KEY,
+        hash TEXT NOT NULL,
+        record TEXT NOT NULL
+    );",
+    // 2: the queue (docs/deploy.md, "Leases and fencing"): what an executor needs to run a
+    // run it did not admit (`spec`: its inputs' records and code), the labels it needs, and
+    // the claim: `owner`, a fencing token from `run_fence` (new on every claim) and the
+    // lease's end (the database's clock). Live executors in `workers`; the cluster-wide
+    // count of expired leases in `cluster_counters`.
+    "ALTER TABLE runs ADD COLUMN spec TEXT;
+    ALTER TABLE runs ADD COLUMN labels TEXT[] NOT NULL DEFAULT '{}';
+    ALTER TABLE runs ADD COLUMN owner TEXT;
+    ALTER TABLE runs ADD COLUMN fence BIGINT;
+    ALTER TABLE runs ADD COLUMN lease_expires_at TIMESTAMPTZ;
+    CREATE SEQUENCE run_fence;
+    CREATE INDEX runs_queue ON runs(created_at) WHERE status = 'queued' AND owner IS NULL;
+    CREATE INDEX runs_leases ON runs(lease_expires_at) WHERE owner IS NOT NULL AND status IN ('queued', 'running');
+    CREATE TABLE workers (
+        node_id TEXT PRIMARY KEY,
+        slots INTEGER NOT NULL,
+        labels TEXT[] NOT NULL,
+        started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        heartbeat_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    );
+    CREATE TABLE cluster_counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
+    INSERT INTO cluster_counters (name, value) VALUES ('expired_leases', 0);",
+    // 3: one audit chain per node (docs/server.md, "PostgreSQL"): `chain` names the node that
+    // appended the record (`''`: the one chain of the versions before, closed now), each chain
+    // numbered from 1; `audit_heads` holds each chain's last record, for the cross-anchors.
+    "ALTER TABLE audit_log ADD COLUMN chain TEXT NOT NULL DEFAULT '';
+    ALTER TABLE audit_log DROP CONSTRAINT audit_log_pkey;
+    ALTER TABLE audit_log ADD PRIMARY KEY (chain, seq);
+    CREATE TABLE audit_heads (chain TEXT PRIMARY KEY, seq BIGINT NOT NULL, hash TEXT NOT NULL);
+    INSERT INTO audit_heads (chain, seq, hash)
+        SELECT '', seq, hash FROM audit_log ORDER BY seq DESC LIMIT 1;",
+];
