@@ -237,7 +237,8 @@ pub fn run(
     report.image = image;
     report.isolation.kind = "gvisor".into();
     // The caller's lifeline (and lease): a lease that already ended starts nothing.
-    let lifeline = match crate::lifeline::Watch::start(opts) {
+    let lifeline = match crate::lifeline::Watch::start(opts.lifeline.as_ref(), opts.lease.as_ref())
+    {
         Ok(w) => w,
         Err(e) => return fail(report, e),
     };

@@ -1,7 +1,7 @@
 //! The caller's lifeline, watched while a sandbox runs (both tiers: the supervisor's loop and
 //! gVisor's). A runner of `agentjail serve` has as stdin a socket whose other end only the
 //! service holds. Its hang-up (the service died) kills the sandbox. A runner with a lease
-//! ([`RunOptions::lease`], a fleet executor's run) also kills it when the lease's end passes
+//! (`RunOptions::lease`, a fleet executor's run) also kills it when the lease's end passes
 //! with no renewal received: the executor sends each renewal as a frame
 //! ([`agentjail_manifest::results::LEASE`]) holding the new end on `CLOCK_BOOTTIME`, read here
 //! and armed on a timerfd of that clock, so that a paused, stuck or cut-off executor (whose
@@ -17,8 +17,6 @@ use rustix::event::{PollFd, PollFlags};
 use rustix::time::{
     ClockId, Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags, Timespec,
 };
-
-use crate::supervisor::RunOptions;
 
 /// The lease a runner starts under: its end, and the bytes of the lifeline that were read
 /// past the manifest's line (the start of the renewal frames).
@@ -61,11 +59,14 @@ struct Lease {
 impl Watch {
     /// Starts watching `opts.lifeline` (None without one). Err: the lease has already ended,
     /// or its timer cannot be made (then nothing may start).
-    pub(crate) fn start(opts: &RunOptions) -> Result<Option<Watch>, String> {
-        let Some(fd) = opts.lifeline.clone() else {
+    pub(crate) fn start(
+        lifeline: Option<&Arc<OwnedFd>>,
+        lease: Option<&LeaseStart>,
+    ) -> Result<Option<Watch>, String> {
+        let Some(fd) = lifeline.cloned() else {
             return Ok(None);
         };
-        let lease = match &opts.lease {
+        let lease = match lease {
             None => None,
             Some(l) => {
                 let timer = rustix::time::timerfd_create(
@@ -257,12 +258,8 @@ impl Lease {
 mod tests {
     use super::*;
 
-    fn opts(fd: OwnedFd, lease: Option<LeaseStart>) -> RunOptions {
-        RunOptions {
-            lifeline: Some(Arc::new(fd)),
-            lease,
-            ..RunOptions::default()
-        }
+    fn start(fd: OwnedFd, lease: Option<LeaseStart>) -> Result<Option<Watch>, String> {
+        Watch::start(Some(&Arc::new(fd)), lease.as_ref())
     }
 
     #[test]
@@ -270,13 +267,13 @@ mod tests {
         use std::io::Write;
         let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
         let soon = boottime_ns() + 300_000_000;
-        let mut w = Watch::start(&opts(
+        let mut w = start(
             theirs.into(),
             Some(LeaseStart {
                 until_ns: soon,
                 pending: Vec::new(),
             }),
-        ))
+        )
         .unwrap()
         .unwrap();
         assert_eq!(w.check(), None);
@@ -309,21 +306,17 @@ mod tests {
             until_ns: far,
             pending: Vec::new(),
         };
-        let mut w = Watch::start(&opts(theirs.into(), Some(lease.clone())))
-            .unwrap()
-            .unwrap();
+        let mut w = start(theirs.into(), Some(lease.clone())).unwrap().unwrap();
         drop(ours);
         assert_eq!(w.check().as_deref(), Some(GONE));
         let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-        let mut w = Watch::start(&opts(theirs.into(), Some(lease.clone())))
-            .unwrap()
-            .unwrap();
+        let mut w = start(theirs.into(), Some(lease.clone())).unwrap().unwrap();
         ours.write_all(&agentjail_manifest::results::header(b'R', 8))
             .unwrap();
         assert!(w.check().unwrap().contains("other than a lease renewal"));
         // Without a lease, any byte is the end (the caller never writes).
         let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-        let mut w = Watch::start(&opts(theirs.into(), None)).unwrap().unwrap();
+        let mut w = start(theirs.into(), None).unwrap().unwrap();
         assert_eq!(w.check(), None);
         ours.write_all(b"x").unwrap();
         assert_eq!(w.check().as_deref(), Some(GONE));
@@ -333,6 +326,6 @@ mod tests {
             until_ns: boottime_ns().saturating_sub(1),
             pending: Vec::new(),
         };
-        assert!(Watch::start(&opts(theirs.into(), Some(past))).is_err());
+        assert!(start(theirs.into(), Some(past)).is_err());
     }
 }

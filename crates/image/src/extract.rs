@@ -22,8 +22,8 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
+use crate::bounds::{ImageError, Limits};
 use crate::fsops;
-use crate::{ImageError, Limits};
 
 fn refused(s: impl Into<String>) -> ImageError {
     ImageError::Refused(s.into())
