@@ -12,7 +12,10 @@
 #  7. the worker Deployment against the API's StatefulSet: the same pod and container
 #     securityContext, node selection and cgroup entrypoint (so the claims checked in 6, made
 #     with the StatefulSet's, hold for it too), probes on its --listen port, a grace period
-#     covering the longest task, and its own PodDisruptionBudget and NetworkPolicy.
+#     covering the longest task, and its own PodDisruptionBudget and NetworkPolicy;
+#  8. the image reference (ci/release/k8s-image.py): one image, named by digest (here the
+#     placeholder the release build fills in; ci/release/check.sh checks the release's copy
+#     against the image it built), and every container names it.
 # Any error fails (exit 1). Usage: ci/validate-k8s.sh [AGENTJAIL_BINARY]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -213,6 +216,9 @@ if not errors:
     print(f"validate-k8s: worker.yaml: the StatefulSet's securityContext and entrypoint, probes on :{port}, grace {grace} s >= {longest} s + 30, its PDB and NetworkPolicy (DNS and PostgreSQL only)")
 sys.exit(1 if errors else 0)
 EOF
+
+# 8. The image reference.
+python3 ci/release/k8s-image.py check "$dir" || bad "the image reference of $dir (above)"
 
 if [ $fail -ne 0 ]; then
   echo "validate-k8s: FAILED" >&2

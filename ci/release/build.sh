@@ -4,7 +4,9 @@
 #   agentjail-x86_64-linux-musl      the static x86_64 binary (musl, release profile)
 #   agentjail_<version>-1_amd64.deb  the Debian package (cargo-deb; packaging/debian/)
 #   agentjail.cdx.json               the SBOM, CycloneDX 1.5 JSON (cargo-cyclonedx)
-#   agentjail-oci-layout.tar         an OCI image layout holding only the binary
+#   agentjail-oci-layout.tar         the OCI image layout of agentjail (deploy/kubernetes' image):
+#                                    Debian 12 minbase + python3, and the binary
+#   agentjail-kubernetes.tar         deploy/kubernetes, naming that image by digest
 #   agentjail.provenance.json        in-toto Statement v1 (SLSA provenance v1) over all of the
 #                                    above, in a DSSE envelope signed with Ed25519
 #   release-signing-key.pub          the public half of the signing key
@@ -121,9 +123,12 @@ find "$src/crates" -maxdepth 2 -name '*.cdx.json' -delete
 mv "$src/crates/cli/agentjail.cdx.json" "$out/agentjail.cdx.json"
 find "$src/crates" -maxdepth 2 -name '*.cdx.json' -delete
 
-step "OCI image layout"
-"$here/oci-layout.sh" "$out/agentjail-x86_64-linux-musl" "$version" "$commit" "$commit_epoch" \
-  "$out/agentjail-oci-layout.tar"
+step "OCI image layout (Debian 12 minbase + python3, cached; the binary), deploy/kubernetes by digest"
+base="$("$here/debian-root.sh")"
+image_digest="$("$here/oci-layout.sh" "$out/agentjail-x86_64-linux-musl" "$version" "$commit" \
+  "$commit_epoch" "$out/agentjail-oci-layout.tar" "$base")"
+python3 "$here/k8s-image.py" pin "$src/deploy/kubernetes" "$image_digest" "$commit_epoch" \
+  "$out/agentjail-kubernetes.tar"
 
 step "provenance (in-toto Statement v1, SLSA provenance v1, DSSE, Ed25519)"
 key="${AGENTJAIL_RELEASE_KEY:-$repo/target/release-key.pem}"
@@ -138,6 +143,7 @@ fi
 rustc_v="$(rustc --version)"
 cargo_v="$(cargo --version)"
 lock_sha="$(sha256sum "$src/Cargo.lock" | cut -d' ' -f1)"
+base_sha="$(sha256sum "$base" | cut -d' ' -f1)"
 finished="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 python3 - "$tmp/predicate.json" <<EOF
 import json, sys
@@ -151,7 +157,9 @@ json.dump({
                            "SOURCE_DATE_EPOCH": "${commit_epoch}"},
     "resolvedDependencies": [
       {"uri": "git+agentjail", "digest": {"gitCommit": "${commit}"}},
-      {"name": "Cargo.lock", "digest": {"sha256": "${lock_sha}"}}
+      {"name": "Cargo.lock", "digest": {"sha256": "${lock_sha}"}},
+      {"name": "$(basename "$base")", "digest": {"sha256": "${base_sha}"},
+       "annotations": {"madeBy": "ci/release/debian-root.sh (mmdebstrap, Debian 12 minbase + python3)"}}
     ]
   },
   "runDetails": {
@@ -163,9 +171,9 @@ EOF
 cp "$here/provenance.py" "$out/verify-provenance.py"
 python3 "$here/provenance.py" sign --key "$key" --out "$out/agentjail.provenance.json" \
   --predicate "$tmp/predicate.json" "$out/agentjail-x86_64-linux-musl" "$out/agentjail.cdx.json" \
-  "$out/$deb" "$out/agentjail-oci-layout.tar"
+  "$out/$deb" "$out/agentjail-oci-layout.tar" "$out/agentjail-kubernetes.tar"
 
 (cd "$out" && sha256sum agentjail-x86_64-linux-musl "$deb" agentjail.cdx.json agentjail-oci-layout.tar \
-  agentjail.provenance.json release-signing-key.pub verify-provenance.py > SHA256SUMS)
+  agentjail-kubernetes.tar agentjail.provenance.json release-signing-key.pub verify-provenance.py > SHA256SUMS)
 step "done: $out"
 ls -l "$out" >&2

@@ -8,7 +8,10 @@
 #     is refused for a changed binary and for another key.
 #  3. The SBOM is CycloneDX JSON describing agentjail at this version with its dependencies.
 #  4. The OCI layout imports with `agentjail image import` (every blob checked against its
-#     digest) and holds the binary and nothing else; runc runs its entrypoint.
+#     digest): Debian 12 minbase, python3 and the binary, no device node, setuid bit or xattr.
+#     The released deploy/kubernetes (agentjail-kubernetes.tar) names it by digest and
+#     validates; runc runs its entrypoint, then the StatefulSet's entrypoint with its
+#     securityContext runs `agentjail check` and `selftest --tier native` from it.
 #  5. The .deb installs with dpkg into a clean Debian 12 root made by mmdebstrap (no Rust in
 #     it), which then runs `agentjail check`, `agentjail demo` and `agentjail selftest --tier
 #     native` with the installed binary; purging it removes the user and the data directory.
@@ -34,7 +37,7 @@ deb="$(ls agentjail_*_amd64.deb)"
 step "SHA256SUMS, static binary, --version"
 sha256sum --quiet -c SHA256SUMS || fail "SHA256SUMS does not check"
 for f in agentjail-x86_64-linux-musl "$deb" agentjail.cdx.json agentjail-oci-layout.tar \
-  agentjail.provenance.json release-signing-key.pub verify-provenance.py; do
+  agentjail-kubernetes.tar agentjail.provenance.json release-signing-key.pub verify-provenance.py; do
   grep -q "  $f\$" SHA256SUMS || fail "SHA256SUMS does not list $f"
 done
 if readelf -lW "$bin" | grep -q 'program interpreter' || readelf -dW "$bin" | grep -q '(NEEDED)'; then
@@ -55,7 +58,7 @@ git -C "$repo" cat-file -e "$commit^{commit}" || fail "the provenance's commit $
 step "provenance"
 python3 verify-provenance.py --pubkey release-signing-key.pub agentjail.provenance.json \
   agentjail-x86_64-linux-musl agentjail.cdx.json "$deb" agentjail-oci-layout.tar \
-  || fail "the provenance does not verify"
+  agentjail-kubernetes.tar || fail "the provenance does not verify"
 cp "$bin" "$work/agentjail-x86_64-linux-musl" && printf 'x' >> "$work/agentjail-x86_64-linux-musl"
 if python3 verify-provenance.py --pubkey release-signing-key.pub agentjail.provenance.json \
   "$work/agentjail-x86_64-linux-musl" 2>"$work/err"; then
@@ -113,16 +116,59 @@ echo "$digest" | grep -qE '^sha256:[0-9a-f]{64}$' || fail "image import printed 
   < <(tar -xOf agentjail-oci-layout.tar index.json))" = "$digest" ] \
   || fail "the imported digest is not the layout's manifest digest"
 "$bin" image verify --store "$work/store" "$digest" >/dev/null || fail "image verify $digest"
-files="$(cd "$work/store/images/${digest#sha256:}/rootfs" && find . -type f)"
-[ "$files" = "./usr/local/bin/agentjail" ] || fail "the image holds more than the binary: $files"
-cmp "$work/store/images/${digest#sha256:}/rootfs/usr/local/bin/agentjail" "$bin" \
-  || fail "the image's binary is not the release binary"
+rootfs="$work/store/images/${digest#sha256:}/rootfs"
+cmp "$rootfs/usr/local/bin/agentjail" "$bin" || fail "the image's binary is not the release binary"
+# What it holds: Debian's minbase with python3 (the pods' /bin/sh, the task types' python3), no
+# Rust, no compiler; the layout itself has no device node, setuid/setgid bit or xattr.
+for p in bin/sh usr/bin/python3 usr/bin/dpkg etc/os-release; do
+  [ -e "$rootfs/$p" ] || fail "the image has no /$p"
+done
+grep -q '^VERSION_CODENAME=bookworm$' "$rootfs/etc/os-release" || fail "the image is not Debian 12"
+for p in usr/bin/cargo usr/bin/rustc usr/bin/gcc usr/bin/cc; do
+  [ ! -e "$rootfs/$p" ] || fail "the image holds /$p"
+done
+python3 - agentjail-oci-layout.tar <<'EOF' || fail "the image's layers hold what they must not"
+import gzip, io, json, sys, tarfile
+t = tarfile.open(sys.argv[1])
+blob = lambda d: t.extractfile("blobs/sha256/" + d.split(":", 1)[1]).read()
+manifest = json.loads(blob(json.loads(t.extractfile("index.json").read())["manifests"][0]["digest"]))
+bad, n = [], 0
+for layer in manifest["layers"]:
+    for m in tarfile.open(fileobj=io.BytesIO(gzip.decompress(blob(layer["digest"])))):
+        n += 1
+        if m.ischr() or m.isblk() or m.isfifo():
+            bad.append(f"{m.name}: device node or FIFO")
+        if not m.isdir() and m.mode & 0o6000:
+            bad.append(f"{m.name}: setuid/setgid")
+        if any(k.startswith("SCHILY.xattr.") for k in m.pax_headers):
+            bad.append(f"{m.name}: extended attribute")
+for b in bad[:20]:
+    print("FAIL:", b, file=sys.stderr)
+print(f"image: {len(manifest['layers'])} layers, {n} entries, no device node, setuid bit or xattr",
+      file=sys.stderr)
+sys.exit(1 if bad else 0)
+EOF
+
+# deploy/kubernetes as released names this image by digest, and the image holds what its pods
+# and task types run (ci/release/k8s-image.py); the manifests validate against Kubernetes.
+mkdir "$work/k8s"
+tar -xf agentjail-kubernetes.tar -C "$work/k8s"
+python3 "$repo/ci/release/k8s-image.py" check "$work/k8s/agentjail-kubernetes" agentjail-oci-layout.tar \
+  || fail "agentjail-kubernetes.tar does not name the release's image (above)"
+diff -r -x kustomization.yaml -x __pycache__ "$repo/deploy/kubernetes" "$work/k8s/agentjail-kubernetes" >&2 \
+  || fail "agentjail-kubernetes.tar differs from deploy/kubernetes beyond the digest"
+python3 -m kubernetes_validate --strict -k 1.35.0 \
+  $(find "$work/k8s/agentjail-kubernetes" -maxdepth 1 -name '*.yaml' ! -name kustomization.yaml | sort) \
+  > "$work/k8s.log" 2>&1 || { cat "$work/k8s.log" >&2; fail "the released manifests do not validate"; }
 
 # The image runs: runc (no daemon) starts its config's entrypoint in a bundle whose read-only
-# root is the imported tree, with runc's default spec (no network, default capabilities).
+# root is the imported tree, with runc's default spec (no network, default capabilities); then
+# the StatefulSet's own entrypoint with its securityContext (privileged: the `privileged`
+# variant of deploy/kubernetes/tools/simulate-pod.py) runs `agentjail check` and `agentjail
+# selftest --tier native` from the image, in place of `serve`.
 if command -v runc >/dev/null; then
   mkdir "$work/bundle"
-  cp -a "$work/store/images/${digest#sha256:}/rootfs" "$work/bundle/rootfs"
+  cp -a "$rootfs" "$work/bundle/rootfs"
   (cd "$work/bundle" && runc spec)
   python3 - "$work/bundle/config.json" agentjail-oci-layout.tar <<'EOF'
 import json, sys, tarfile
@@ -132,6 +178,7 @@ index = json.load(t.extractfile("index.json"))
 config = blob(blob(index["manifests"][0]["digest"])["config"]["digest"])
 c = json.load(open(sys.argv[1]))
 c["process"]["args"] = config["config"]["Entrypoint"] + ["--version"]
+c["process"]["env"] = config["config"]["Env"]
 c["process"]["terminal"] = False
 c["root"]["readonly"] = True
 json.dump(c, open(sys.argv[1], "w"))
@@ -140,6 +187,15 @@ EOF
     || { cat "$work/runc.out" >&2; fail "runc could not run the image's entrypoint"; }
   cmp -s "$work/runc.out" "$work/version" || fail "the image says $(cat "$work/runc.out")"
   echo "runc: the image's entrypoint: $(cat "$work/runc.out")" >&2
+  SIMULATE_ROOTFS="$work/bundle/rootfs" SIMULATE_CMD=entrypoint \
+    python3 "$repo/deploy/kubernetes/tools/simulate-pod.py" - - privileged > "$work/pod.out" 2>&1 || true
+  if grep -q '^check exit status 0$' "$work/pod.out" && grep -q '^selftest exit status 0$' "$work/pod.out" \
+    && grep -Eq ' passed, 0 failed' "$work/pod.out"; then
+    echo "runc: the StatefulSet's entrypoint and securityContext, from the image: check ok, $(grep -Eo '[0-9]+ passed, 0 failed' "$work/pod.out" | head -1)" >&2
+  else
+    cat "$work/pod.out" >&2
+    fail "the StatefulSet's entrypoint could not run check and the native self-test from the image"
+  fi
 elif [ -n "${CI:-}" ]; then
   fail "runc is missing (apt-get install runc): the OCI image was not run"
 else

@@ -19,6 +19,13 @@ AppArmor cannot be simulated on a host without AppArmor in its LSM list; the doc
 
 Usage: simulate-pod.py AGENTJAIL_BINARY DOCKER_DEFAULT_SECCOMP_JSON [VARIANT...]
 Needs root and runc. Each variant's bundle lives in a temporary folder, removed afterwards.
+
+By default the container's root is empty but for the host's /usr, /bin, /sbin, /lib, /lib64
+and /etc (read-only binds) and AGENTJAIL_BINARY at /opt/agentjail/agentjail. With
+SIMULATE_ROOTFS=DIR the root is DIR instead, an image's root file system (ci/release/check.sh
+passes the imported release image), read-only, and agentjail is the image's own
+/usr/local/bin/agentjail: give `-` as AGENTJAIL_BINARY. DOCKER_DEFAULT_SECCOMP_JSON may be `-`
+when no variant asked for uses it.
 """
 
 import json
@@ -137,6 +144,11 @@ RUNTIMES = {
 ROOT_BINDS = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc"]
 
 
+ROOTFS = os.environ.get("SIMULATE_ROOTFS")
+# Where agentjail is inside the container.
+AGENTJAIL = "/usr/local/bin/agentjail" if ROOTFS else "/opt/agentjail/agentjail"
+
+
 def config(v, docker_profile, agentjail_bin, args):
     caps = {"all": ALL_CAPS, "default": CONTAINERD_DEFAULT_CAPS, "none": [],
             "setid": ["CAP_SETUID", "CAP_SETGID"],
@@ -151,21 +163,25 @@ def config(v, docker_profile, agentjail_bin, args):
         shutil.rmtree(d)
     c["process"]["terminal"] = False
     c["process"]["args"] = args
-    c["process"]["env"] = ["PATH=/opt/agentjail:/usr/bin:/bin", "HOME=/root", "TMPDIR=/tmp"]
+    path = "/usr/local/bin:/usr/bin:/bin" if ROOTFS else "/opt/agentjail:/usr/bin:/bin"
+    c["process"]["env"] = [f"PATH={path}", "HOME=/root", "TMPDIR=/tmp"]
     c["process"]["noNewPrivileges"] = v["nnp"]
     c["process"]["capabilities"] = {k: caps for k in ("bounding", "effective", "permitted")}
-    c["root"] = {"path": "rootfs", "readonly": True}
+    c["root"] = {"path": ROOTFS or "rootfs", "readonly": True}
     c["hostname"] = "pod"
     for m in c["mounts"]:
         if m["destination"] == "/sys/fs/cgroup":
             m["options"] = [o for o in m["options"] if o not in ("ro", "rw")] + [v["cgroup"]]
+    if not ROOTFS:
+        c["mounts"] += [
+            {"destination": b, "type": "bind", "source": b, "options": ["rbind", "ro"]}
+            for b in ROOT_BINDS if os.path.isdir(b)
+        ]
+        c["mounts"] += [
+            {"destination": AGENTJAIL, "type": "bind", "source": agentjail_bin,
+             "options": ["bind", "ro"]},
+        ]
     c["mounts"] += [
-        {"destination": b, "type": "bind", "source": b, "options": ["rbind", "ro"]}
-        for b in ROOT_BINDS if os.path.isdir(b)
-    ]
-    c["mounts"] += [
-        {"destination": "/opt/agentjail/agentjail", "type": "bind", "source": agentjail_bin,
-         "options": ["bind", "ro"]},
         {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
          "options": ["nosuid", "nodev", "mode=1777", "size=262144k"]},
         {"destination": "/root", "type": "tmpfs", "source": "tmpfs",
@@ -195,11 +211,12 @@ def run_variant(name, docker_profile, agentjail_bin, args):
     v = dict(BASE, **VARIANTS[name])
     bundle = tempfile.mkdtemp(prefix="ajk8s-")
     try:
-        rootfs = os.path.join(bundle, "rootfs")
-        os.mkdir(rootfs)
-        for d in ROOT_BINDS + ["/proc", "/dev", "/sys", "/tmp", "/root", "/opt/agentjail"]:
-            os.makedirs(rootfs + d, exist_ok=True)
-        open(rootfs + "/opt/agentjail/agentjail", "w").close()
+        if not ROOTFS:
+            rootfs = os.path.join(bundle, "rootfs")
+            os.mkdir(rootfs)
+            for d in ROOT_BINDS + ["/proc", "/dev", "/sys", "/tmp", "/root", "/opt/agentjail"]:
+                os.makedirs(rootfs + d, exist_ok=True)
+            open(rootfs + AGENTJAIL, "w").close()
         if v["userns"]:
             os.chmod(bundle, 0o755)
         with open(os.path.join(bundle, "config.json"), "w") as f:
@@ -233,24 +250,34 @@ def main():
         print(__doc__, file=sys.stderr)
         return 2
     agentjail_bin, docker_json = sys.argv[1], sys.argv[2]
-    with open(docker_json) as f:
-        docker_profile = json.load(f)
     names = sys.argv[3:] or list(VARIANTS)
+    if (agentjail_bin == "-") != bool(ROOTFS):
+        print("simulate-pod: AGENTJAIL_BINARY is `-` exactly when SIMULATE_ROOTFS is set", file=sys.stderr)
+        return 2
+    docker_profile = None
+    if docker_json != "-":
+        with open(docker_json) as f:
+            docker_profile = json.load(f)
+    elif any(dict(BASE, **VARIANTS[n])["seccomp"] == "runtime-default" for n in names):
+        print("simulate-pod: a variant with RuntimeDefault seccomp needs Docker's default profile",
+              file=sys.stderr)
+        return 2
     cmd = os.environ.get("SIMULATE_CMD", "check")
     # The whole `exec … serve …` line (whatever flags follow) is replaced.
     entrypoint = re.sub(
         r"exec /usr/local/bin/agentjail serve --config /etc/agentjail/config.toml[^\n]*",
         lambda _: "set +e\necho \"cgroup: $(cat /proc/self/cgroup); root's subtree_control: "
         "$(cat /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null)\"\n"
-        "/opt/agentjail/agentjail check; echo check exit status $?\n"
-        "/opt/agentjail/agentjail selftest --tier native | grep -E '^\\[.*FAIL|passed'",
+        f"{AGENTJAIL} check; echo check exit status $?\n"
+        f"{AGENTJAIL} selftest --tier native > /tmp/selftest.out 2>&1; st=$?\n"
+        "grep -E '^\\[.*FAIL|passed' /tmp/selftest.out; echo selftest exit status $st",
         statefulset_entrypoint())
     args = {
-        "check": ["/opt/agentjail/agentjail", "check"],
-        "run": ["/opt/agentjail/agentjail", "run", "--", "/bin/echo", "SENTINEL-ran-inside"],
-        "run-degraded": ["/opt/agentjail/agentjail", "run", "--allow-degraded", "--",
+        "check": [AGENTJAIL, "check"],
+        "run": [AGENTJAIL, "run", "--", "/bin/echo", "SENTINEL-ran-inside"],
+        "run-degraded": [AGENTJAIL, "run", "--allow-degraded", "--",
                          "/bin/echo", "SENTINEL-ran-inside"],
-        "run-gvisor": ["/opt/agentjail/agentjail", "run", "--isolation", "gvisor", "--",
+        "run-gvisor": [AGENTJAIL, "run", "--isolation", "gvisor", "--",
                        "/bin/echo", "SENTINEL-ran-inside"],
         # Not as pid 1 of the container (in a pod, `serve` is pid 1 and runs the self-test as
         # its child): the probe `proc.host_pids` signals the self-test's own pid from inside
@@ -258,7 +285,7 @@ def main():
         # The StatefulSet's own entrypoint (its cgroup v2 step), then check and selftest in
         # place of `serve`.
         "entrypoint": ["/bin/sh", "-c", entrypoint],
-        "selftest": ["/bin/sh", "-c", "/opt/agentjail/agentjail selftest --tier native; "
+        "selftest": ["/bin/sh", "-c", f"{AGENTJAIL} selftest --tier native; "
                      "echo selftest exit status $?"],
     }[cmd]
     for name in names:
