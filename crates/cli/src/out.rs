@@ -21,7 +21,7 @@
 
 use std::fmt;
 use std::io::Write;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 /// State of our stdout: fine, its reader left (EPIPE), or another write error.
 static STDOUT: AtomicU8 = AtomicU8::new(FINE);
@@ -65,8 +65,22 @@ pub fn out_bytes(bytes: &[u8]) {
     }
 }
 
+/// Our own lines on stderr are dropped ([`own_stderr_off`]).
+static OWN_STDERR_OFF: AtomicBool = AtomicBool::new(false);
+
+/// From now on [`errln!`] writes nothing. For a runner of the service (`run --lifeline`): its
+/// stderr is the sandboxed command's stderr and nothing else, because the service shows it to
+/// the caller as the sandbox's (labelled untrusted) and attests it by digest; what agentjail
+/// would say there (the summary, `degraded`, an error) is in the report the service receives.
+pub fn own_stderr_off() {
+    OWN_STDERR_OFF.store(true, Ordering::Relaxed);
+}
+
 /// Writes formatted text on stderr (use [`errln!`]); a failure is ignored.
 pub fn err(args: fmt::Arguments) {
+    if OWN_STDERR_OFF.load(Ordering::Relaxed) {
+        return;
+    }
     let _ = std::io::stderr().lock().write_fmt(args);
 }
 

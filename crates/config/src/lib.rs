@@ -295,13 +295,18 @@ pub struct Task {
     /// How long outputs and logs of its runs are kept.
     #[serde(default)]
     pub retention: Retention,
-    /// How many bytes (the tail, at most 40 lines) of the command's stderr an MCP caller sees
-    /// when a run fails, terminal-sanitised, with the task's `env` values redacted, and marked
-    /// as untrusted data. Default: 2048 for tasks with `code = "allowed"` (the model needs the
-    /// traceback to fix its code), 0 (never) for fixed programs; 0 turns it off; at most 65536.
-    /// (`expose_stderr_bytes` is accepted as an older name.)
-    #[serde(default, alias = "expose_stderr_bytes")]
-    pub stderr_tail_bytes: Option<u64>,
+    /// How many bytes of the command's stdout a run's record shows (HTTP, MCP), success or
+    /// failure: the head and the tail, half each, terminal-sanitised, with the task's `env`
+    /// values and gateway-held credentials redacted, marked as untrusted data. Default: 4096
+    /// for tasks with `code = "allowed"` (a model learns from what its code printed), 0 for
+    /// fixed programs (only their verified output leaves unless the operator says so); at
+    /// most 65536. The byte count and the digest of the whole stream are always recorded.
+    #[serde(default)]
+    pub stdout_bytes: Option<u64>,
+    /// The same for stderr (a failed run's traceback). (`stderr_tail_bytes` and
+    /// `expose_stderr_bytes` are accepted as older names.)
+    #[serde(default, alias = "stderr_tail_bytes", alias = "expose_stderr_bytes")]
+    pub stderr_bytes: Option<u64>,
     /// What the tool description tells the model about the runtime (e.g. `Python 3.12 with
     /// pandas 2.2 and numpy`). Default: probed once at start-up from the command's Python
     /// interpreter (its version and which common third-party packages it can import); a
@@ -310,16 +315,28 @@ pub struct Task {
     pub runtime: Option<String>,
 }
 
-/// Default of [`Task::stderr_tail_bytes`] for tasks with `code = "allowed"`.
-pub const DEFAULT_STDERR_TAIL_BYTES: u64 = 2048;
+/// Default of [`Task::stdout_bytes`] and [`Task::stderr_bytes`] for tasks with
+/// `code = "allowed"`.
+pub const DEFAULT_STREAM_BYTES: u64 = 4096;
+/// Largest [`Task::stdout_bytes`] / [`Task::stderr_bytes`].
+pub const MAX_STREAM_BYTES: u64 = 65536;
 
 impl Task {
-    /// How many bytes of stderr a failed run's MCP result carries (0: none).
-    pub fn stderr_tail_limit(&self) -> u64 {
-        self.stderr_tail_bytes.unwrap_or(match self.code {
-            CodePolicy::Allowed => DEFAULT_STDERR_TAIL_BYTES,
+    fn stream_default(&self) -> u64 {
+        match self.code {
+            CodePolicy::Allowed => DEFAULT_STREAM_BYTES,
             CodePolicy::Forbidden => 0,
-        })
+        }
+    }
+
+    /// How many bytes of stdout a run's record shows (0: none).
+    pub fn stdout_limit(&self) -> u64 {
+        self.stdout_bytes.unwrap_or_else(|| self.stream_default())
+    }
+
+    /// How many bytes of stderr a run's record shows (0: none).
+    pub fn stderr_limit(&self) -> u64 {
+        self.stderr_bytes.unwrap_or_else(|| self.stream_default())
     }
 }
 
@@ -633,8 +650,11 @@ impl Config {
                 .build(&v)
                 .map_err(|e| at("output.schema", format!("not a valid JSON Schema: {e}")))?;
         }
-        if t.stderr_tail_bytes.unwrap_or(0) > 65536 {
-            return Err(at("stderr_tail_bytes", "at most 65536".into()));
+        if t.stdout_bytes.unwrap_or(0) > MAX_STREAM_BYTES {
+            return Err(at("stdout_bytes", format!("at most {MAX_STREAM_BYTES}")));
+        }
+        if t.stderr_bytes.unwrap_or(0) > MAX_STREAM_BYTES {
+            return Err(at("stderr_bytes", format!("at most {MAX_STREAM_BYTES}")));
         }
         if let Some(r) = &t.runtime
             && (r.len() > 300 || r.chars().any(char::is_control))

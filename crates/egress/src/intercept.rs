@@ -147,7 +147,7 @@ fn tls_err(what: &str, e: impl std::fmt::Display) -> CredentialError {
 }
 
 /// Reads one secret from the supervisor's environment or a file.
-fn read_secret(value_from: &str) -> Result<String, String> {
+pub fn read_secret(value_from: &str) -> Result<String, String> {
     match value_from.split_once(':') {
         Some(("env", name)) => std::env::var(name).map_err(|e| match e {
             std::env::VarError::NotPresent => {

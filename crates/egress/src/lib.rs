@@ -102,7 +102,7 @@ pub use decision::{Decision, LOG_FULL, MAX_ALLOWED, MAX_REFUSALS};
 pub use gateway::{DENIED_HEADER, Gateway, GatewayLimits};
 pub use host::redirect_target;
 #[cfg(feature = "gateway")]
-pub use intercept::{CredentialError, Interception};
+pub use intercept::{CredentialError, Interception, read_secret};
 pub use policy::{BlockedAddress, CompiledPolicy, NotAllowed, PolicyError, compile_policy};
 #[cfg(feature = "gateway")]
 pub use resolve::{HickoryResolver, Resolve, ResolveError, ResolveFuture, StaticResolver};

@@ -420,8 +420,8 @@ pub fn run(
     let _ = rustix::mount::unmount(state_dir.path(), rustix::mount::UnmountFlags::DETACH);
 
     report.wall_ms = wall.as_millis() as u64;
-    report.stdout = out.report;
-    report.stderr = err.report;
+    report.stdout = out.report();
+    report.stderr = err.report();
     report.accounting = "none".into();
     let iso = &mut report.isolation;
     iso.user_ns = false;

@@ -118,7 +118,9 @@ impl Drop for Cleanup {
 pub(crate) struct Stream {
     pub(crate) fd: Option<OwnedFd>,
     sink: Sink,
-    pub(crate) report: StreamReport,
+    report: StreamReport,
+    /// The digest of every byte passed to the sink (before a terminal filter).
+    digest: sha2::Sha256,
     pub(crate) captured: Vec<u8>,
     inert: Option<crate::term::Inert>,
     /// Our own stream's reader is gone (EPIPE): nothing more is relayed.
@@ -136,6 +138,7 @@ impl Stream {
             fd,
             sink,
             report: StreamReport::default(),
+            digest: sha2::Digest::new(),
             captured: Vec::new(),
             inert: matches!(sink, Sink::StdoutInert | Sink::StderrInert)
                 .then(crate::term::Inert::default),
@@ -199,6 +202,7 @@ impl Stream {
                     self.report.truncated = true;
                 }
                 if keep > 0 {
+                    sha2::Digest::update(&mut self.digest, &buf[..keep]);
                     self.deliver(&buf[..keep]);
                 }
                 self.report.bytes += n as u64;
@@ -210,6 +214,17 @@ impl Stream {
                 self.end();
                 false
             }
+        }
+    }
+}
+
+impl Stream {
+    /// The report of the stream so far, with the digest of what passed through.
+    pub(crate) fn report(&self) -> StreamReport {
+        let digest = sha2::Digest::finalize(self.digest.clone());
+        StreamReport {
+            sha256: Some(format!("sha256:{}", agentjail_manifest::hex(&digest))),
+            ..self.report.clone()
         }
     }
 }

@@ -341,8 +341,8 @@ pub fn run_on(
         wall,
         &vm.manifest.limits,
     );
-    report.stdout = out.report;
-    report.stderr = err.report;
+    report.stdout = out.report();
+    report.stderr = err.report();
     let output_full = st
         .output
         .as_ref()

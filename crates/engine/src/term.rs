@@ -91,13 +91,19 @@ impl Inert {
     /// The end of the stream: what is held is given out, an incomplete character is shown
     /// escaped, and a line left open is closed.
     pub fn finish(&mut self, out: &mut Vec<u8>) {
+        self.finish_open(out);
+        if !self.line_closed {
+            self.emit(b"\n", out);
+        }
+    }
+
+    /// The end of the text, like [`Inert::finish`] but leaving a line open as it is: for text
+    /// shown as a value of its own (a run record's excerpt), not followed by agentjail's line.
+    pub fn finish_open(&mut self, out: &mut Vec<u8>) {
         for b in std::mem::take(&mut self.pending) {
             self.escaped(&format!("\\x{b:02x}"), out);
         }
         self.release(out);
-        if !self.line_closed {
-            self.emit(b"\n", out);
-        }
     }
 
     fn text(&mut self, s: &str, out: &mut Vec<u8>) {

@@ -137,12 +137,18 @@ pub struct OutputReport {
 }
 
 /// A stream of the command (stdout or stderr) as passed through.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct StreamReport {
     /// Bytes the command wrote.
     pub bytes: u64,
     /// True when more than the pass-through bound was written and the rest was dropped.
     pub truncated: bool,
+    /// `sha256:<hex>` of the bytes passed through (the first `min(bytes, 1 MiB)`, exactly as
+    /// the command wrote them, before any terminal filter): what a log of the stream holds,
+    /// so that the receipt, which carries it, attests the output an agent was shown. Absent
+    /// when the command never started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 /// One connection the egress gateway let through. Never payload, headers or credentials.

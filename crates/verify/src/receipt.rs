@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use agentjail_manifest::Limits;
 use agentjail_manifest::report::{
-    Denial, Isolation, OutputError, OutputFile, RejectedFile, RunReport, Status,
+    Denial, Isolation, OutputError, OutputFile, RejectedFile, RunReport, Status, StreamReport,
 };
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE};
@@ -86,6 +86,19 @@ pub enum ReceiptError {
         path: PathBuf,
         #[source]
         source: std::io::Error,
+    },
+    #[error(
+        "the receipt carries no digest of the command's {stream} (the command never started, or an older agentjail signed it)"
+    )]
+    NoStreamDigest { stream: &'static str },
+    #[error(
+        "{stream} log {name} does not match the receipt: sha256 {found}, the receipt says {signed}"
+    )]
+    StreamMismatch {
+        stream: &'static str,
+        name: String,
+        found: String,
+        signed: String,
     },
     #[error("output file {name} has no sha256:<hex> digest")]
     BadSubjectDigest { name: String },
@@ -197,6 +210,14 @@ pub struct RunPredicate {
     pub output_errors: Vec<OutputError>,
     /// RFC 3339, UTC.
     pub started_at: String,
+    /// The command's stdout as passed through: its byte count and the sha256 of what a log of
+    /// it holds (absent in receipts of runs whose command never started, and of versions
+    /// before 0.1.0's stream attestation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout: Option<StreamReport>,
+    /// The command's stderr, likewise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<StreamReport>,
 }
 
 /// A receipt that verified.
@@ -473,8 +494,61 @@ pub fn statement(
             output_rejected: report.output.rejected.clone(),
             output_errors: report.output.errors.clone(),
             started_at: report.started_at.clone(),
+            stdout: report
+                .stdout
+                .sha256
+                .is_some()
+                .then(|| report.stdout.clone()),
+            stderr: report
+                .stderr
+                .sha256
+                .is_some()
+                .then(|| report.stderr.clone()),
         },
     })
+}
+
+/// Which stream of the command a log is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamName {
+    Stdout,
+    Stderr,
+}
+
+impl StreamName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamName::Stdout => "stdout",
+            StreamName::Stderr => "stderr",
+        }
+    }
+}
+
+/// Checks a log of one of the command's streams (its bytes' sha256, `log`) against the digest
+/// a verified receipt's predicate carries for that stream.
+pub fn check_stream(
+    statement: &Statement,
+    which: StreamName,
+    log: &Artifact,
+) -> Result<(), ReceiptError> {
+    let s = match which {
+        StreamName::Stdout => statement.predicate.stdout.as_ref(),
+        StreamName::Stderr => statement.predicate.stderr.as_ref(),
+    };
+    let signed = s
+        .and_then(|s| s.sha256.as_deref())
+        .ok_or(ReceiptError::NoStreamDigest {
+            stream: which.as_str(),
+        })?;
+    if signed.strip_prefix("sha256:") != Some(log.sha256.as_str()) {
+        return Err(ReceiptError::StreamMismatch {
+            stream: which.as_str(),
+            name: printable(&log.name, 200),
+            found: log.sha256.clone(),
+            signed: signed.to_string(),
+        });
+    }
+    Ok(())
 }
 
 /// Signs the statement of a run (see [`statement`]) into a DSSE envelope.

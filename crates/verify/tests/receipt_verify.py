@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Verify an agentjail run receipt without agentjail.
 
-Usage: receipt_verify.py RECEIPT PUBKEY_PEM [ARTIFACT...]
+Usage: receipt_verify.py RECEIPT PUBKEY_PEM [ARTIFACT...] [--stdout LOG] [--stderr LOG]
 
 Checks, with nothing but the `cryptography` package:
   1. the DSSE envelope's payloadType is application/vnd.in-toto+json;
@@ -10,7 +10,9 @@ Checks, with nothing but the `cryptography` package:
   3. the payload is an in-toto Statement v1 with predicateType
      https://agentjail.dev/attestation/run/v1;
   4. each ARTIFACT's sha256 equals the digest of the subject with the same name (the subject's
-     full name, or its last path component).
+     full name, or its last path component);
+  5. a LOG of the command's stdout or stderr hashes to the `sha256` the predicate carries for
+     that stream (`predicate.stdout.sha256`, `predicate.stderr.sha256`).
 Prints the verified subjects and the run's status; exits 1 with a one-line reason otherwise.
 """
 
@@ -52,7 +54,16 @@ def main(argv):
     if len(argv) < 3:
         print(__doc__, file=sys.stderr)
         return 2
-    receipt_path, pubkey_path, artifacts = argv[1], argv[2], argv[3:]
+    receipt_path, pubkey_path, rest = argv[1], argv[2], argv[3:]
+    artifacts, logs = [], []
+    while rest:
+        a = rest.pop(0)
+        if a in ("--stdout", "--stderr"):
+            if not rest:
+                fail(a + " needs a file")
+            logs.append((a[2:], rest.pop(0)))
+        else:
+            artifacts.append(a)
 
     with open(receipt_path, "rb") as f:
         envelope = json.load(f)
@@ -96,6 +107,17 @@ def main(argv):
             fail("artifact %s does not match the receipt" % path)
 
     pred = statement["predicate"]
+    for stream, path in logs:
+        signed = (pred.get(stream) or {}).get("sha256")
+        if not signed or not signed.startswith("sha256:"):
+            fail("the receipt carries no digest of the command's " + stream)
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 16), b""):
+                h.update(chunk)
+        if "sha256:" + h.hexdigest() != signed.lower():
+            fail("%s log %s does not match the receipt" % (stream, path))
+
     print("receipt verified: status=%s exit_code=%s subjects=%s" % (
         pred.get("status"), pred.get("exit_code"),
         ",".join(s["name"] for s in subjects)))

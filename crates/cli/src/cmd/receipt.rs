@@ -20,6 +20,13 @@ pub enum ReceiptCmd {
         /// An artifact to check against the receipt's subjects (repeatable).
         #[arg(long = "artifact", value_name = "FILE")]
         artifacts: Vec<PathBuf>,
+        /// A log of the command's stdout (the service's `GET /v1/runs/{id}/logs?stream=stdout`,
+        /// or what `agentjail run` printed): checked against the sha256 the receipt carries.
+        #[arg(long, value_name = "FILE")]
+        stdout: Option<PathBuf>,
+        /// A log of the command's stderr, likewise.
+        #[arg(long, value_name = "FILE")]
+        stderr: Option<PathBuf>,
         /// Public key (PEM); default: the key in the user's data directory.
         #[arg(long, value_name = "FILE")]
         pubkey: Option<PathBuf>,
@@ -51,12 +58,15 @@ pub fn dispatch(c: ReceiptCmd) -> Result<u8, String> {
         ReceiptCmd::Verify {
             receipt,
             artifacts,
+            stdout,
+            stderr,
             pubkey,
             accept_partial,
             accept_degraded,
         } => verify(
             &receipt,
             &artifacts,
+            [stdout, stderr],
             pubkey.as_deref(),
             Accept {
                 partial: accept_partial,
@@ -109,6 +119,7 @@ struct Accept {
 fn verify(
     receipt: &Path,
     artifacts: &[PathBuf],
+    logs: [Option<PathBuf>; 2],
     pubkey: Option<&Path>,
     accept: Accept,
 ) -> Result<u8, String> {
@@ -121,11 +132,40 @@ fn verify(
         .iter()
         .map(|p| agentjail_verify::receipt::Artifact::from_path(p).map_err(|e| e.to_string()))
         .collect::<Result<_, _>>()?;
-    use agentjail_verify::receipt::VerifiedAny;
-    match agentjail_verify::receipt::verify_any(&env, pem.as_deref(), &arts) {
+    use agentjail_verify::receipt::{StreamName, VerifiedAny};
+    let logs: Vec<(StreamName, agentjail_verify::receipt::Artifact)> =
+        [StreamName::Stdout, StreamName::Stderr]
+            .into_iter()
+            .zip(logs)
+            .filter_map(|(n, p)| p.map(|p| (n, p)))
+            .map(|(n, p)| {
+                agentjail_verify::receipt::Artifact::from_path(&p)
+                    .map(|a| (n, a))
+                    .map_err(|e| e.to_string())
+            })
+            .collect::<Result<_, _>>()?;
+    let verified = agentjail_verify::receipt::verify_any(&env, pem.as_deref(), &arts);
+    if let Ok(VerifiedAny::Run(v)) = &verified {
+        for (which, log) in &logs {
+            if let Err(e) = agentjail_verify::receipt::check_stream(&v.statement, *which, log) {
+                errln!("agentjail: receipt verification failed: {e}");
+                return Ok(1);
+            }
+        }
+    } else if !logs.is_empty() && verified.is_ok() {
+        errln!(
+            "agentjail: receipt verification failed: a self-test attestation carries no stream digests (--stdout/--stderr)"
+        );
+        return Ok(1);
+    }
+    match verified {
         Ok(VerifiedAny::Run(v)) => {
+            let streams = match logs.len() {
+                0 => String::new(),
+                n => format!("; {n} stream log(s) match"),
+            };
             outln!(
-                "receipt OK: signed by key {}; status {}; {} subject(s); {} artifact(s) match",
+                "receipt OK: signed by key {}; status {}; {} subject(s); {} artifact(s) match{streams}",
                 v.keyid,
                 serde_json::to_value(v.statement.predicate.status)
                     .ok()

@@ -120,6 +120,10 @@ pub fn report_setup_error(path: Option<&Path>, limits: Limits, msg: &str) {
 
 pub fn run(a: RunArgs) -> Result<u8, String> {
     agentjail_engine::timing::mark("run: arguments parsed");
+    if a.job_dir.is_some() || a.results_on_lifeline {
+        // The service's runner: stderr carries the sandbox's bytes only (crate::out).
+        crate::out::own_stderr_off();
+    }
     if let Some(d) = &a.job_dir {
         // Before anything is read or written: the relative --report, --receipt and
         // --output-dir, and the sources' base folder, are the job folder's. On failure no

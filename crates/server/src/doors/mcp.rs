@@ -28,7 +28,6 @@ pub use catalogue::{
     ERROR_META_KEY, GET_RUN, MAX_DESCRIPTION, META_KEY, UPLOAD_INPUT, output_shape, probe_runtimes,
     runtime_line, task_description, task_input_schema, task_output_schema,
 };
-pub use results::{MIN_REDACTED_LEN, REDACTED, STDERR_TAIL_LINES, tail_text};
 pub use roots::{InputRoot, read_beneath};
 pub use server::McpServer;
 pub(crate) use transport::http_router;

@@ -3,6 +3,8 @@
 //! - [`runner`]: admission into this node's run slots, the job folder, spawning the
 //!   `agentjail run` process and the lifeline protocol with it, collecting and verifying its
 //!   outputs, and the lease and fencing checks around finishing a run; the retention sweeper.
+//! - [`streams`]: what a finished run's record shows of the command's stdout and stderr (head
+//!   and tail within the task's budget, sanitised, secrets redacted), from the job folder's logs.
 //! - [`fleet`]: the executor of a PostgreSQL deployment: claims queued runs, renews their
 //!   leases, expires those of lost nodes, and reports this node's status.
 //!
@@ -11,3 +13,4 @@
 
 pub mod fleet;
 pub mod runner;
+pub mod streams;

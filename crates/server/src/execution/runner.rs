@@ -408,9 +408,10 @@ struct Started {
 }
 
 /// Most of each of the runner's streams kept in its log: the runner passes at most
-/// [`agentjail_engine::STREAM_LIMIT`] of the command's stdout and of its stderr through, plus
-/// its own few messages.
-const LOG_LIMIT: u64 = agentjail_engine::STREAM_LIMIT + 64 * 1024;
+/// [`agentjail_engine::STREAM_LIMIT`] of the command's stdout and of its stderr through, and
+/// writes nothing of its own there (`run --lifeline`), so the logs hold exactly the bytes
+/// whose digests the report and the receipt carry ([`super::streams`]).
+const LOG_LIMIT: u64 = agentjail_engine::STREAM_LIMIT;
 
 /// How long the logs may take to reach end-of-file once the runner has exited (its sandbox
 /// died with it, so normally at once).
@@ -1208,6 +1209,13 @@ pub async fn execute(
         Some((bytes, sha)) => (Some(bytes), Some(sha)),
         None => (None, None),
     };
+    let streams = outcome
+        .report
+        .as_deref()
+        .and_then(|r| serde_json::from_str::<agentjail_manifest::report::RunReport>(r).ok())
+        .filter(|r| r.stdout.sha256.is_some() || r.stderr.sha256.is_some())
+        .map(|r| super::streams::record(&job_dir(&state, &job.job_id), &task, &r.stdout, &r.stderr))
+        .and_then(|s| serde_json::to_string(&s).ok());
     let ev = Event {
         event: "run_end",
         status: Some(outcome.status.into()),
@@ -1225,6 +1233,7 @@ pub async fn execute(
         receipt: outcome.receipt,
         artifact,
         artifact_sha256: sha,
+        streams,
     };
     match record_end(&state, &job, f, ev).await {
         Ok(()) => {}
@@ -1620,6 +1629,7 @@ mod tests {
             outputs_deleted: false,
             args: "[]".into(),
             manifest_digest: None,
+            streams: None,
         };
         let input = InputRow {
             id: "in_old".into(),

@@ -53,6 +53,10 @@ const MIGRATIONS: &[&str] = &[
     // 3: the digest of the run's manifest as the first attempt built it (`runner::manifest_digest`),
     // so that a retry that would build a different one is refused. NULL: recorded before.
     "ALTER TABLE runs ADD COLUMN manifest_digest TEXT;",
+    // 4: what the record shows of the command's stdout and stderr (JSON,
+    // `execution::streams::Streams`), written when the run ends; NULL before, or for a run
+    // whose command never started, and again once retention deleted the outputs.
+    "ALTER TABLE runs ADD COLUMN streams TEXT;",
 ];
 
 /// Shared handle to the database.
@@ -109,6 +113,9 @@ pub struct RunRow {
     pub args: String,
     /// `runner::manifest_digest` of the first attempt (None: recorded by an older version).
     pub manifest_digest: Option<String>,
+    /// What the record shows of the command's streams (JSON, `execution::streams::Streams`):
+    /// written by the run's end only (an insert ignores it), read by [`get_run`].
+    pub streams: Option<String>,
 }
 
 /// Outcome of trying to record a new run.
@@ -161,6 +168,8 @@ fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
         outputs_deleted: r.get::<_, i64>(19)? != 0,
         args: r.get(20)?,
         manifest_digest: r.get(21)?,
+        // Only where the query selected it (`SELECT {RUN_COLS}, streams`).
+        streams: r.get("streams").unwrap_or(None),
     })
 }
 
@@ -266,7 +275,7 @@ pub fn insert_run(c: &mut Connection, row: &RunRow) -> Result<Insert, DbError> {
 fn get_run_tx(c: &Connection, tenant: &str, request_id: &str) -> Result<Option<RunRow>, DbError> {
     // Cached: the statement is parsed once, not at every request (docs/performance.md, #15).
     Ok(c.prepare_cached(&format!(
-        "SELECT {RUN_COLS} FROM runs WHERE tenant = ?1 AND request_id = ?2"
+        "SELECT {RUN_COLS}, streams FROM runs WHERE tenant = ?1 AND request_id = ?2"
     ))?
     .query_row(params![tenant, request_id], run_from_row)
     .optional()?)
@@ -306,15 +315,16 @@ pub struct Finish<'a> {
     pub receipt: Option<&'a str>,
     pub artifact: Option<&'a [u8]>,
     pub artifact_sha256: Option<&'a str>,
+    pub streams: Option<&'a str>,
 }
 
 /// Records the end of a run (only from `queued`/`running`: a finished record never changes).
 pub fn finish_run(c: &Connection, f: &Finish<'_>) -> Result<(), DbError> {
     c.prepare_cached(
-        "UPDATE runs SET status = ?2, reason = ?3, finished_at = ?4, report = ?5, receipt = ?6, artifact = ?7, artifact_sha256 = ?8
+        "UPDATE runs SET status = ?2, reason = ?3, finished_at = ?4, report = ?5, receipt = ?6, artifact = ?7, artifact_sha256 = ?8, streams = ?9
          WHERE job_id = ?1 AND status IN ('queued', 'running')",
     )?
-    .execute(params![f.job_id, f.status, f.reason, f.now, f.report, f.receipt, f.artifact, f.artifact_sha256])?;
+    .execute(params![f.job_id, f.status, f.reason, f.now, f.report, f.receipt, f.artifact, f.artifact_sha256, f.streams])?;
     Ok(())
 }
 
@@ -387,7 +397,7 @@ pub fn expire_outputs(c: &mut Connection, now: i64) -> Result<Vec<String>, DbErr
         it.collect::<Result<Vec<String>, _>>()?
     };
     tx.execute(
-        &format!("UPDATE runs SET artifact = NULL, receipt = NULL, report = NULL, outputs_deleted = 1 WHERE {DUE}"),
+        &format!("UPDATE runs SET artifact = NULL, receipt = NULL, report = NULL, streams = NULL, outputs_deleted = 1 WHERE {DUE}"),
         params![now],
     )?;
     tx.commit()?;

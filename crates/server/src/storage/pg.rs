@@ -346,6 +346,8 @@ fn run_from_row(r: &Row) -> Result<RunRow, StoreError> {
         outputs_deleted: r.get(19),
         args: r.get(20),
         manifest_digest: r.get(21),
+        // Only where the query selected it (`SELECT {RUN_COLS}, streams`).
+        streams: r.try_get("streams").unwrap_or(None),
     })
 }
 
@@ -515,7 +517,9 @@ impl PgStore {
         let c = self.client().await?;
         let row = c
             .query_opt(
-                &format!("SELECT {RUN_COLS} FROM runs WHERE tenant = $1 AND request_id = $2"),
+                &format!(
+                    "SELECT {RUN_COLS}, streams FROM runs WHERE tenant = $1 AND request_id = $2"
+                ),
                 &[&tenant, &request_id],
             )
             .await
@@ -580,7 +584,7 @@ impl PgStore {
         // there first; each replica deletes the copies in its own job folders.
         let expired = c
             .query(
-                "UPDATE runs SET artifact = NULL, receipt = NULL, report = NULL, outputs_deleted = TRUE
+                "UPDATE runs SET artifact = NULL, receipt = NULL, report = NULL, streams = NULL, outputs_deleted = TRUE
                  WHERE NOT outputs_deleted AND finished_at IS NOT NULL AND outputs_expire_at <= $1
                  RETURNING job_id",
                 &[&now],
@@ -833,9 +837,9 @@ impl Store for PgStore {
                 let c = self.client().await?;
                 let status = f.status.as_str();
                 c.execute(
-                    "UPDATE runs SET status = $2, reason = $3, finished_at = $4, report = $5, receipt = $6, artifact = $7, artifact_sha256 = $8
+                    "UPDATE runs SET status = $2, reason = $3, finished_at = $4, report = $5, receipt = $6, artifact = $7, artifact_sha256 = $8, streams = $10
                      WHERE job_id = $1 AND status IN ('queued', 'running') AND node_id = $9",
-                    &[&f.job_id, &status, &f.reason, &f.now, &f.report, &f.receipt, &f.artifact, &f.artifact_sha256, &self.node],
+                    &[&f.job_id, &status, &f.reason, &f.now, &f.report, &f.receipt, &f.artifact, &f.artifact_sha256, &self.node, &f.streams],
                 )
                 .await
                 .map_err(pg_err)?;
@@ -860,7 +864,7 @@ impl Store for PgStore {
                 // The replica that retries runs the new attempt: it becomes the run's node.
                 Some((job_id, expires)) => tx
                     .execute(
-                        "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = EXTRACT(EPOCH FROM clock_timestamp())::bigint + $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL, node_id = $5
+                        "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = EXTRACT(EPOCH FROM clock_timestamp())::bigint + $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL, streams = NULL, node_id = $5
                          WHERE tenant = $1 AND request_id = $2 AND status = 'unknown'",
                         &[&t, &r, &job_id, &(expires - crate::util::now()), &self.node],
                     )
@@ -1370,9 +1374,9 @@ impl PgStore {
                 let status = f.status.as_str();
                 let n = tx
                     .execute(
-                        "UPDATE runs SET status = $2, reason = $3, finished_at = $4, report = $5, receipt = $6, artifact = $7, artifact_sha256 = $8, spec = NULL
+                        "UPDATE runs SET status = $2, reason = $3, finished_at = $4, report = $5, receipt = $6, artifact = $7, artifact_sha256 = $8, spec = NULL, streams = $10
                          WHERE job_id = $1 AND fence = $9 AND lease_expires_at > clock_timestamp() AND status IN ('queued', 'running')",
-                        &[&f.job_id, &status, &f.reason, &f.now, &f.report, &f.receipt, &f.artifact, &f.artifact_sha256, &fence],
+                        &[&f.job_id, &status, &f.reason, &f.now, &f.report, &f.receipt, &f.artifact, &f.artifact_sha256, &fence, &f.streams],
                     )
                     .await
                     .map_err(pg_err)?;
@@ -1422,7 +1426,7 @@ impl PgStore {
         let tx = read_committed(&mut c).await?;
         let n = tx
             .execute(
-                "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = EXTRACT(EPOCH FROM clock_timestamp())::bigint + $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL,
+                "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = EXTRACT(EPOCH FROM clock_timestamp())::bigint + $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL, streams = NULL,
                     owner = NULL, fence = NULL, lease_expires_at = NULL, spec = $5
                  WHERE tenant = $1 AND request_id = $2 AND status = 'unknown'",
                 // A time to live from this replica's clock, an expiry by the database's.

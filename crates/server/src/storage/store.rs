@@ -67,6 +67,8 @@ pub struct FinishRun {
     pub receipt: Option<String>,
     pub artifact: Option<Vec<u8>>,
     pub artifact_sha256: Option<String>,
+    /// `execution::streams::Streams` as JSON; None when the command never started.
+    pub streams: Option<String>,
 }
 
 impl FinishRun {
@@ -82,6 +84,7 @@ impl FinishRun {
             receipt: None,
             artifact: None,
             artifact_sha256: None,
+            streams: None,
         }
     }
 }
@@ -288,6 +291,7 @@ impl Store for SqliteStore {
                             receipt: f.receipt.as_deref(),
                             artifact: f.artifact.as_deref(),
                             artifact_sha256: f.artifact_sha256.as_deref(),
+                            streams: f.streams.as_deref(),
                         },
                     )
                 })

@@ -85,4 +85,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
     CREATE TABLE audit_heads (chain TEXT PRIMARY KEY, seq BIGINT NOT NULL, hash TEXT NOT NULL);
     INSERT INTO audit_heads (chain, seq, hash)
         SELECT '', seq, hash FROM audit_log ORDER BY seq DESC LIMIT 1;",
+    // 4: what the record shows of the command's stdout and stderr (JSON,
+    // `execution::streams::Streams`), written when the run ends; NULL before, for a run whose
+    // command never started, and again once retention deleted the outputs.
+    "ALTER TABLE runs ADD COLUMN streams TEXT;",
 ];
