@@ -68,10 +68,11 @@ pub fn out_bytes(bytes: &[u8]) {
 /// Our own lines on stderr are dropped ([`own_stderr_off`]).
 static OWN_STDERR_OFF: AtomicBool = AtomicBool::new(false);
 
-/// From now on [`errln!`] writes nothing. For a runner of the service (`run --lifeline`): its
-/// stderr is the sandboxed command's stderr and nothing else, because the service shows it to
-/// the caller as the sandbox's (labelled untrusted) and attests it by digest; what agentjail
-/// would say there (the summary, `degraded`, an error) is in the report the service receives.
+/// From now on [`errln!`] writes nothing. For a runner of the service (`run --lifeline`, once
+/// it holds its manifest): its stderr is the sandboxed command's stderr and nothing else,
+/// because the service shows it to the caller as the sandbox's (labelled untrusted) and
+/// attests it by digest; what agentjail would say there (the summary, `degraded`, an error) is
+/// in the report the service receives.
 pub fn own_stderr_off() {
     OWN_STDERR_OFF.store(true, Ordering::Relaxed);
 }

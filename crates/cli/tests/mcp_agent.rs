@@ -322,6 +322,17 @@ raise RuntimeError("ZZ-LAST-LINE-SENTINEL")
     assert!(tail.len() <= 2048 + 64, "{} bytes", tail.len());
     assert!(tail.lines().count() <= 40, "{} lines", tail.lines().count());
     assert!(!tail.contains("noise line 0\n"), "bounded to the tail");
+    // The sandbox's bytes only: agentjail's own summary line is not among them (issue #33).
+    assert!(!tail.contains("agentjail: run ended"), "{tail}");
+    let run_meta = &r["result"]["_meta"]["dev.agentjail/run"];
+    assert_eq!(run_meta["stderr"]["untrusted"], true, "{r}");
+    assert!(
+        run_meta["stderr"]["head"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("noise line 0\n"),
+        "the whole stderr view (head) is in the run's _meta: {r}"
+    );
 
     // Wrong shape: the schema errors come back as a list (path + message).
     let code = r#"

@@ -120,10 +120,6 @@ pub fn report_setup_error(path: Option<&Path>, limits: Limits, msg: &str) {
 
 pub fn run(a: RunArgs) -> Result<u8, String> {
     agentjail_engine::timing::mark("run: arguments parsed");
-    if a.job_dir.is_some() || a.results_on_lifeline {
-        // The service's runner: stderr carries the sandbox's bytes only (crate::out).
-        crate::out::own_stderr_off();
-    }
     if let Some(d) = &a.job_dir {
         // Before anything is read or written: the relative --report, --receipt and
         // --output-dir, and the sources' base folder, are the job folder's. On failure no
@@ -146,6 +142,10 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
             let (text, pending) = read_manifest_line().inspect_err(|e| {
                 setup_error(Limits::default(), e);
             })?;
+            // The service's runner holds its manifest: from now on its stderr carries the
+            // sandbox's bytes only (crate::out), and what it would say goes in the report. A
+            // refusal before this point (no manifest) is its one line there, with no sandbox.
+            crate::out::own_stderr_off();
             lease = a
                 .lease_until
                 .map(|until_ns| agentjail_engine::lifeline::LeaseStart { until_ns, pending });
