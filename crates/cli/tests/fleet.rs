@@ -162,6 +162,19 @@ fn two_workers_execute_each_run_once() {
     for i in 0..n {
         let v = wait_final(&api, &format!("r-{i}"));
         assert_eq!(v["status"], "ok", "{v}");
+        // What the worker's sandbox printed reaches the record that the API replica serves
+        // (issue #33): counted and digested; a fixed program shows none of it by default.
+        assert_eq!(v["stdout"]["bytes"], 4, "{v}");
+        assert_eq!(
+            v["stdout"]["sha256"],
+            format!("sha256:{}", sha256_hex("ran\n")),
+            "{v}"
+        );
+        assert_eq!(
+            (&v["stdout"]["head"], &v["stdout"]["omitted_bytes"]),
+            (&json!(""), &json!(4)),
+            "{v}"
+        );
         assert_eq!(pg.audited("run_start", &format!("r-{i}")), "1");
         assert_eq!(pg.audited("run_end", &format!("r-{i}")), "1");
     }
