@@ -8,13 +8,14 @@
 //! and nothing here knows a transport.
 //!
 //! The parts, each a file under `service/`: [`failure`], [`startup`], [`auth`], [`inputs`],
-//! [`runs`], [`reconcile`] and [`catalogue`]. This file only names them and what the front
+//! [`runs`], [`listing`], [`reconcile`] and [`catalogue`]. This file only names them and what the front
 //! doors use; none of them uses it.
 
 mod auth;
 mod catalogue;
 mod failure;
 mod inputs;
+mod listing;
 mod reconcile;
 mod runs;
 mod startup;
@@ -26,6 +27,8 @@ pub use catalogue::{TaskInputView, TaskView};
 pub use failure::Failure;
 pub use inputs::InputCreated;
 pub(crate) use inputs::upload;
+pub(crate) use listing::list;
+pub use listing::{ListQuery, RunList, RunSummary};
 pub use reconcile::ReconcileAction;
 pub(crate) use reconcile::reconcile;
 pub use runs::{Artifact, ArtifactView, RunInput, RunView};

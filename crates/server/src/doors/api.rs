@@ -30,8 +30,8 @@ use crate::policy::{
 };
 use crate::service::{self, Failure, Refusal, deny};
 pub use crate::service::{
-    ArtifactView, Caller, InputCreated, ReconcileAction, RunInput, RunRequest, RunView,
-    TaskInputView, TaskView,
+    ArtifactView, Caller, InputCreated, ListQuery, ReconcileAction, RunInput, RunList, RunRequest,
+    RunSummary, RunView, TaskInputView, TaskView,
 };
 use crate::storage::db::RunRow;
 
@@ -500,6 +500,35 @@ fn one_line(s: &str) -> String {
     s.replace(['\n', '\r'], " ").chars().take(300).collect()
 }
 
+/// The runs of the caller's tenant (an operator: every tenant's), newest first, a page at a time.
+#[utoipa::path(
+    get,
+    path = "/v1/runs",
+    tag = "runs",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "One page of runs", body = RunList),
+        (status = 400, description = "A filter or cursor that is not valid", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Unauthenticated", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+async fn list_runs(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<RunList>, ApiError> {
+    let q = match query {
+        Ok(Query(q)) => q,
+        Err(e) => {
+            let ev = caller.event("run_list");
+            let r = Refusal::Malformed(one_line(&e.body_text()));
+            return Err(deny(&state, &caller, ev, r).await.into());
+        }
+    };
+    Ok(Json(service::list(&state, &caller, &q).await?))
+}
+
 /// The run record of the caller's tenant.
 #[utoipa::path(
     get,
@@ -758,7 +787,7 @@ fn build(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::OpenAp
         .routes(routes!(create_input))
         .layer(DefaultBodyLimit::max(max_input));
     let runs = OpenApiRouter::new()
-        .routes(routes!(create_run))
+        .routes(routes!(create_run, list_runs))
         .routes(routes!(get_run))
         .routes(routes!(get_artifact))
         .routes(routes!(get_receipt))

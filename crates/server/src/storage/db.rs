@@ -56,7 +56,9 @@ const MIGRATIONS: &[&str] = &[
     // 4: what the record shows of the command's stdout and stderr (JSON,
     // `execution::streams::Streams`), written when the run ends; NULL before, or for a run
     // whose command never started, and again once retention deleted the outputs.
-    "ALTER TABLE runs ADD COLUMN streams TEXT;",
+    "ALTER TABLE runs ADD COLUMN streams TEXT;
+    CREATE INDEX runs_tenant_created ON runs(tenant, created_at);
+    CREATE INDEX runs_created ON runs(created_at);",
 ];
 
 /// Shared handle to the database.
@@ -284,6 +286,45 @@ fn get_run_tx(c: &Connection, tenant: &str, request_id: &str) -> Result<Option<R
 /// The run `request_id` of `tenant`.
 pub fn get_run(c: &Connection, tenant: &str, request_id: &str) -> Result<Option<RunRow>, DbError> {
     get_run_tx(c, tenant, request_id)
+}
+
+/// The runs `f` selects (`GET /v1/runs`), newest first.
+pub fn list_runs(
+    c: &Connection,
+    f: &super::store::RunFilter,
+) -> Result<Vec<super::store::RunListRow>, DbError> {
+    let (at, tenant, rid) = match &f.after {
+        Some((a, t, r)) => (Some(*a), Some(t.as_str()), Some(r.as_str())),
+        None => (None, None, None),
+    };
+    let mut st = c.prepare_cached(super::store::LIST_RUNS_SQL)?;
+    let rows = st.query_map(
+        params![
+            f.tenant,
+            f.status,
+            f.task,
+            f.created_from,
+            f.created_to,
+            at,
+            tenant,
+            rid,
+            f.limit
+        ],
+        |r| {
+            Ok(super::store::RunListRow {
+                tenant: r.get(0)?,
+                request_id: r.get(1)?,
+                task: r.get(2)?,
+                actor: r.get(3)?,
+                status: r.get(4)?,
+                reason: r.get(5)?,
+                created_at: r.get(6)?,
+                started_at: r.get(7)?,
+                finished_at: r.get(8)?,
+            })
+        },
+    )?;
+    Ok(rows.collect::<Result<Vec<_>, _>>()?)
 }
 
 /// Marks a queued run as running; false if it was not queued any more.

@@ -43,8 +43,8 @@ use crate::run_state::RunState;
 use crate::storage::audit::{self, AuditError, Event};
 use crate::storage::db::{InputRow, Insert, RunRow};
 use crate::storage::store::{
-    FinishRun, InFlight, RetentionFiles, Store, StoreError, StoreFuture, Swept,
-    UNKNOWN_AT_START_UP, WriteObject,
+    FinishRun, InFlight, RetentionFiles, RunFilter, RunListRow, Store, StoreError, StoreFuture,
+    Swept, UNKNOWN_AT_START_UP, WriteObject,
 };
 
 mod migrations;
@@ -774,6 +774,65 @@ impl Store for PgStore {
     fn get_run(&self, tenant: &str, request_id: &str) -> StoreFuture<'_, Option<RunRow>> {
         let (t, r) = (tenant.to_string(), request_id.to_string());
         Box::pin(async move { self.get_run_async(&t, &r).await })
+    }
+
+    fn list_runs(&self, f: RunFilter) -> StoreFuture<'_, Vec<RunListRow>> {
+        Box::pin(async move {
+            let c = self.client().await?;
+            // The shared query with PostgreSQL's numbered parameters, each typed (a NULL
+            // parameter has no type to infer).
+            let sql = crate::storage::store::LIST_RUNS_SQL
+                .replace("?1", "$1::text")
+                .replace("?2", "$2::text")
+                .replace("?3", "$3::text")
+                .replace("?4", "$4::bigint")
+                .replace("?5", "$5::bigint")
+                .replace("?6", "$6::bigint")
+                .replace("?7", "$7::text")
+                .replace("?8", "$8::text")
+                .replace("?9", "$9::bigint");
+            let status = f.status.map(|s| s.as_str());
+            let (at, tenant, rid) = match &f.after {
+                Some((a, t, r)) => (Some(*a), Some(t.clone()), Some(r.clone())),
+                None => (None, None, None),
+            };
+            let limit = i64::from(f.limit);
+            let rows = c
+                .query(
+                    &sql,
+                    &[
+                        &f.tenant,
+                        &status,
+                        &f.task,
+                        &f.created_from,
+                        &f.created_to,
+                        &at,
+                        &tenant,
+                        &rid,
+                        &limit,
+                    ],
+                )
+                .await
+                .map_err(pg_err)?;
+            rows.iter()
+                .map(|r| {
+                    let status: String = r.get(4);
+                    Ok(RunListRow {
+                        tenant: r.get(0),
+                        request_id: r.get(1),
+                        task: r.get(2),
+                        actor: r.get(3),
+                        status: status
+                            .parse::<RunState>()
+                            .map_err(|e| StoreError::Database(format!("runs.status: {e}")))?,
+                        reason: r.get(5),
+                        created_at: r.get(6),
+                        started_at: r.get(7),
+                        finished_at: r.get(8),
+                    })
+                })
+                .collect()
+        })
     }
 
     fn insert_run(&self, row: RunRow) -> StoreFuture<'_, Insert> {

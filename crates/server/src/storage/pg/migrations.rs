@@ -88,5 +88,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // 4: what the record shows of the command's stdout and stderr (JSON,
     // `execution::streams::Streams`), written when the run ends; NULL before, for a run whose
     // command never started, and again once retention deleted the outputs.
-    "ALTER TABLE runs ADD COLUMN streams TEXT;",
+    "ALTER TABLE runs ADD COLUMN streams TEXT;
+    CREATE INDEX runs_tenant_created ON runs(tenant, created_at);
+    CREATE INDEX runs_created ON runs(created_at);",
 ];
