@@ -38,6 +38,7 @@ mod sys;
 pub mod term;
 pub mod timing;
 mod userns;
+mod weaken;
 
 pub use agentjail_manifest::ValidatedManifest;
 
@@ -45,23 +46,6 @@ pub use plan::RootImage;
 pub use supervisor::{
     Outcome, RunOptions, STREAM_LIMIT, Sink, discard_prespawned, prespawn, run, run_on,
 };
-
-/// Test-only weakening, honored in debug builds only (a release build compiles it to `false`):
-/// `AGENTJAIL_TEST_WEAKEN=seccomp` installs no seccomp filter, so that a test can show that
-/// `agentjail selftest`'s probes notice a missing layer (crates/cli/tests/escape.rs).
-pub(crate) fn test_weakened(step: &str) -> bool {
-    #[cfg(debug_assertions)]
-    {
-        std::env::var("AGENTJAIL_TEST_WEAKEN")
-            .map(|v| v.split(',').any(|s| s == step))
-            .unwrap_or(false)
-    }
-    #[cfg(not(debug_assertions))]
-    {
-        let _ = step;
-        false
-    }
-}
 
 /// Why a probe run of `/bin/true` did not succeed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
