@@ -23,6 +23,7 @@
 pub mod cgroup;
 pub mod check;
 pub mod copies;
+mod delegation;
 pub mod gvisor;
 pub mod image;
 mod inside;
