@@ -217,13 +217,13 @@ pub fn check() -> Report {
             },
         });
     }
-    let strict = crate::probe_strict_run();
+    let strict = crate::probe::probe_strict_run();
     // A strict run refused before the sandbox was built (a missing cgroup, Landlock) says
     // nothing about mounts: a run that allows what is missing proves or disproves them.
-    let refused_before_start = matches!(&strict, Err(crate::ProbeError::Refused(_)));
+    let refused_before_start = matches!(&strict, Err(crate::probe::ProbeError::Refused(_)));
     let mounts = match &strict {
         Ok(()) => Ok(()),
-        Err(_) if refused_before_start => crate::probe_run(true),
+        Err(_) if refused_before_start => crate::probe::probe_run(true),
         Err(e) => Err(e.clone()),
     };
     const MOUNTS_OK: &str =
