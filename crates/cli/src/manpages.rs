@@ -7,7 +7,7 @@ use std::path::Path;
 
 use clap::CommandFactory;
 
-use crate::Cli;
+use crate::cli::Cli;
 
 /// Prints the completion script for `shell` on stdout. A closed stdout ends it quietly, as
 /// for every subcommand (exit 141, `crate::out`).

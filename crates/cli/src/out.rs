@@ -1,6 +1,6 @@
 //! Our own lines on stdout and stderr: [`outln!`], [`out!`] and [`errln!`] instead of
 //! `println!`, `print!` and `eprintln!` (clippy's `print_stdout` and `print_stderr` are denied
-//! in this crate).
+//! in this crate), and [`print_json`] for a value as pretty JSON.
 //!
 //! Closing a pipe early is ordinary in a shell (`agentjail check | head -1`, `$(…)` in a script
 //! that exits). Rust ignores SIGPIPE, so a write to a pipe without a reader fails with EPIPE,
@@ -31,6 +31,9 @@ const FAILED: u8 = 2;
 
 /// Exit status of a command whose stdout reader left before it was written (128 + SIGPIPE).
 pub const EXIT_STDOUT_GONE: u8 = 141;
+
+/// Exit status for setup and usage errors.
+pub const EXIT_SETUP: u8 = 125;
 
 fn note_stdout_error(e: &std::io::Error) {
     if e.kind() == std::io::ErrorKind::BrokenPipe {
@@ -94,7 +97,7 @@ pub fn exit_code(code: u8) -> u8 {
     match STDOUT.load(Ordering::Relaxed) {
         FINE => code,
         GONE => EXIT_STDOUT_GONE,
-        _ => crate::EXIT_SETUP,
+        _ => EXIT_SETUP,
     }
 }
 
@@ -120,6 +123,12 @@ macro_rules! errln {
     ($($arg:tt)*) => {
         $crate::out::err(format_args!("{}\n", format_args!($($arg)*)))
     };
+}
+
+/// Prints `v` as pretty JSON and a newline on stdout.
+pub fn print_json<T: serde::Serialize>(v: &T) {
+    let s = serde_json::to_string_pretty(v).unwrap_or_default();
+    outln!("{s}");
 }
 
 /// std's panic message when `println!`/`eprintln!` fail: "failed printing to stdout: …".

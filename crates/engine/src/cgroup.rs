@@ -597,9 +597,9 @@ impl Cgroup {
         fs::create_dir(&dir).map_err(|source| CgroupError::Mkdir {
             path: dir.clone(),
             hint: if source.kind() == io::ErrorKind::PermissionDenied {
-                // `systemd-run` is named only where it works (`check::Delegation`); `agentjail
-                // check` names the fix for any other host.
-                if crate::check::Delegation::probe(rustix::process::geteuid().as_raw())
+                // `systemd-run` is named only where it works (`delegation::Delegation`);
+                // `agentjail check` names the fix for any other host.
+                if crate::delegation::Delegation::probe(rustix::process::geteuid().as_raw())
                     .systemd_run_works()
                 {
                     " (this user holds no delegated cgroup here: run under `systemd-run --user --scope -p Delegate=yes`, or as root)"

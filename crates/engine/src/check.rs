@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use crate::cgroup;
+pub use crate::delegation::Delegation;
 use crate::sys::{self, Cloned};
 use crate::userns::restrictions_line;
 pub use crate::userns::{APPARMOR_FIX, UsernsRestriction, userns_hint_for, userns_restrictions};
@@ -30,36 +31,6 @@ pub struct Report {
 
 /// The end of the engine's refusal message, addressed to someone who has not run `check` yet.
 const RUN_HINT: &str = "; hint: `agentjail check` explains";
-
-/// What a host offers for giving an ordinary user a cgroup of its own, so that the fix `check`
-/// proposes is one that works there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Delegation {
-    /// systemd is PID 1 (`sd_booted()`: /run/systemd/system exists).
-    pub systemd: bool,
-    /// A systemd user manager runs for the uid (its private socket exists): `systemd-run
-    /// --user` has someone to ask.
-    pub user_manager: bool,
-    /// cgroup v2 alone is mounted at /sys/fs/cgroup; else v1 or the hybrid layout, where
-    /// systemd delegates nothing to users.
-    pub unified: bool,
-}
-
-impl Delegation {
-    pub fn probe(uid: u32) -> Delegation {
-        use std::path::Path;
-        Delegation {
-            systemd: Path::new("/run/systemd/system").is_dir(),
-            user_manager: Path::new(&format!("/run/user/{uid}/systemd/private")).exists(),
-            unified: Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
-        }
-    }
-
-    /// Whether `systemd-run --user --scope -p Delegate=yes` gives the user a cgroup here.
-    pub fn systemd_run_works(self) -> bool {
-        self.systemd && self.user_manager && self.unified
-    }
-}
 
 /// The fix for an ordinary user without a cgroup, fitted to the host.
 fn cgroup_fix(d: Delegation, uid: u32) -> String {
@@ -246,13 +217,13 @@ pub fn check() -> Report {
             },
         });
     }
-    let strict = crate::probe_strict_run();
+    let strict = crate::probe::probe_strict_run();
     // A strict run refused before the sandbox was built (a missing cgroup, Landlock) says
     // nothing about mounts: a run that allows what is missing proves or disproves them.
-    let refused_before_start = matches!(&strict, Err(crate::ProbeError::Refused(_)));
+    let refused_before_start = matches!(&strict, Err(crate::probe::ProbeError::Refused(_)));
     let mounts = match &strict {
         Ok(()) => Ok(()),
-        Err(_) if refused_before_start => crate::probe_run(true),
+        Err(_) if refused_before_start => crate::probe::probe_run(true),
         Err(e) => Err(e.clone()),
     };
     const MOUNTS_OK: &str =

@@ -23,6 +23,7 @@
 pub mod cgroup;
 pub mod check;
 pub mod copies;
+mod delegation;
 pub mod gvisor;
 pub mod image;
 mod inside;
@@ -30,6 +31,7 @@ pub mod landlock_policy;
 pub mod lifeline;
 mod outcome;
 pub mod plan;
+mod probe;
 mod root_sys;
 pub mod seccomp;
 mod step;
@@ -38,79 +40,12 @@ mod sys;
 pub mod term;
 pub mod timing;
 mod userns;
+mod weaken;
 
 pub use agentjail_manifest::ValidatedManifest;
 
 pub use plan::RootImage;
+pub use probe::{ProbeError, probe_run, probe_strict_run};
 pub use supervisor::{
     Outcome, RunOptions, STREAM_LIMIT, Sink, discard_prespawned, prespawn, run, run_on,
 };
-
-/// Test-only weakening, honored in debug builds only (a release build compiles it to `false`):
-/// `AGENTJAIL_TEST_WEAKEN=seccomp` installs no seccomp filter, so that a test can show that
-/// `agentjail selftest`'s probes notice a missing layer (crates/cli/tests/escape.rs).
-pub(crate) fn test_weakened(step: &str) -> bool {
-    #[cfg(debug_assertions)]
-    {
-        std::env::var("AGENTJAIL_TEST_WEAKEN")
-            .map(|v| v.split(',').any(|s| s == step))
-            .unwrap_or(false)
-    }
-    #[cfg(not(debug_assertions))]
-    {
-        let _ = step;
-        false
-    }
-}
-
-/// Why a probe run of `/bin/true` did not succeed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ProbeError {
-    /// The probe's own manifest did not validate (a bug of ours, or of this host's paths).
-    #[error("{0}")]
-    Manifest(String),
-    /// Refused before the sandbox was built, for want of a protection (a missing cgroup,
-    /// Landlock): the report's reason, `refusing to run without: …`.
-    #[error("{0}")]
-    Refused(String),
-    /// The run started and failed: the report's reason, or its status.
-    #[error("{0}")]
-    Failed(String),
-}
-
-/// Runs `/bin/true` with every protection required; `Err` says why that is not possible here.
-pub fn probe_strict_run() -> Result<(), ProbeError> {
-    probe_run(false)
-}
-
-/// Runs `/bin/true`, with `allow_degraded` as `--allow-degraded` would; `Err` says why it failed.
-pub fn probe_run(allow_degraded: bool) -> Result<(), ProbeError> {
-    let vm = agentjail_manifest::Manifest::for_command(vec!["/bin/true".into()])
-        .validate(
-            &agentjail_manifest::SourcePolicy {
-                base_dir: "/".into(),
-                roots: None,
-            },
-            jiff::Timestamp::now(),
-        )
-        .map_err(|e| ProbeError::Manifest(e.to_string()))?;
-    let opts = RunOptions {
-        allow_degraded,
-        stdout: Sink::Capture,
-        stderr: Sink::Capture,
-        egress_dns: Vec::new(),
-        lifeline: None,
-        lease: None,
-    };
-    let out = run(&vm, &opts, None);
-    match out.report.status {
-        agentjail_manifest::report::Status::Ok => Ok(()),
-        s => match out.report.error {
-            Some(e) if e.starts_with(supervisor::REFUSAL_PREFIX) => Err(ProbeError::Refused(e)),
-            Some(e) => Err(ProbeError::Failed(e)),
-            None => Err(ProbeError::Failed(format!(
-                "/bin/true ended with status {s:?}"
-            ))),
-        },
-    }
-}

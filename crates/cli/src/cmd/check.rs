@@ -1,6 +1,6 @@
 //! `agentjail check`: which protections this host offers to this user.
 
-use crate::print_json;
+use crate::out::print_json;
 
 pub fn run(json: bool) -> Result<u8, String> {
     let r = agentjail_engine::check::check();

@@ -4,7 +4,7 @@ use agentjail_manifest::Manifest;
 use clap::Args;
 
 use crate::flags::ManifestFlags;
-use crate::print_json;
+use crate::out::print_json;
 
 #[derive(Args)]
 pub struct ManifestArgs {

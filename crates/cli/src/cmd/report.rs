@@ -2,7 +2,7 @@
 
 use agentjail_manifest::report::RunReport;
 
-use crate::print_json;
+use crate::out::print_json;
 
 pub fn run() -> Result<u8, String> {
     print_json(&RunReport::json_schema());

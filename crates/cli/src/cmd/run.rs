@@ -9,8 +9,8 @@ use agentjail_manifest::{Limits, Manifest, SourcePolicy};
 use clap::Args;
 
 use crate::flags::ManifestFlags;
+use crate::out::print_json;
 use crate::pipeline::{self, Delivery, SetupFailure};
-use crate::print_json;
 
 #[derive(Args)]
 pub struct RunArgs {
