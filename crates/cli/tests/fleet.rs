@@ -178,6 +178,20 @@ fn two_workers_execute_each_run_once() {
         assert_eq!(pg.audited("run_start", &format!("r-{i}")), "1");
         assert_eq!(pg.audited("run_end", &format!("r-{i}")), "1");
     }
+    // Listed by the API replica from the shared store (an operator: every tenant's).
+    let listed: Value = api.get(ALICE, "/v1/runs?status=ok&limit=4").json().unwrap();
+    assert_eq!(listed["runs"].as_array().map(Vec::len), Some(4), "{listed}");
+    let cursor = listed["next_cursor"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{listed}"));
+    let rest: Value = api
+        .get(
+            ALICE,
+            &format!("/v1/runs?status=ok&limit=4&cursor={cursor}"),
+        )
+        .json()
+        .unwrap();
+    assert_eq!(rest["runs"].as_array().map(Vec::len), Some(n - 4), "{rest}");
     let (f1, f2) = (w1.job_folders(), w2.job_folders());
     assert_eq!(
         f1.len() + f2.len(),

@@ -17,6 +17,8 @@ use std::process::Command;
 use serde_json::{Value, json};
 
 const ALICE: &str = "tok-alice-streams-4d2e91";
+const BOB: &str = "tok-bob-streams-77a1c0";
+const OPS: &str = "tok-ops-streams-1f9e3b";
 /// A secret in the task's env: the code may print it; the record must not show it.
 const SECRET: &str = "sk-stream-secret-5b7e0c2a";
 
@@ -24,18 +26,21 @@ fn config() -> String {
     format!(
         r#"
 [tenants.acme]
-{alice}
+[tenants.beta]
+{alice}{bob}{ops}
 [tasks.py]
 description = "Model-proposed Python"
 code = "allowed"
 command = ["/usr/bin/python3", "/input/code.py"]
-allowed_actors = ["alice"]
+allowed_actors = ["alice", "bob"]
 env = {{ API_KEY = "{SECRET}" }}
 stdout_bytes = 1024
 {output}[tasks.py.limits]
 seconds = 20
 "#,
         alice = actor("alice", "acme", ALICE, false),
+        bob = actor("bob", "beta", BOB, false),
+        ops = actor("ops", "acme", OPS, true),
         output = json_output("py", "o.json", 1000),
     )
 }
@@ -49,8 +54,12 @@ fn start(dir: &Path) -> (Serve, Api) {
 }
 
 fn run(api: &Api, id: &str, code: &str) -> Value {
+    run_as(api, ALICE, id, code)
+}
+
+fn run_as(api: &Api, token: &str, id: &str, code: &str) -> Value {
     let r = api.run(
-        ALICE,
+        token,
         &json!({"request_id": id, "task": "py", "code": code}),
         "?wait=true",
     );
@@ -267,4 +276,102 @@ json.dump({"ok": True}, open("/output/o.json", "w"))
     let (code, err) = py(&["--stdout".into(), p(&changed)]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("does not match"), "{err}");
+}
+
+/// `GET /v1/runs`: the caller's tenant's runs only, newest first, filtered, paged with a
+/// cursor that cannot be carried into another tenant's listing; an operator sees every
+/// tenant's; bad filters are 400 problems.
+#[test]
+fn runs_are_listed_for_the_callers_tenant_only() {
+    let dir = common::tmp();
+    let (_s, api) = start(dir.path());
+    let ok = "import json\njson.dump({}, open('/output/o.json', 'w'))\n";
+    for (i, code) in [ok, "raise SystemExit(3)", ok].iter().enumerate() {
+        let v = run_as(&api, ALICE, &format!("a-{i}"), code);
+        assert_eq!(v["finished_at"].is_string(), true, "{v}");
+        // Distinct creation seconds, so that the order is the submission order.
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+    }
+    run_as(&api, BOB, "b-0", ok);
+    let list = |token: &str, q: &str| -> (u16, Value) {
+        let r = api.get(token, &format!("/v1/runs{q}"));
+        (r.status().as_u16(), r.json().unwrap_or(Value::Null))
+    };
+    let ids = |v: &Value| -> Vec<String> {
+        v["runs"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{v}"))
+            .iter()
+            .map(|r| r["request_id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (code, v) = list(ALICE, "");
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(ids(&v), ["a-2", "a-1", "a-0"], "{v}");
+    assert!(
+        v["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["tenant"] == "acme")
+    );
+    assert!(v.get("next_cursor").is_none(), "{v}");
+    assert_eq!(v["runs"][1]["status"], "exit_nonzero", "{v}");
+    // Filters.
+    let (_, v) = list(ALICE, "?status=exit_nonzero");
+    assert_eq!(ids(&v), ["a-1"], "{v}");
+    let (_, v) = list(ALICE, "?task=nope");
+    assert_eq!(ids(&v), Vec::<String>::new(), "{v}");
+    let (_, v) = list(
+        ALICE,
+        "?created_after=2000-01-01T00:00:00Z&created_before=2000-01-02T00:00:00Z",
+    );
+    assert_eq!(ids(&v), Vec::<String>::new(), "{v}");
+    // Pages.
+    let (_, p1) = list(ALICE, "?limit=2");
+    assert_eq!(ids(&p1), ["a-2", "a-1"], "{p1}");
+    let cursor = p1["next_cursor"]
+        .as_str()
+        .expect("a next cursor")
+        .to_string();
+    let (_, p2) = list(ALICE, &format!("?limit=2&cursor={cursor}"));
+    assert_eq!(ids(&p2), ["a-0"], "{p2}");
+    assert!(p2.get("next_cursor").is_none(), "{p2}");
+    // Tenants: bob sees his only, whatever cursor he passes (alice's is only a position);
+    // only an operator names another tenant or sees every tenant's.
+    let (_, v) = list(BOB, "");
+    assert_eq!(ids(&v), ["b-0"], "{v}");
+    let (code, v) = list(BOB, &format!("?cursor={cursor}"));
+    assert_eq!((code, ids(&v)), (200, Vec::<String>::new()), "{v}");
+    let (code, v) = list(ALICE, "?tenant=beta");
+    assert_eq!(code, 403, "{v}");
+    let (_, v) = list(ALICE, "?tenant=acme");
+    assert_eq!(ids(&v), ["a-2", "a-1", "a-0"], "{v}");
+    let (_, v) = list(OPS, "");
+    assert_eq!(ids(&v), ["b-0", "a-2", "a-1", "a-0"], "{v}");
+    let (_, v) = list(OPS, "?tenant=beta");
+    assert_eq!(ids(&v), ["b-0"], "{v}");
+    // Bad filters: one-line problems, nothing listed.
+    for q in [
+        "?status=nope",
+        "?limit=0",
+        "?limit=101",
+        "?limit=x",
+        "?created_after=yesterday",
+        "?cursor=AAAA",
+        "?cursor=1.a.bb",
+        "?tenant=",
+        "?task=A",
+        "?colour=red",
+    ] {
+        let (code, v) = list(ALICE, q);
+        assert_eq!(code, 400, "{q}: {v}");
+        assert_eq!(
+            v["type"], "https://agentjail.dev/problems/invalid-request",
+            "{q}: {v}"
+        );
+        assert!(v.get("runs").is_none(), "{q}: {v}");
+    }
+    let (code, _) = list("tok-wrong", "");
+    assert_eq!(code, 401);
 }

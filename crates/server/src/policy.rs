@@ -142,6 +142,8 @@ pub enum Refusal {
     // ----- reconcile
     /// Only operators reconcile.
     NotOperator,
+    /// Only operators list another tenant's runs (or every tenant's).
+    ListOtherTenant,
     /// Only `unknown` runs are reconciled.
     NotUnknown { state: RunState },
     /// A concurrent reconcile of the run decided first (`decision`: what it did); this one
@@ -189,9 +191,8 @@ impl Refusal {
             | BadMediaType
             | Malformed(_) => "invalid-request",
             UnknownTask => "unknown-task",
-            TaskNotPermitted | CodeNotAccepted | NotOperator | TaskGone | RetryWithNetwork => {
-                "forbidden"
-            }
+            TaskNotPermitted | CodeNotAccepted | NotOperator | ListOtherTenant | TaskGone
+            | RetryWithNetwork => "forbidden",
             NoSuchInput { .. } | NoSuchRun => "not-found",
             InputCount { .. } | InputMediaType { .. } | InputTooLarge { .. } => "input-mismatch",
             RequestIdConflict => "request-id-conflict",
@@ -254,6 +255,7 @@ impl Refusal {
             ),
             NoReceipt { state } => format!("the run's status is `{state}` and it has no receipt"),
             NotOperator => "only an operator may reconcile runs".into(),
+            ListOtherTenant => "only an operator may list another tenant's runs".into(),
             NotUnknown { state } => format!(
                 "only runs with status `unknown` are reconciled; this one is `{state}`"
             ),

@@ -169,9 +169,8 @@ fn http_status(r: &Refusal) -> (StatusCode, &'static str) {
         | BadMediaType
         | Malformed(_) => (StatusCode::BAD_REQUEST, "Invalid request"),
         UnknownTask => (StatusCode::NOT_FOUND, "Unknown task"),
-        TaskNotPermitted | CodeNotAccepted | NotOperator | TaskGone | RetryWithNetwork => {
-            (StatusCode::FORBIDDEN, "Forbidden by policy")
-        }
+        TaskNotPermitted | CodeNotAccepted | NotOperator | ListOtherTenant | TaskGone
+        | RetryWithNetwork => (StatusCode::FORBIDDEN, "Forbidden by policy"),
         NoSuchInput { .. } | NoSuchRun => (StatusCode::NOT_FOUND, "Not found"),
         InputCount { .. } | InputMediaType { .. } | InputTooLarge { .. } => (
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -510,6 +509,7 @@ fn one_line(s: &str) -> String {
         (status = 200, description = "One page of runs", body = RunList),
         (status = 400, description = "A filter or cursor that is not valid", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Unauthenticated", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`tenant` names another tenant and the caller is not an operator", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]

@@ -3,7 +3,6 @@
 //! tenant's (or one, `tenant=`). Each listed run is a summary (who, what, how it stands), never
 //! its outputs: those are read one run at a time, by its request id.
 
-use base64::Engine;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -13,7 +12,7 @@ use super::inputs::ts;
 use crate::app::AppState;
 use crate::policy::{Caller, Refusal};
 use crate::run_state::RunState;
-use crate::storage::store::{RunFilter, RunListRow};
+use crate::storage::db::{RunFilter, RunListRow};
 
 /// Most runs on one page; the default page is [`DEFAULT_PAGE`].
 pub const MAX_PAGE: u32 = 100;
@@ -24,19 +23,30 @@ pub const DEFAULT_PAGE: u32 = 50;
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
-    /// Only runs with this status (`queued`, `running`, `ok`, `exit_nonzero`, …).
+    /// Only runs with this status.
+    #[param(
+        pattern = "^(queued|running|ok|exit_nonzero|signaled|timeout|memory_limit|output_rejected|setup_error|expired|unknown|abandoned|cancelled)$"
+    )]
     pub status: Option<String>,
     /// Only runs of this task.
+    #[param(pattern = "^[a-z0-9_-]{1,64}$")]
     pub task: Option<String>,
     /// Only runs created at or after this time (RFC 3339).
+    #[param(format = DateTime)]
     pub created_after: Option<String>,
     /// Only runs created before this time (RFC 3339).
+    #[param(format = DateTime)]
     pub created_before: Option<String>,
-    /// Runs per page, 1-100 (default 50).
+    /// Runs per page (default 50).
+    #[param(minimum = 1, maximum = 100)]
     pub limit: Option<u32>,
-    /// The `next_cursor` of the previous page.
+    /// The `next_cursor` of the previous page: a position in the listing's order (any
+    /// position is harmless: the tenant filter still applies).
+    #[param(pattern = "^[0-9]{1,18}\\.(?:[0-9a-f]{2}){1,64}\\.(?:[0-9a-f]{2}){1,128}$")]
     pub cursor: Option<String>,
-    /// Operators only: one tenant's runs (default: every tenant's).
+    /// Every caller may name its own tenant; only an operator another (default for an
+    /// operator: every tenant's runs).
+    #[param(pattern = "^[a-z0-9_-]{1,64}$")]
     pub tenant: Option<String>,
 }
 
@@ -83,18 +93,42 @@ fn time(field: &str, v: &Option<String>) -> Result<Option<i64>, Refusal> {
         .transpose()
 }
 
-/// The cursor of the page after `last`: base64url of `[created_at, tenant, request_id]`.
+/// The cursor of the page after `last`: `CREATED_AT.HEX(tenant).HEX(request_id)`.
 fn cursor_of(last: &RunListRow) -> String {
-    let v = serde_json::json!([last.created_at, last.tenant, last.request_id]);
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+    format!(
+        "{}.{}.{}",
+        last.created_at.max(0),
+        agentjail_manifest::hex(last.tenant.as_bytes()),
+        agentjail_manifest::hex(last.request_id.as_bytes())
+    )
 }
 
+/// A position in the listing's order, from a cursor. Any well-formed position is accepted:
+/// it only says where the page starts, and the tenant filter applies whatever it names.
 fn parse_cursor(c: &str) -> Result<(i64, String, String), Refusal> {
-    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(c)
-        .map_err(|_| bad("`cursor` is not a cursor this service gave"))?;
-    serde_json::from_slice::<(i64, String, String)>(&raw)
-        .map_err(|_| bad("`cursor` is not a cursor this service gave"))
+    let bad_cursor = || bad("`cursor` is not a cursor this service gave");
+    let unhex = |h: &str| -> Option<String> {
+        if h.is_empty() || h.len() % 2 != 0 {
+            return None;
+        }
+        let bytes: Option<Vec<u8>> = (0..h.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(h.get(i..i + 2)?, 16).ok())
+            .collect();
+        Some(String::from_utf8_lossy(&bytes?).into_owned())
+    };
+    let mut parts = c.splitn(3, '.');
+    let (Some(at), Some(t), Some(r)) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(bad_cursor());
+    };
+    if at.is_empty() || at.len() > 18 || !at.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad_cursor());
+    }
+    let at = at.parse::<i64>().map_err(|_| bad_cursor())?;
+    match (unhex(t), unhex(r)) {
+        (Some(t), Some(r)) => Ok((at, t, r)),
+        _ => Err(bad_cursor()),
+    }
 }
 
 /// The filter of a query by `caller`, checked.
@@ -107,28 +141,29 @@ fn filter(caller: &Caller, q: &ListQuery) -> Result<RunFilter, Refusal> {
                 .map_err(|_| bad("`status` is not a run status"))
         })
         .transpose()?;
-    if let Some(t) = &q.task
-        && (t.is_empty() || t.len() > 128 || !t.bytes().all(|b| b.is_ascii_graphic()))
-    {
-        return Err(bad("`task` is not a task name"));
+    // Names as the configuration has them: 1-64 of a-z 0-9 _ -.
+    let name = |n: &str| {
+        (1..=64).contains(&n.len())
+            && n.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+    };
+    if q.task.as_deref().is_some_and(|t| !name(t)) {
+        return Err(bad("`task` is not a task name (1-64 of a-z 0-9 _ -)"));
+    }
+    if q.tenant.as_deref().is_some_and(|t| !name(t)) {
+        return Err(bad("`tenant` is not a tenant name (1-64 of a-z 0-9 _ -)"));
     }
     let limit = q.limit.unwrap_or(DEFAULT_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(bad(format!("`limit` must be 1-{MAX_PAGE}")));
     }
     let tenant = match (&q.tenant, caller.operator) {
-        (Some(_), false) => return Err(bad("only an operator may name a `tenant`")),
-        (Some(t), true) => Some(t.clone()),
+        (Some(t), false) if *t != caller.tenant => return Err(Refusal::ListOtherTenant),
+        (Some(t), _) => Some(t.clone()),
         (None, true) => None,
         (None, false) => Some(caller.tenant.clone()),
     };
     let after = q.cursor.as_deref().map(parse_cursor).transpose()?;
-    // A cursor only continues a listing the caller may see.
-    if let (Some((_, t, _)), false) = (&after, caller.operator)
-        && *t != caller.tenant
-    {
-        return Err(bad("`cursor` is not a cursor this service gave"));
-    }
     Ok(RunFilter {
         tenant,
         status,

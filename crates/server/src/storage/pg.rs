@@ -41,10 +41,10 @@ use tokio_postgres::{NoTls, Row};
 
 use crate::run_state::RunState;
 use crate::storage::audit::{self, AuditError, Event};
-use crate::storage::db::{InputRow, Insert, RunRow};
+use crate::storage::db::{InputRow, Insert, RunFilter, RunListRow, RunRow};
 use crate::storage::store::{
-    FinishRun, InFlight, RetentionFiles, RunFilter, RunListRow, Store, StoreError, StoreFuture,
-    Swept, UNKNOWN_AT_START_UP, WriteObject,
+    FinishRun, InFlight, RetentionFiles, Store, StoreError, StoreFuture, Swept,
+    UNKNOWN_AT_START_UP, WriteObject,
 };
 
 mod migrations;
@@ -781,7 +781,7 @@ impl Store for PgStore {
             let c = self.client().await?;
             // The shared query with PostgreSQL's numbered parameters, each typed (a NULL
             // parameter has no type to infer).
-            let sql = crate::storage::store::LIST_RUNS_SQL
+            let sql = crate::storage::db::LIST_RUNS_SQL
                 .replace("?1", "$1::text")
                 .replace("?2", "$2::text")
                 .replace("?3", "$3::text")

@@ -15,7 +15,9 @@ use std::sync::Arc;
 
 use crate::run_state::RunState;
 use crate::storage::audit::{AuditError, AuditLog, Event};
-use crate::storage::db::{self, Db, DbError, Finish, InputRow, Insert, RunRow};
+use crate::storage::db::{
+    self, Db, DbError, Finish, InputRow, Insert, RunFilter, RunListRow, RunRow,
+};
 
 /// A store operation in flight.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
@@ -88,46 +90,6 @@ impl FinishRun {
         }
     }
 }
-
-/// Which runs `GET /v1/runs` lists: newest first (`created_at`, then tenant and request id,
-/// descending), at most `limit`, after the cursor `after` when given.
-#[derive(Debug, Clone, Default)]
-pub struct RunFilter {
-    /// One tenant's runs (None: every tenant's, for an operator).
-    pub tenant: Option<String>,
-    pub status: Option<RunState>,
-    pub task: Option<String>,
-    /// `created_at >= from`.
-    pub created_from: Option<i64>,
-    /// `created_at < to`.
-    pub created_to: Option<i64>,
-    /// The last run of the previous page: `(created_at, tenant, request_id)`.
-    pub after: Option<(i64, String, String)>,
-    pub limit: u32,
-}
-
-/// A run as listed: who, what, and how it stands; no outputs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunListRow {
-    pub tenant: String,
-    pub request_id: String,
-    pub task: String,
-    pub actor: String,
-    pub status: RunState,
-    pub reason: Option<String>,
-    pub created_at: i64,
-    pub started_at: Option<i64>,
-    pub finished_at: Option<i64>,
-}
-
-/// The listing query of both stores (`?N` numbered parameters; PostgreSQL's `$N` are made
-/// from them): tenant, status, task, from, to, the cursor's three parts, limit. A NULL
-/// parameter leaves its condition out.
-pub const LIST_RUNS_SQL: &str = "SELECT tenant, request_id, task, actor, status, reason, created_at, started_at, finished_at FROM runs
-     WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR task = ?3)
-       AND (?4 IS NULL OR created_at >= ?4) AND (?5 IS NULL OR created_at < ?5)
-       AND (?6 IS NULL OR (created_at, tenant, request_id) < (?6, ?7, ?8))
-     ORDER BY created_at DESC, tenant DESC, request_id DESC LIMIT ?9";
 
 /// A run found in flight at start-up (marked `unknown`).
 #[derive(Debug, Clone, PartialEq, Eq)]
