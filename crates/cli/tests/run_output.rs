@@ -288,7 +288,7 @@ fn runs_are_listed_for_the_callers_tenant_only() {
     let ok = "import json\njson.dump({}, open('/output/o.json', 'w'))\n";
     for (i, code) in [ok, "raise SystemExit(3)", ok].iter().enumerate() {
         let v = run_as(&api, ALICE, &format!("a-{i}"), code);
-        assert_eq!(v["finished_at"].is_string(), true, "{v}");
+        assert!(v["finished_at"].is_string(), "{v}");
         // Distinct creation seconds, so that the order is the submission order.
         std::thread::sleep(std::time::Duration::from_millis(1100));
     }

@@ -108,7 +108,7 @@ fn cursor_of(last: &RunListRow) -> String {
 fn parse_cursor(c: &str) -> Result<(i64, String, String), Refusal> {
     let bad_cursor = || bad("`cursor` is not a cursor this service gave");
     let unhex = |h: &str| -> Option<String> {
-        if h.is_empty() || h.len() % 2 != 0 {
+        if h.is_empty() || !h.len().is_multiple_of(2) {
             return None;
         }
         let bytes: Option<Vec<u8>> = (0..h.len())
