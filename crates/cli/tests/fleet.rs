@@ -192,6 +192,13 @@ fn two_workers_execute_each_run_once() {
         .json()
         .unwrap();
     assert_eq!(rest["runs"].as_array().map(Vec::len), Some(n - 4), "{rest}");
+    // The log of a worker's run, served by the API replica from the shared store.
+    let log = api.get(ALICE, "/v1/runs/r-0/logs?stream=stdout");
+    assert_eq!(log.status(), 200);
+    assert_eq!(log.bytes().unwrap().as_ref(), b"ran\n");
+    let log = api.get(ALICE, "/v1/runs/r-0/logs?stream=stderr");
+    assert_eq!(log.status(), 200);
+    assert!(log.bytes().unwrap().is_empty());
     let (f1, f2) = (w1.job_folders(), w2.job_folders());
     assert_eq!(
         f1.len() + f2.len(),

@@ -203,8 +203,38 @@ json.dump({"ok": True}, open("/output/o.json", "w"))
     let o = common::agentjail(&["receipt", "pubkey", "--key", key.to_str().unwrap()]);
     assert_eq!(o.code, 0, "{}", o.dump());
     std::fs::write(&pubkey, &o.stdout).unwrap();
-    let out_log = job.join("stdout.log");
-    let err_log = job.join("stderr.log");
+    // The logs, as an agent gets them over the API: the bytes as written, with their digest.
+    let fetch = |stream: &str, to: &Path| {
+        let r = api.get(ALICE, &format!("/v1/runs/attest/logs?stream={stream}"));
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["content-type"], "application/octet-stream");
+        assert_eq!(r.headers()["x-content-type-options"], "nosniff");
+        let sha = r.headers()["x-agentjail-sha256"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(json!(sha), v[stream]["sha256"], "{v}");
+        std::fs::write(to, r.bytes().unwrap()).unwrap();
+    };
+    let out_log = dir.path().join("stdout.log");
+    let err_log = dir.path().join("stderr.log");
+    fetch("stdout", &out_log);
+    fetch("stderr", &err_log);
+    assert_eq!(
+        std::fs::read(job.join("stdout.log")).unwrap(),
+        std::fs::read(&out_log).unwrap()
+    );
+    // Not another tenant's (the same 404 as a missing run), only stdout or stderr, and only
+    // a run that has ended.
+    let missing = api.get(ALICE, "/v1/runs/nope/logs?stream=stdout");
+    assert_eq!(missing.status(), 404);
+    let foreign = api.get(BOB, "/v1/runs/attest/logs?stream=stdout");
+    assert_eq!(foreign.status(), 404);
+    assert_eq!(foreign.text().unwrap(), missing.text().unwrap());
+    for q in ["?stream=report", "", "?stream=stdout&x=1"] {
+        let r = api.get(ALICE, &format!("/v1/runs/attest/logs{q}"));
+        assert_eq!(r.status(), 400, "{q}");
+    }
     assert_eq!(
         std::fs::read(&out_log).unwrap(),
         b"attested stdout line\n",

@@ -139,6 +139,10 @@ pub enum Refusal {
     NoArtifact { state: RunState },
     /// The run has no receipt.
     NoReceipt { state: RunState },
+    /// The run has no log: it has not ended, or its command never started.
+    NoLog { state: RunState },
+    /// Retention deleted the run's logs.
+    LogsExpired,
     // ----- reconcile
     /// Only operators reconcile.
     NotOperator,
@@ -201,6 +205,8 @@ impl Refusal {
             OutputsExpired => "outputs-expired",
             NoArtifact { .. } => "no-verified-artifact",
             NoReceipt { .. } => "no-receipt",
+            NoLog { .. } => "no-log",
+            LogsExpired => "logs-expired",
             NotUnknown { .. }
             | ReconcileLost { .. }
             | InputExpired
@@ -254,6 +260,10 @@ impl Refusal {
                 "the run's status is `{state}`; only a run with status `ok` has a verified artifact"
             ),
             NoReceipt { state } => format!("the run's status is `{state}` and it has no receipt"),
+            NoLog { state } => format!(
+                "the run's status is `{state}`: it has not ended, or its command never started, so it has no log"
+            ),
+            LogsExpired => "the run's logs were deleted by the task's retention".into(),
             NotOperator => "only an operator may reconcile runs".into(),
             ListOtherTenant => "only an operator may list another tenant's runs".into(),
             NotUnknown { state } => format!(

@@ -8,7 +8,7 @@
 //! and nothing here knows a transport.
 //!
 //! The parts, each a file under `service/`: [`failure`], [`startup`], [`auth`], [`inputs`],
-//! [`runs`], [`listing`], [`reconcile`] and [`catalogue`]. This file only names them and what the front
+//! [`runs`], [`listing`], [`logs`], [`reconcile`] and [`catalogue`]. This file only names them and what the front
 //! doors use; none of them uses it.
 
 mod auth;
@@ -16,6 +16,7 @@ mod catalogue;
 mod failure;
 mod inputs;
 mod listing;
+mod logs;
 mod reconcile;
 mod runs;
 mod startup;
@@ -29,6 +30,7 @@ pub use inputs::InputCreated;
 pub(crate) use inputs::upload;
 pub(crate) use listing::list;
 pub use listing::{ListQuery, RunList, RunSummary};
+pub(crate) use logs::log;
 pub use reconcile::ReconcileAction;
 pub(crate) use reconcile::reconcile;
 pub use runs::{Artifact, ArtifactView, RunInput, RunView};

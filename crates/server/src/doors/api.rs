@@ -184,6 +184,8 @@ fn http_status(r: &Refusal) -> (StatusCode, &'static str) {
         OutputsExpired => (StatusCode::GONE, "Deleted by retention"),
         NoArtifact { .. } => (StatusCode::CONFLICT, "No verified artifact"),
         NoReceipt { .. } => (StatusCode::CONFLICT, "No receipt"),
+        NoLog { .. } => (StatusCode::CONFLICT, "No log"),
+        LogsExpired => (StatusCode::GONE, "Deleted by retention"),
         NotUnknown { .. }
         | ReconcileLost { .. }
         | InputExpired
@@ -552,6 +554,86 @@ async fn get_run(
     Ok(run_response(&state, &r))
 }
 
+/// Which stream's log.
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LogStream {
+    Stdout,
+    Stderr,
+}
+
+/// The query of `GET /v1/runs/{request_id}/logs`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct LogParams {
+    /// `stdout` or `stderr`.
+    #[param(inline)]
+    stream: LogStream,
+}
+
+/// The full retained log of the command's stdout or stderr (the first 1 MiB of the stream),
+/// exactly as written: untrusted bytes, sent as an attachment. Its sha256 (also in the
+/// `x-agentjail-sha256` header) is the run record's `stdout.sha256` / `stderr.sha256` and the
+/// receipt's, so it can be verified (`agentjail receipt verify --stdout FILE`).
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{request_id}/logs",
+    tag = "runs",
+    params(("request_id" = String, Path, description = "The request_id of the run"), LogParams),
+    responses(
+        (status = 200, description = "The log", content_type = "application/octet-stream", body = UploadBody),
+        (status = 400, description = "`stream` is not `stdout` or `stderr`", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Unauthenticated", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such run", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The run has not ended, or its command never started", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "Deleted by retention", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+async fn get_log(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(request_id): Path<String>,
+    params: Result<Query<LogParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let stream = match params {
+        Ok(Query(p)) => p.stream,
+        Err(_) => {
+            let ev = caller.event("log_read");
+            let r = Refusal::Malformed(
+                "the only query parameter is `stream` (stdout or stderr)".into(),
+            );
+            return Err(deny(&state, &caller, ev, r).await.into());
+        }
+    };
+    let log = service::log(
+        &state,
+        &caller,
+        &request_id,
+        matches!(stream, LogStream::Stdout),
+    )
+    .await?;
+    let mut resp = log.bytes.into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::CONTENT_DISPOSITION,
+        HeaderValue::from_static("attachment"),
+    );
+    if let Some(Ok(v)) = log.sha256.as_deref().map(HeaderValue::from_str) {
+        h.insert("x-agentjail-sha256", v);
+    }
+    Ok(resp)
+}
+
 /// The verified artifact, with the task's media type (status `ok` only).
 #[utoipa::path(
     get,
@@ -790,6 +872,7 @@ fn build(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::OpenAp
         .routes(routes!(create_run, list_runs))
         .routes(routes!(get_run))
         .routes(routes!(get_artifact))
+        .routes(routes!(get_log))
         .routes(routes!(get_receipt))
         .routes(routes!(reconcile_run))
         .routes(routes!(list_tasks))

@@ -1216,6 +1216,12 @@ pub async fn execute(
         .filter(|r| r.stdout.sha256.is_some() || r.stderr.sha256.is_some())
         .map(|r| super::streams::record(&job_dir(&state, &job.job_id), &task, &r.stdout, &r.stderr))
         .and_then(|s| serde_json::to_string(&s).ok());
+    // A store shared by several nodes keeps the logs themselves (any replica serves them).
+    let logs = (streams.is_some() && state.store().keeps_logs()).then(|| {
+        let dir = job_dir(&state, &job.job_id);
+        let read = |n: &str| std::fs::read(dir.join(n)).unwrap_or_default();
+        (read("stdout.log"), read("stderr.log"))
+    });
     let ev = Event {
         event: "run_end",
         status: Some(outcome.status.into()),
@@ -1234,6 +1240,7 @@ pub async fn execute(
         artifact,
         artifact_sha256: sha,
         streams,
+        logs,
     };
     match record_end(&state, &job, f, ev).await {
         Ok(()) => {}

@@ -605,6 +605,15 @@ impl PgStore {
         for r in &mine {
             files.drop_outputs(&r.get::<_, String>(0));
         }
+        // Logs past their retention: cleared in the database (any replica), as each node's job
+        // folders below.
+        c.execute(
+            "UPDATE runs SET stdout_log = NULL, stderr_log = NULL
+             WHERE logs_expire_at <= $1 AND (stdout_log IS NOT NULL OR stderr_log IS NOT NULL)",
+            &[&now],
+        )
+        .await
+        .map_err(pg_err)?;
         let mut job_folders = 0;
         for r in c
             .query(
@@ -776,6 +785,24 @@ impl Store for PgStore {
         Box::pin(async move { self.get_run_async(&t, &r).await })
     }
 
+    fn keeps_logs(&self) -> bool {
+        true
+    }
+
+    fn run_log(&self, job_id: &str, stdout: bool) -> StoreFuture<'_, Option<Vec<u8>>> {
+        let job_id = job_id.to_string();
+        Box::pin(async move {
+            let c = self.client().await?;
+            let sql = if stdout {
+                "SELECT stdout_log FROM runs WHERE job_id = $1"
+            } else {
+                "SELECT stderr_log FROM runs WHERE job_id = $1"
+            };
+            let row = c.query_opt(sql, &[&job_id]).await.map_err(pg_err)?;
+            Ok(row.and_then(|r| r.get::<_, Option<Vec<u8>>>(0)))
+        })
+    }
+
     fn list_runs(&self, f: RunFilter) -> StoreFuture<'_, Vec<RunListRow>> {
         Box::pin(async move {
             let c = self.client().await?;
@@ -896,9 +923,9 @@ impl Store for PgStore {
                 let c = self.client().await?;
                 let status = f.status.as_str();
                 c.execute(
-                    "UPDATE runs SET status = $2, reason = $3, finished_at = $4, report = $5, receipt = $6, artifact = $7, artifact_sha256 = $8, streams = $10
+                    "UPDATE runs SET status = $2, reason = $3, finished_at = $4, report = $5, receipt = $6, artifact = $7, artifact_sha256 = $8, streams = $10, stdout_log = $11, stderr_log = $12
                      WHERE job_id = $1 AND status IN ('queued', 'running') AND node_id = $9",
-                    &[&f.job_id, &status, &f.reason, &f.now, &f.report, &f.receipt, &f.artifact, &f.artifact_sha256, &self.node, &f.streams],
+                    &[&f.job_id, &status, &f.reason, &f.now, &f.report, &f.receipt, &f.artifact, &f.artifact_sha256, &self.node, &f.streams, &f.logs.as_ref().map(|l| &l.0), &f.logs.as_ref().map(|l| &l.1)],
                 )
                 .await
                 .map_err(pg_err)?;
@@ -923,7 +950,7 @@ impl Store for PgStore {
                 // The replica that retries runs the new attempt: it becomes the run's node.
                 Some((job_id, expires)) => tx
                     .execute(
-                        "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = EXTRACT(EPOCH FROM clock_timestamp())::bigint + $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL, streams = NULL, node_id = $5
+                        "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = EXTRACT(EPOCH FROM clock_timestamp())::bigint + $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL, streams = NULL, stdout_log = NULL, stderr_log = NULL, node_id = $5
                          WHERE tenant = $1 AND request_id = $2 AND status = 'unknown'",
                         &[&t, &r, &job_id, &(expires - crate::util::now()), &self.node],
                     )
@@ -1433,9 +1460,9 @@ impl PgStore {
                 let status = f.status.as_str();
                 let n = tx
                     .execute(
-                        "UPDATE runs SET status = $2, reason = $3, finished_at = $4, report = $5, receipt = $6, artifact = $7, artifact_sha256 = $8, spec = NULL, streams = $10
+                        "UPDATE runs SET status = $2, reason = $3, finished_at = $4, report = $5, receipt = $6, artifact = $7, artifact_sha256 = $8, spec = NULL, streams = $10, stdout_log = $11, stderr_log = $12
                          WHERE job_id = $1 AND fence = $9 AND lease_expires_at > clock_timestamp() AND status IN ('queued', 'running')",
-                        &[&f.job_id, &status, &f.reason, &f.now, &f.report, &f.receipt, &f.artifact, &f.artifact_sha256, &fence, &f.streams],
+                        &[&f.job_id, &status, &f.reason, &f.now, &f.report, &f.receipt, &f.artifact, &f.artifact_sha256, &fence, &f.streams, &f.logs.as_ref().map(|l| &l.0), &f.logs.as_ref().map(|l| &l.1)],
                     )
                     .await
                     .map_err(pg_err)?;
@@ -1485,7 +1512,7 @@ impl PgStore {
         let tx = read_committed(&mut c).await?;
         let n = tx
             .execute(
-                "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = EXTRACT(EPOCH FROM clock_timestamp())::bigint + $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL, streams = NULL,
+                "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = EXTRACT(EPOCH FROM clock_timestamp())::bigint + $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL, streams = NULL, stdout_log = NULL, stderr_log = NULL,
                     owner = NULL, fence = NULL, lease_expires_at = NULL, spec = $5
                  WHERE tenant = $1 AND request_id = $2 AND status = 'unknown'",
                 // A time to live from this replica's clock, an expiry by the database's.

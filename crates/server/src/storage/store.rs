@@ -71,6 +71,10 @@ pub struct FinishRun {
     pub artifact_sha256: Option<String>,
     /// `execution::streams::Streams` as JSON; None when the command never started.
     pub streams: Option<String>,
+    /// The retained stdout and stderr logs, for a store shared by several nodes (PostgreSQL
+    /// keeps them, so that any replica serves `GET /v1/runs/{id}/logs`); a store on this node
+    /// alone reads them from the job folder instead and ignores these.
+    pub logs: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl FinishRun {
@@ -87,6 +91,7 @@ impl FinishRun {
             artifact: None,
             artifact_sha256: None,
             streams: None,
+            logs: None,
         }
     }
 }
@@ -167,6 +172,17 @@ pub trait Store: Send + Sync {
     fn get_run(&self, tenant: &str, request_id: &str) -> StoreFuture<'_, Option<RunRow>>;
     /// The runs `filter` selects, newest first.
     fn list_runs(&self, filter: RunFilter) -> StoreFuture<'_, Vec<RunListRow>>;
+    /// The retained log of a run's stdout (`stdout`) or stderr, when the store keeps logs
+    /// ([`FinishRun::logs`]); None when it does not (they are in the job folder of the node
+    /// that ran it) or retention deleted them.
+    fn run_log(&self, job_id: &str, stdout: bool) -> StoreFuture<'_, Option<Vec<u8>>> {
+        let _ = (job_id, stdout);
+        Box::pin(async { Ok(None) })
+    }
+    /// Whether [`FinishRun::logs`] is kept (a store shared by several nodes).
+    fn keeps_logs(&self) -> bool {
+        false
+    }
     /// Records a new run unless one with its (tenant, request_id) exists, atomically.
     fn insert_run(&self, row: RunRow) -> StoreFuture<'_, Insert>;
     /// Marks a queued run as running; false if it was not queued any more.

@@ -89,6 +89,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // `execution::streams::Streams`), written when the run ends; NULL before, for a run whose
     // command never started, and again once retention deleted the outputs.
     "ALTER TABLE runs ADD COLUMN streams TEXT;
+    ALTER TABLE runs ADD COLUMN stdout_log BYTEA;
+    ALTER TABLE runs ADD COLUMN stderr_log BYTEA;
     CREATE INDEX runs_tenant_created ON runs(tenant, created_at);
     CREATE INDEX runs_created ON runs(created_at);",
 ];

@@ -1,0 +1,67 @@
+//! A run's full retained log of stdout or stderr (`GET /v1/runs/{request_id}/logs`): the bytes
+//! exactly as the command wrote them (the first 1 MiB of each stream), whose sha256 the run
+//! record's view and the receipt carry, so that a log an agent acted on can be verified. From
+//! the store when it keeps logs (PostgreSQL: any replica answers), otherwise from this node's
+//! job folder. Untrusted bytes: a front door serves them as an attachment, never as a page.
+
+use super::failure::Failure;
+use super::runs::get_checked;
+use crate::app::AppState;
+use crate::execution::streams::Streams;
+use crate::policy::{Caller, Refusal};
+use crate::util::now;
+
+/// A run's log.
+pub struct Log {
+    pub bytes: Vec<u8>,
+    /// `sha256:<hex>` as the record's view carries it (None once retention deleted the view).
+    pub sha256: Option<String>,
+}
+
+/// The log of `request_id`'s stdout (`stdout`) or stderr, audited as `log_read`.
+pub(crate) async fn log(
+    state: &AppState,
+    caller: &Caller,
+    request_id: &str,
+    stdout: bool,
+) -> Result<Log, Failure> {
+    let t = now();
+    let r = get_checked(state, caller, request_id, "log_read", |r| {
+        if r.finished_at.is_none() {
+            Err(Refusal::NoLog { state: r.status })
+        } else if r.logs_expire_at <= t {
+            Err(Refusal::LogsExpired)
+        } else {
+            Ok(())
+        }
+    })
+    .await?;
+    let view = r
+        .streams
+        .as_deref()
+        .and_then(|s| serde_json::from_str::<Streams>(s).ok())
+        .and_then(|s| if stdout { s.stdout } else { s.stderr });
+    let sha256 = view.as_ref().and_then(|v| v.sha256.clone());
+    if let Some(bytes) = state.store().run_log(&r.job_id, stdout).await? {
+        return Ok(Log { bytes, sha256 });
+    }
+    let name = if stdout { "stdout.log" } else { "stderr.log" };
+    let path = crate::execution::runner::job_dir(state, &r.job_id).join(name);
+    match std::fs::read(&path) {
+        Ok(bytes) => Ok(Log { bytes, sha256 }),
+        // A log is created at the stream's first byte: none for a command that wrote nothing.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => match &view {
+            Some(v) if v.bytes == 0 => Ok(Log {
+                bytes: Vec::new(),
+                sha256,
+            }),
+            Some(_) => Err(Failure::Refused(Refusal::LogsExpired)),
+            None if r.outputs_deleted => Err(Failure::Refused(Refusal::LogsExpired)),
+            None => Err(Failure::Refused(Refusal::NoLog { state: r.status })),
+        },
+        Err(e) => {
+            tracing::error!(job_id = %r.job_id, error = %e, "reading a run's log failed");
+            Err(Failure::Internal)
+        }
+    }
+}
