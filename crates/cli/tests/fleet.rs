@@ -232,6 +232,59 @@ fn two_workers_execute_each_run_once() {
     drop(api_node);
 }
 
+/// `POST /v1/runs/{id}/cancel` on an API replica (issue #33): a queued run no executor has
+/// claimed ends `cancelled` at once and never starts; a run executing on a worker is killed by
+/// that worker at its next lease renewal (a third of the 3-second lease), its sandbox gone,
+/// what it printed kept; each audited once.
+#[test]
+fn a_cancel_on_a_replica_stops_a_queued_run_and_kills_one_on_a_worker() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pg) = Pg::start() else { return };
+    let (d_api, d_w1) = (tempdir(), tempdir());
+    let marker = marker_for(&d_api, "cancel");
+    let cfg = config(&marker);
+    let (_api_node, api) = api(d_api.path(), &pg, &cfg);
+    let cancel = |id: &str| -> (u16, Value) {
+        let r = api
+            .http
+            .post(api.url(&format!("/v1/runs/{id}/cancel")))
+            .bearer_auth(ALICE)
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.json().unwrap())
+    };
+    // No worker yet: the run waits in the queue.
+    let body = json!({"request_id": "queued", "task": "sleeper", "inputs": [], "args": ["0"]});
+    assert_eq!(api.run(ALICE, &body, "?wait=false").status(), 202);
+    let (code, v) = cancel("queued");
+    assert_eq!((code, &v["status"]), (200, &json!("cancelled")), "{v}");
+    assert_eq!(pg.audited("run_end", "queued"), "1");
+    // A worker comes: it never claims the cancelled run.
+    let _w1 = worker(d_w1.path(), &pg, &cfg, "w1");
+    let body = json!({"request_id": "running", "task": "sleeper", "inputs": [], "args": ["30"]});
+    assert_eq!(api.run(ALICE, &body, "?wait=false").status(), 202);
+    wait_status(&api, "running", "running", 30);
+    wait_payloads(&marker, 1, 20);
+    let t = Instant::now();
+    let (code, v) = cancel("running");
+    assert!(code == 200 || code == 202, "{code}: {v}");
+    let v = wait_final(&api, "running");
+    assert_eq!(v["status"], "cancelled", "{v}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    wait_payloads(&marker, 0, 5);
+    assert_eq!(v["stdout"]["bytes"], 4, "what it printed so far: {v}");
+    assert_eq!(pg.audited("run_cancel", "running"), "1");
+    assert_eq!(
+        pg.audited("run_start", "queued"),
+        "0",
+        "the cancelled queued run started"
+    );
+    assert_eq!(status_of(&api, "queued")["status"], "cancelled");
+    // Idempotent.
+    let (code, again) = cancel("running");
+    assert_eq!((code, &again["finished_at"]), (200, &v["finished_at"]));
+}
+
 /// `kill -9` of a worker mid-run: its payload is gone within seconds (the runner's lifeline),
 /// the run becomes `unknown` once its lease expires (any node's sweeper), the expired lease is
 /// counted, and another worker never runs it again.

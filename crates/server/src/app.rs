@@ -68,6 +68,10 @@ pub(crate) struct Inner {
     pub schemas: std::collections::BTreeMap<String, TaskSchema>,
     /// Authentication failures not yet audited (aggregated records).
     pub auth_failures: AuthFailures,
+    /// The cancellation of each run executing or waiting for a slot on this node, by job id
+    /// (`POST /v1/runs/{id}/cancel`; PostgreSQL: the lease renewal asks for it).
+    pub cancels:
+        std::sync::Mutex<std::collections::HashMap<String, tokio_util::sync::CancellationToken>>,
     /// Exclusive lock on the data directory, held for the life of the process.
     pub(crate) _lock: std::fs::File,
 }

@@ -143,6 +143,8 @@ pub enum Refusal {
     NoLog { state: RunState },
     /// Retention deleted the run's logs.
     LogsExpired,
+    /// Only a queued or running run is cancelled; this one ended otherwise.
+    NotCancellable { state: RunState },
     // ----- reconcile
     /// Only operators reconcile.
     NotOperator,
@@ -207,6 +209,7 @@ impl Refusal {
             NoReceipt { .. } => "no-receipt",
             NoLog { .. } => "no-log",
             LogsExpired => "logs-expired",
+            NotCancellable { .. } => "not-cancellable",
             NotUnknown { .. }
             | ReconcileLost { .. }
             | InputExpired
@@ -264,6 +267,9 @@ impl Refusal {
                 "the run's status is `{state}`: it has not ended, or its command never started, so it has no log"
             ),
             LogsExpired => "the run's logs were deleted by the task's retention".into(),
+            NotCancellable { state } => {
+                format!("the run has ended (`{state}`); only a queued or running run is cancelled")
+            }
             NotOperator => "only an operator may reconcile runs".into(),
             ListOtherTenant => "only an operator may list another tenant's runs".into(),
             NotUnknown { state } => format!(

@@ -8,10 +8,11 @@
 //! and nothing here knows a transport.
 //!
 //! The parts, each a file under `service/`: [`failure`], [`startup`], [`auth`], [`inputs`],
-//! [`runs`], [`listing`], [`logs`], [`reconcile`] and [`catalogue`]. This file only names them and what the front
+//! [`runs`], [`listing`], [`logs`], [`cancel`], [`reconcile`] and [`catalogue`]. This file only names them and what the front
 //! doors use; none of them uses it.
 
 mod auth;
+mod cancel;
 mod catalogue;
 mod failure;
 mod inputs;
@@ -23,6 +24,7 @@ mod startup;
 
 pub use crate::policy::{Caller, Refusal, RunRequest};
 pub(crate) use auth::{authenticate, deny, spawn_auth_failure_flusher};
+pub(crate) use cancel::cancel;
 pub(crate) use catalogue::task_views;
 pub use catalogue::{TaskInputView, TaskView};
 pub use failure::Failure;

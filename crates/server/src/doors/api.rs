@@ -186,6 +186,7 @@ fn http_status(r: &Refusal) -> (StatusCode, &'static str) {
         NoReceipt { .. } => (StatusCode::CONFLICT, "No receipt"),
         NoLog { .. } => (StatusCode::CONFLICT, "No log"),
         LogsExpired => (StatusCode::GONE, "Deleted by retention"),
+        NotCancellable { .. } => (StatusCode::CONFLICT, "Not cancellable"),
         NotUnknown { .. }
         | ReconcileLost { .. }
         | InputExpired
@@ -554,6 +555,31 @@ async fn get_run(
     Ok(run_response(&state, &r))
 }
 
+/// Cancels a run: a queued run never starts; a running one is killed, on whichever node runs
+/// it, and ends `cancelled` (`unknown` for a task with network access). Idempotent.
+#[utoipa::path(
+    post,
+    path = "/v1/runs/{request_id}/cancel",
+    tag = "runs",
+    params(("request_id" = String, Path, description = "The request_id of the run")),
+    responses(
+        (status = 200, description = "The run has ended (cancelled, or `unknown` for a task with network access)", body = RunView),
+        (status = 202, description = "The cancel was requested and the run has not ended yet: poll it", body = RunView),
+        (status = 401, description = "Unauthenticated", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such run in the caller's tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The run had ended otherwise", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+async fn cancel_run(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(request_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let r = service::cancel(&state, &caller, &request_id).await?;
+    Ok(run_response(&state, &r))
+}
+
 /// Which stream's log.
 #[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
@@ -873,6 +899,7 @@ fn build(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::OpenAp
         .routes(routes!(get_run))
         .routes(routes!(get_artifact))
         .routes(routes!(get_log))
+        .routes(routes!(cancel_run))
         .routes(routes!(get_receipt))
         .routes(routes!(reconcile_run))
         .routes(routes!(list_tasks))

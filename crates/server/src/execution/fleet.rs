@@ -322,6 +322,7 @@ async fn run_claimed(
         lease,
     )));
     let heartbeat = tokio::spawn(heartbeat(
+        state.clone(),
         queue.clone(),
         run.job_id.clone(),
         c.fence,
@@ -380,6 +381,7 @@ async fn run_claimed(
 /// passes without a successful one. Each successful renewal moves `shared`, which the runner
 /// receives ([`crate::execution::runner::LeaseEnd`]).
 async fn heartbeat(
+    state: AppState,
     queue: PgStore,
     job_id: String,
     fence: i64,
@@ -412,13 +414,18 @@ async fn heartbeat(
             r = queue.heartbeat(&job_id, fence, lease) => r,
         };
         match r {
-            Ok(true) => {
+            Ok(Some(cancel)) => {
                 count_heartbeat("lease", "ok");
+                // A cancel asked for on any node: the run's own cancellation kills its sandbox
+                // (until it is registered, the next renewal asks again).
+                if cancel && runner::cancel_here(&state, &job_id) {
+                    tracing::info!(%job_id, "cancel requested: killing the run");
+                }
                 let end = LeaseEnd::after(sent, sent_boot, lease);
                 deadline = end.lease;
                 shared.send_replace(end);
             }
-            Ok(false) => {
+            Ok(None) => {
                 if done.is_cancelled() {
                     return;
                 }

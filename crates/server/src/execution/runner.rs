@@ -240,9 +240,9 @@ async fn cancelled(c: Option<&CancellationToken>) {
 /// effect may have happened before the kill; an operator reconciles it).
 fn cancelled_outcome(task: &Task, started: bool) -> (RunState, String) {
     let what = if started {
-        "cancelled by the client while running; the sandbox was killed"
+        "cancelled while running; the sandbox was killed"
     } else {
-        "cancelled by the client before the run started"
+        "cancelled before the run started"
     };
     if !started || matches!(task.network, Network::Deny) {
         (RunState::Cancelled, what.into())
@@ -1046,6 +1046,68 @@ async fn end_unstarted(
 /// taken by the executor before it claimed; its writes are fenced, and a lost lease kills it.
 pub async fn execute(
     state: AppState,
+    mut job: Job,
+    admission: Option<Admission>,
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
+) {
+    // Cancellable by `POST /v1/runs/{id}/cancel` (and, for a fleet executor, by the request
+    // its lease renewal reads) as well as by the caller's own token (MCP cancellation).
+    let token = job
+        .cancel
+        .as_ref()
+        .map(CancellationToken::child_token)
+        .unwrap_or_default();
+    job.cancel = Some(token.clone());
+    let _registered = Registered::new(&state, &job.job_id, token);
+    execute_registered(state.clone(), job, admission, slot).await;
+}
+
+/// A run's entry in [`crate::app::Inner::cancels`], removed when the run's execution ends (or
+/// is dropped).
+struct Registered {
+    state: AppState,
+    job_id: String,
+}
+
+impl Registered {
+    fn new(state: &AppState, job_id: &str, token: CancellationToken) -> Registered {
+        cancels(state).insert(job_id.to_string(), token);
+        Registered {
+            state: state.clone(),
+            job_id: job_id.to_string(),
+        }
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        cancels(&self.state).remove(&self.job_id);
+    }
+}
+
+fn cancels(
+    state: &AppState,
+) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, CancellationToken>> {
+    state
+        .inner
+        .cancels
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Cancels the run `job_id` if it executes or waits for a slot on this node; false if not.
+pub fn cancel_here(state: &AppState, job_id: &str) -> bool {
+    match cancels(state).get(job_id) {
+        Some(t) => {
+            t.cancel();
+            true
+        }
+        None => false,
+    }
+}
+
+async fn execute_registered(
+    state: AppState,
     job: Job,
     _admission: Option<Admission>,
     slot: Option<tokio::sync::OwnedSemaphorePermit>,
@@ -1209,13 +1271,20 @@ pub async fn execute(
         Some((bytes, sha)) => (Some(bytes), Some(sha)),
         None => (None, None),
     };
-    let streams = outcome
+    let dir = job_dir(&state, &job.job_id);
+    let streams = match outcome
         .report
         .as_deref()
         .and_then(|r| serde_json::from_str::<agentjail_manifest::report::RunReport>(r).ok())
-        .filter(|r| r.stdout.sha256.is_some() || r.stderr.sha256.is_some())
-        .map(|r| super::streams::record(&job_dir(&state, &job.job_id), &task, &r.stdout, &r.stderr))
-        .and_then(|s| serde_json::to_string(&s).ok());
+    {
+        Some(r) if r.stdout.sha256.is_some() || r.stderr.sha256.is_some() => {
+            Some(super::streams::record(&dir, &task, &r.stdout, &r.stderr))
+        }
+        Some(_) => None,
+        // No report: the runner was killed (a cancel, a lost lease); what it printed is kept.
+        None => super::streams::record_from_logs(&dir, &task),
+    }
+    .and_then(|s| serde_json::to_string(&s).ok());
     // A store shared by several nodes keeps the logs themselves (any replica serves them).
     let logs = (streams.is_some() && state.store().keeps_logs()).then(|| {
         let dir = job_dir(&state, &job.job_id);

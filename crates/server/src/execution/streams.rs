@@ -158,6 +158,43 @@ pub fn record(dir: &Path, task: &Task, stdout: &StreamReport, stderr: &StreamRep
     }
 }
 
+/// The views of a run whose runner left no report (it was killed: a cancel, a lost lease),
+/// from what its logs hold: counts and digests of the retained bytes (the service's own, not
+/// attested by a receipt; `truncated` when a log reached the bound). None when the command
+/// wrote nothing at all (no log exists: nothing to show, and no sign it started).
+pub fn record_from_logs(dir: &Path, task: &Task) -> Option<Streams> {
+    use sha2::Digest;
+    let measure = |name: &str| -> Option<StreamReport> {
+        let bytes = std::fs::read(dir.join(name)).ok()?;
+        Some(StreamReport {
+            bytes: bytes.len() as u64,
+            truncated: bytes.len() as u64 >= agentjail_engine::STREAM_LIMIT,
+            sha256: Some(format!(
+                "sha256:{}",
+                agentjail_manifest::hex(&sha2::Sha256::digest(&bytes))
+            )),
+        })
+    };
+    let (out, err) = (measure("stdout.log"), measure("stderr.log"));
+    if out.is_none() && err.is_none() {
+        return None;
+    }
+    let empty = || StreamReport {
+        bytes: 0,
+        truncated: false,
+        sha256: Some(format!(
+            "sha256:{}",
+            agentjail_manifest::hex(&<sha2::Sha256 as Digest>::digest(b""))
+        )),
+    };
+    Some(record(
+        dir,
+        task,
+        &out.unwrap_or_else(empty),
+        &err.unwrap_or_else(empty),
+    ))
+}
+
 /// One stream's view: the log at `path` (absent: the command wrote nothing), cut to `budget`.
 fn view(path: &Path, r: &StreamReport, budget: usize, secrets: &Secrets) -> StreamView {
     let mut v = StreamView {

@@ -143,6 +143,7 @@ impl AppState {
                 metrics: metrics_handle(),
                 schemas,
                 auth_failures: AuthFailures::default(),
+                cancels: Default::default(),
                 _lock: lock,
             }),
         };

@@ -1216,6 +1216,19 @@ pub fn export(
 // ---------------------------------------------------------------------------------------------
 // The queue: claims, leases, fencing (docs/deploy.md, "Leases and fencing")
 
+/// What a cancel did ([`PgStore::cancel`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancel {
+    /// The run was in the queue, unclaimed: it is `cancelled` now and never starts.
+    Ended,
+    /// Claimed or running: its executor kills it at its next lease renewal.
+    Requested,
+    /// As `Requested`, by an earlier cancel.
+    AlreadyRequested,
+    /// It had ended already: nothing changed.
+    Final,
+}
+
 /// What an executor needs to run a run it did not admit, stored with the run (`runs.spec`)
 /// until it ends: its inputs' records and its code.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -1362,26 +1375,89 @@ impl PgStore {
         }))
     }
 
-    /// Extends the lease of `job_id` held with `fence` to `clock_timestamp() + lease`; false: refused (the
-    /// lease expired or was taken, or the run ended).
+    /// Extends the lease of `job_id` held with `fence` to `clock_timestamp() + lease`; None:
+    /// refused (the lease expired or was taken, or the run ended); otherwise whether a cancel
+    /// of the run was requested (`POST /v1/runs/{id}/cancel` on any node).
     pub async fn heartbeat(
         &self,
         job_id: &str,
         fence: i64,
         lease: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<bool>, StoreError> {
         let secs = lease.as_secs_f64();
         let c = self.client().await?;
-        let n = c
-            .execute(
+        let row = c
+            .query_opt(
                 "UPDATE runs SET lease_expires_at = clock_timestamp() + make_interval(secs => $3)
                  WHERE job_id = $1 AND fence = $2 AND status IN ('queued', 'running')
-                 AND lease_expires_at > clock_timestamp()",
+                 AND lease_expires_at > clock_timestamp()
+                 RETURNING cancel_requested",
                 &[&job_id, &fence, &secs],
             )
             .await
             .map_err(pg_err)?;
-        Ok(n == 1)
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    /// A cancel of the run `request_id` of `tenant`, with its audit `record`: a run still in
+    /// the queue, claimed by no executor, ends `cancelled` here and now ([`Cancel::Ended`]); a
+    /// claimed or running one is flagged, and the executor holding it kills it at its next
+    /// lease renewal ([`Cancel::Requested`]); [`Cancel::Final`] when it had ended already.
+    pub async fn cancel(
+        &self,
+        tenant: &str,
+        request_id: &str,
+        now: i64,
+        reason: &str,
+        record: &Event,
+    ) -> Result<Cancel, StoreError> {
+        self.persist("cancel", || async move {
+            let mut c = self.client().await?;
+            let tx = read_committed(&mut c).await?;
+            let ended = tx
+                .execute(
+                    "UPDATE runs SET status = 'cancelled', reason = $4, finished_at = $3, spec = NULL
+                     WHERE tenant = $1 AND request_id = $2 AND status = 'queued' AND owner IS NULL",
+                    &[&tenant, &request_id, &now, &reason],
+                )
+                .await
+                .map_err(pg_err)?;
+            let outcome = if ended == 1 {
+                Cancel::Ended
+            } else {
+                let flagged = tx
+                    .execute(
+                        "UPDATE runs SET cancel_requested = TRUE
+                         WHERE tenant = $1 AND request_id = $2 AND status IN ('queued', 'running')
+                         AND NOT cancel_requested",
+                        &[&tenant, &request_id],
+                    )
+                    .await
+                    .map_err(pg_err)?;
+                let in_flight = tx
+                    .query_opt(
+                        "SELECT 1 FROM runs WHERE tenant = $1 AND request_id = $2
+                         AND status IN ('queued', 'running')",
+                        &[&tenant, &request_id],
+                    )
+                    .await
+                    .map_err(pg_err)?
+                    .is_some();
+                match (flagged, in_flight) {
+                    (1, _) => Cancel::Requested,
+                    // Requested before (or by this cancel's earlier attempt whose answer was
+                    // lost): not recorded again.
+                    (_, true) => Cancel::AlreadyRequested,
+                    _ => Cancel::Final,
+                }
+            };
+            if outcome == Cancel::Ended {
+                append_audit_in(&tx, &self.node, record).await?;
+            }
+            tx.commit().await.map_err(pg_err)?;
+            Ok(outcome)
+        })
+        .await
     }
 
     /// The fenced `running` mark and its `run_start` `record`, in one transaction: only while

@@ -91,6 +91,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     "ALTER TABLE runs ADD COLUMN streams TEXT;
     ALTER TABLE runs ADD COLUMN stdout_log BYTEA;
     ALTER TABLE runs ADD COLUMN stderr_log BYTEA;
+    ALTER TABLE runs ADD COLUMN cancel_requested BOOLEAN NOT NULL DEFAULT FALSE;
     CREATE INDEX runs_tenant_created ON runs(tenant, created_at);
     CREATE INDEX runs_created ON runs(created_at);",
 ];

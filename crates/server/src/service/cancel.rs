@@ -1,0 +1,81 @@
+//! Cancelling a run (`POST /v1/runs/{request_id}/cancel`): a queued run never starts; a running
+//! one is killed (its whole sandbox, on whichever node executes it) and ends `cancelled`
+//! (`unknown` for a task with network access: something outside may have happened before the
+//! kill), with what it printed so far kept. Idempotent: cancelling a cancelled run answers its
+//! record; a run that ended otherwise is final (409).
+//!
+//! On this node the run's own cancellation token is cancelled ([`runner::cancel_here`]). On
+//! PostgreSQL a queued run no executor has claimed ends `cancelled` in the database at once;
+//! a claimed one is flagged, and the executor holding it kills it at its next lease renewal
+//! (at most a third of `lease_seconds` later).
+
+use std::time::{Duration, Instant};
+
+use super::failure::Failure;
+use super::runs::get_checked;
+use crate::app::AppState;
+use crate::execution::runner;
+use crate::policy::{Caller, Refusal};
+use crate::run_state::RunState;
+use crate::storage::audit::Event;
+use crate::storage::db::RunRow;
+use crate::util::now;
+
+/// How long a cancel waits for the run to end before it answers with the record as it stands
+/// (still `running`: the client polls `GET /v1/runs/{request_id}`).
+const WAIT: Duration = Duration::from_secs(15);
+
+/// Cancels `request_id` of the caller's tenant (audited as `run_cancel`); the record after it.
+pub(crate) async fn cancel(
+    state: &AppState,
+    caller: &Caller,
+    request_id: &str,
+) -> Result<RunRow, Failure> {
+    let r = get_checked(state, caller, request_id, "run_cancel", |r| {
+        match r.status {
+            RunState::Queued | RunState::Running | RunState::Cancelled => Ok(()),
+            s => Err(Refusal::NotCancellable { state: s }),
+        }
+    })
+    .await?;
+    if r.status == RunState::Cancelled {
+        return Ok(r);
+    }
+    match &state.inner.queue {
+        None => {
+            // Not registered: it ended between the read and now (or is not this node's).
+            let _ = runner::cancel_here(state, &r.job_id);
+        }
+        Some(queue) => {
+            let reason = "cancelled before the run started";
+            let end = Event {
+                event: "run_end",
+                actor: Some(r.actor.clone()),
+                tenant: Some(r.tenant.clone()),
+                task: Some(r.task.clone()),
+                request_id: Some(r.request_id.clone()),
+                job_id: Some(r.job_id.clone()),
+                status: Some(RunState::Cancelled.into()),
+                reason: Some(reason.into()),
+                ..Default::default()
+            };
+            queue
+                .cancel(&r.tenant, &r.request_id, now(), reason, &end)
+                .await?;
+            // This node may hold it: no need to wait for the lease renewal.
+            let _ = runner::cancel_here(state, &r.job_id);
+        }
+    }
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let row = state
+            .store()
+            .get_run(&r.tenant, &r.request_id)
+            .await?
+            .ok_or(Failure::Internal)?;
+        if row.status.is_terminal() || Instant::now() > deadline {
+            return Ok(row);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
