@@ -2,7 +2,7 @@
 //! running one is killed, its whole sandbox gone (checked from /proc), and ends `cancelled`
 //! with what it printed so far kept; a repeated cancel answers the same record; a run that
 //! ended otherwise is not cancelled (409); another tenant's run is the same 404 as a missing
-//! one. (The fleet's cancel, across nodes, is in fleet.rs.)
+//! one, and another actor of the run's tenant may not cancel it (403). (The fleet's cancel, across nodes, is in fleet.rs.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -16,15 +16,17 @@ use serde_json::{Value, json};
 
 const ALICE: &str = "tok-alice-cancel-93b1d0";
 const BOB: &str = "tok-bob-cancel-1c44e2";
+const CAROL: &str = "tok-carol-cancel-6b0f3a";
 
 #[test]
 fn queued_and_running_runs_are_cancelled_and_the_sandbox_is_gone() {
     let dir = common::tmp();
     let marker = format!("cancel-marker-{}", std::process::id());
     let cfg = format!(
-        "[server]\nmax_concurrent_runs = 1\n\n[tenants.acme]\n[tenants.beta]\n{}{}{}",
+        "[server]\nmax_concurrent_runs = 1\n\n[tenants.acme]\n[tenants.beta]\n{}{}{}{}",
         actor("alice", "acme", ALICE, false),
         actor("bob", "beta", BOB, false),
+        actor("carol", "acme", CAROL, false),
         sleeper_task(&marker, 60)
     );
     let cfg = write_config(dir.path(), &cfg);
@@ -58,6 +60,10 @@ fn queued_and_running_runs_are_cancelled_and_the_sandbox_is_gone() {
     let (code2, missing) = cancel(BOB, "nope");
     assert_eq!((code, code2), (404, 404));
     assert_eq!(foreign, missing);
+    // Another actor of the same tenant reads it, but may not stop it.
+    assert_eq!(api.status_of(CAROL, "long")["status"], "running");
+    let (code, p) = cancel(CAROL, "long");
+    assert_eq!(code, 403, "{p}");
 
     // The queued one never starts.
     let (code, v) = cancel(ALICE, "waiting");

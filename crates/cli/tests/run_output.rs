@@ -130,6 +130,18 @@ import agentjail_test_no_such_module_7c1
     // The record as read later is the same.
     let again = api.status_of(ALICE, "fail-import");
     assert_eq!(again["stderr"], v["stderr"]);
+    // The full log masks the secret byte for byte, says so, and claims no attested digest.
+    let r = api.get(ALICE, "/v1/runs/fail-import/logs?stream=stdout");
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-agentjail-masked"], "1");
+    assert!(r.headers().get("x-agentjail-sha256").is_none());
+    let log = String::from_utf8(r.bytes().unwrap().to_vec()).unwrap();
+    assert!(!log.contains(SECRET), "{log}");
+    assert!(
+        log.contains(&format!("the key is {}\n", "*".repeat(SECRET.len()))),
+        "{log}"
+    );
+    assert_eq!(log.len() as u64, v["stdout"]["bytes"].as_u64().unwrap());
 }
 
 #[test]

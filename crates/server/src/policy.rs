@@ -145,6 +145,8 @@ pub enum Refusal {
     LogsExpired,
     /// Only a queued or running run is cancelled; this one ended otherwise.
     NotCancellable { state: RunState },
+    /// Only the actor that submitted a run, or an operator, cancels it.
+    NotYourRun,
     // ----- reconcile
     /// Only operators reconcile.
     NotOperator,
@@ -197,8 +199,8 @@ impl Refusal {
             | BadMediaType
             | Malformed(_) => "invalid-request",
             UnknownTask => "unknown-task",
-            TaskNotPermitted | CodeNotAccepted | NotOperator | ListOtherTenant | TaskGone
-            | RetryWithNetwork => "forbidden",
+            TaskNotPermitted | CodeNotAccepted | NotOperator | ListOtherTenant | NotYourRun
+            | TaskGone | RetryWithNetwork => "forbidden",
             NoSuchInput { .. } | NoSuchRun => "not-found",
             InputCount { .. } | InputMediaType { .. } | InputTooLarge { .. } => "input-mismatch",
             RequestIdConflict => "request-id-conflict",
@@ -267,6 +269,9 @@ impl Refusal {
                 "the run's status is `{state}`: it has not ended, or its command never started, so it has no log"
             ),
             LogsExpired => "the run's logs were deleted by the task's retention".into(),
+            NotYourRun => {
+                "only the actor that submitted the run, or an operator, may cancel it".into()
+            }
             NotCancellable { state } => {
                 format!("the run has ended (`{state}`); only a queued or running run is cancelled")
             }

@@ -169,8 +169,8 @@ fn http_status(r: &Refusal) -> (StatusCode, &'static str) {
         | BadMediaType
         | Malformed(_) => (StatusCode::BAD_REQUEST, "Invalid request"),
         UnknownTask => (StatusCode::NOT_FOUND, "Unknown task"),
-        TaskNotPermitted | CodeNotAccepted | NotOperator | ListOtherTenant | TaskGone
-        | RetryWithNetwork => (StatusCode::FORBIDDEN, "Forbidden by policy"),
+        TaskNotPermitted | CodeNotAccepted | NotOperator | ListOtherTenant | NotYourRun
+        | TaskGone | RetryWithNetwork => (StatusCode::FORBIDDEN, "Forbidden by policy"),
         NoSuchInput { .. } | NoSuchRun => (StatusCode::NOT_FOUND, "Not found"),
         InputCount { .. } | InputMediaType { .. } | InputTooLarge { .. } => (
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -567,6 +567,7 @@ async fn get_run(
         (status = 202, description = "The cancel was requested and the run has not ended yet: poll it", body = RunView),
         (status = 401, description = "Unauthenticated", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such run in the caller's tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The caller is neither the run's actor nor an operator", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The run had ended otherwise", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
@@ -599,9 +600,11 @@ pub struct LogParams {
 }
 
 /// The full retained log of the command's stdout or stderr (the first 1 MiB of the stream),
-/// exactly as written: untrusted bytes, sent as an attachment. Its sha256 (also in the
-/// `x-agentjail-sha256` header) is the run record's `stdout.sha256` / `stderr.sha256` and the
-/// receipt's, so it can be verified (`agentjail receipt verify --stdout FILE`).
+/// exactly as written but for the task's secrets, overwritten with `*` byte for byte (their
+/// count in `x-agentjail-masked`): untrusted bytes, sent as an attachment. When nothing was
+/// masked its sha256 (`x-agentjail-sha256`) is the run record's `stdout.sha256` /
+/// `stderr.sha256` and the receipt's, so it can be verified (`agentjail receipt verify --stdout
+/// FILE`); a masked log has no `x-agentjail-sha256`.
 #[utoipa::path(
     get,
     path = "/v1/runs/{request_id}/logs",
@@ -656,6 +659,9 @@ async fn get_log(
     );
     if let Some(Ok(v)) = log.sha256.as_deref().map(HeaderValue::from_str) {
         h.insert("x-agentjail-sha256", v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&log.masked.to_string()) {
+        h.insert("x-agentjail-masked", v);
     }
     Ok(resp)
 }

@@ -128,6 +128,26 @@ impl Secrets {
         self.credentials.redact(&s)
     }
 
+    /// Overwrites every copy of a secret in `bytes` with `*`, byte for byte (offsets and length
+    /// unchanged); how many copies were masked.
+    pub fn mask(&self, bytes: &mut [u8]) -> u64 {
+        let mut n = 0;
+        for v in &self.env {
+            let v = v.as_bytes();
+            let mut from = 0;
+            while let Some(at) = bytes
+                .get(from..)
+                .and_then(|rest| rest.windows(v.len()).position(|w| w == v))
+            {
+                let at = from + at;
+                bytes[at..at + v.len()].fill(b'*');
+                from = at + v.len();
+                n += 1;
+            }
+        }
+        n + self.credentials.mask(bytes)
+    }
+
     /// `s` without a beginning of a secret at its very end (a stream cut mid-secret).
     fn redact_cut_end(&self, mut s: String) -> String {
         for v in &self.env {
@@ -345,6 +365,17 @@ mod tests {
         assert!(!v.head.contains("SECRET-V"), "{}", v.head);
         assert!(v.head.ends_with(REDACTED), "{}", v.head);
         assert!(v.truncated && v.bytes == 5_000_000);
+    }
+
+    #[test]
+    fn masking_keeps_offsets_and_finds_every_copy() {
+        let s = Secrets::from_values(&["sk-secret-1234"]);
+        let mut b = b"a sk-secret-1234 b sk-secret-1234sk-secret-1234".to_vec();
+        let len = b.len();
+        assert_eq!(s.mask(&mut b), 3);
+        assert_eq!(b.len(), len);
+        assert!(!String::from_utf8_lossy(&b).contains("secret"));
+        assert!(b.starts_with(b"a ************** b "));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! one is killed (its whole sandbox, on whichever node executes it) and ends `cancelled`
 //! (`unknown` for a task with network access: something outside may have happened before the
 //! kill), with what it printed so far kept. Idempotent: cancelling a cancelled run answers its
-//! record; a run that ended otherwise is final (409).
+//! record; a run that ended otherwise is final (409). Only the actor that submitted the run,
+//! or an operator, cancels it (another actor of its tenant reads it, but cannot stop it).
 //!
 //! On this node the run's own cancellation token is cancelled ([`runner::cancel_here`]). On
 //! PostgreSQL a queued run no executor has claimed ends `cancelled` in the database at once;
@@ -32,6 +33,9 @@ pub(crate) async fn cancel(
     request_id: &str,
 ) -> Result<RunRow, Failure> {
     let r = get_checked(state, caller, request_id, "run_cancel", |r| {
+        if r.actor != caller.actor && !caller.operator {
+            return Err(Refusal::NotYourRun);
+        }
         match r.status {
             RunState::Queued | RunState::Running | RunState::Cancelled => Ok(()),
             s => Err(Refusal::NotCancellable { state: s }),
