@@ -380,6 +380,7 @@ async fn run_claimed(
 /// when the lease's end (as of the last renewal sent, by this process's monotonic clock)
 /// passes without a successful one. Each successful renewal moves `shared`, which the runner
 /// receives ([`crate::execution::runner::LeaseEnd`]).
+#[allow(clippy::too_many_arguments)]
 async fn heartbeat(
     state: AppState,
     queue: PgStore,
