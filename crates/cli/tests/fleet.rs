@@ -40,7 +40,9 @@ token_sha256 = "{a}"
 operator = true
 {sleeper}"#,
         a = sha256_hex(ALICE),
-        sleeper = sleeper_task(marker, 30),
+        // Its stdout shown (a fixed program shows none by default): the streams' tests.
+        sleeper =
+            sleeper_task(marker, 30).replace("max_args = 1\n", "max_args = 1\nstdout_bytes = 64\n"),
     )
 }
 
@@ -163,7 +165,7 @@ fn two_workers_execute_each_run_once() {
         let v = wait_final(&api, &format!("r-{i}"));
         assert_eq!(v["status"], "ok", "{v}");
         // What the worker's sandbox printed reaches the record that the API replica serves
-        // (issue #33): counted and digested; a fixed program shows none of it by default.
+        // (issue #33): shown, counted and digested.
         assert_eq!(v["stdout"]["bytes"], 4, "{v}");
         assert_eq!(
             v["stdout"]["sha256"],
@@ -172,7 +174,7 @@ fn two_workers_execute_each_run_once() {
         );
         assert_eq!(
             (&v["stdout"]["head"], &v["stdout"]["omitted_bytes"]),
-            (&json!(""), &json!(4)),
+            (&json!("ran\n"), &json!(0)),
             "{v}"
         );
         assert_eq!(pg.audited("run_start", &format!("r-{i}")), "1");
@@ -196,9 +198,9 @@ fn two_workers_execute_each_run_once() {
     let log = api.get(ALICE, "/v1/runs/r-0/logs?stream=stdout");
     assert_eq!(log.status(), 200);
     assert_eq!(log.bytes().unwrap().as_ref(), b"ran\n");
+    // Its stderr is not shown (stderr_bytes 0 for a fixed program): it never leaves.
     let log = api.get(ALICE, "/v1/runs/r-0/logs?stream=stderr");
-    assert_eq!(log.status(), 200);
-    assert!(log.bytes().unwrap().is_empty());
+    assert_eq!(log.status(), 403);
     let (f1, f2) = (w1.job_folders(), w2.job_folders());
     assert_eq!(
         f1.len() + f2.len(),
@@ -230,6 +232,56 @@ fn two_workers_execute_each_run_once() {
     drop(w1);
     drop(w2);
     drop(api_node);
+}
+
+/// `GET /v1/runs/{id}/events` on the API replica while the run executes on a worker (issue
+/// #33): the worker's output reaches the follower live through the database (a chunk arrives
+/// while the record says `running`), then `ended` with the final record.
+#[test]
+fn a_run_on_a_worker_is_followed_live_through_a_replica() {
+    use common::serve::read_sse;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pg) = Pg::start() else { return };
+    let (d_api, d_w1) = (tempdir(), tempdir());
+    let marker = marker_for(&d_api, "follow");
+    let cfg = config(&marker);
+    let (_api_node, api) = api(d_api.path(), &pg, &cfg);
+    let _w1 = worker(d_w1.path(), &pg, &cfg, "w1");
+    let body = json!({"request_id": "followed", "task": "sleeper", "inputs": [], "args": ["3"]});
+    assert_eq!(api.run(ALICE, &body, "?wait=false").status(), 202);
+    let r = api
+        .http
+        .get(api.url("/v1/runs/followed/events"))
+        .bearer_auth(ALICE)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (mut kinds, mut live, mut text, mut ended) =
+        (Vec::new(), false, String::new(), Value::Null);
+    read_sse(r, |e| {
+        kinds.push(e.event.clone());
+        match e.event.as_str() {
+            "stdout" => {
+                let d: Value = serde_json::from_str(&e.data).unwrap();
+                text.push_str(d["text"].as_str().unwrap());
+                live |= status_of(&api, "followed")["status"] == "running";
+            }
+            "ended" => ended = serde_json::from_str(&e.data).unwrap(),
+            _ => {}
+        }
+        e.event != "ended"
+    });
+    assert_eq!(text, "ran\n", "{kinds:?}");
+    assert!(
+        live,
+        "the worker's output reached the replica only at the end: {kinds:?}"
+    );
+    assert_eq!(ended["status"], "ok", "{ended}");
+    assert_eq!(
+        kinds.first().map(String::as_str),
+        Some("queued"),
+        "{kinds:?}"
+    );
 }
 
 /// `POST /v1/runs/{id}/cancel` on an API replica (issue #33): a queued run no executor has

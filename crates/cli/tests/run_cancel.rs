@@ -27,7 +27,8 @@ fn queued_and_running_runs_are_cancelled_and_the_sandbox_is_gone() {
         actor("alice", "acme", ALICE, false),
         actor("bob", "beta", BOB, false),
         actor("carol", "acme", CAROL, false),
-        sleeper_task(&marker, 60)
+        // Its stdout shown (a fixed program shows none by default).
+        sleeper_task(&marker, 60).replace("max_args = 1\n", "max_args = 1\nstdout_bytes = 64\n")
     );
     let cfg = write_config(dir.path(), &cfg);
     let s = Serve::start(&cfg, &dir.path().join("data"), &[]);

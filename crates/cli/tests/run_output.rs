@@ -417,3 +417,145 @@ fn runs_are_listed_for_the_callers_tenant_only() {
     let (code, _) = list("tok-wrong", "");
     assert_eq!(code, 401);
 }
+
+/// `GET /v1/runs/{id}/events`: a run is followed while it runs (a chunk arrives while the
+/// record still says `running`), the follower disconnects and resumes with `Last-Event-ID`,
+/// and the chunks put together are exactly what the code printed, the secret masked, nothing
+/// lost or sent twice; `ended` carries the final record.
+#[test]
+fn a_run_is_followed_live_and_resumed_without_loss_or_duplication() {
+    use common::serve::{SseEvent, read_sse};
+    let dir = common::tmp();
+    let (_s, api) = start(dir.path());
+    let code = r#"
+import json, os, sys, time
+for i in range(12):
+    print("tick %02d" % i, flush=True)
+    if i == 3:
+        print("key " + os.environ["API_KEY"], flush=True)
+    time.sleep(0.15)
+sys.stderr.write("done\n")
+json.dump({"ok": True}, open("/output/o.json", "w"))
+"#;
+    let r = api.run(
+        ALICE,
+        &json!({"request_id": "live", "task": "py", "code": code}),
+        "?wait=false",
+    );
+    assert_eq!(r.status(), 202);
+    let open = |last: Option<&str>| {
+        let mut req = api
+            .http
+            .get(api.url("/v1/runs/live/events"))
+            .bearer_auth(ALICE);
+        if let Some(id) = last {
+            req = req.header("Last-Event-ID", id);
+        }
+        let r = req.send().unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(
+            r.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/event-stream")
+        );
+        r
+    };
+    let mut seen: Vec<SseEvent> = Vec::new();
+    let mut live = false;
+    // First connection: until the first stdout chunk, then hang up.
+    read_sse(open(None), |e| {
+        seen.push(e.clone());
+        if e.event == "stdout" {
+            live = api.status_of(ALICE, "live")["status"] == "running";
+            return false;
+        }
+        true
+    });
+    assert!(live, "the first chunk came after the run ended: {seen:?}");
+    let last = seen.last().unwrap().id.clone();
+    read_sse(open(Some(&last)), |e| {
+        seen.push(e.clone());
+        e.event != "ended"
+    });
+    let kinds: Vec<&str> = seen.iter().map(|e| e.event.as_str()).collect();
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "queued").count(),
+        1,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "started").count(),
+        1,
+        "{kinds:?}"
+    );
+    assert_eq!(kinds.last(), Some(&"ended"), "{kinds:?}");
+    let text = |stream: &str| -> String {
+        let mut at = 0;
+        let mut all = String::new();
+        for e in seen.iter().filter(|e| e.event == stream) {
+            let d: Value = serde_json::from_str(&e.data).unwrap();
+            assert_eq!(
+                d["offset"].as_u64(),
+                Some(at),
+                "a chunk lost or repeated: {seen:?}"
+            );
+            assert_eq!(d["untrusted"], true);
+            at += d["bytes"].as_u64().unwrap();
+            all.push_str(d["text"].as_str().unwrap());
+        }
+        all
+    };
+    let mut want = String::new();
+    for i in 0..12 {
+        want.push_str(&format!("tick {i:02}\n"));
+        if i == 3 {
+            want.push_str(&format!("key {}\n", "*".repeat(SECRET.len())));
+        }
+    }
+    assert_eq!(text("stdout"), want);
+    assert_eq!(text("stderr"), "done\n");
+    let ended: Value = serde_json::from_str(&seen.last().unwrap().data).unwrap();
+    assert_eq!(ended["status"], "ok", "{ended}");
+    assert!(
+        !serde_json::to_string(&seen.iter().map(|e| &e.data).collect::<Vec<_>>())
+            .unwrap()
+            .contains(SECRET)
+    );
+    // Another tenant: the 404 of a missing run.
+    let r = api.get(BOB, "/v1/runs/live/events");
+    assert_eq!(r.status(), 404);
+}
+
+/// A stream a task shows none of (`stderr_bytes = 0`) never leaves: not in the record, not as
+/// a log, not live.
+#[test]
+fn a_stream_with_no_budget_never_leaves() {
+    use common::serve::read_sse;
+    let dir = common::tmp();
+    let cfg = config().replace(
+        "stdout_bytes = 1024\n",
+        "stdout_bytes = 1024\nstderr_bytes = 0\n",
+    );
+    let cfg = write_config(dir.path(), &cfg);
+    let s = Serve::start(&cfg, &dir.path().join("data"), &[]);
+    let api = Api::new(&s.base);
+    let code = "import sys\nprint('shown')\nsys.stderr.write('NOT-SHOWN-SENTINEL\\n')\n";
+    let v = run(&api, "quiet", code);
+    assert_eq!(v["stderr"]["head"], "", "{v}");
+    assert_eq!(v["stderr"]["omitted_bytes"], 19, "{v}");
+    assert_eq!(v["stdout"]["head"], "shown\n", "{v}");
+    assert_eq!(
+        api.get(ALICE, "/v1/runs/quiet/logs?stream=stderr").status(),
+        403
+    );
+    let r = api.get(ALICE, "/v1/runs/quiet/events");
+    let mut all = String::new();
+    read_sse(r, |e| {
+        if e.event != "ended" {
+            all.push_str(&e.data);
+        }
+        e.event != "ended"
+    });
+    assert!(all.contains("shown") && !all.contains("NOT-SHOWN"), "{all}");
+}

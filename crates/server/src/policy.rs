@@ -147,6 +147,8 @@ pub enum Refusal {
     NotCancellable { state: RunState },
     /// Only the actor that submitted a run, or an operator, cancels it.
     NotYourRun,
+    /// The task shows none of this stream (`stdout_bytes` / `stderr_bytes` = 0).
+    StreamNotShown { stream: &'static str },
     // ----- reconcile
     /// Only operators reconcile.
     NotOperator,
@@ -199,8 +201,14 @@ impl Refusal {
             | BadMediaType
             | Malformed(_) => "invalid-request",
             UnknownTask => "unknown-task",
-            TaskNotPermitted | CodeNotAccepted | NotOperator | ListOtherTenant | NotYourRun
-            | TaskGone | RetryWithNetwork => "forbidden",
+            TaskNotPermitted
+            | CodeNotAccepted
+            | NotOperator
+            | ListOtherTenant
+            | NotYourRun
+            | StreamNotShown { .. }
+            | TaskGone
+            | RetryWithNetwork => "forbidden",
             NoSuchInput { .. } | NoSuchRun => "not-found",
             InputCount { .. } | InputMediaType { .. } | InputTooLarge { .. } => "input-mismatch",
             RequestIdConflict => "request-id-conflict",
@@ -269,6 +277,9 @@ impl Refusal {
                 "the run's status is `{state}`: it has not ended, or its command never started, so it has no log"
             ),
             LogsExpired => "the run's logs were deleted by the task's retention".into(),
+            StreamNotShown { stream } => format!(
+                "the task shows none of its {stream} (its {stream}_bytes is 0): only its verified output leaves"
+            ),
             NotYourRun => {
                 "only the actor that submitted the run, or an operator, may cancel it".into()
             }

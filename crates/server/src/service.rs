@@ -8,12 +8,13 @@
 //! and nothing here knows a transport.
 //!
 //! The parts, each a file under `service/`: [`failure`], [`startup`], [`auth`], [`inputs`],
-//! [`runs`], [`listing`], [`logs`], [`cancel`], [`reconcile`] and [`catalogue`]. This file only names them and what the front
+//! [`runs`], [`listing`], [`logs`], [`events`], [`cancel`], [`reconcile`] and [`catalogue`]. This file only names them and what the front
 //! doors use; none of them uses it.
 
 mod auth;
 mod cancel;
 mod catalogue;
+mod events;
 mod failure;
 mod inputs;
 mod listing;
@@ -27,6 +28,7 @@ pub(crate) use auth::{authenticate, deny, spawn_auth_failure_flusher};
 pub(crate) use cancel::cancel;
 pub(crate) use catalogue::task_views;
 pub use catalogue::{TaskInputView, TaskView};
+pub(crate) use events::{Position, RunEvent, follow};
 pub use failure::Failure;
 pub use inputs::InputCreated;
 pub(crate) use inputs::upload;

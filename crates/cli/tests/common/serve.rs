@@ -323,3 +323,37 @@ impl Api {
         }
     }
 }
+
+/// One Server-Sent Event: its `id`, `event` and `data`.
+#[derive(Debug, Clone, Default)]
+pub struct SseEvent {
+    pub id: String,
+    pub event: String,
+    pub data: String,
+}
+
+/// Reads Server-Sent Events from `r` (a response body), calling `each` for every event until
+/// it returns false or the stream ends. Comments (keep-alives) are skipped.
+pub fn read_sse(r: impl std::io::Read, mut each: impl FnMut(&SseEvent) -> bool) {
+    let mut cur = SseEvent::default();
+    for line in BufReader::new(r).lines() {
+        let Ok(line) = line else { return };
+        if line.is_empty() {
+            if !cur.event.is_empty() || !cur.data.is_empty() {
+                if !each(&cur) {
+                    return;
+                }
+            }
+            cur = SseEvent::default();
+        } else if let Some(v) = line.strip_prefix("id:") {
+            cur.id = v.trim_start().to_string();
+        } else if let Some(v) = line.strip_prefix("event:") {
+            cur.event = v.trim_start().to_string();
+        } else if let Some(v) = line.strip_prefix("data:") {
+            if !cur.data.is_empty() {
+                cur.data.push('\n');
+            }
+            cur.data.push_str(v.strip_prefix(' ').unwrap_or(v));
+        }
+    }
+}

@@ -169,8 +169,14 @@ fn http_status(r: &Refusal) -> (StatusCode, &'static str) {
         | BadMediaType
         | Malformed(_) => (StatusCode::BAD_REQUEST, "Invalid request"),
         UnknownTask => (StatusCode::NOT_FOUND, "Unknown task"),
-        TaskNotPermitted | CodeNotAccepted | NotOperator | ListOtherTenant | NotYourRun
-        | TaskGone | RetryWithNetwork => (StatusCode::FORBIDDEN, "Forbidden by policy"),
+        TaskNotPermitted
+        | CodeNotAccepted
+        | NotOperator
+        | ListOtherTenant
+        | NotYourRun
+        | StreamNotShown { .. }
+        | TaskGone
+        | RetryWithNetwork => (StatusCode::FORBIDDEN, "Forbidden by policy"),
         NoSuchInput { .. } | NoSuchRun => (StatusCode::NOT_FOUND, "Not found"),
         InputCount { .. } | InputMediaType { .. } | InputTooLarge { .. } => (
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -581,6 +587,74 @@ async fn cancel_run(
     Ok(run_response(&state, &r))
 }
 
+/// Follows the run as it happens, as Server-Sent Events: `queued`, `started`, `stdout` and
+/// `stderr` chunks (`{offset, bytes, text}`: the sandbox's bytes as text, the task's secrets
+/// masked, made inert; UNTRUSTED), and `ended` with the final run record. Each event's id is
+/// the follower's position; reconnect with `Last-Event-ID` to resume without a chunk lost or
+/// sent twice. Works on any replica of a PostgreSQL deployment, wherever the run executes.
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{request_id}/events",
+    tag = "runs",
+    params(
+        ("request_id" = String, Path, description = "The request_id of the run"),
+        ("Last-Event-ID" = Option<String>, Header, description = "The id of the last event received, to resume after it"),
+    ),
+    responses(
+        (status = 200, description = "The event stream; it ends after `ended`", content_type = "text/event-stream", body = String),
+        (status = 401, description = "Unauthenticated", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such run in the caller's tenant", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+async fn run_events(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(request_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    use service::RunEvent;
+    let resume = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(service::Position::parse);
+    let follow = service::follow(&state, &caller, &request_id, resume).await?;
+    let events = futures_util::stream::unfold(follow, |mut f| async move {
+        let batch = f.next().await.unwrap_or_default();
+        if batch.is_empty() {
+            return None;
+        }
+        let events: Vec<Result<Event, std::convert::Infallible>> = batch
+            .into_iter()
+            .map(|(e, at)| {
+                let ev = Event::default().id(at.id());
+                Ok(match e {
+                    RunEvent::Queued => ev.event("queued").data("{}"),
+                    RunEvent::Started => ev.event("started").data("{}"),
+                    RunEvent::Chunk {
+                        stream,
+                        offset,
+                        bytes,
+                        text,
+                    } => ev.event(stream).data(
+                        serde_json::json!({"offset": offset, "bytes": bytes, "text": text, "untrusted": true})
+                            .to_string(),
+                    ),
+                    RunEvent::Ended(v) => ev
+                        .event("ended")
+                        .data(serde_json::to_string(&*v).unwrap_or_default()),
+                })
+            })
+            .collect();
+        Some((futures_util::stream::iter(events), f))
+    });
+    use futures_util::StreamExt;
+    Ok(Sse::new(events.flatten())
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
 /// Which stream's log.
 #[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
@@ -614,6 +688,7 @@ pub struct LogParams {
         (status = 200, description = "The log", content_type = "application/octet-stream", body = UploadBody),
         (status = 400, description = "`stream` is not `stdout` or `stderr`", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Unauthenticated", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The task shows none of this stream (`stdout_bytes` / `stderr_bytes` = 0)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such run", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The run has not ended, or its command never started", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "Deleted by retention", body = Problem, content_type = "application/problem+json"),
@@ -906,6 +981,7 @@ fn build(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::OpenAp
         .routes(routes!(get_artifact))
         .routes(routes!(get_log))
         .routes(routes!(cancel_run))
+        .routes(routes!(run_events))
         .routes(routes!(get_receipt))
         .routes(routes!(reconcile_run))
         .routes(routes!(list_tasks))

@@ -331,6 +331,12 @@ async fn run_claimed(
         lost.clone(),
         done.clone(),
     ));
+    let streaming = tokio::spawn(stream_logs(
+        state.clone(),
+        queue.clone(),
+        run.job_id.clone(),
+        done.clone(),
+    ));
     let spec: Result<JobSpec, _> = serde_json::from_str(&c.spec);
     let args: Result<Vec<String>, _> = serde_json::from_str(&run.args);
     let lease_h = Lease {
@@ -373,7 +379,46 @@ async fn run_claimed(
     }
     done.cancel();
     let _ = heartbeat.await;
+    let _ = streaming.await;
     drop(busy);
+}
+
+/// How often a running run's new output goes to the database, for followers on other nodes.
+const STREAM_EVERY: Duration = Duration::from_millis(250);
+/// Most bytes of one stream sent to the database at once.
+const STREAM_BYTES: u64 = 256 * 1024;
+
+/// Until `done`: appends what the run's logs in this node's job folder hold beyond what the
+/// database has to its stored logs, every [`STREAM_EVERY`] (`GET /v1/runs/{id}/events` on any
+/// node reads them). Bounded like the logs (the runner passes at most 1 MiB of each stream).
+async fn stream_logs(state: AppState, queue: PgStore, job_id: String, done: CancellationToken) {
+    use std::io::{Read, Seek, SeekFrom};
+    let dir = runner::job_dir(&state, &job_id);
+    let mut sent = [0u64; 2];
+    loop {
+        tokio::select! {
+            _ = done.cancelled() => return,
+            _ = tokio::time::sleep(STREAM_EVERY) => {}
+        }
+        for (i, name) in ["stdout.log", "stderr.log"].into_iter().enumerate() {
+            let Ok(mut f) = std::fs::File::open(dir.join(name)) else {
+                continue;
+            };
+            let mut b = Vec::new();
+            if f.seek(SeekFrom::Start(sent[i])).is_err()
+                || f.take(STREAM_BYTES).read_to_end(&mut b).is_err()
+                || b.is_empty()
+            {
+                continue;
+            }
+            match queue.append_log(&job_id, i == 0, sent[i], &b).await {
+                Ok(()) => sent[i] += b.len() as u64,
+                Err(e) => {
+                    tracing::warn!(%job_id, error = %e, "sending a running run's output to the database failed; retrying")
+                }
+            }
+        }
+    }
 }
 
 /// Renews the lease every `lease`/3 until `done`; cancels `lost` when a renewal is refused or

@@ -108,8 +108,12 @@ impl Secrets {
         }
     }
 
-    /// The longest secret, in bytes: how far past a cut the text is read so that a secret
-    /// across the cut is still seen whole.
+    /// The longest secret, in bytes: how far past a cut the text is read (or how much a live
+    /// follower holds back) so that a secret across the cut is still seen whole.
+    pub fn longest(&self) -> usize {
+        self.margin()
+    }
+
     fn margin(&self) -> usize {
         self.env
             .iter()

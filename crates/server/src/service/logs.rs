@@ -53,6 +53,16 @@ pub(crate) async fn log(
     let Some(task) = state.inner.config.tasks.get(&r.task) else {
         return Err(Failure::Refused(Refusal::TaskGone));
     };
+    // A stream the task shows none of never leaves, whole or in part.
+    let limit = if stdout {
+        task.stdout_limit()
+    } else {
+        task.stderr_limit()
+    };
+    if limit == 0 {
+        let stream = if stdout { "stdout" } else { "stderr" };
+        return Err(Failure::Refused(Refusal::StreamNotShown { stream }));
+    }
     let secrets = Secrets::of(task);
     let served = |mut bytes: Vec<u8>| {
         let masked = secrets.mask(&mut bytes);

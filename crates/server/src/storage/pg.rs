@@ -789,6 +789,32 @@ impl Store for PgStore {
         true
     }
 
+    fn run_log_since(
+        &self,
+        job_id: &str,
+        stdout: bool,
+        offset: u64,
+        max: u64,
+    ) -> StoreFuture<'_, Option<Vec<u8>>> {
+        let job_id = job_id.to_string();
+        Box::pin(async move {
+            let c = self.client().await?;
+            let sql = if stdout {
+                "SELECT substring(COALESCE(stdout_log, ''::bytea) FROM $2 FOR $3) FROM runs WHERE job_id = $1"
+            } else {
+                "SELECT substring(COALESCE(stderr_log, ''::bytea) FROM $2 FOR $3) FROM runs WHERE job_id = $1"
+            };
+            let (from, n) = (offset as i64 + 1, max as i64);
+            let row = c
+                .query_opt(sql, &[&job_id, &(from as i32), &(n as i32)])
+                .await
+                .map_err(pg_err)?;
+            Ok(Some(
+                row.map(|r| r.get::<_, Vec<u8>>(0)).unwrap_or_default(),
+            ))
+        })
+    }
+
     fn run_log(&self, job_id: &str, stdout: bool) -> StoreFuture<'_, Option<Vec<u8>>> {
         let job_id = job_id.to_string();
         Box::pin(async move {
@@ -1397,6 +1423,32 @@ impl PgStore {
             .await
             .map_err(pg_err)?;
         Ok(row.map(|r| r.get(0)))
+    }
+
+    /// Appends `bytes` to a running run's stored log of stdout (`stdout`) or stderr, if it
+    /// holds exactly `at` bytes now (a retried append adds nothing twice) and the run is still
+    /// in flight (its end writes the whole log). So followers on any node see its output live.
+    pub async fn append_log(
+        &self,
+        job_id: &str,
+        stdout: bool,
+        at: u64,
+        bytes: &[u8],
+    ) -> Result<(), StoreError> {
+        let c = self.client().await?;
+        let sql = if stdout {
+            "UPDATE runs SET stdout_log = COALESCE(stdout_log, ''::bytea) || $3
+             WHERE job_id = $1 AND octet_length(COALESCE(stdout_log, ''::bytea)) = $2
+             AND status IN ('queued', 'running')"
+        } else {
+            "UPDATE runs SET stderr_log = COALESCE(stderr_log, ''::bytea) || $3
+             WHERE job_id = $1 AND octet_length(COALESCE(stderr_log, ''::bytea)) = $2
+             AND status IN ('queued', 'running')"
+        };
+        c.execute(sql, &[&job_id, &(at as i32), &bytes])
+            .await
+            .map_err(pg_err)?;
+        Ok(())
     }
 
     /// A cancel of the run `request_id` of `tenant`, with its audit `record`: a run still in

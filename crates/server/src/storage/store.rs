@@ -179,6 +179,18 @@ pub trait Store: Send + Sync {
         let _ = (job_id, stdout);
         Box::pin(async { Ok(None) })
     }
+    /// Up to `max` bytes of a run's log from `offset`, when the store keeps logs (PostgreSQL:
+    /// also while the run goes on, as its executor appends them); None when it does not.
+    fn run_log_since(
+        &self,
+        job_id: &str,
+        stdout: bool,
+        offset: u64,
+        max: u64,
+    ) -> StoreFuture<'_, Option<Vec<u8>>> {
+        let _ = (job_id, stdout, offset, max);
+        Box::pin(async { Ok(None) })
+    }
     /// Whether [`FinishRun::logs`] is kept (a store shared by several nodes).
     fn keeps_logs(&self) -> bool {
         false

@@ -1,0 +1,284 @@
+//! Following a run as it happens (`GET /v1/runs/{request_id}/events`, Server-Sent Events):
+//! `queued`, `started`, `stdout` / `stderr` chunks, and `ended` with the final record.
+//!
+//! Nothing is pushed and nothing is buffered per client: each follower polls the store for the
+//! run's state and reads the logs from where it left off (this node's job folder, or the
+//! store's copy when it keeps logs), a bounded amount per poll. A follower that does not read
+//! holds one poll's worth at most and no run slot; one that disconnects resumes with its
+//! `Last-Event-ID`, which is its position (`PHASE.STDOUT_OFFSET.STDERR_OFFSET`), so no chunk is
+//! lost or sent twice. Chunks are the sandbox's bytes as text, with the task's secrets masked
+//! (a copy of a secret across two polls is held back until it is seen whole) and made inert
+//! for a terminal, like the record's views; `ended` carries the record (whose views, digests
+//! and denials are the run's final word).
+
+use std::io::{Read, Seek, SeekFrom};
+use std::time::{Duration, Instant};
+
+use super::failure::Failure;
+use super::runs::{RunView, get_checked, view};
+use crate::app::AppState;
+use crate::execution::streams::Secrets;
+use crate::policy::{Caller, Refusal};
+
+/// How often a follower looks for news.
+pub const POLL: Duration = Duration::from_millis(200);
+/// Most bytes of one stream sent in one chunk event.
+pub const CHUNK_BYTES: usize = 16 * 1024;
+/// Most bytes of one stream read per poll (so a follower far behind catches up in steps).
+const POLL_BYTES: u64 = 64 * 1024;
+/// A follower ends after this long whatever the run does (it reconnects with its position).
+const MAX_FOLLOW: Duration = Duration::from_secs(3600);
+
+/// Where a follower is: what it has been sent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Position {
+    /// 0 nothing, 1 `queued` sent, 2 `started` sent, 3 `ended` sent.
+    pub phase: u8,
+    pub stdout: u64,
+    pub stderr: u64,
+}
+
+impl Position {
+    /// The SSE event id: `PHASE.STDOUT.STDERR`.
+    pub fn id(&self) -> String {
+        format!("{}.{}.{}", self.phase, self.stdout, self.stderr)
+    }
+
+    /// A `Last-Event-ID`; None when it is not one of ours (the follower starts over).
+    pub fn parse(s: &str) -> Option<Position> {
+        let mut p = s.trim().splitn(3, '.');
+        let phase = p.next()?.parse::<u8>().ok().filter(|p| *p <= 3)?;
+        Some(Position {
+            phase,
+            stdout: p.next()?.parse().ok()?,
+            stderr: p.next()?.parse().ok()?,
+        })
+    }
+}
+
+/// One event of a run.
+#[derive(Debug)]
+pub enum RunEvent {
+    Queued,
+    Started,
+    /// Text of `bytes` bytes of a stream from `offset`.
+    Chunk {
+        stream: &'static str,
+        offset: u64,
+        bytes: u64,
+        text: String,
+    },
+    Ended(Box<RunView>),
+}
+
+/// A follower of one run.
+pub struct Follow {
+    state: AppState,
+    tenant: String,
+    request_id: String,
+    job_id: String,
+    secrets: Secrets,
+    margin: usize,
+    /// Which streams the task shows at all ([stdout, stderr]): a stream whose budget is 0
+    /// never leaves, live or not.
+    shown: [bool; 2],
+    pub position: Position,
+    since: Instant,
+    done: bool,
+}
+
+/// Starts following `request_id` of the caller's tenant (audited as `run_events`), from
+/// `resume` (a `Last-Event-ID`) when given.
+pub(crate) async fn follow(
+    state: &AppState,
+    caller: &Caller,
+    request_id: &str,
+    resume: Option<Position>,
+) -> Result<Follow, Failure> {
+    let r = get_checked(state, caller, request_id, "run_events", |_| Ok(())).await?;
+    let Some(task) = state.inner.config.tasks.get(&r.task) else {
+        return Err(Failure::Refused(Refusal::TaskGone));
+    };
+    let secrets = Secrets::of(task);
+    Ok(Follow {
+        shown: [task.stdout_limit() > 0, task.stderr_limit() > 0],
+        margin: secrets.longest(),
+        secrets,
+        state: state.clone(),
+        tenant: r.tenant,
+        request_id: r.request_id,
+        job_id: r.job_id,
+        position: resume.unwrap_or_default(),
+        since: Instant::now(),
+        done: false,
+    })
+}
+
+impl Follow {
+    /// The next events (and the position after each); empty when the follow has ended.
+    /// Waits for news, a poll at a time.
+    pub async fn next(&mut self) -> Result<Vec<(RunEvent, Position)>, Failure> {
+        loop {
+            if self.done || self.since.elapsed() > MAX_FOLLOW {
+                return Ok(Vec::new());
+            }
+            let out = self.poll().await?;
+            if !out.is_empty() {
+                return Ok(out);
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    async fn poll(&mut self) -> Result<Vec<(RunEvent, Position)>, Failure> {
+        let mut out = Vec::new();
+        let Some(r) = self
+            .state
+            .store()
+            .get_run(&self.tenant, &self.request_id)
+            .await?
+        else {
+            self.done = true;
+            return Ok(out);
+        };
+        // A retried run (a new job id) is followed from its start.
+        if r.job_id != self.job_id {
+            self.job_id = r.job_id.clone();
+            self.position = Position::default();
+        }
+        let ended = r.status.is_terminal();
+        if self.position.phase < 1 {
+            self.position.phase = 1;
+            out.push((RunEvent::Queued, self.position));
+        }
+        if self.position.phase < 2 && r.started_at.is_some() {
+            self.position.phase = 2;
+            out.push((RunEvent::Started, self.position));
+        }
+        let mut caught_up = true;
+        for stdout in [true, false] {
+            if !self.shown[usize::from(!stdout)] {
+                continue;
+            }
+            let offset = if stdout {
+                self.position.stdout
+            } else {
+                self.position.stderr
+            };
+            // Read with the secret-length context before `offset` (already sent), so that a
+            // secret across the last cut is seen whole again and its rest masked too.
+            let ctx_from = offset.saturating_sub(self.margin as u64);
+            let Some(window) = self.read(stdout, ctx_from).await? else {
+                continue;
+            };
+            let ctx = (offset - ctx_from) as usize;
+            if window.len() <= ctx {
+                continue;
+            }
+            let mut masked = window;
+            self.secrets.mask(&mut masked);
+            let masked = masked.split_off(ctx);
+            // Held back while the run goes on (or the read was cut): the end of a secret, or
+            // of a character, may still be on its way.
+            let mut send = masked.len();
+            if !ended || (ctx + masked.len()) as u64 >= POLL_BYTES {
+                send = send.saturating_sub(self.margin);
+                while send > 0 && send < masked.len() && (masked[send] & 0xC0) == 0x80 {
+                    send -= 1;
+                }
+            }
+            if (ctx + masked.len()) as u64 >= POLL_BYTES {
+                caught_up = false;
+            }
+            let mut at = 0;
+            while at < send {
+                let n = (send - at).min(CHUNK_BYTES);
+                let mut end = at + n;
+                while end > at + 1 && end < send && (masked[end] & 0xC0) == 0x80 {
+                    end -= 1;
+                }
+                let text = inert(&masked[at..end]);
+                let start = offset + at as u64;
+                if stdout {
+                    self.position.stdout = start + (end - at) as u64;
+                } else {
+                    self.position.stderr = start + (end - at) as u64;
+                }
+                out.push((
+                    RunEvent::Chunk {
+                        stream: if stdout { "stdout" } else { "stderr" },
+                        offset: start,
+                        bytes: (end - at) as u64,
+                        text,
+                    },
+                    self.position,
+                ));
+                at = end;
+            }
+        }
+        if ended && caught_up {
+            self.position.phase = 3;
+            self.done = true;
+            out.push((
+                RunEvent::Ended(Box::new(view(&self.state, &r))),
+                self.position,
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Up to [`POLL_BYTES`] of a log from `offset`: the store's copy when it keeps one, else
+    /// this node's job folder (None: nothing there yet).
+    async fn read(&self, stdout: bool, offset: u64) -> Result<Option<Vec<u8>>, Failure> {
+        // The store's copy (PostgreSQL: appended by the executor as the run goes on), else
+        // this node's job folder (the same bytes, where this node runs it).
+        if let Some(b) = self
+            .state
+            .store()
+            .run_log_since(&self.job_id, stdout, offset, POLL_BYTES)
+            .await?
+            .filter(|b| !b.is_empty())
+        {
+            return Ok(Some(b));
+        }
+        let name = if stdout { "stdout.log" } else { "stderr.log" };
+        let path = crate::execution::runner::job_dir(&self.state, &self.job_id).join(name);
+        let Ok(mut f) = std::fs::File::open(path) else {
+            return Ok(None);
+        };
+        let mut b = Vec::new();
+        if f.seek(SeekFrom::Start(offset)).is_err()
+            || f.take(POLL_BYTES).read_to_end(&mut b).is_err()
+        {
+            return Ok(None);
+        }
+        Ok((!b.is_empty()).then_some(b))
+    }
+}
+
+/// Bytes of the sandbox as text made inert for a terminal (the engine's filter).
+fn inert(b: &[u8]) -> String {
+    let mut f = agentjail_engine::term::Inert::default();
+    let mut out = Vec::new();
+    f.feed(b, &mut out);
+    f.finish_open(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_round_trip_and_refuse_what_is_not_ours() {
+        let p = Position {
+            phase: 2,
+            stdout: 17,
+            stderr: 0,
+        };
+        assert_eq!(Position::parse(&p.id()), Some(p));
+        for bad in ["", "4.0.0", "1.x.0", "1.2", "a.b.c", "1.2.3.4"] {
+            assert_eq!(Position::parse(bad), None, "{bad}");
+        }
+    }
+}
