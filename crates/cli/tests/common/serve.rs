@@ -339,10 +339,8 @@ pub fn read_sse(r: impl std::io::Read, mut each: impl FnMut(&SseEvent) -> bool) 
     for line in BufReader::new(r).lines() {
         let Ok(line) = line else { return };
         if line.is_empty() {
-            if !cur.event.is_empty() || !cur.data.is_empty() {
-                if !each(&cur) {
-                    return;
-                }
+            if (!cur.event.is_empty() || !cur.data.is_empty()) && !each(&cur) {
+                return;
             }
             cur = SseEvent::default();
         } else if let Some(v) = line.strip_prefix("id:") {
