@@ -559,3 +559,46 @@ fn a_stream_with_no_budget_never_leaves() {
     });
     assert!(all.contains("shown") && !all.contains("NOT-SHOWN"), "{all}");
 }
+
+/// Followers are bounded (half of `server.max_connections`): one more is told to come back
+/// later (503) while other requests are still served, and a follower that leaves frees its
+/// place.
+#[test]
+fn followers_are_bounded() {
+    let dir = common::tmp();
+    let cfg = config().replace(
+        "[tenants.acme]",
+        "[server]\nmax_connections = 4\n\n[tenants.acme]",
+    );
+    let cfg = write_config(dir.path(), &cfg);
+    let s = Serve::start(&cfg, &dir.path().join("data"), &[]);
+    let api = Api::new(&s.base);
+    let r = api.run(
+        ALICE,
+        &json!({"request_id": "slow", "task": "py", "code": "import time\ntime.sleep(8)\n"}),
+        "?wait=false",
+    );
+    assert_eq!(r.status(), 202);
+    let follow = || api.get(ALICE, "/v1/runs/slow/events");
+    let a = follow();
+    let b = follow();
+    assert_eq!((a.status().as_u16(), b.status().as_u16()), (200, 200));
+    let c = follow();
+    assert_eq!(c.status(), 503, "{:?}", c.text());
+    assert_eq!(api.status_of(ALICE, "slow")["status"], "running");
+    drop(a);
+    // The server notices the hang-up at its next write (a poll or a keep-alive).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let d = follow();
+        if d.status() == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the place was never freed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    drop(b);
+}

@@ -68,6 +68,10 @@ pub(crate) struct Inner {
     pub schemas: std::collections::BTreeMap<String, TaskSchema>,
     /// Authentication failures not yet audited (aggregated records).
     pub auth_failures: AuthFailures,
+    /// Followers of runs (`GET /v1/runs/{id}/events`) at once on this node, at most half of
+    /// `server.max_connections`: each polls the store and holds a connection, so they are
+    /// bounded and never take every connection from the other requests.
+    pub followers: Arc<Semaphore>,
     /// The cancellation of each run executing or waiting for a slot on this node, by job id
     /// (`POST /v1/runs/{id}/cancel`; PostgreSQL: the lease renewal asks for it).
     pub cancels:

@@ -619,8 +619,12 @@ async fn run_events(
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .and_then(service::Position::parse);
+    // Held for the stream's life: followers are bounded (each polls the store).
+    let Ok(permit) = state.inner.followers.clone().try_acquire_owned() else {
+        return Err(ApiError::from(Failure::Unavailable));
+    };
     let follow = service::follow(&state, &caller, &request_id, resume).await?;
-    let events = futures_util::stream::unfold(follow, |mut f| async move {
+    let events = futures_util::stream::unfold((follow, permit), |(mut f, permit)| async move {
         let batch = f.next().await.unwrap_or_default();
         if batch.is_empty() {
             return None;
@@ -647,7 +651,7 @@ async fn run_events(
                 })
             })
             .collect();
-        Some((futures_util::stream::iter(events), f))
+        Some((futures_util::stream::iter(events), (f, permit)))
     });
     use futures_util::StreamExt;
     Ok(Sse::new(events.flatten())

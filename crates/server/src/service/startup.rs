@@ -125,6 +125,8 @@ impl AppState {
                 schemas.insert(name.clone(), TaskSchema { text, file });
             }
         }
+        // Half the connections at most follow runs, so followers never starve the rest.
+        let max_followers = (config.server.max_connections / 2).max(1);
         let state = AppState {
             inner: Arc::new(Inner {
                 max_admitted: concurrency + config.server.max_queued_runs,
@@ -144,6 +146,7 @@ impl AppState {
                 schemas,
                 auth_failures: AuthFailures::default(),
                 cancels: Default::default(),
+                followers: Arc::new(Semaphore::new(max_followers)),
                 _lock: lock,
             }),
         };
