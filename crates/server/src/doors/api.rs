@@ -722,25 +722,9 @@ async fn get_log(
         matches!(stream, LogStream::Stdout),
     )
     .await?;
-    let mut resp = log.bytes.into_response();
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
-    h.insert(
-        "x-content-type-options",
-        HeaderValue::from_static("nosniff"),
-    );
-    h.insert(
-        header::CONTENT_DISPOSITION,
-        HeaderValue::from_static("attachment"),
-    );
-    if let Some(Ok(v)) = log.sha256.as_deref().map(HeaderValue::from_str) {
-        h.insert("x-agentjail-sha256", v);
-    }
+    let mut resp = attachment(log.bytes, "application/octet-stream", log.sha256.as_deref());
     if let Ok(v) = HeaderValue::from_str(&log.masked.to_string()) {
-        h.insert("x-agentjail-masked", v);
+        resp.headers_mut().insert("x-agentjail-masked", v);
     }
     Ok(resp)
 }
@@ -766,11 +750,17 @@ async fn get_artifact(
     Path(request_id): Path<String>,
 ) -> Result<Response, ApiError> {
     let a = service::artifact(&state, &caller, &request_id).await?;
-    let mut resp = a.bytes.into_response();
+    Ok(attachment(a.bytes, &a.media_type, a.sha256.as_deref()))
+}
+
+/// Bytes the sandbox made, sent so that no client renders them: `media_type`, `nosniff`, as an
+/// attachment, with their `x-agentjail-sha256` when given.
+fn attachment(bytes: Vec<u8>, media_type: &str, sha256: Option<&str>) -> Response {
+    let mut resp = bytes.into_response();
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_str(&a.media_type)
+        HeaderValue::from_str(media_type)
             .unwrap_or(HeaderValue::from_static("application/octet-stream")),
     );
     h.insert(
@@ -781,10 +771,10 @@ async fn get_artifact(
         header::CONTENT_DISPOSITION,
         HeaderValue::from_static("attachment"),
     );
-    if let Some(Ok(v)) = a.sha256.as_deref().map(HeaderValue::from_str) {
+    if let Some(Ok(v)) = sha256.map(HeaderValue::from_str) {
         h.insert("x-agentjail-sha256", v);
     }
-    Ok(resp)
+    resp
 }
 
 /// The signed receipt of the run (a DSSE envelope).
