@@ -8,7 +8,8 @@
 //!   `"DSSEv1" SP len(type) SP type SP len(body) SP body` ([`pae`]).
 //! * Keys are PKCS#8 PEM files, created on first use with mode 0600 in a 0700 folder
 //!   ([`ReceiptKey::load_or_create`]); an existing key file readable by others, or not owned by
-//!   the current user, is refused. The key id is the hex sha256 of the raw 32-byte public key.
+//!   the current user, is refused. The key id is the hex sha256 of the raw 32-byte public key
+//!   (`receipt/key.rs`; the error and the type names are in `receipt/error.rs`).
 //!
 //! [`verify`] checks the envelope's payload type, the signature (with a given public key, or
 //! the local key), the statement and predicate types, and that every artifact given matches a
@@ -16,9 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use agentjail_manifest::Limits;
 use agentjail_manifest::report::{
@@ -26,105 +25,22 @@ use agentjail_manifest::report::{
 };
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE};
-use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey};
-use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use ed25519_dalek::{Signature, Signer, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::text::printable;
 
-/// `_type` of an in-toto Statement v1.
-pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
-/// `predicateType` of an agentjail run attestation.
-pub const PREDICATE_TYPE: &str = "https://agentjail.dev/attestation/run/v1";
-/// `predicateType` of an `agentjail selftest` attestation: the predicate is the self-test's JSON
-/// result (`agentjail.selftest/v1`), the subject the agentjail binary that was tested.
-pub const SELFTEST_PREDICATE_TYPE: &str = "https://agentjail.dev/attestation/selftest/v1";
-/// DSSE `payloadType` of an in-toto statement.
-pub const PAYLOAD_TYPE: &str = "application/vnd.in-toto+json";
-/// Largest envelope, key file or PEM text accepted.
-const MAX_ENVELOPE_BYTES: usize = 16 * 1024 * 1024;
-const MAX_KEY_FILE_BYTES: u64 = 16 * 1024;
+mod error;
+mod key;
+pub use error::{
+    PAYLOAD_TYPE, PREDICATE_TYPE, ReceiptError, SELFTEST_PREDICATE_TYPE, STATEMENT_TYPE,
+};
+use key::keyid_of;
+pub use key::{ReceiptKey, default_key_path, parse_public_key_pem};
 
-/// Why a receipt could not be made or did not verify. Each message is one line.
-#[derive(Debug, thiserror::Error)]
-pub enum ReceiptError {
-    #[error("receipt is not a DSSE envelope: {reason}")]
-    BadEnvelope { reason: String },
-    #[error("receipt payload type is `{found}`, expected `{PAYLOAD_TYPE}`")]
-    WrongPayloadType { found: String },
-    #[error("receipt has no signature")]
-    NoSignature,
-    #[error(
-        "receipt signature is invalid for key {keyid} (the receipt or its signature was altered, or it was signed by another key)"
-    )]
-    SignatureInvalid { keyid: String },
-    #[error("receipt was signed by key id {found}, not by the given key {expected}")]
-    UnknownKeyId { found: String, expected: String },
-    #[error("receipt statement type is `{found}`, expected `{STATEMENT_TYPE}`")]
-    WrongStatementType { found: String },
-    #[error("receipt predicate type is `{found}`, expected `{PREDICATE_TYPE}`")]
-    WrongPredicateType { found: String },
-    #[error("receipt payload is not an agentjail run statement: {reason}")]
-    BadStatement { reason: String },
-    #[error(
-        "artifact {name} does not match the receipt: sha256 {actual}, the receipt says {expected}"
-    )]
-    ArtifactMismatch {
-        name: String,
-        expected: String,
-        actual: String,
-    },
-    #[error("artifact {name} is not a subject of the receipt (subjects: {subjects})")]
-    ArtifactNotSubject { name: String, subjects: String },
-    #[error(
-        "artifact {name} matches several subjects by file name; name it by its full subject path"
-    )]
-    ArtifactAmbiguous { name: String },
-    #[error("cannot read artifact {}: {source}", .path.display())]
-    ArtifactRead {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(
-        "the receipt carries no digest of the command's {stream} (the command never started, or an older agentjail signed it)"
-    )]
-    NoStreamDigest { stream: &'static str },
-    #[error(
-        "{stream} log {name} does not match the receipt: sha256 {found}, the receipt says {signed}"
-    )]
-    StreamMismatch {
-        stream: &'static str,
-        name: String,
-        found: String,
-        signed: String,
-    },
-    #[error("output file {name} has no sha256:<hex> digest")]
-    BadSubjectDigest { name: String },
-    #[error("key file {} has mode {mode:04o}; it must not be readable or writable by group or others (chmod 600)", .path.display())]
-    KeyPermissions { path: PathBuf, mode: u32 },
-    #[error("key file {} is owned by uid {owner}, not by the current user (uid {uid})", .path.display())]
-    KeyOwner { path: PathBuf, owner: u32, uid: u32 },
-    #[error("key file {} is not a regular file", .path.display())]
-    KeyNotRegularFile { path: PathBuf },
-    #[error("key file {}: {source}", .path.display())]
-    KeyIo {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("key file {} is not a PKCS#8 PEM Ed25519 private key", .path.display())]
-    KeyFormat { path: PathBuf },
-    #[error("no public key given and no receipt key at {}; pass the signer's public key (agentjail receipt pubkey)", .path.display())]
-    NoKey { path: PathBuf },
-    #[error("public key is not an Ed25519 public key in PEM (\"BEGIN PUBLIC KEY\") form")]
-    PublicKeyFormat,
-    #[error("cannot get random bytes for a new key: {0}")]
-    Random(String),
-    #[error("cannot encode the receipt statement: {0}")]
-    Encoding(String),
-}
+/// Largest envelope accepted (a key file or PEM text: `key.rs`).
+const MAX_ENVELOPE_BYTES: usize = 16 * 1024 * 1024;
 
 /// A DSSE envelope.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -265,170 +181,6 @@ impl Artifact {
             sha256: agentjail_manifest::hex(&hasher.finalize()),
         })
     }
-}
-
-/// The signing key of receipts.
-pub struct ReceiptKey {
-    key: SigningKey,
-}
-
-impl std::fmt::Debug for ReceiptKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReceiptKey")
-            .field("keyid", &self.keyid())
-            .finish_non_exhaustive()
-    }
-}
-
-/// `$XDG_DATA_HOME/agentjail/receipt-key.pem`, else `$HOME/.local/share/agentjail/receipt-key.pem`
-/// (relative or empty variables are ignored, as the XDG spec says).
-pub fn default_key_path() -> PathBuf {
-    key_path_from(std::env::var_os("XDG_DATA_HOME"), std::env::var_os("HOME"))
-}
-
-fn key_path_from(xdg: Option<std::ffi::OsString>, home: Option<std::ffi::OsString>) -> PathBuf {
-    let abs = |v: Option<std::ffi::OsString>| v.map(PathBuf::from).filter(|p| p.is_absolute());
-    let base = abs(xdg)
-        .or_else(|| abs(home).map(|h| h.join(".local/share")))
-        .unwrap_or_else(|| PathBuf::from("/nonexistent/.local/share"));
-    base.join("agentjail").join("receipt-key.pem")
-}
-
-impl ReceiptKey {
-    /// A new random key (not stored).
-    pub fn generate() -> Result<ReceiptKey, ReceiptError> {
-        let mut seed = [0u8; 32];
-        getrandom::fill(&mut seed).map_err(|e| ReceiptError::Random(e.to_string()))?;
-        let key = SigningKey::from_bytes(&seed);
-        seed.fill(0);
-        Ok(ReceiptKey { key })
-    }
-
-    /// Loads the key at `path`, creating it (mode 0600, parent folders 0700) when absent.
-    pub fn load_or_create(path: &Path) -> Result<ReceiptKey, ReceiptError> {
-        let io = |source| ReceiptError::KeyIo {
-            path: path.to_owned(),
-            source,
-        };
-        match std::fs::symlink_metadata(path) {
-            Ok(_) => return ReceiptKey::load(path),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io(e)),
-        }
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(parent)
-                .map_err(io)?;
-        }
-        let key = ReceiptKey::generate()?;
-        let pem = key
-            .key
-            .to_pkcs8_pem(ed25519_dalek::pkcs8::spki::der::pem::LineEnding::LF)
-            .map_err(|e| ReceiptError::Encoding(e.to_string()))?;
-        let mut f = match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-            .open(path)
-        {
-            Ok(f) => f,
-            // Created by someone else meanwhile: load (and check) that one.
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                return ReceiptKey::load(path);
-            }
-            Err(e) => return Err(io(e)),
-        };
-        f.write_all(pem.as_bytes()).map_err(io)?;
-        f.sync_all().map_err(io)?;
-        Ok(key)
-    }
-
-    /// Loads an existing key file, refusing one that is not a regular file owned by the current
-    /// user with no group/other permission bits.
-    pub fn load(path: &Path) -> Result<ReceiptKey, ReceiptError> {
-        let io = |source| ReceiptError::KeyIo {
-            path: path.to_owned(),
-            source,
-        };
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(
-                (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32,
-            )
-            .open(path)
-            .map_err(|e| {
-                if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
-                    ReceiptError::KeyNotRegularFile {
-                        path: path.to_owned(),
-                    }
-                } else {
-                    io(e)
-                }
-            })?;
-        let meta = f.metadata().map_err(io)?;
-        if !meta.is_file() {
-            return Err(ReceiptError::KeyNotRegularFile {
-                path: path.to_owned(),
-            });
-        }
-        let uid = rustix::process::geteuid().as_raw();
-        if meta.uid() != uid {
-            return Err(ReceiptError::KeyOwner {
-                path: path.to_owned(),
-                owner: meta.uid(),
-                uid,
-            });
-        }
-        if meta.mode() & 0o077 != 0 {
-            return Err(ReceiptError::KeyPermissions {
-                path: path.to_owned(),
-                mode: meta.mode() & 0o7777,
-            });
-        }
-        let mut pem = String::new();
-        f.take(MAX_KEY_FILE_BYTES)
-            .read_to_string(&mut pem)
-            .map_err(|_| ReceiptError::KeyFormat {
-                path: path.to_owned(),
-            })?;
-        let key = SigningKey::from_pkcs8_pem(&pem).map_err(|_| ReceiptError::KeyFormat {
-            path: path.to_owned(),
-        })?;
-        Ok(ReceiptKey { key })
-    }
-
-    /// The public key as SPKI PEM (`-----BEGIN PUBLIC KEY-----`).
-    pub fn public_key_pem(&self) -> String {
-        self.key
-            .verifying_key()
-            .to_public_key_pem(ed25519_dalek::pkcs8::spki::der::pem::LineEnding::LF)
-            .unwrap_or_default()
-    }
-
-    /// Hex sha256 of the raw 32-byte public key.
-    pub fn keyid(&self) -> String {
-        keyid_of(&self.key.verifying_key())
-    }
-
-    /// The public half.
-    pub fn verifying_key(&self) -> VerifyingKey {
-        self.key.verifying_key()
-    }
-}
-
-fn keyid_of(k: &VerifyingKey) -> String {
-    agentjail_manifest::hex(&Sha256::digest(k.as_bytes()))
-}
-
-/// Parses an SPKI PEM Ed25519 public key.
-pub fn parse_public_key_pem(pem: &str) -> Result<VerifyingKey, ReceiptError> {
-    if pem.len() > MAX_KEY_FILE_BYTES as usize {
-        return Err(ReceiptError::PublicKeyFormat);
-    }
-    VerifyingKey::from_public_key_pem(pem.trim()).map_err(|_| ReceiptError::PublicKeyFormat)
 }
 
 /// DSSE pre-authentication encoding: `"DSSEv1" SP len(type) SP type SP len(body) SP body`.

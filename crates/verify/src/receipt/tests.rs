@@ -1,8 +1,10 @@
 //! The unit tests of [`super`] (signed run receipts): signing, verifying, key files.
 
+use super::key::key_path_from;
 use super::*;
 use agentjail_manifest::report::{DenialKind, REPORT_SCHEMA};
 use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
 
 fn report() -> RunReport {
     let mut r = RunReport::setup_error(Limits::default(), String::new());
