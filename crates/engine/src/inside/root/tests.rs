@@ -1,8 +1,10 @@
-//! The unit tests of [`super`] (the init and the payload): the root it builds from a plan,
-//! Landlock rules.
+//! The unit tests of [`super`] (building the sandbox's root): the calls each op of a plan
+//! makes, recorded by the [`Recorder`] double.
 
 use super::*;
+use crate::plan::Plan;
 use crate::root_sys::Recorder;
+use crate::step::{SetupError, StepResult};
 use agentjail_manifest::{Manifest, SourcePolicy};
 
 fn bind(src: &str, dest: &str, dir: bool) -> Op {
