@@ -1,6 +1,8 @@
 //! The unit tests of [`super`] (the proxy): header handling, redirects, limits.
 
+use super::forward::strip_hop_by_hop;
 use super::*;
+use hyper::header::HeaderMap;
 
 #[test]
 fn hop_by_hop_headers_are_stripped() {
