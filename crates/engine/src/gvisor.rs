@@ -1,15 +1,16 @@
 //! The gVisor tier: the same manifest, run on gVisor's user-space kernel (`runsc`) instead of
 //! directly on the host kernel.
 //!
-//! From the same [`Plan`] as the native tier, this module writes an OCI runtime bundle: a
-//! read-only root directory holding the plan's symlinks and curated `/etc` files, read-only bind
-//! mounts for the system directories and inputs, tmpfs for `/tmp` and `/work`, and `/output` as
-//! a bind of a host directory that is itself a size-bounded tmpfs in a mount namespace private
-//! to this supervisor (so the sandbox cannot fill the host's disk, and the tmpfs disappears with
-//! the supervisor). uid/gid 65534, no capabilities, no_new_privs, rlimits (gVisor enforces
-//! RLIMIT_NPROC itself), `--network=none`, and the OCI memory and pids limits, which runsc puts
-//! on the cgroup of its sandbox (the pids limit there also counts gVisor's own threads, so it
-//! is set above the manifest's; the manifest's process limit is enforced by RLIMIT_NPROC inside).
+//! From the same [`Plan`] as the native tier, this module writes an OCI runtime bundle
+//! (`gvisor/bundle.rs`): a read-only root directory holding the plan's symlinks and curated `/etc`
+//! files, read-only bind mounts for the system directories and inputs, tmpfs for `/tmp` and
+//! `/work`, and `/output` as a bind of a host directory that is itself a size-bounded tmpfs in a
+//! mount namespace private to this supervisor (so the sandbox cannot fill the host's disk, and the
+//! tmpfs disappears with the supervisor). uid/gid 65534, no capabilities, no_new_privs, rlimits
+//! (gVisor enforces RLIMIT_NPROC itself), `--network=none`, and the OCI memory and pids limits,
+//! which runsc puts on the cgroup of its sandbox (the pids limit there also counts gVisor's own
+//! threads, so it is set above the manifest's; the manifest's process limit is enforced by
+//! RLIMIT_NPROC inside).
 //!
 //! runsc runs in a network namespace and a mount namespace private to this supervisor, with its
 //! state root in a 0700 folder on a tmpfs only that mount namespace sees, so that its control
@@ -33,10 +34,12 @@ use std::time::{Duration, Instant};
 use agentjail_manifest::ValidatedManifest;
 use agentjail_manifest::report::{DenialKind, RunReport, Status};
 use rustix::event::{PollFd, PollFlags, poll};
-use serde_json::json;
 
 use crate::outcome::{Ended, Ending, Outcome, RunOptions, Stream, classify, fail};
-use crate::plan::{Op, Plan, RootImage, SANDBOX_ID};
+use crate::plan::{Plan, RootImage};
+
+mod bundle;
+use bundle::{inline_dir, write_bundle};
 
 /// Finds `runsc`: `$AGENTJAIL_RUNSC`, else on PATH.
 pub fn runsc_path() -> Option<PathBuf> {
@@ -605,11 +608,6 @@ fn sweep_stale_folders(tmp: &Path) {
     }
 }
 
-/// The bundle's folder of inline inputs: `bundle/inline` in the run's folder `work`.
-fn inline_dir(work: &Path) -> PathBuf {
-    work.join("bundle").join("inline")
-}
-
 /// Writes the inline inputs into a tmpfs on `dir` (the bundle's `inline` folder, 0700) in the
 /// private mount namespace of [`private_namespaces`], which runsc inherits: from the host's
 /// mount namespace the folder is empty, nothing of the content reaches a disk, and the tmpfs
@@ -659,213 +657,5 @@ fn private_output_tmpfs(dir: &Path, bytes: u64) -> Result<(), GvisorError> {
     )
 }
 
-/// The socket families a sandboxed program may open: AF_UNIX, AF_INET and AF_INET6, as on the
-/// native tier. Everything else (AF_NETLINK, AF_PACKET, AF_VSOCK, AF_ALG, …, and numbers beyond
-/// the kernel's AF_MAX) is refused with EPERM by gVisor's Sentry, which enforces the bundle's
-/// OCI seccomp filter itself (runsc `--oci-seccomp`), for `socket` and `socketpair` alike.
-///
-/// OCI seccomp rules compare one argument each, so the allowlist is written as a default of
-/// "allow" with one refusal per family number that is not allowed, plus one for every number
-/// above the highest the kernel knows. gVisor cannot notify anyone of a refusal, so they are not
-/// in the report on this tier (docs/isolation.md).
-fn socket_family_allowlist() -> serde_json::Value {
-    const ALLOWED: [u64; 3] = [
-        libc::AF_UNIX as u64,
-        libc::AF_INET as u64,
-        libc::AF_INET6 as u64,
-    ];
-    /// AF_MCTP, the highest family of Linux 6.x (AF_MAX - 1).
-    const HIGHEST: u64 = 45;
-    let mut rules = Vec::new();
-    for family in (0..=HIGHEST).filter(|f| !ALLOWED.contains(f)) {
-        rules.push(json!({
-            "names": ["socket", "socketpair"],
-            "action": "SCMP_ACT_ERRNO",
-            "errnoRet": libc::EPERM,
-            "args": [{"index": 0, "value": family, "op": "SCMP_CMP_EQ"}]
-        }));
-    }
-    rules.push(json!({
-        "names": ["socket", "socketpair"],
-        "action": "SCMP_ACT_ERRNO",
-        "errnoRet": libc::EPERM,
-        "args": [{"index": 0, "value": HIGHEST, "op": "SCMP_CMP_GT"}]
-    }));
-    json!({
-        "defaultAction": "SCMP_ACT_ALLOW",
-        "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"],
-        "syscalls": rules
-    })
-}
-
-/// Writes `bundle/config.json` (0600: it holds the task's env) and `bundle/rootfs` for the
-/// plan; returns the inline inputs, each with the path of the file its bind names (below
-/// `bundle/inline`, 0700), which [`private_inline_files`] writes in the private mount
-/// namespace.
-fn write_bundle<'p>(
-    work: &Path,
-    plan: &'p Plan,
-    out_dir: &Path,
-) -> std::io::Result<Vec<(PathBuf, &'p str)>> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    let bundle = work.join("bundle");
-    let rootfs = bundle.join("rootfs");
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(&rootfs)?;
-    std::fs::DirBuilder::new().mode(0o755).create(out_dir)?;
-    let at = |dest: &str| rootfs.join(dest.trim_start_matches('/'));
-    let mkdirs = |p: &Path| {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(p)
-    };
-    let mut mounts = vec![json!({"destination": "/proc", "type": "proc", "source": "proc"})];
-    let mut inline = Vec::new();
-    for op in &plan.ops {
-        match op {
-            Op::BindRo { src, dest, dir } => {
-                let p = at(dest);
-                if *dir {
-                    mkdirs(&p)?;
-                } else {
-                    if let Some(parent) = p.parent() {
-                        mkdirs(parent)?;
-                    }
-                    std::fs::write(&p, b"")?;
-                }
-                mounts.push(json!({"destination": dest, "type": "bind", "source": src,
-                                   "options": ["rbind", "ro", "nosuid", "nodev"]}));
-            }
-            Op::Symlink { target, dest } => {
-                let p = at(dest);
-                if let Some(parent) = p.parent() {
-                    mkdirs(parent)?;
-                }
-                std::os::unix::fs::symlink(target, &p)?;
-            }
-            Op::File { dest, content } => {
-                let p = at(dest);
-                if let Some(parent) = p.parent() {
-                    mkdirs(parent)?;
-                }
-                std::fs::write(&p, content)?;
-                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644))?;
-            }
-            Op::Copy { dest, .. } => {
-                // Made by the native tier's supervisor only (crate::copies).
-                return Err(std::io::Error::other(format!(
-                    "input {dest}: a copied input on the gvisor tier"
-                )));
-            }
-            Op::Inline { dest, content } => {
-                // runsc's gofer serves binds from host paths, so under gVisor an inline input
-                // is a file below the bundle's `inline` folder, bound read-only; the file is
-                // written later, on a tmpfs only the runner's mount namespace sees.
-                let dir = inline_dir(work);
-                if inline.is_empty() {
-                    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
-                }
-                let src = dir.join(inline.len().to_string());
-                inline.push((src.clone(), content.as_str()));
-                let p = at(dest);
-                if let Some(parent) = p.parent() {
-                    mkdirs(parent)?;
-                }
-                std::fs::write(&p, b"")?;
-                mounts.push(json!({"destination": dest, "type": "bind", "source": src,
-                                   "options": ["bind", "ro", "nosuid", "nodev"]}));
-            }
-            Op::Tmpfs {
-                dest, size_bytes, ..
-            } if dest == "/output" => {
-                let _ = size_bytes; // bounded by the host tmpfs under the bind
-                mkdirs(&at(dest))?;
-                mounts.push(
-                    json!({"destination": "/output", "type": "bind", "source": out_dir,
-                                   "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]}),
-                );
-            }
-            Op::Tmpfs { dest, .. } if dest == "/dev" => {}
-            Op::Tmpfs {
-                dest,
-                size_bytes,
-                exec,
-                ..
-            } => {
-                mkdirs(&at(dest))?;
-                let mut o = vec![
-                    "nosuid".to_string(),
-                    "nodev".into(),
-                    "mode=1777".into(),
-                    format!("size={size_bytes}"),
-                ];
-                if !exec {
-                    o.push("noexec".into());
-                }
-                mounts.push(
-                    json!({"destination": dest, "type": "tmpfs", "source": "tmpfs", "options": o}),
-                );
-            }
-            // gVisor provides /proc and a minimal /dev of its own.
-            Op::Proc { .. } | Op::Device { .. } => {}
-        }
-    }
-    for d in ["input", "work", "tmp", "output", "proc", "dev"] {
-        mkdirs(&at(d))?;
-    }
-    let l = plan.limits;
-    let rl = |t: &str, v: u64| json!({"type": t, "hard": v, "soft": v});
-    let config = json!({
-        "ociVersion": "1.0.2",
-        "process": {
-            "terminal": false,
-            "user": {"uid": SANDBOX_ID, "gid": SANDBOX_ID},
-            "args": plan.argv,
-            "env": plan.env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
-            "cwd": plan.cwd,
-            "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []},
-            "rlimits": [rl("RLIMIT_NPROC", l.processes), rl("RLIMIT_NOFILE", 1024), rl("RLIMIT_CORE", 0),
-                        rl("RLIMIT_CPU", l.seconds + 1), rl("RLIMIT_FSIZE", l.memory_bytes())],
-            "noNewPrivileges": true
-        },
-        "root": {"path": "rootfs", "readonly": true},
-        "hostname": crate::plan::HOSTNAME,
-        "mounts": mounts,
-        "linux": {
-            "seccomp": socket_family_allowlist(),
-            "namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}],
-            "resources": {
-                "memory": {"limit": l.memory_bytes(), "swap": l.memory_bytes()},
-                // gVisor's own threads count here too; the command's limit is RLIMIT_NPROC.
-                "pids": {"limit": l.processes + 256},
-                "cpu": {"quota": l.cpu_quota_us(100_000), "period": 100_000}
-            }
-        }
-    });
-    let bytes = serde_json::to_vec_pretty(&config).map_err(std::io::Error::other)?;
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(bundle.join("config.json"))?;
-        std::io::Write::write_all(&mut f, &bytes)?;
-    }
-    std::fs::set_permissions(work, std::fs::Permissions::from_mode(0o755))?;
-    Ok(inline)
-}
-
 #[cfg(test)]
-mod tests {
-    #[test]
-    fn systrap_is_known_from_runsc_2023_06_on() {
-        assert!(!super::runsc_has_systrap("runsc version 0.0~20221219.0"));
-        assert!(super::runsc_has_systrap("runsc version release-20240729.0"));
-        assert!(super::runsc_has_systrap("runsc version 0.0~20240729.0"));
-        assert!(!super::runsc_has_systrap("runsc version unknown"));
-    }
-}
+mod tests;

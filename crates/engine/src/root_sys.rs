@@ -1,7 +1,7 @@
-//! The system calls that build the sandbox's root from the plan (`inside::apply` and
-//! `inside::finish_root`, the interpreter of [`crate::plan::Op`]), behind a small trait, as
-//! youki does with its `Syscall` trait: [`Host`] makes them; [`Recorder`] (tests) records them,
-//! so that their order and arguments are unit-tested without root or namespaces.
+//! The system calls that build the sandbox's root from the plan (`inside::root::apply` and
+//! `inside::root::finish_root`, the interpreter of [`crate::plan::Op`]), behind a small trait, as
+//! youki does with its `Syscall` trait: [`Host`] makes them; [`Recorder`] (tests) records them, so
+//! that their order and arguments are unit-tested without root or namespaces.
 
 use std::ffi::CStr;
 use std::io;

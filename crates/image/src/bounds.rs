@@ -1,6 +1,13 @@
 //! What an import may refuse, and the bounds it is judged by: the crate's error and its
-//! [`Limits`], in a module of their own so that the extractor ([`crate::extract`]) and the
-//! store (the crate root) share them without referring to each other both ways.
+//! [`Limits`], the digest form ([`parse_digest`]) and the helpers that turn a failed file
+//! operation into that error, in a module of their own so that the extractor
+//! ([`crate::extract`]), the OCI layout reader (`oci.rs`) and the store (the crate root) share
+//! them without referring to each other both ways.
+
+use std::os::unix::fs::DirBuilderExt;
+use std::path::Path;
+
+use crate::fsops;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
@@ -54,4 +61,38 @@ impl Default for Limits {
             max_depth: 128,
         }
     }
+}
+
+/// Checks the form `sha256:<64 lowercase hex>` and returns the hex part.
+pub fn parse_digest(d: &str) -> Result<&str, ImageError> {
+    let hex = d.strip_prefix("sha256:").ok_or_else(|| {
+        ImageError::BadDigest(format!(
+            "{d:?}: digests have the form sha256:<64 hex digits>"
+        ))
+    })?;
+    if hex.len() != 64
+        || !hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return Err(ImageError::BadDigest(format!(
+            "{d:?}: digests have the form sha256:<64 lowercase hex digits>"
+        )));
+    }
+    Ok(hex)
+}
+
+pub(crate) fn io_err(ctx: &str) -> impl Fn(std::io::Error) -> ImageError + '_ {
+    move |e| ImageError::Io(format!("{ctx}: {e}"))
+}
+
+pub(crate) fn mkdir(p: &Path) -> Result<(), ImageError> {
+    std::fs::DirBuilder::new()
+        .mode(0o755)
+        .create(p)
+        .map_err(io_err(&p.display().to_string()))
+}
+
+pub(crate) fn open(p: &Path) -> Result<std::os::fd::OwnedFd, ImageError> {
+    fsops::open_root(p).map_err(io_err(&p.display().to_string()))
 }

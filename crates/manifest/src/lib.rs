@@ -9,60 +9,38 @@
 //! Parsing ([`Manifest::parse`]) has no side effects and refuses unknown fields with their line.
 //! Validation ([`Manifest::validate`]) resolves and checks everything that can be checked before
 //! the first syscall of a run (mount points, source paths, limits, expiry) and yields a
-//! [`ValidatedManifest`], the only form the engine accepts.
+//! [`ValidatedManifest`], the only form the engine accepts. The checks of paths and sources are
+//! in `paths.rs`, the bound on YAML aliases in `yaml.rs`, the limits' [`bounds`] in theirs.
 //!
 //! The run report ([`report::RunReport`]) lives here too, because every consumer (CLI, verifier,
 //! receipts, orchestrator) speaks it.
 //!
 //! Tested by unit tests in this crate and by the CLI's integration tests, which run real manifests.
 
+pub mod bounds;
+mod error;
+mod paths;
 pub mod report;
 pub mod results;
 pub mod text;
+mod yaml;
 
 use std::collections::BTreeMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+pub use error::ManifestError;
+use error::field;
+pub use paths::{SandboxPathError, SourcePolicy, normalize_sandbox_path};
+use paths::{input_mount, resolve_source, under};
+pub use yaml::MAX_YAML_EXPANSION;
+use yaml::check_yaml_expansion;
+
 /// Version tag of the manifest format. Bumped on any incompatible change.
 pub const MANIFEST_SCHEMA: &str = "agentjail.manifest/v1";
-
-/// Upper bounds on limits: a manifest asking for more is refused as absurd, not clamped.
-pub mod bounds {
-    /// Wall-clock seconds: at most one day.
-    pub const MAX_SECONDS: u64 = 86_400;
-    /// Memory: at least 16 MiB (a dynamic loader and a shell need that), at most 64 GiB.
-    pub const MIN_MEMORY_MB: u64 = 16;
-    pub const MAX_MEMORY_MB: u64 = 65_536;
-    /// Processes and threads of the whole tree.
-    pub const MAX_PROCESSES: u64 = 4_096;
-    /// Total bytes under /output.
-    pub const MAX_OUTPUT_MB: u64 = 4_096;
-    /// Bytes through the egress gateway, each direction.
-    pub const MAX_NETWORK_MB: u64 = 65_536;
-    /// Connections through the egress gateway per run.
-    pub const MAX_NETWORK_CONNECTIONS: u64 = 10_000;
-    /// CPUs (fractional): at least 0.01 (the smallest CFS quota, 1 ms per 100 ms period), at
-    /// most 1024.
-    pub const MIN_CPUS: f64 = 0.01;
-    pub const MAX_CPUS: f64 = 1024.0;
-    /// Environment: entries and bytes per value.
-    pub const MAX_ENV: usize = 256;
-    pub const MAX_ENV_VALUE: usize = 32 * 1024;
-    /// Inputs per run.
-    pub const MAX_INPUTS: usize = 64;
-    /// Inline inputs per run, and bytes of each.
-    pub const MAX_INLINE_INPUTS: usize = 8;
-    pub const MAX_INLINE_BYTES: usize = 1024 * 1024;
-    /// Command words and bytes per word.
-    pub const MAX_ARGS: usize = 4_096;
-    pub const MAX_ARG_BYTES: usize = 128 * 1024;
-    /// Longest sandbox path accepted.
-    pub const MAX_PATH: usize = 1_024;
-}
 
 /// One run, as the user or the orchestrator describes it.
 ///
@@ -393,38 +371,6 @@ impl Default for Limits {
     }
 }
 
-/// Why a manifest was refused. Every message is one line that names the field.
-#[derive(Debug, thiserror::Error)]
-pub enum ManifestError {
-    #[error("manifest: {0}")]
-    Syntax(String),
-    #[error("manifest field `{field}`: {reason}")]
-    Field { field: String, reason: String },
-    #[error("manifest: cannot read {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-fn field(field: impl Into<String>, reason: impl Into<String>) -> ManifestError {
-    ManifestError::Field {
-        field: field.into(),
-        reason: reason.into(),
-    }
-}
-
-/// Where the sources of inputs (and the output schema) may come from.
-#[derive(Debug, Clone)]
-pub struct SourcePolicy {
-    /// Relative sources are resolved against this folder (the manifest's folder).
-    pub base_dir: PathBuf,
-    /// After resolving symlinks, a source must lie below one of these (canonical) folders.
-    /// `None` means any host path (the CLI's `--ro` flags: the caller names paths itself).
-    pub roots: Option<Vec<PathBuf>>,
-}
-
 /// A manifest that passed every check that can be made before a run, with inputs resolved.
 #[derive(Debug, Clone)]
 pub struct ValidatedManifest {
@@ -665,28 +611,6 @@ impl ValidatedManifest {
     }
 }
 
-/// An input's mount (a host or an inline input), normalized: below /input or /work, and
-/// overlapping none of `taken`.
-fn input_mount(mount: &str, taken: &[String]) -> Result<String, String> {
-    let mount = normalize_sandbox_path(mount).map_err(|r| r.to_string())?;
-    if !(under(&mount, "/input") || under(&mount, "/work")) {
-        return Err(if mount == "/input" || mount == "/work" {
-            "must name a path below /input or /work, not the folder itself".to_string()
-        } else if under(&mount, "/output") || mount == "/output" {
-            "inputs cannot be mounted under /output, which holds only what the command writes"
-                .to_string()
-        } else {
-            format!("{mount} is outside /input and /work")
-        });
-    }
-    for other in taken {
-        if mount == *other || under(&mount, other) || under(other, &mount) {
-            return Err(format!("{mount} overlaps the input mounted at {other}"));
-        }
-    }
-    Ok(mount)
-}
-
 fn is_id_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')
 }
@@ -788,226 +712,6 @@ fn check_env(env: &BTreeMap<String, String>) -> Result<(), ManifestError> {
         // LD_* would let a value steer the dynamic loader of every program in the sandbox;
         // that is the command's business only if the manifest's author means it, so it is
         // allowed, but it cannot reach anything the sandbox does not already expose.
-    }
-    Ok(())
-}
-
-/// Why a sandbox path (a mount point, the output) is refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SandboxPathError {
-    #[error("{0:?} is not an absolute path")]
-    NotAbsolute(String),
-    #[error("path is too long")]
-    TooLong,
-    #[error("{0:?} contains a control character")]
-    ControlCharacter(String),
-    #[error("{path:?} contains a `{component}` component")]
-    DotComponent { path: String, component: String },
-    #[error("the sandbox root cannot be a mount point")]
-    Root,
-}
-
-/// Why a host source (an input, the output schema) is refused.
-#[derive(Debug, thiserror::Error)]
-enum SourceError {
-    #[error("empty or contains a NUL byte")]
-    EmptyOrNul,
-    #[error("{given}: {error}")]
-    Canonicalize {
-        given: String,
-        #[source]
-        error: std::io::Error,
-    },
-    #[error("{given} resolves to {}, outside the allowed source folder(s) {allowed}; hint: pass --source-root DIR to allow another folder", .resolved.display())]
-    Outside {
-        given: String,
-        resolved: PathBuf,
-        allowed: String,
-    },
-    #[error("{given}: unexpected `..` after resolution")]
-    DotDot { given: String },
-}
-
-/// Normalizes an absolute sandbox path: refuses `..`, `.`, empty components after the root,
-/// control characters and overlong paths, and returns it without a trailing slash.
-pub fn normalize_sandbox_path(p: &str) -> Result<String, SandboxPathError> {
-    if !p.starts_with('/') {
-        return Err(SandboxPathError::NotAbsolute(p.to_string()));
-    }
-    if p.len() > bounds::MAX_PATH {
-        return Err(SandboxPathError::TooLong);
-    }
-    if p.chars().any(|c| c.is_control()) {
-        return Err(SandboxPathError::ControlCharacter(p.to_string()));
-    }
-    let mut out = String::new();
-    for comp in p.split('/').filter(|c| !c.is_empty()) {
-        if comp == ".." || comp == "." {
-            return Err(SandboxPathError::DotComponent {
-                path: p.to_string(),
-                component: comp.to_string(),
-            });
-        }
-        out.push('/');
-        out.push_str(comp);
-    }
-    if out.is_empty() {
-        return Err(SandboxPathError::Root);
-    }
-    Ok(out)
-}
-
-/// True when `p` lies strictly below `dir` (both normalized).
-fn under(p: &str, dir: &str) -> bool {
-    p.len() > dir.len() && p.starts_with(dir) && p.as_bytes()[dir.len()] == b'/'
-}
-
-fn resolve_source(source: &str, policy: &SourcePolicy) -> Result<PathBuf, SourceError> {
-    if source.is_empty() || source.contains('\0') {
-        return Err(SourceError::EmptyOrNul);
-    }
-    let raw = Path::new(source);
-    let joined = if raw.is_absolute() {
-        raw.to_path_buf()
-    } else {
-        policy.base_dir.join(raw)
-    };
-    let canon = joined
-        .canonicalize()
-        .map_err(|error| SourceError::Canonicalize {
-            given: source.to_string(),
-            error,
-        })?;
-    if let Some(roots) = &policy.roots
-        && !roots.iter().any(|r| canon.starts_with(r))
-    {
-        let allowed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
-        return Err(SourceError::Outside {
-            given: source.to_string(),
-            resolved: canon,
-            allowed: allowed.join(", "),
-        });
-    }
-    // Reject paths whose components could confuse mount handling later.
-    if canon
-        .components()
-        .any(|c| matches!(c, Component::ParentDir))
-    {
-        return Err(SourceError::DotDot {
-            given: source.to_string(),
-        });
-    }
-    Ok(canon)
-}
-
-/// Most a YAML manifest may expand to while parsing, counted as scalar bytes plus one per node.
-/// An alias (`*name`) replays its anchor, so without a bound a file of a few hundred KiB (or a
-/// nest of aliases) makes the parser allocate gigabytes before any field is checked.
-pub const MAX_YAML_EXPANSION: usize = 4 * 1024 * 1024;
-
-/// Walks the YAML document without building anything, charging every node and scalar byte as
-/// aliases expand, and refuses the document once the charge passes [`MAX_YAML_EXPANSION`].
-/// Other errors are left to the typed parse, which reports them with their line.
-fn check_yaml_expansion(text: &str) -> Result<(), ManifestError> {
-    use serde::de::{self, DeserializeSeed};
-    use std::cell::Cell;
-
-    #[derive(Clone, Copy)]
-    struct Budget<'a> {
-        used: &'a Cell<usize>,
-        exceeded: &'a Cell<bool>,
-    }
-    impl Budget<'_> {
-        fn charge<E: de::Error>(self, n: usize) -> Result<(), E> {
-            let used = self.used.get().saturating_add(n).saturating_add(1);
-            self.used.set(used);
-            if used > MAX_YAML_EXPANSION {
-                self.exceeded.set(true);
-                return Err(E::custom("expansion budget exceeded"));
-            }
-            Ok(())
-        }
-    }
-    impl<'de> DeserializeSeed<'de> for Budget<'_> {
-        type Value = ();
-        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-            d.deserialize_any(self)
-        }
-    }
-    impl<'de> de::Visitor<'de> for Budget<'_> {
-        type Value = ();
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("any YAML value")
-        }
-        fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
-            self.charge(0)
-        }
-        fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
-            self.charge(0)
-        }
-        fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
-            self.charge(0)
-        }
-        fn visit_i128<E: de::Error>(self, _: i128) -> Result<(), E> {
-            self.charge(0)
-        }
-        fn visit_u128<E: de::Error>(self, _: u128) -> Result<(), E> {
-            self.charge(0)
-        }
-        fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
-            self.charge(0)
-        }
-        fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
-            self.charge(v.len())
-        }
-        fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<(), E> {
-            self.charge(v.len())
-        }
-        fn visit_unit<E: de::Error>(self) -> Result<(), E> {
-            self.charge(0)
-        }
-        fn visit_none<E: de::Error>(self) -> Result<(), E> {
-            self.charge(0)
-        }
-        fn visit_some<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-            self.charge(0)?;
-            d.deserialize_any(self)
-        }
-        fn visit_newtype_struct<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-            self.charge(0)?;
-            d.deserialize_any(self)
-        }
-        fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-            self.charge(0)?;
-            while seq.next_element_seed(self)?.is_some() {}
-            Ok(())
-        }
-        fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-            self.charge(0)?;
-            while map.next_key_seed(self)?.is_some() {
-                map.next_value_seed(self)?;
-            }
-            Ok(())
-        }
-        fn visit_enum<A: de::EnumAccess<'de>>(self, data: A) -> Result<(), A::Error> {
-            use de::VariantAccess as _;
-            self.charge(0)?;
-            let ((), variant) = data.variant_seed(self)?;
-            variant.newtype_variant_seed(self)
-        }
-    }
-
-    let used = Cell::new(0);
-    let exceeded = Cell::new(false);
-    let budget = Budget {
-        used: &used,
-        exceeded: &exceeded,
-    };
-    let _ = budget.deserialize(yaml_serde::Deserializer::from_str(text));
-    if exceeded.get() {
-        return Err(ManifestError::Syntax(format!(
-            "the YAML document expands to more than {MAX_YAML_EXPANSION} bytes (aliases repeat their anchor's content); write the values out"
-        )));
     }
     Ok(())
 }

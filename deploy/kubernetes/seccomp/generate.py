@@ -23,7 +23,7 @@ import json
 import re
 import sys
 
-# What the native tier calls (crates/engine: supervisor.rs, inside.rs, root_sys.rs, sys.rs).
+# What the native tier calls (crates/engine: supervisor.rs, inside.rs and inside/, root_sys.rs, sys.rs).
 ADDED = {
     "names": [
         "clone",          # clone(CLONE_VM|CLONE_VFORK) of the payload on kernels without clone3
