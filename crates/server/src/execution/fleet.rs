@@ -392,7 +392,6 @@ const STREAM_BYTES: u64 = 256 * 1024;
 /// database has to its stored logs, every [`STREAM_EVERY`] (`GET /v1/runs/{id}/events` on any
 /// node reads them). Bounded like the logs (the runner passes at most 1 MiB of each stream).
 async fn stream_logs(state: AppState, queue: PgStore, job_id: String, done: CancellationToken) {
-    use std::io::{Read, Seek, SeekFrom};
     let dir = runner::job_dir(&state, &job_id);
     let mut sent = [0u64; 2];
     loop {
@@ -400,18 +399,14 @@ async fn stream_logs(state: AppState, queue: PgStore, job_id: String, done: Canc
             _ = done.cancelled() => return,
             _ = tokio::time::sleep(STREAM_EVERY) => {}
         }
-        for (i, name) in ["stdout.log", "stderr.log"].into_iter().enumerate() {
-            let Ok(mut f) = std::fs::File::open(dir.join(name)) else {
+        for (i, stdout) in [true, false].into_iter().enumerate() {
+            let path = dir.join(super::streams::log_name(stdout));
+            let Some(b) =
+                super::streams::read_from(&path, sent[i], STREAM_BYTES).filter(|b| !b.is_empty())
+            else {
                 continue;
             };
-            let mut b = Vec::new();
-            if f.seek(SeekFrom::Start(sent[i])).is_err()
-                || f.take(STREAM_BYTES).read_to_end(&mut b).is_err()
-                || b.is_empty()
-            {
-                continue;
-            }
-            match queue.append_log(&job_id, i == 0, sent[i], &b).await {
+            match queue.append_log(&job_id, stdout, sent[i], &b).await {
                 Ok(()) => sent[i] += b.len() as u64,
                 Err(e) => {
                     tracing::warn!(%job_id, error = %e, "sending a running run's output to the database failed; retrying")

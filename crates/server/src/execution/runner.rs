@@ -431,10 +431,16 @@ impl Logs {
     ) -> Logs {
         let mut tasks = Vec::with_capacity(2);
         if let Some(s) = stdout {
-            tasks.push(tokio::spawn(drain_log(s, dir.join("stdout.log"))));
+            tasks.push(tokio::spawn(drain_log(
+                s,
+                dir.join(super::streams::log_name(true)),
+            )));
         }
         if let Some(s) = stderr {
-            tasks.push(tokio::spawn(drain_log(s, dir.join("stderr.log"))));
+            tasks.push(tokio::spawn(drain_log(
+                s,
+                dir.join(super::streams::log_name(false)),
+            )));
         }
         Logs(tasks)
     }
@@ -1288,8 +1294,9 @@ async fn execute_registered(
     // A store shared by several nodes keeps the logs themselves (any replica serves them).
     let logs = (streams.is_some() && state.store().keeps_logs()).then(|| {
         let dir = job_dir(&state, &job.job_id);
-        let read = |n: &str| std::fs::read(dir.join(n)).unwrap_or_default();
-        (read("stdout.log"), read("stderr.log"))
+        let read =
+            |stdout| std::fs::read(dir.join(super::streams::log_name(stdout))).unwrap_or_default();
+        (read(true), read(false))
     });
     let ev = Event {
         event: "run_end",

@@ -167,6 +167,31 @@ impl Secrets {
     }
 }
 
+/// The file of a stream's log in a job folder (`stdout.log`, `stderr.log`).
+pub fn log_name(stdout: bool) -> &'static str {
+    if stdout { "stdout.log" } else { "stderr.log" }
+}
+
+/// Up to `max` bytes of the file at `path` from `offset`; None when there is no such file or
+/// it cannot be read.
+pub fn read_from(path: &Path, offset: u64, max: u64) -> Option<Vec<u8>> {
+    let mut f = std::fs::File::open(path).ok()?;
+    f.seek(SeekFrom::Start(offset)).ok()?;
+    let mut b = Vec::new();
+    f.take(max).read_to_end(&mut b).ok()?;
+    Some(b)
+}
+
+/// Bytes of the sandbox as text made inert for a terminal (the engine's filter), without
+/// closing a line left open.
+pub fn inert(b: &[u8]) -> String {
+    let mut f = agentjail_engine::term::Inert::default();
+    let mut out = Vec::new();
+    f.feed(b, &mut out);
+    f.finish_open(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// The views of a finished run's streams, from its job folder's logs and the report's counts
 /// and digests; `None` when the command never started (no digest in the report).
 pub fn record(dir: &Path, task: &Task, stdout: &StreamReport, stderr: &StreamReport) -> Streams {
@@ -177,8 +202,8 @@ pub fn record(dir: &Path, task: &Task, stdout: &StreamReport, stderr: &StreamRep
             .map(|_| view(&dir.join(name), r, budget as usize, &secrets))
     };
     Streams {
-        stdout: one("stdout.log", stdout, task.stdout_limit()),
-        stderr: one("stderr.log", stderr, task.stderr_limit()),
+        stdout: one(log_name(true), stdout, task.stdout_limit()),
+        stderr: one(log_name(false), stderr, task.stderr_limit()),
     }
 }
 
@@ -199,7 +224,7 @@ pub fn record_from_logs(dir: &Path, task: &Task) -> Option<Streams> {
             )),
         })
     };
-    let (out, err) = (measure("stdout.log"), measure("stderr.log"));
+    let (out, err) = (measure(log_name(true)), measure(log_name(false)));
     if out.is_none() && err.is_none() {
         return None;
     }
@@ -230,17 +255,12 @@ fn view(path: &Path, r: &StreamReport, budget: usize, secrets: &Secrets) -> Stre
         sha256: r.sha256.clone(),
         untrusted: true,
     };
-    let Ok(mut f) = std::fs::File::open(path) else {
+    let Ok(meta) = std::fs::metadata(path) else {
         return v;
     };
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0) as usize;
+    let len = meta.len() as usize;
     let margin = secrets.margin();
-    let mut read = |from: usize, n: usize| {
-        let mut raw = Vec::with_capacity(n.min(len));
-        let _ = f.seek(SeekFrom::Start(from as u64));
-        let _ = (&mut f).take(n as u64).read_to_end(&mut raw);
-        raw
-    };
+    let read = |from: usize, n: usize| read_from(path, from as u64, n as u64).unwrap_or_default();
     if len <= budget {
         let all = read(0, len);
         v.head = text(&all, secrets, r.truncated);
@@ -274,11 +294,7 @@ fn text(raw: &[u8], secrets: &Secrets, cut_end: bool) -> String {
     } else {
         s
     };
-    let mut f = agentjail_engine::term::Inert::default();
-    let mut out = Vec::new();
-    f.feed(s.as_bytes(), &mut out);
-    f.finish_open(&mut out);
-    secrets.redact(String::from_utf8_lossy(&out).into_owned())
+    secrets.redact(inert(s.as_bytes()))
 }
 
 /// The first `n` bytes of `s`, at a character boundary.
@@ -369,6 +385,31 @@ mod tests {
         assert!(!v.head.contains("SECRET-V"), "{}", v.head);
         assert!(v.head.ends_with(REDACTED), "{}", v.head);
         assert!(v.truncated && v.bytes == 5_000_000);
+    }
+
+    /// A gateway-held credential echoed into the output (an upstream that reflects headers):
+    /// its whole value and its bare token, in any case, are redacted in the view and masked in
+    /// a served log.
+    #[test]
+    fn gateway_credentials_are_redacted_whole_and_bare_in_any_case() {
+        let s = Secrets {
+            env: Vec::new(),
+            credentials: agentjail_egress::credential::Needles::new([
+                b"Bearer sk-cred-0123456789".as_slice()
+            ]),
+        };
+        let raw = b"authorization: bearer SK-CRED-0123456789\ntoken=sk-cred-0123456789\n";
+        let (_d, p) = log(raw);
+        let v = view(&p, &report(raw.len() as u64, false), 4096, &s);
+        assert!(!v.head.to_lowercase().contains("sk-cred"), "{}", v.head);
+        let mut b = raw.to_vec();
+        assert!(s.mask(&mut b) >= 2);
+        assert!(
+            !String::from_utf8_lossy(&b)
+                .to_lowercase()
+                .contains("sk-cred")
+        );
+        assert_eq!(b.len(), raw.len());
     }
 
     #[test]

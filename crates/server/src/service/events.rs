@@ -11,13 +11,12 @@
 //! for a terminal, like the record's views; `ended` carries the record (whose views, digests
 //! and denials are the run's final word).
 
-use std::io::{Read, Seek, SeekFrom};
 use std::time::{Duration, Instant};
 
 use super::failure::Failure;
 use super::runs::{RunView, get_checked, view};
 use crate::app::AppState;
-use crate::execution::streams::Secrets;
+use crate::execution::streams::{self, Secrets};
 use crate::policy::{Caller, Refusal};
 
 /// How often a follower looks for news.
@@ -197,7 +196,7 @@ impl Follow {
                 while end > at + 1 && end < send && (masked[end] & 0xC0) == 0x80 {
                     end -= 1;
                 }
-                let text = inert(&masked[at..end]);
+                let text = streams::inert(&masked[at..end]);
                 let start = offset + at as u64;
                 if stdout {
                     self.position.stdout = start + (end - at) as u64;
@@ -241,28 +240,10 @@ impl Follow {
         {
             return Ok(Some(b));
         }
-        let name = if stdout { "stdout.log" } else { "stderr.log" };
-        let path = crate::execution::runner::job_dir(&self.state, &self.job_id).join(name);
-        let Ok(mut f) = std::fs::File::open(path) else {
-            return Ok(None);
-        };
-        let mut b = Vec::new();
-        if f.seek(SeekFrom::Start(offset)).is_err()
-            || f.take(POLL_BYTES).read_to_end(&mut b).is_err()
-        {
-            return Ok(None);
-        }
-        Ok((!b.is_empty()).then_some(b))
+        let path = crate::execution::runner::job_dir(&self.state, &self.job_id)
+            .join(streams::log_name(stdout));
+        Ok(streams::read_from(&path, offset, POLL_BYTES).filter(|b| !b.is_empty()))
     }
-}
-
-/// Bytes of the sandbox as text made inert for a terminal (the engine's filter).
-fn inert(b: &[u8]) -> String {
-    let mut f = agentjail_engine::term::Inert::default();
-    let mut out = Vec::new();
-    f.feed(b, &mut out);
-    f.finish_open(&mut out);
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]

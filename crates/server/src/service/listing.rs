@@ -142,11 +142,7 @@ fn filter(caller: &Caller, q: &ListQuery) -> Result<RunFilter, Refusal> {
         })
         .transpose()?;
     // Names as the configuration has them: 1-64 of a-z 0-9 _ -.
-    let name = |n: &str| {
-        (1..=64).contains(&n.len())
-            && n.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
-    };
+    let name = agentjail_config::is_name;
     if q.task.as_deref().is_some_and(|t| !name(t)) {
         return Err(bad("`task` is not a task name (1-64 of a-z 0-9 _ -)"));
     }

@@ -10,7 +10,7 @@
 use super::failure::Failure;
 use super::runs::get_checked;
 use crate::app::AppState;
-use crate::execution::streams::{Secrets, Streams};
+use crate::execution::streams::{Secrets, Streams, log_name};
 use crate::policy::{Caller, Refusal};
 use crate::util::now;
 
@@ -75,8 +75,7 @@ pub(crate) async fn log(
     if let Some(bytes) = state.store().run_log(&r.job_id, stdout).await? {
         return Ok(served(bytes));
     }
-    let name = if stdout { "stdout.log" } else { "stderr.log" };
-    let path = crate::execution::runner::job_dir(state, &r.job_id).join(name);
+    let path = crate::execution::runner::job_dir(state, &r.job_id).join(log_name(stdout));
     match std::fs::read(&path) {
         Ok(bytes) => Ok(served(bytes)),
         // A log is created at the stream's first byte: none for a command that wrote nothing.

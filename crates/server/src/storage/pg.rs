@@ -799,14 +799,13 @@ impl Store for PgStore {
         let job_id = job_id.to_string();
         Box::pin(async move {
             let c = self.client().await?;
-            let sql = if stdout {
-                "SELECT substring(COALESCE(stdout_log, ''::bytea) FROM $2 FOR $3) FROM runs WHERE job_id = $1"
-            } else {
-                "SELECT substring(COALESCE(stderr_log, ''::bytea) FROM $2 FOR $3) FROM runs WHERE job_id = $1"
-            };
+            let sql = format!(
+                "SELECT substring(COALESCE({col}, ''::bytea) FROM $2 FOR $3) FROM runs WHERE job_id = $1",
+                col = log_column(stdout)
+            );
             let (from, n) = (offset as i64 + 1, max as i64);
             let row = c
-                .query_opt(sql, &[&job_id, &(from as i32), &(n as i32)])
+                .query_opt(&sql, &[&job_id, &(from as i32), &(n as i32)])
                 .await
                 .map_err(pg_err)?;
             Ok(Some(
@@ -819,12 +818,8 @@ impl Store for PgStore {
         let job_id = job_id.to_string();
         Box::pin(async move {
             let c = self.client().await?;
-            let sql = if stdout {
-                "SELECT stdout_log FROM runs WHERE job_id = $1"
-            } else {
-                "SELECT stderr_log FROM runs WHERE job_id = $1"
-            };
-            let row = c.query_opt(sql, &[&job_id]).await.map_err(pg_err)?;
+            let sql = format!("SELECT {} FROM runs WHERE job_id = $1", log_column(stdout));
+            let row = c.query_opt(&sql, &[&job_id]).await.map_err(pg_err)?;
             Ok(row.and_then(|r| r.get::<_, Option<Vec<u8>>>(0)))
         })
     }
@@ -1242,6 +1237,11 @@ pub fn export(
 // ---------------------------------------------------------------------------------------------
 // The queue: claims, leases, fencing (docs/deploy.md, "Leases and fencing")
 
+/// The column of a run's stored log of stdout (`stdout`) or stderr.
+fn log_column(stdout: bool) -> &'static str {
+    if stdout { "stdout_log" } else { "stderr_log" }
+}
+
 /// What a cancel did ([`PgStore::cancel`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cancel {
@@ -1436,16 +1436,13 @@ impl PgStore {
         bytes: &[u8],
     ) -> Result<(), StoreError> {
         let c = self.client().await?;
-        let sql = if stdout {
-            "UPDATE runs SET stdout_log = COALESCE(stdout_log, ''::bytea) || $3
-             WHERE job_id = $1 AND octet_length(COALESCE(stdout_log, ''::bytea)) = $2
-             AND status IN ('queued', 'running')"
-        } else {
-            "UPDATE runs SET stderr_log = COALESCE(stderr_log, ''::bytea) || $3
-             WHERE job_id = $1 AND octet_length(COALESCE(stderr_log, ''::bytea)) = $2
-             AND status IN ('queued', 'running')"
-        };
-        c.execute(sql, &[&job_id, &(at as i32), &bytes])
+        let sql = format!(
+            "UPDATE runs SET {col} = COALESCE({col}, ''::bytea) || $3
+             WHERE job_id = $1 AND octet_length(COALESCE({col}, ''::bytea)) = $2
+             AND status IN ('queued', 'running')",
+            col = log_column(stdout)
+        );
+        c.execute(&sql, &[&job_id, &(at as i32), &bytes])
             .await
             .map_err(pg_err)?;
         Ok(())
