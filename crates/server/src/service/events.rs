@@ -18,6 +18,7 @@ use super::runs::{RunView, get_checked, view};
 use crate::app::AppState;
 use crate::execution::streams::{self, Secrets};
 use crate::policy::{Caller, Refusal};
+use crate::storage::db::RunFilter;
 
 /// How often a follower looks for news.
 pub const POLL: Duration = Duration::from_millis(200);
@@ -131,12 +132,15 @@ impl Follow {
 
     async fn poll(&mut self) -> Result<Vec<(RunEvent, Position)>, Failure> {
         let mut out = Vec::new();
-        let Some(r) = self
-            .state
-            .store()
-            .get_run(&self.tenant, &self.request_id)
-            .await?
-        else {
+        // The run's state only, not its outputs (an artifact can be megabytes): the record is
+        // read once, for `ended`.
+        let filter = RunFilter {
+            tenant: Some(self.tenant.clone()),
+            request_id: Some(self.request_id.clone()),
+            limit: 1,
+            ..RunFilter::default()
+        };
+        let Some(r) = self.state.store().list_runs(filter).await?.pop() else {
             self.done = true;
             return Ok(out);
         };
@@ -216,10 +220,19 @@ impl Follow {
             }
         }
         if ended && caught_up {
+            let Some(record) = self
+                .state
+                .store()
+                .get_run(&self.tenant, &self.request_id)
+                .await?
+            else {
+                self.done = true;
+                return Ok(out);
+            };
             self.position.phase = 3;
             self.done = true;
             out.push((
-                RunEvent::Ended(Box::new(view(&self.state, &r))),
+                RunEvent::Ended(Box::new(view(&self.state, &record))),
                 self.position,
             ));
         }

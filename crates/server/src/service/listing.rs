@@ -168,6 +168,7 @@ fn filter(caller: &Caller, q: &ListQuery) -> Result<RunFilter, Refusal> {
         created_to: time("created_before", &q.created_before)?,
         after,
         limit,
+        request_id: None,
     })
 }
 

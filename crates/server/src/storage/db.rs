@@ -135,6 +135,8 @@ pub struct RunFilter {
     /// The last run of the previous page: `(created_at, tenant, request_id)`.
     pub after: Option<(i64, String, String)>,
     pub limit: u32,
+    /// One run only (a follower's poll: its state without its outputs).
+    pub request_id: Option<String>,
 }
 
 /// A run as listed: who, what, and how it stands; no outputs.
@@ -149,13 +151,14 @@ pub struct RunListRow {
     pub created_at: i64,
     pub started_at: Option<i64>,
     pub finished_at: Option<i64>,
+    pub job_id: String,
 }
 
 /// The listing query of both stores (`?N` numbered parameters; PostgreSQL's `$N` are made
-/// from them): tenant, status, task, from, to, the cursor's three parts, limit. A NULL
+/// from them): tenant, status, task, from, to, the cursor's three parts, limit, request id. A NULL
 /// parameter leaves its condition out.
-pub const LIST_RUNS_SQL: &str = "SELECT tenant, request_id, task, actor, status, reason, created_at, started_at, finished_at FROM runs
-     WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR task = ?3)
+pub const LIST_RUNS_SQL: &str = "SELECT tenant, request_id, task, actor, status, reason, created_at, started_at, finished_at, job_id FROM runs
+     WHERE (?1 IS NULL OR tenant = ?1) AND (?10 IS NULL OR request_id = ?10) AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR task = ?3)
        AND (?4 IS NULL OR created_at >= ?4) AND (?5 IS NULL OR created_at < ?5)
        AND (?6 IS NULL OR (created_at, tenant, request_id) < (?6, ?7, ?8))
      ORDER BY created_at DESC, tenant DESC, request_id DESC LIMIT ?9";
@@ -345,7 +348,8 @@ pub fn list_runs(c: &Connection, f: &RunFilter) -> Result<Vec<RunListRow>, DbErr
             at,
             tenant,
             rid,
-            f.limit
+            f.limit,
+            f.request_id
         ],
         |r| {
             Ok(RunListRow {
@@ -358,6 +362,7 @@ pub fn list_runs(c: &Connection, f: &RunFilter) -> Result<Vec<RunListRow>, DbErr
                 created_at: r.get(6)?,
                 started_at: r.get(7)?,
                 finished_at: r.get(8)?,
+                job_id: r.get(9)?,
             })
         },
     )?;

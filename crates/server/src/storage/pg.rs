@@ -830,6 +830,7 @@ impl Store for PgStore {
             // The shared query with PostgreSQL's numbered parameters, each typed (a NULL
             // parameter has no type to infer).
             let sql = crate::storage::db::LIST_RUNS_SQL
+                .replace("?10", "$10::text")
                 .replace("?1", "$1::text")
                 .replace("?2", "$2::text")
                 .replace("?3", "$3::text")
@@ -858,6 +859,7 @@ impl Store for PgStore {
                         &tenant,
                         &rid,
                         &limit,
+                        &f.request_id,
                     ],
                 )
                 .await
@@ -877,6 +879,7 @@ impl Store for PgStore {
                         created_at: r.get(6),
                         started_at: r.get(7),
                         finished_at: r.get(8),
+                        job_id: r.get(9),
                     })
                 })
                 .collect()
