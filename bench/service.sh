@@ -19,6 +19,9 @@
 # throughput ratio even when other work shares the machine and makes the timed ratio scatter.
 # Each round also prints the share of the machine's CPU left idle while it ran (/proc/stat): on
 # an otherwise idle machine, what a path leaves unused between runs (waits, not work).
+# With FOLLOW=1 (issue #33, "streaming on"), each service client submits with `?wait=false` and
+# follows its run's events (`GET /v1/runs/{id}/events`, Server-Sent Events) on the same socket
+# until `ended`, whose record must be `ok`: the path of an agent that watches its runs live.
 # Usage: bench/service.sh [N] [ROUNDS]   (as root, like CI; needs python3; builds the release
 # binary, or takes the one in $AGENTJAIL_BIN). With AGENTJAIL_BIN_BASE=another-binary, every
 # round also runs a service round with that build, after this one's in odd rounds and before it in even ones (an A/B of two
@@ -40,10 +43,11 @@ fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/agentjail-bench-service-XXXXXX")
 chmod 755 "$work"
 trap 'rm -rf "$work"' EXIT
-AJ="$aj" AJ_BASE="$base" WORK="$work" N="$n" ROUNDS="$rounds" python3 - <<'PY'
+AJ="$aj" AJ_BASE="$base" WORK="$work" N="$n" ROUNDS="$rounds" FOLLOW="${FOLLOW:-0}" python3 - <<'PY'
 import hashlib, http.client, json, os, re, resource, shutil, socket, statistics, subprocess, sys, threading, time
 
 aj, work, n, rounds = os.environ["AJ"], os.environ["WORK"], int(os.environ["N"]), int(os.environ["ROUNDS"])
+follow = os.environ.get("FOLLOW") == "1"
 aj_base = os.environ.get("AJ_BASE") or None
 ex = "examples/csv-summary"
 csv = open(f"{ex}/report.csv", "rb").read()
@@ -150,8 +154,48 @@ def service_round(r, binary=aj):
     lock = threading.Lock()
     errors = []
 
-    head = (f"POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n"
-            "Content-Type: application/json\r\nContent-Length: ").encode()
+    head = (f"POST /v1/runs{'?wait=false' if follow else ''} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: ").encode()
+
+    def read_head(sock, buf):
+        while b"\r\n\r\n" not in buf:
+            chunk = sock.recv(65536)
+            assert chunk, "the service closed the connection"
+            buf += chunk
+        hdr, buf = buf.split(b"\r\n\r\n", 1)
+        lines = hdr.decode("latin-1").split("\r\n")
+        fields = {}
+        for line in lines[1:]:
+            k, _, v = line.partition(":")
+            fields[k.strip().lower()] = v.strip()
+        return int(lines[0].split(" ", 2)[1]), fields, buf
+
+    def events_until_ended(sock, buf, rid):
+        # GET /v1/runs/{rid}/events on the kept-alive socket; the body is chunked: each chunk's
+        # size line, the bytes, CRLF; the stream ends after `ended` with the zero chunk.
+        sock.sendall((f"GET /v1/runs/{rid}/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                      f"Authorization: Bearer {token}\r\n\r\n").encode())
+        status, fields, buf = read_head(sock, buf)
+        assert status == 200 and fields.get("transfer-encoding") == "chunked", (status, fields)
+        body = b""
+        while True:
+            while b"\r\n" not in buf:
+                chunk = sock.recv(65536)
+                assert chunk, "the service closed the events stream"
+                buf += chunk
+            size_line, buf = buf.split(b"\r\n", 1)
+            size = int(size_line.split(b";")[0], 16)
+            while len(buf) < size + 2:
+                chunk = sock.recv(65536)
+                assert chunk, "the service closed the events stream"
+                buf += chunk
+            body, buf = body + buf[:size], buf[size + 2:]
+            if size == 0:
+                break
+        ended = [e for e in body.split(b"\n\n") if b"event: ended" in e]
+        assert ended, f"no `ended` event: {body[-300:]!r}"
+        data = b"".join(l[6:] for l in ended[0].split(b"\n") if l.startswith(b"data: "))
+        return json.loads(data), buf
 
     def client():
         # HTTP/1.1 keep-alive over one socket per client, the request written and the answer
@@ -169,24 +213,19 @@ def service_round(r, binary=aj):
                 body = json.dumps({"request_id": f"bench-{i}", "task": "summarize_csv",
                                    "inputs": [input_id], "code": code}).encode()
                 sock.sendall(head + str(len(body)).encode() + b"\r\n\r\n" + body)
-                while b"\r\n\r\n" not in buf:
-                    chunk = sock.recv(65536)
-                    assert chunk, "the service closed the connection"
-                    buf += chunk
-                hdr, buf = buf.split(b"\r\n\r\n", 1)
-                lines = hdr.decode("latin-1").split("\r\n")
-                status = int(lines[0].split(" ", 2)[1])
-                length = None
-                for line in lines[1:]:
-                    k, _, v = line.partition(":")
-                    if k.strip().lower() == "content-length":
-                        length = int(v.strip())
-                assert length is not None, f"no Content-Length: {hdr!r}"
+                status, fields, buf = read_head(sock, buf)
+                length = fields.get("content-length")
+                assert length is not None, f"no Content-Length: {fields!r}"
+                length = int(length)
                 while len(buf) < length:
                     chunk = sock.recv(65536)
                     assert chunk, "the service closed the connection"
                     buf += chunk
                 v, buf = json.loads(buf[:length]), buf[length:]
+                if follow:
+                    assert status == 202, (status, v)
+                    v, buf = events_until_ended(sock, buf, f"bench-{i}")
+                    status = 200
                 assert status == 200 and v["status"] == "ok", (status, v)
         except Exception as e:  # noqa: BLE001 (reported below)
             errors.append(e)
@@ -264,7 +303,7 @@ for r in range(rounds):
     print(line, flush=True)
 ms, md = statistics.median(svc), statistics.median(dir_)
 print(f"\nmedian of {rounds} rounds, {n} CSV-summary runs each (load average now {os.getloadavg()[0]:.1f}):")
-print(f"  service (8 clients, {SLOTS} slots): {ms:6.1f} runs/s")
+print(f"  service (8 clients, {SLOTS} slots{', each following its run over SSE' if follow else ''}): {ms:6.1f} runs/s")
 if aj_base:
     print(f"  base service (AGENTJAIL_BIN_BASE): {statistics.median(svc_base):6.1f} runs/s")
 print(f"  direct  (2 at a time)           : {md:6.1f} runs/s")

@@ -147,6 +147,11 @@ fn check_ts_result(r: &Value) {
     );
     assert_eq!(r["cancelled"]["status"], "cancelled");
     assert!(!r["cancelled"]["pids"].as_array().unwrap().is_empty());
+    // Printed before a 3 s sleep, seen live: well before the call returned.
+    for s in ["stdout_before_end_ms", "stderr_before_end_ms"] {
+        let ms = r["live"][s].as_u64().unwrap_or(0);
+        assert!(ms >= 1500, "{s} = {ms}: the output was not sent live: {r}");
+    }
 }
 
 fn check_audit(data: &Path, route: &str) {

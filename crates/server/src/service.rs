@@ -14,7 +14,7 @@
 mod auth;
 mod cancel;
 mod catalogue;
-mod events;
+pub(crate) mod events;
 mod failure;
 mod inputs;
 mod listing;
@@ -28,7 +28,7 @@ pub(crate) use auth::{authenticate, deny, spawn_auth_failure_flusher};
 pub(crate) use cancel::cancel;
 pub(crate) use catalogue::task_views;
 pub use catalogue::{TaskInputView, TaskView};
-pub(crate) use events::{Position, RunEvent, follow};
+pub(crate) use events::{Position, RunEvent, follow, follow_own_call};
 pub use failure::Failure;
 pub use inputs::InputCreated;
 pub(crate) use inputs::upload;

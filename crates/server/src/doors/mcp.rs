@@ -19,6 +19,7 @@
 //! names them and what the rest of the crate (and `crates/cli`) uses; none of them uses it.
 
 mod catalogue;
+mod progress;
 mod results;
 mod roots;
 mod server;

@@ -96,25 +96,46 @@ pub(crate) async fn follow(
     resume: Option<Position>,
 ) -> Result<Follow, Failure> {
     let r = get_checked(state, caller, request_id, "run_events", |_| Ok(())).await?;
-    let Some(task) = state.inner.config.tasks.get(&r.task) else {
-        return Err(Failure::Refused(Refusal::TaskGone));
-    };
-    let secrets = Secrets::of(task);
-    Ok(Follow {
-        shown: [task.stdout_limit() > 0, task.stderr_limit() > 0],
-        margin: secrets.longest(),
-        secrets,
-        state: state.clone(),
-        tenant: r.tenant,
-        request_id: r.request_id,
-        job_id: r.job_id,
-        position: resume.unwrap_or_default(),
-        since: Instant::now(),
-        done: false,
-    })
+    Follow::of(state, r, resume)
+}
+
+/// Follows a run the caller is waiting for in the same call (MCP's live progress of a tool
+/// call): not audited again, since the call itself is. None until the run is recorded.
+pub(crate) async fn follow_own_call(
+    state: &AppState,
+    caller: &Caller,
+    request_id: &str,
+) -> Result<Option<Follow>, Failure> {
+    match state.store().get_run(&caller.tenant, request_id).await? {
+        Some(r) => Follow::of(state, r, None).map(Some),
+        None => Ok(None),
+    }
 }
 
 impl Follow {
+    fn of(
+        state: &AppState,
+        r: crate::storage::db::RunRow,
+        resume: Option<Position>,
+    ) -> Result<Follow, Failure> {
+        let Some(task) = state.inner.config.tasks.get(&r.task) else {
+            return Err(Failure::Refused(Refusal::TaskGone));
+        };
+        let secrets = Secrets::of(task);
+        Ok(Follow {
+            shown: [task.stdout_limit() > 0, task.stderr_limit() > 0],
+            margin: secrets.longest(),
+            secrets,
+            state: state.clone(),
+            tenant: r.tenant,
+            request_id: r.request_id,
+            job_id: r.job_id,
+            position: resume.unwrap_or_default(),
+            since: Instant::now(),
+            done: false,
+        })
+    }
+
     /// The next events (and the position after each); empty when the follow has ended.
     /// Waits for news, a poll at a time.
     pub async fn next(&mut self) -> Result<Vec<(RunEvent, Position)>, Failure> {
@@ -130,7 +151,8 @@ impl Follow {
         }
     }
 
-    async fn poll(&mut self) -> Result<Vec<(RunEvent, Position)>, Failure> {
+    /// One look for news (what [`Follow::next`] repeats until there is some).
+    pub async fn poll(&mut self) -> Result<Vec<(RunEvent, Position)>, Failure> {
         let mut out = Vec::new();
         // The run's state only, not its outputs (an artifact can be megabytes): the record is
         // read once, for `ended`.

@@ -10,7 +10,7 @@
 // summary as structuredContent); a failed run (isError, the cause and the untrusted stderr tail
 // readable); a policy denial and a forbidden task (isError, "Denied (...)"); a cancelled call
 // whose sandbox is gone afterwards (no process with the marker in /proc) and whose run is
-// recorded as cancelled. Every failed check throws; the last stdout line is `RESULT {json}`.
+// recorded as cancelled; a call with a progress token sees the run's output live. Every failed check throws; the last stdout line is `RESULT {json}`.
 //
 // Usage: node client.mjs --transport stdio --bin AGENTJAIL --config FILE --data-dir DIR --token-file FILE
 //        node client.mjs --transport http --url URL --token-file FILE
@@ -170,6 +170,32 @@ async function scenarios(client, out) {
   }
   check(status === "cancelled", `cancelled run recorded as ${status}`);
   out.cancelled = { pids: seen, status, progress: progress.length };
+
+  // 7. Live output: a call with a progress token sees what the run prints while it runs, in
+  //    its progress messages ("stdout: …", "stderr: …"), each value greater than the last.
+  const tag = randomBytes(6).toString("hex");
+  const live = [];
+  const t0 = Date.now();
+  const lr = await call(client, "sleepy", {
+    code:
+      "import sys, time\n" +
+      `print("AJ-LIVE-OUT-${tag}", flush=True)\n` +
+      `sys.stderr.write("AJ-LIVE-ERR-${tag}\\n"); sys.stderr.flush()\n` +
+      "time.sleep(3)\n" +
+      `print("AJ-LIVE-LATE-${tag}")\n`,
+  }, {
+    timeout: 120000,
+    onprogress: (p) => live.push({ at: Date.now() - t0, progress: p.progress, message: p.message ?? "" }),
+  });
+  const took = Date.now() - t0;
+  log(`# live: the call took ${took} ms; progress messages: ${JSON.stringify(live.map((p) => [p.at, p.message.slice(0, 80)]))}`);
+  const outAt = live.find((p) => p.message.startsWith("stdout: ") && p.message.includes(`AJ-LIVE-OUT-${tag}`));
+  const errAt = live.find((p) => p.message.startsWith("stderr: ") && p.message.includes(`AJ-LIVE-ERR-${tag}`));
+  check(outAt, `the stdout line arrived as progress: ${JSON.stringify(live)}`);
+  check(errAt, `the stderr line arrived as progress: ${JSON.stringify(live)}`);
+  for (let i = 1; i < live.length; i++) check(live[i].progress > live[i - 1].progress, `progress increases: ${JSON.stringify(live)}`);
+  check(text(lr).includes(`AJ-LIVE-LATE-${tag}`) || JSON.stringify(lr).includes(`AJ-LIVE-LATE-${tag}`), `the result carries the later line: ${JSON.stringify(lr).slice(0, 600)}`);
+  out.live = { stdout_before_end_ms: took - outAt.at, stderr_before_end_ms: took - errAt.at, messages: live.length };
 }
 
 async function main() {

@@ -3,13 +3,11 @@
 //! beneath an input root (stdio only).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use base64::Engine;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, InitializeResult,
-    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities,
-    ServerConfig, Tool,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -19,7 +17,6 @@ use super::catalogue::*;
 use super::results::*;
 use super::roots::*;
 use crate::app::AppState;
-use crate::run_state::RunState;
 use crate::service::{self, Caller, Failure, RunRequest};
 use crate::storage::audit::Event;
 use crate::util::random_hex;
@@ -273,39 +270,16 @@ impl McpServer {
             code: s("code"),
             args: strings("args"),
         };
-        // Progress for long runs, when the client asked for it.
+        // Progress, with what the run prints as it prints it, when the client asked for it.
         let progress = ctx.meta.get_progress_token().map(|token| {
-            let peer = ctx.peer.clone();
-            let (state, tenant, rid) = (
+            tokio::spawn(super::progress::live(
                 self.state.clone(),
-                caller.tenant.clone(),
+                caller.clone(),
                 request_id.clone(),
-            );
-            let limit = task.limits.seconds;
-            tokio::spawn(async move {
-                let started = std::time::Instant::now();
-                let mut tick = tokio::time::interval(Duration::from_secs(1));
-                loop {
-                    tick.tick().await;
-                    let status = state
-                        .store()
-                        .get_run(&tenant, &rid)
-                        .await
-                        .ok()
-                        .flatten()
-                        .map(|r| r.status)
-                        .unwrap_or(RunState::Queued);
-                    let secs = started.elapsed().as_secs_f64();
-                    let p = ProgressNotificationParam::new(token.clone(), secs)
-                        .with_total(limit as f64)
-                        .with_message(format!(
-                            "{status}; {secs:.0} s elapsed of the task's {limit} s limit"
-                        ));
-                    if peer.notify_progress(p).await.is_err() {
-                        return;
-                    }
-                }
-            })
+                task.limits.seconds,
+                token,
+                ctx.peer.clone(),
+            ))
         });
         let r = service::submit(&self.state, caller, req, true, Some(ctx.ct.clone())).await;
         if let Some(p) = progress {
