@@ -337,6 +337,71 @@ fn a_cancel_on_a_replica_stops_a_queued_run_and_kills_one_on_a_worker() {
     assert_eq!((code, &again["finished_at"]), (200, &v["finished_at"]));
 }
 
+/// One JSON-RPC message to `/mcp` (Streamable HTTP) as alice: the status, the session id it
+/// answered, and the body.
+fn mcp_post(api: &Api, session: Option<&str>, msg: &Value) -> (u16, Option<String>, String) {
+    let mut rq = api
+        .http
+        .post(api.url("/mcp"))
+        .bearer_auth(ALICE)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25")
+        .header("content-type", "application/json")
+        .timeout(Duration::from_secs(120))
+        .body(msg.to_string());
+    if let Some(s) = session {
+        rq = rq.header("mcp-session-id", s);
+    }
+    let r = rq.send().unwrap();
+    let sid = r
+        .headers()
+        .get("mcp-session-id")
+        .map(|v| v.to_str().unwrap().to_string());
+    (r.status().as_u16(), sid, r.text().unwrap_or_default())
+}
+
+/// An MCP client that cancels its call (`notifications/cancelled`) through the API replica
+/// cancels the run itself, on the worker that executes it: the sandbox is killed and the run
+/// ends `cancelled`, as with `POST /v1/runs/{id}/cancel` (not only the replica's wait).
+#[test]
+fn an_mcp_cancel_through_a_replica_kills_the_run_on_a_worker() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pg) = Pg::start() else { return };
+    let (d_api, d_w1) = (tempdir(), tempdir());
+    let marker = marker_for(&d_api, "mcp-cancel");
+    let cfg = config(&marker);
+    let (_api_node, api) = api(d_api.path(), &pg, &cfg);
+    let _w1 = worker(d_w1.path(), &pg, &cfg, "w1");
+    let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{
+        "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"fleet","version":"1"}}});
+    let (code, sid, body) = mcp_post(&api, None, &init);
+    assert_eq!(code, 200, "{body}");
+    let sid = sid.expect("no Mcp-Session-Id");
+    let (code, _, body) = mcp_post(
+        &api,
+        Some(&sid),
+        &json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
+    );
+    assert_eq!(code, 202, "{body}");
+    let call = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{
+        "name":"sleeper","arguments":{"args":["30"],"request_id":"mcp-cancel"}}});
+    let (api2, sid2) = (Api::new(&api.base), sid.clone());
+    // Its answer never comes (a cancelled request is not answered): not joined.
+    std::thread::spawn(move || mcp_post(&api2, Some(&sid2), &call));
+    wait_status(&api, "mcp-cancel", "running", 30);
+    wait_payloads(&marker, 1, 20);
+    let t = Instant::now();
+    let cancel = json!({"jsonrpc":"2.0","method":"notifications/cancelled",
+        "params":{"requestId":2,"reason":"the agent gave up"}});
+    let (code, _, body) = mcp_post(&api, Some(&sid), &cancel);
+    assert_eq!(code, 202, "{body}");
+    let v = wait_final(&api, "mcp-cancel");
+    assert_eq!(v["status"], "cancelled", "{v}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    wait_payloads(&marker, 0, 5);
+    assert_eq!(pg.audited("run_start", "mcp-cancel"), "1");
+}
+
 /// `kill -9` of a worker mid-run: its payload is gone within seconds (the runner's lifeline),
 /// the run becomes `unknown` once its lease expires (any node's sweeper), the expired lease is
 /// counted, and another worker never runs it again.

@@ -5,22 +5,19 @@
 //! record; a run that ended otherwise is final (409). Only the actor that submitted the run,
 //! or an operator, cancels it (another actor of its tenant reads it, but cannot stop it).
 //!
-//! On this node the run's own cancellation token is cancelled ([`runner::cancel_here`]). On
+//! On this node the run's own cancellation token is cancelled ([`crate::execution::runner::cancel_here`]). On
 //! PostgreSQL a queued run no executor has claimed ends `cancelled` in the database at once;
 //! a claimed one is flagged, and the executor holding it kills it at its next lease renewal
 //! (at most a third of `lease_seconds` later).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::failure::Failure;
 use super::runs::get_checked;
 use crate::app::AppState;
-use crate::execution::runner;
 use crate::policy::{Caller, Refusal};
 use crate::run_state::RunState;
-use crate::storage::audit::Event;
 use crate::storage::db::RunRow;
-use crate::util::now;
 
 /// How long a cancel waits for the run to end before it answers with the record as it stands
 /// (still `running`: the client polls `GET /v1/runs/{request_id}`).
@@ -45,41 +42,6 @@ pub(crate) async fn cancel(
     if r.status == RunState::Cancelled {
         return Ok(r);
     }
-    match &state.inner.queue {
-        None => {
-            // Not registered: it ended between the read and now (or is not this node's).
-            let _ = runner::cancel_here(state, &r.job_id);
-        }
-        Some(queue) => {
-            let reason = "cancelled before the run started";
-            let end = Event {
-                event: "run_end",
-                actor: Some(r.actor.clone()),
-                tenant: Some(r.tenant.clone()),
-                task: Some(r.task.clone()),
-                request_id: Some(r.request_id.clone()),
-                job_id: Some(r.job_id.clone()),
-                status: Some(RunState::Cancelled.into()),
-                reason: Some(reason.into()),
-                ..Default::default()
-            };
-            queue
-                .cancel(&r.tenant, &r.request_id, now(), reason, &end)
-                .await?;
-            // This node may hold it: no need to wait for the lease renewal.
-            let _ = runner::cancel_here(state, &r.job_id);
-        }
-    }
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let row = state
-            .store()
-            .get_run(&r.tenant, &r.request_id)
-            .await?
-            .ok_or(Failure::Internal)?;
-        if row.status.is_terminal() || Instant::now() > deadline {
-            return Ok(row);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    super::runs::stop(state, &r, "cancelled before the run started").await?;
+    super::runs::wait_until(state, &r.tenant, &r.request_id, None, WAIT).await
 }

@@ -356,7 +356,12 @@ pub(crate) async fn submit(
 /// it, and any node's executor claims it (crate::execution::fleet). The queue is bounded cluster-wide by
 /// `max_queued_runs` (unclaimed runs); beyond it new work is refused as overloaded, replays are
 /// still answered. `wait` polls the record until it is final; `cancel` (MCP) stops the wait
-/// only: the run is on another node's executor.
+/// it and cancels the run ([`stop`]: at once if no executor has claimed it, else
+/// at its executor's next lease renewal), then waits up to [`CANCEL_WAIT`] for its end.
+/// How long a cancelled MCP call waits for its run to end on PostgreSQL (a claimed run is
+/// killed at its executor's next lease renewal, within a third of `lease_seconds`).
+const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn enqueue(
     state: &AppState,
@@ -407,7 +412,15 @@ pub(super) async fn enqueue(
         .await;
     }
     if wait {
-        wait_for(state, &row.tenant, &row.request_id, cancel.as_ref()).await
+        let r = wait_for(state, &row.tenant, &row.request_id, cancel.as_ref()).await?;
+        // MCP cancelled the call: this call's own run is stopped wherever it runs (a replayed
+        // call, above, only stops waiting: the run is another call's).
+        if cancel.as_ref().is_some_and(|c| c.is_cancelled()) && !r.status.is_terminal() {
+            stop(state, &r, "cancelled by the client before the run started")
+                .await?;
+            return wait_until(state, &r.tenant, &r.request_id, None, CANCEL_WAIT).await;
+        }
+        Ok(r)
     } else {
         state
             .store()
@@ -470,7 +483,25 @@ pub(super) async fn wait_for(
     request_id: &str,
     cancel: Option<&CancellationToken>,
 ) -> Result<RunRow, Failure> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+    wait_until(
+        state,
+        tenant,
+        request_id,
+        cancel,
+        std::time::Duration::from_secs(3600),
+    )
+    .await
+}
+
+/// [`wait_for`] for at most `most`: the record as it stands then.
+pub(super) async fn wait_until(
+    state: &AppState,
+    tenant: &str,
+    request_id: &str,
+    cancel: Option<&CancellationToken>,
+    most: std::time::Duration,
+) -> Result<RunRow, Failure> {
+    let deadline = std::time::Instant::now() + most;
     loop {
         let row = state
             .store()
@@ -577,4 +608,30 @@ pub(crate) async fn receipt(
     })
     .await?;
     parse(&r).ok_or(Failure::Refused(Refusal::NoReceipt { state: r.status }))
+}
+
+/// Stops `r` wherever it is: on this node, its cancellation token; on PostgreSQL, a queued run
+/// no executor has claimed ends `cancelled` (with `reason`) at once, a claimed one is flagged
+/// for its executor. Used by the cancel endpoint and by MCP's cancellation of a call.
+pub(super) async fn stop(state: &AppState, r: &RunRow, reason: &str) -> Result<(), Failure> {
+    if let Some(queue) = &state.inner.queue {
+        let end = Event {
+            event: "run_end",
+            actor: Some(r.actor.clone()),
+            tenant: Some(r.tenant.clone()),
+            task: Some(r.task.clone()),
+            request_id: Some(r.request_id.clone()),
+            job_id: Some(r.job_id.clone()),
+            status: Some(RunState::Cancelled.into()),
+            reason: Some(reason.into()),
+            ..Default::default()
+        };
+        queue
+            .cancel(&r.tenant, &r.request_id, now(), reason, &end)
+            .await?;
+    }
+    // This node may hold it (without a queue: it does, unless it ended between the read and
+    // now): no need to wait for a lease renewal.
+    let _ = runner::cancel_here(state, &r.job_id);
+    Ok(())
 }
