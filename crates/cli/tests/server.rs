@@ -2577,3 +2577,81 @@ max_bytes = 1000
         assert_eq!(m, 0o600, "{log} is {m:o}");
     }
 }
+
+/// A client that stops reading a large answer (a 24 MB artifact, more than the loopback
+/// socket buffers hold) is disconnected once nothing could be written to it for
+/// `body_timeout_seconds`: a reader that never reads cannot hold a connection slot (or the
+/// answer's buffers) forever. The stall is counted in `/metrics`.
+#[test]
+fn a_client_that_stops_reading_is_disconnected() {
+    use std::io::{Read, Write};
+    let dir = common::tmp();
+    let token = "tok-stall-reader-1";
+    let cfg = format!(
+        "[server]\nbody_timeout_seconds = 1\n\n[tenants.acme]\n{alice}{big}[tasks.big.output]\npath = \"/output/o.json\"\nmedia_type = \"application/json\"\nmax_bytes = 30000000\n[tasks.big.limits]\nseconds = 60\noutput_mb = 32\nmemory_mb = 512\n",
+        alice = actor("alice", "acme", token, false),
+        big = fixed_task(
+            "big",
+            "Writes a 24 MB artifact",
+            r#"["/usr/bin/python3", "-c", "import json; json.dump({'pad': 'x' * 24000000}, open('/output/o.json', 'w'))"]"#,
+            r#"allowed_tenants = ["acme"]"#,
+        ),
+    );
+    let s = common::serve::Serve::start(
+        &common::serve::write_config(dir.path(), &cfg),
+        &dir.path().join("data"),
+        &[],
+    );
+    let api = Api::new(&s.base);
+    let r = api.run(
+        token,
+        &json!({"request_id": "big-1", "task": "big", "inputs": []}),
+        "",
+    );
+    let v: Value = r.json().unwrap();
+    assert_eq!(v["status"], "ok", "{v}");
+    // Ask for the artifact, read nothing for 5 s (the server fills the socket's buffers, then
+    // stalls), then read what there is.
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let mut c = std::net::TcpStream::connect(&addr).unwrap();
+    c.write_all(
+        format!("GET /v1/runs/big-1/artifact HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n")
+            .as_bytes(),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let t = Instant::now();
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "still reading after 60 s"
+        );
+    }
+    let head = String::from_utf8_lossy(&got[..got.len().min(200)]).to_string();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        got.len() < 24_000_000,
+        "the whole artifact ({} bytes) was sent to a client that read nothing for 5 s: it was not disconnected",
+        got.len()
+    );
+    let metrics = api
+        .http
+        .get(api.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "agentjail_http_write_stalls_total 1"),
+        "{metrics}"
+    );
+}

@@ -110,7 +110,8 @@ pub struct ServerSettings {
     #[serde(default = "d_header_timeout")]
     pub header_timeout_seconds: u64,
     /// Seconds a client has to send a request's whole body once its headers arrived (default
-    /// 30); a slower upload gets `408` and the connection is closed.
+    /// 30); a slower upload gets `408` and the connection is closed. Also how long a client may
+    /// read nothing of an answer (an artifact, an events stream) before it is disconnected.
     #[serde(default = "d_body_timeout")]
     pub body_timeout_seconds: u64,
     /// Open client connections at most (default 256); a connection beyond is closed at once.

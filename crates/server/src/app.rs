@@ -141,6 +141,7 @@ pub(crate) fn zero_metrics(config: &Config) {
         "agentjail_overload_refusals_total",
         "agentjail_audit_failures_total",
         "agentjail_connections_refused_total",
+        "agentjail_http_write_stalls_total",
         "agentjail_mcp_session_refusals_total",
     ] {
         metrics::counter!(name).increment(0);
@@ -153,6 +154,10 @@ fn describe_metrics() {
     describe_counter!(
         "agentjail_connections_refused_total",
         "Client connections closed at once because max_connections were open"
+    );
+    describe_counter!(
+        "agentjail_http_write_stalls_total",
+        "Client connections closed because the client read nothing of its answer for body_timeout_seconds"
     );
     describe_counter!("agentjail_runs_total", "Finished runs by task and status");
     describe_counter!("agentjail_denials_total", "Policy denials by reason");

@@ -297,8 +297,10 @@ pub fn serve_blocking(opts: ServeOptions) -> Result<(), ServerError> {
 /// `max_connections` open connections (one beyond is closed at once), and
 /// `header_timeout_seconds` to send a request's headers, which is also how long an idle
 /// keep-alive connection stays open (hyper's header-read timer runs while it waits for the
-/// next request). The body timeout and the up-front 413 are [`api::bound_body`]'s. Stops
-/// accepting when `stop` completes.
+/// next request). The body timeout and the up-front 413 are [`api::bound_body`]'s. A client
+/// that reads nothing of an answer for `body_timeout_seconds` (a write that cannot progress)
+/// is disconnected: a reader that never reads holds no connection slot for long
+/// (`agentjail_http_write_stalls_total`). Stops accepting when `stop` completes.
 async fn serve_bounded(
     listener: tokio::net::TcpListener,
     app: axum::Router,
@@ -308,6 +310,7 @@ async fn serve_bounded(
     use hyper_util::rt::{TokioIo, TokioTimer};
     let slots = Arc::new(Semaphore::new(s.max_connections));
     let header_timeout = Duration::from_secs(s.header_timeout_seconds);
+    let write_stall = Duration::from_secs(s.body_timeout_seconds);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut stop = std::pin::pin!(stop);
     loop {
@@ -329,19 +332,45 @@ async fn serve_bounded(
             continue;
         };
         let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        // The write timer runs only while a write cannot progress, and restarts with each
+        // byte written: a slow reader is served, one that stopped reading is cut off.
+        let mut io = tokio_io_timeout::TimeoutStream::new(stream);
+        io.set_write_timeout(Some(write_stall));
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(header_timeout)
-            .serve_connection(TokioIo::new(stream), svc);
+            .serve_connection(TokioIo::new(Box::pin(io)), svc);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
-            let _ = conn.await;
+            if let Err(e) = conn.await
+                && write_stalled(&e)
+            {
+                metrics::counter!("agentjail_http_write_stalls_total").increment(1);
+                tracing::info!(
+                    "a client read nothing of its answer for the body timeout: disconnected"
+                );
+            }
             drop(permit);
         });
     }
     drop(listener);
     // Requests in progress may finish (a waiting run is killed with the process anyway).
     let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
+}
+
+/// Whether a connection ended because a write to its client could not progress in time.
+fn write_stalled(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 async fn shutdown_signal() {
