@@ -105,14 +105,8 @@ fn wait_final(api: &Api, id: &str) -> Value {
 /// How many `event` records the audit chain holds for `request_id`.
 /// One value of `/metrics`, by its series' name.
 fn metric(api: &Api, name: &str) -> Option<f64> {
-    let text = api
-        .http
-        .get(api.url("/metrics"))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
-    text.lines()
+    api.metrics()
+        .lines()
         .find(|l| l.split_whitespace().next() == Some(name))
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())

@@ -2641,13 +2641,7 @@ fn a_client_that_stops_reading_is_disconnected() {
         "the whole artifact ({} bytes) was sent to a client that read nothing for 5 s: it was not disconnected",
         got.len()
     );
-    let metrics = api
-        .http
-        .get(api.url("/metrics"))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let metrics = api.metrics();
     assert!(
         metrics
             .lines()

@@ -286,6 +286,15 @@ impl Api {
             .expect("the submission is answered")
     }
 
+    /// The text of `/metrics` (unauthenticated).
+    pub fn metrics(&self) -> String {
+        self.http
+            .get(self.url("/metrics"))
+            .send()
+            .and_then(|r| r.text())
+            .expect("/metrics is answered")
+    }
+
     pub fn get(&self, token: &str, p: &str) -> reqwest::blocking::Response {
         self.http
             .get(self.url(p))
