@@ -134,6 +134,18 @@ pub struct RunPredicate {
     /// The command's stderr, likewise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stderr: Option<StreamReport>,
+    /// The workspace (`/work`) before and after the run, by checkpoint digest (absent when the
+    /// manifest has no `workspace`): a session's cells chain through them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<WorkspaceDigests>,
+}
+
+/// The workspace checkpoints a run started from and left behind (`sha256:<hex>`, or null
+/// for an empty start or when none was collected).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkspaceDigests {
+    pub before: Option<String>,
+    pub after: Option<String>,
 }
 
 /// A receipt that verified.
@@ -256,6 +268,10 @@ pub fn statement(
                 .sha256
                 .is_some()
                 .then(|| report.stderr.clone()),
+            workspace: report.workspace.as_ref().map(|w| WorkspaceDigests {
+                before: w.restored_sha256.clone(),
+                after: w.sha256.clone(),
+            }),
         },
     })
 }

@@ -305,6 +305,7 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
         egress_dns: a.egress_dns.clone(),
         lifeline,
         lease,
+        workspace_restore: None,
     };
     let delivery = Delivery {
         output_dir: a.output_dir.clone(),

@@ -1,0 +1,129 @@
+//! The run's workspace (`/work`) as state (issue #34; the manifest's `workspace`).
+//!
+//! Restore: the caller (the CLI) reads the checkpoint file once, checks its sha256 against the
+//! manifest and its entries ([`agentjail_verify::checkpoint::check`]) before anything starts,
+//! and hands the bytes over in [`crate::RunOptions::workspace_restore`]. The supervisor puts
+//! them in a sealed memfd sent with the plan; the payload (the command's process before it
+//! execs), already the sandbox user without capabilities and in the run's cgroup, but before
+//! Landlock and seccomp, checks the archive again and extracts it into the fresh `/work`
+//! tmpfs through that directory's descriptor only ([`agentjail_verify::checkpoint::extract`]:
+//! beneath it, no link followed, `O_EXCL`). A failure there ends the run as a setup error
+//! before the command starts: a workspace is never half-restored under a running command.
+//!
+//! Collect: the init opens `/work` and hands the descriptor to the supervisor
+//! ([`crate::inside::ToSupervisor::Work`]), which returns it in
+//! [`crate::Outcome::work_dir`]; the caller collects it after every process of the sandbox is
+//! gone ([`agentjail_verify::checkpoint::build`]), whatever the command's status.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use serde::{Deserialize, Serialize};
+
+use crate::step::{SetupError, Step, StepResult};
+
+/// What the plan says of the workspace.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkspacePlan {
+    /// A checkpoint is restored: its archive is the sealed memfd sent after the copies'.
+    pub restore: bool,
+    /// The init hands `/work` to the supervisor, for collection after the run.
+    pub collect: bool,
+    pub max_bytes: u64,
+    pub max_files: u64,
+}
+
+impl WorkspacePlan {
+    pub(crate) fn of(vm: &agentjail_manifest::ValidatedManifest) -> Option<WorkspacePlan> {
+        vm.workspace.as_ref().map(|w| WorkspacePlan {
+            restore: w.restore.is_some(),
+            collect: w.collect,
+            max_bytes: w.max_bytes,
+            max_files: w.max_files,
+        })
+    }
+}
+
+/// The sealed memfd of the checkpoint to restore, when the plan restores one. `Err` (a
+/// one-line reason) when the plan restores one the caller did not give.
+pub(crate) fn restore_memfd(
+    plan: &crate::plan::Plan,
+    bytes: Option<&[u8]>,
+) -> Result<Option<OwnedFd>, String> {
+    if !plan.workspace.as_ref().is_some_and(|w| w.restore) {
+        return Ok(None);
+    }
+    let bytes = bytes.ok_or("workspace.restore: the checkpoint was not read before the run")?;
+    let fail = |e: std::io::Error| format!("workspace.restore: memfd for the checkpoint: {e}");
+    let fd = rustix::fs::memfd_create(
+        c"agentjail-workspace",
+        rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+    )
+    .map_err(|e| fail(e.into()))?;
+    let mut f = std::fs::File::from(fd);
+    std::io::Write::write_all(&mut f, bytes).map_err(fail)?;
+    use rustix::fs::SealFlags;
+    rustix::fs::fcntl_add_seals(
+        f.as_fd(),
+        SealFlags::SHRINK | SealFlags::GROW | SealFlags::WRITE | SealFlags::SEAL,
+    )
+    .map_err(|e| fail(e.into()))?;
+    Ok(Some(f.into()))
+}
+
+/// In the init, once the root is built: hands the `/work` descriptor to the supervisor when
+/// the plan collects the workspace.
+pub(crate) fn hand_over_work(plan: &crate::plan::Plan, ctl: BorrowedFd<'_>) -> StepResult<()> {
+    if !plan.workspace.as_ref().is_some_and(|w| w.collect) {
+        return Ok(());
+    }
+    use rustix::fs::{Mode, OFlags};
+    let work = crate::step::step(
+        Step::OpenWork,
+        rustix::fs::open(
+            "/work",
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+        ),
+    )?;
+    crate::step::step(
+        Step::ReportReady,
+        crate::inside::send(ctl, &crate::inside::ToSupervisor::Work, Some(work.as_fd())),
+    )
+}
+
+/// In the payload, as the sandbox user before Landlock and seccomp: extracts the checkpoint
+/// (the sealed memfd `fd`) into the empty `/work`, checking it again on the way.
+pub(crate) fn restore_in_payload(
+    plan: &crate::plan::Plan,
+    fd: Option<&OwnedFd>,
+) -> StepResult<()> {
+    let Some(w) = plan.workspace.as_ref().filter(|w| w.restore) else {
+        return Ok(());
+    };
+    let fail = |e: String| SetupError::new(Step::RestoreWorkspace, e);
+    let fd = fd.ok_or_else(|| fail("no checkpoint was sent".into()))?;
+    let size = rustix::fs::fstat(fd)
+        .map_err(|e| fail(e.to_string()))?
+        .st_size;
+    let len = usize::try_from(size).map_err(|_| fail("bad checkpoint size".into()))?;
+    let mut bytes = vec![0u8; len];
+    let mut at = 0usize;
+    while at < len {
+        match rustix::io::pread(fd, &mut bytes[at..], at as u64) {
+            Ok(0) => return Err(fail("the checkpoint is short".into())),
+            Ok(n) => at += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(fail(e.to_string())),
+        }
+    }
+    use rustix::fs::{Mode, OFlags};
+    let work = rustix::fs::open(
+        "/work",
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )
+    .map_err(|e| fail(format!("open /work: {e}")))?;
+    let max_files = usize::try_from(w.max_files).unwrap_or(usize::MAX);
+    agentjail_verify::checkpoint::extract(&bytes, work.as_fd(), w.max_bytes, max_files)
+        .map_err(|e| fail(format!("workspace checkpoint refused: {e}")))
+}
