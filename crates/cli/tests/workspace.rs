@@ -157,7 +157,12 @@ const TREE: &str = "mkdir -p /work/sub/deep /work/empty && echo alpha-1 > /work/
 fn a_checkpoint_restores_into_the_next_run_and_the_digests_chain() {
     let d = tmp();
     let ck1 = d.path().join("ck1.tar");
-    let r1 = run(d.path(), "one", &sh(TREE, json!({"collect": true})), Some(&ck1));
+    let r1 = run(
+        d.path(),
+        "one",
+        &sh(TREE, json!({"collect": true})),
+        Some(&ck1),
+    );
     assert_eq!(r1.status(), "ok", "{}", r1.dump());
     assert!(r1.stdout.contains("RAN-ONE"), "{}", r1.dump());
     let sha1 = r1.sha();
@@ -169,14 +174,26 @@ fn a_checkpoint_restores_into_the_next_run_and_the_digests_chain() {
     names.sort();
     assert_eq!(
         names,
-        ["a.txt", "empty", "run.sh", "sub", "sub/deep", "sub/deep/b.txt"]
+        [
+            "a.txt",
+            "empty",
+            "run.sh",
+            "sub",
+            "sub/deep",
+            "sub/deep/b.txt"
+        ]
     );
 
     let ck2 = d.path().join("ck2.tar");
     let probe = "cat /work/a.txt /work/sub/deep/b.txt && /work/run.sh && test -d /work/empty && \
         echo EMPTY-DIR && echo more >> /work/a.txt && rm /work/sub/deep/b.txt && \
         echo new > /work/c.txt && echo RAN-TWO";
-    let r2 = run(d.path(), "two", &sh(probe, restore(&ck1, &sha1)), Some(&ck2));
+    let r2 = run(
+        d.path(),
+        "two",
+        &sh(probe, restore(&ck1, &sha1)),
+        Some(&ck2),
+    );
     assert_eq!(r2.status(), "ok", "{}", r2.dump());
     for s in ["alpha-1", "beta-2", "exec-ok", "EMPTY-DIR", "RAN-TWO"] {
         assert!(r2.stdout.contains(s), "{s} missing: {}", r2.dump());
@@ -199,13 +216,23 @@ fn b_equal_trees_give_equal_digests() {
         d.path().join("2.tar"),
         d.path().join("3.tar"),
     );
-    let r1 = run(d.path(), "one", &sh(TREE, json!({"collect": true})), Some(&c1));
+    let r1 = run(
+        d.path(),
+        "one",
+        &sh(TREE, json!({"collect": true})),
+        Some(&c1),
+    );
     std::thread::sleep(std::time::Duration::from_millis(1100));
     // The same tree, made in another order.
     let other = "printf '#!/bin/sh\\necho exec-ok\\n' > /work/run.sh && mkdir /work/sub \
         /work/empty && mkdir /work/sub/deep && echo beta-2 > /work/sub/deep/b.txt && \
         echo alpha-1 > /work/a.txt && chmod 700 /work/run.sh && echo RAN-ONE";
-    let r2 = run(d.path(), "two", &sh(other, json!({"collect": true})), Some(&c2));
+    let r2 = run(
+        d.path(),
+        "two",
+        &sh(other, json!({"collect": true})),
+        Some(&c2),
+    );
     assert_eq!(r1.status(), "ok", "{}", r1.dump());
     assert_eq!(r2.status(), "ok", "{}", r2.dump());
     assert_eq!(r1.sha(), r2.sha(), "{}\n{}", r1.dump(), r2.dump());
@@ -228,7 +255,12 @@ fn c_links_and_fifos_in_work_are_refused_and_absent() {
     let ck = d.path().join("ck.tar");
     let script = "echo keep > /work/keep.txt && ln -s /etc/shadow /work/shadow-link && \
         mkfifo /work/fifo && echo data > /work/orig && ln /work/orig /work/hard && echo RAN-ONE";
-    let r = run(d.path(), "one", &sh(script, json!({"collect": true})), Some(&ck));
+    let r = run(
+        d.path(),
+        "one",
+        &sh(script, json!({"collect": true})),
+        Some(&ck),
+    );
     assert!(r.stdout.contains("RAN-ONE"), "{}", r.dump());
     let sym = r.rejected("shadow-link").expect("symlink refused");
     assert!(sym.contains("symlink"), "{sym}");
@@ -261,8 +293,16 @@ fn d_crafted_archives_are_refused_before_start() {
     let big = 2 * 1024 * 1024;
     let cases: Vec<(&str, String, &str)> = vec![
         ("dotdot", "add('../escape', b'x')".into(), ".."),
-        ("dotdot-inner", "adddir('a')\nadd('a/../../escape', b'x')".into(), ".."),
-        ("absolute", "add('/tmp/escape-abs', b'x')".into(), "absolute"),
+        (
+            "dotdot-inner",
+            "adddir('a')\nadd('a/../../escape', b'x')".into(),
+            "..",
+        ),
+        (
+            "absolute",
+            "add('/tmp/escape-abs', b'x')".into(),
+            "absolute",
+        ),
         (
             "symlink",
             "add('link', b'', tarfile.SYMTYPE, '/etc/shadow')".into(),
@@ -274,13 +314,13 @@ fn d_crafted_archives_are_refused_before_start() {
             "hard link",
         ),
         ("fifo", "add('p', b'', tarfile.FIFOTYPE)".into(), "FIFO"),
-        ("duplicate", "add('f', b'x')\nadd('f', b'y')".into(), "duplicate"),
-        ("oversized", format!("add('big', b'a' * {big})"), "limit"),
         (
-            "no-parent",
-            "add('missing/f', b'x')".into(),
-            "folder",
+            "duplicate",
+            "add('f', b'x')\nadd('f', b'y')".into(),
+            "duplicate",
         ),
+        ("oversized", format!("add('big', b'a' * {big})"), "limit"),
+        ("no-parent", "add('missing/f', b'x')".into(), "folder"),
     ];
     for (name, script, why) in cases {
         let ck = d.path().join(format!("{name}.tar"));
@@ -307,7 +347,12 @@ fn d_crafted_archives_are_refused_before_start() {
 fn e_tampered_or_missing_checkpoints_are_refused() {
     let d = tmp();
     let ck = d.path().join("ck.tar");
-    let r = run(d.path(), "one", &sh(TREE, json!({"collect": true})), Some(&ck));
+    let r = run(
+        d.path(),
+        "one",
+        &sh(TREE, json!({"collect": true})),
+        Some(&ck),
+    );
     assert_eq!(r.status(), "ok", "{}", r.dump());
     let sha = r.sha();
     let mut bytes = std::fs::read(&ck).unwrap();
@@ -317,14 +362,24 @@ fn e_tampered_or_missing_checkpoints_are_refused() {
         .expect("content in the archive");
     bytes[at] = b'A';
     std::fs::write(&ck, &bytes).unwrap();
-    let r2 = run(d.path(), "two", &sh("echo RAN-SENTINEL", restore(&ck, &sha)), None);
+    let r2 = run(
+        d.path(),
+        "two",
+        &sh("echo RAN-SENTINEL", restore(&ck, &sha)),
+        None,
+    );
     assert_eq!(r2.code, 125, "{}", r2.dump());
     assert!(!r2.stdout.contains("RAN-SENTINEL"), "{}", r2.dump());
     let err = r2.report["error"].as_str().unwrap_or("").to_string();
     assert!(err.contains("sha256") && err.contains(&sha), "{err}");
 
     let gone = d.path().join("gone.tar");
-    let r3 = run(d.path(), "three", &sh("echo RAN-SENTINEL", restore(&gone, &sha)), None);
+    let r3 = run(
+        d.path(),
+        "three",
+        &sh("echo RAN-SENTINEL", restore(&gone, &sha)),
+        None,
+    );
     assert_eq!(r3.code, 125, "{}", r3.dump());
     assert!(!r3.stdout.contains("RAN-SENTINEL"), "{}", r3.dump());
     assert!(r3.stderr.contains("workspace.restore"), "{}", r3.dump());
@@ -332,7 +387,7 @@ fn e_tampered_or_missing_checkpoints_are_refused() {
 
 /// (f) A workspace over `max_files` or `max_mb` is not checkpointed at all (never a partial
 /// state): the reason is listed, no digest, no file written, and the run ends
-/// `output_rejected` (exit 1) although the command succeeded.
+/// `output_rejected` (exit 65) although the command succeeded.
 #[test]
 fn f_a_workspace_over_its_bounds_is_refused_whole() {
     let d = tmp();
@@ -354,7 +409,7 @@ fn f_a_workspace_over_its_bounds_is_refused_whole() {
         let r = run(d.path(), name, &sh(script, ws), Some(&out));
         assert!(r.stdout.contains("RAN-ONE"), "{name}: {}", r.dump());
         assert_eq!(r.status(), "output_rejected", "{name}: {}", r.dump());
-        assert_eq!(r.code, 1, "{name}: {}", r.dump());
+        assert_eq!(r.code, 65, "{name}: {}", r.dump());
         assert!(r.ws()["sha256"].is_null(), "{name}: {}", r.dump());
         let reasons = r.ws()["rejected"].to_string();
         assert!(reasons.contains(why), "{name}: {}", r.dump());
@@ -398,7 +453,12 @@ fn a_timed_out_run_is_still_checkpointed() {
 fn the_receipt_names_the_workspace_digests() {
     let d = tmp();
     let ck1 = d.path().join("ck1.tar");
-    let r1 = run(d.path(), "one", &sh(TREE, json!({"collect": true})), Some(&ck1));
+    let r1 = run(
+        d.path(),
+        "one",
+        &sh(TREE, json!({"collect": true})),
+        Some(&ck1),
+    );
     assert_eq!(r1.status(), "ok", "{}", r1.dump());
     let m = sh("echo x > /work/x; echo RAN-TWO", restore(&ck1, &r1.sha()));
     let manifest = d.path().join("two.json");

@@ -161,7 +161,11 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
                 a.plan = step(Step::ReadPlan, read_plan(plan))?;
             }
             // Then the memfd of the copies (when some `Op::Copy`), then the checkpoint's.
-            if a.plan.ops.iter().any(|o| matches!(o, crate::plan::Op::Copy { .. })) {
+            if a.plan
+                .ops
+                .iter()
+                .any(|o| matches!(o, crate::plan::Op::Copy { .. }))
+            {
                 made.copies = fds.next();
             }
             a.restore = fds.next();

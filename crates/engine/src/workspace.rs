@@ -93,10 +93,7 @@ pub(crate) fn hand_over_work(plan: &crate::plan::Plan, ctl: BorrowedFd<'_>) -> S
 
 /// In the payload, as the sandbox user before Landlock and seccomp: extracts the checkpoint
 /// (the sealed memfd `fd`) into the empty `/work`, checking it again on the way.
-pub(crate) fn restore_in_payload(
-    plan: &crate::plan::Plan,
-    fd: Option<&OwnedFd>,
-) -> StepResult<()> {
+pub(crate) fn restore_in_payload(plan: &crate::plan::Plan, fd: Option<&OwnedFd>) -> StepResult<()> {
     let Some(w) = plan.workspace.as_ref().filter(|w| w.restore) else {
         return Ok(());
     };

@@ -159,7 +159,10 @@ pub fn check(archive: &[u8], max_bytes: u64, max_entries: usize) -> Result<Vec<E
         if path.len() > 1 && !dirs.contains(&path[..path.len() - 1]) {
             return refuse("its folder is not listed before it in the archive");
         }
-        let len = entry.header().size().map_err(|e| format!("entry `{shown}`: {e}"))?;
+        let len = entry
+            .header()
+            .size()
+            .map_err(|e| format!("entry `{shown}`: {e}"))?;
         if dir && len != 0 {
             return refuse("a folder with content refused");
         }
@@ -169,7 +172,10 @@ pub fn check(archive: &[u8], max_bytes: u64, max_entries: usize) -> Result<Vec<E
                 "over the workspace's limit of {max_bytes} bytes of content"
             ));
         }
-        let mode = entry.header().mode().map_err(|e| format!("entry `{shown}`: {e}"))?;
+        let mode = entry
+            .header()
+            .mode()
+            .map_err(|e| format!("entry `{shown}`: {e}"))?;
         if dir {
             dirs.insert(path.clone());
         }
@@ -257,13 +263,18 @@ pub fn extract(
 /// error): the digest of a checkpoint file as it is read, once.
 pub fn read_bounded(mut r: impl Read, max: u64) -> std::io::Result<(Vec<u8>, String)> {
     let mut bytes = Vec::new();
-    r.by_ref().take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    r.by_ref()
+        .take(max.saturating_add(1))
+        .read_to_end(&mut bytes)?;
     if bytes.len() as u64 > max {
         return Err(std::io::Error::other(format!(
             "larger than {max} bytes, more than a checkpoint within the workspace's bounds can be"
         )));
     }
-    let sha = format!("sha256:{}", agentjail_manifest::hex(&Sha256::digest(&bytes)));
+    let sha = format!(
+        "sha256:{}",
+        agentjail_manifest::hex(&Sha256::digest(&bytes))
+    );
     Ok((bytes, sha))
 }
 

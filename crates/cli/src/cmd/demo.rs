@@ -75,6 +75,7 @@ pub fn run(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> 
             key: None,
             for_service: false,
             results: None,
+            workspace_out: None,
         },
     )
     .map_err(|SetupFailure(m)| m)?;

@@ -416,8 +416,7 @@ pub(super) async fn enqueue(
         // MCP cancelled the call: this call's own run is stopped wherever it runs (a replayed
         // call, above, only stops waiting: the run is another call's).
         if cancel.as_ref().is_some_and(|c| c.is_cancelled()) && !r.status.is_terminal() {
-            stop(state, &r, "cancelled by the client before the run started")
-                .await?;
+            stop(state, &r, "cancelled by the client before the run started").await?;
             return wait_until(state, &r.tenant, &r.request_id, None, CANCEL_WAIT).await;
         }
         Ok(r)

@@ -12,8 +12,7 @@ fn tree(root: &std::path::Path) {
     std::fs::write(root.join("a.txt"), b"alpha").unwrap();
     std::fs::write(root.join("sub/deep/b.txt"), b"beta").unwrap();
     std::fs::write(root.join("run.sh"), b"#!/bin/sh\n").unwrap();
-    std::fs::set_permissions(root.join("run.sh"), std::fs::Permissions::from_mode(0o700))
-        .unwrap();
+    std::fs::set_permissions(root.join("run.sh"), std::fs::Permissions::from_mode(0o700)).unwrap();
 }
 
 fn ck(dir: &std::path::Path) -> Checkpoint {
@@ -39,7 +38,10 @@ fn equal_trees_equal_archives_and_a_round_trip() {
     let archive = ca.archive.unwrap();
     let fd = crate::collect::open_dir(c.path()).unwrap();
     extract(&archive, fd.as_fd(), 1 << 20, 100).unwrap();
-    assert_eq!(std::fs::read(c.path().join("sub/deep/b.txt")).unwrap(), b"beta");
+    assert_eq!(
+        std::fs::read(c.path().join("sub/deep/b.txt")).unwrap(),
+        b"beta"
+    );
     let m = std::fs::metadata(c.path().join("run.sh")).unwrap();
     assert_eq!(m.permissions().mode() & 0o777, 0o755);
     assert_eq!(ck(c.path()).report.sha256, ca.report.sha256);
@@ -52,10 +54,21 @@ fn bounds_refuse_the_whole_checkpoint() {
     let fd = crate::collect::open_dir(a.path()).unwrap();
     let small = build(fd.as_fd(), 6, 100).unwrap();
     assert!(small.archive.is_none() && small.report.sha256.is_none());
-    assert!(small.report.rejected.iter().any(|r| r.reason.contains("limit")));
+    assert!(
+        small
+            .report
+            .rejected
+            .iter()
+            .any(|r| r.reason.contains("limit"))
+    );
     let few = build(fd.as_fd(), 1 << 20, 3).unwrap();
     assert!(few.archive.is_none());
-    assert!(few.report.rejected.iter().any(|r| r.reason.contains("more than 3")));
+    assert!(
+        few.report
+            .rejected
+            .iter()
+            .any(|r| r.reason.contains("more than 3"))
+    );
 }
 
 /// A one-entry archive with a raw header: `name`, type flag, content.
