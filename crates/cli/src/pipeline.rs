@@ -303,13 +303,15 @@ pub fn execute_in(
         }
     }
 
-    workspace::collect(
+    let checkpoint = workspace::collect(
         vm,
         &mut report,
         work_dir.as_ref().map(std::os::fd::AsFd::as_fd),
-        delivery.workspace_out.as_deref(),
-    )?;
+    );
     drop(work_dir);
+    if let (Some(path), Some(bytes)) = (&delivery.workspace_out, &checkpoint) {
+        write_atomic(path, bytes)?;
+    }
 
     // What is signed must be true: an input that cannot be hashed fails the run.
     let signed = match &key {

@@ -210,7 +210,7 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
         ),
     )?;
     receive_cgroups(a)?;
-    crate::workspace::hand_over_work(&a.plan, a.ctl.as_fd())?;
+    crate::workspace::hand_over_work(a.plan.workspace.as_ref(), a.ctl.as_fd())?;
     step(
         Step::ReportReady,
         send(a.ctl.as_fd(), &ToSupervisor::Ready, Some(out.as_fd())),
@@ -560,7 +560,7 @@ fn payload(a: &InitArgs, sock: BorrowedFd<'_>) -> StepResult<String> {
     ] {
         step(Step::ClearCapabilities, caps::clear(None, set))?;
     }
-    crate::workspace::restore_in_payload(&a.plan, a.restore.as_ref())?;
+    crate::workspace::restore_in_payload(a.plan.workspace.as_ref(), a.restore.as_ref())?;
 
     let mut applied = Applied {
         rlimits: apply_rlimits(a)?,

@@ -147,26 +147,19 @@ pub fn run_on(
         fail(report, msg)
     };
 
-    let restore = match crate::workspace::restore_memfd(
-        &plan,
-        opts.workspace_restore.as_deref().map(Vec::as_slice),
-    ) {
-        Ok(r) => r,
-        Err(e) => return abort(report, e),
-    };
     if let Err(e) = plan_memfd(&plan).and_then(|memfd| {
-        let extra = copies
-            .iter()
-            .map(|c| c.fd.as_fd())
-            .chain(restore.iter().map(|r| r.as_fd()));
+        let restore = crate::workspace::restore_memfd(plan.workspace.as_ref(), opts)?;
+        let fds = [
+            Some(&memfd),
+            copies.as_ref().map(|c| &c.fd),
+            restore.as_ref(),
+        ];
         send_or_died(
             &ctl_s,
             &ToInit::Go {
                 allow_degraded: opts.allow_degraded,
             },
-            &std::iter::once(memfd.as_fd())
-                .chain(extra)
-                .collect::<Vec<_>>(),
+            &crate::workspace::present(&fds),
         )
     }) {
         let why = init_failure(&ctl_s, &mut report, e);

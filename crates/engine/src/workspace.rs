@@ -43,17 +43,21 @@ impl WorkspacePlan {
     }
 }
 
-/// The sealed memfd of the checkpoint to restore, when the plan restores one. `Err` (a
-/// one-line reason) when the plan restores one the caller did not give.
+/// The sealed memfd of the checkpoint to restore, when the plan restores one; an error when
+/// the plan restores one the caller did not give.
 pub(crate) fn restore_memfd(
-    plan: &crate::plan::Plan,
-    bytes: Option<&[u8]>,
-) -> Result<Option<OwnedFd>, String> {
-    if !plan.workspace.as_ref().is_some_and(|w| w.restore) {
+    w: Option<&WorkspacePlan>,
+    opts: &crate::RunOptions,
+) -> StepResult<Option<OwnedFd>> {
+    if !w.is_some_and(|w| w.restore) {
         return Ok(None);
     }
-    let bytes = bytes.ok_or("workspace.restore: the checkpoint was not read before the run")?;
-    let fail = |e: std::io::Error| format!("workspace.restore: memfd for the checkpoint: {e}");
+    let fail = |e: std::io::Error| SetupError::new(Step::RestoreWorkspace, e);
+    let bytes = opts.workspace_restore.as_deref().ok_or_else(|| {
+        fail(std::io::Error::other(
+            "the checkpoint was not read before the run",
+        ))
+    })?;
     let fd = rustix::fs::memfd_create(
         c"agentjail-workspace",
         rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
@@ -70,10 +74,15 @@ pub(crate) fn restore_memfd(
     Ok(Some(f.into()))
 }
 
+/// The descriptors present among `fds`, borrowed (the plan's, the copies', the checkpoint's).
+pub(crate) fn present<'a>(fds: &[Option<&'a OwnedFd>]) -> Vec<BorrowedFd<'a>> {
+    fds.iter().flatten().map(|&f| f.as_fd()).collect()
+}
+
 /// In the init, once the root is built: hands the `/work` descriptor to the supervisor when
 /// the plan collects the workspace.
-pub(crate) fn hand_over_work(plan: &crate::plan::Plan, ctl: BorrowedFd<'_>) -> StepResult<()> {
-    if !plan.workspace.as_ref().is_some_and(|w| w.collect) {
+pub(crate) fn hand_over_work(w: Option<&WorkspacePlan>, ctl: BorrowedFd<'_>) -> StepResult<()> {
+    if !w.is_some_and(|w| w.collect) {
         return Ok(());
     }
     use rustix::fs::{Mode, OFlags};
@@ -93,8 +102,11 @@ pub(crate) fn hand_over_work(plan: &crate::plan::Plan, ctl: BorrowedFd<'_>) -> S
 
 /// In the payload, as the sandbox user before Landlock and seccomp: extracts the checkpoint
 /// (the sealed memfd `fd`) into the empty `/work`, checking it again on the way.
-pub(crate) fn restore_in_payload(plan: &crate::plan::Plan, fd: Option<&OwnedFd>) -> StepResult<()> {
-    let Some(w) = plan.workspace.as_ref().filter(|w| w.restore) else {
+pub(crate) fn restore_in_payload(
+    w: Option<&WorkspacePlan>,
+    fd: Option<&OwnedFd>,
+) -> StepResult<()> {
+    let Some(w) = w.filter(|w| w.restore) else {
         return Ok(());
     };
     let fail = |e: String| SetupError::new(Step::RestoreWorkspace, e);

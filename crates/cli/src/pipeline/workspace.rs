@@ -4,13 +4,10 @@
 //! the report, the receipt (through the report) and `--workspace-out`.
 
 use std::os::fd::BorrowedFd;
-use std::path::Path;
 
 use agentjail_manifest::ValidatedManifest;
 use agentjail_manifest::report::{DenialKind, RunReport, Status, WorkspaceReport};
 use agentjail_verify::checkpoint;
-
-use super::SetupFailure;
 
 /// Most bytes of tar headers and padding per entry: a header, a long name (up to 16 names
 /// of 255 bytes) and the padding of its content.
@@ -45,20 +42,17 @@ pub(super) fn read_restore(vm: &ValidatedManifest) -> Result<Option<Vec<u8>>, St
     Ok(Some(bytes))
 }
 
-/// Collects `/work` (`fd`) into a checkpoint when the manifest asks for it, records it in the
-/// report, and writes it to `out` (atomically). A workspace over its bounds has no checkpoint
-/// and ends an `ok` run `output_rejected`.
+/// Collects `/work` (`fd`) into a checkpoint when the manifest asks for it and records it in
+/// the report; returns the archive (for `--workspace-out`). A workspace over its bounds has no
+/// checkpoint and ends an `ok` run `output_rejected`.
 pub(super) fn collect(
     vm: &ValidatedManifest,
     report: &mut RunReport,
     fd: Option<BorrowedFd<'_>>,
-    out: Option<&Path>,
-) -> Result<(), SetupFailure> {
-    let Some(w) = &vm.workspace else {
-        return Ok(());
-    };
+) -> Option<Vec<u8>> {
+    let w = vm.workspace.as_ref()?;
     if report.status == Status::SetupError {
-        return Ok(());
+        return None;
     }
     let mut ws = WorkspaceReport {
         restored_sha256: w.restore.as_ref().map(|(_, sha)| sha.clone()),
@@ -92,8 +86,5 @@ pub(super) fn collect(
         }
     }
     report.workspace = Some(ws);
-    if let (Some(out), Some(bytes)) = (out, archive) {
-        super::write_atomic(out, &bytes)?;
-    }
-    Ok(())
+    archive
 }
