@@ -428,6 +428,27 @@ fn f_a_workspace_over_its_bounds_is_refused_whole() {
         assert!(!r.stdout.contains("RAN-SENTINEL"), "{ws}: {}", r.dump());
         assert!(r.stderr.contains("workspace"), "{ws}: {}", r.dump());
     }
+    // Not yet on the gVisor tier: refused by validation, not ignored.
+    let mut m = sh("echo RAN-SENTINEL", json!({"collect": true}));
+    m["isolation"] = json!("gvisor");
+    let r = run(d.path(), "gvisor", &m, None);
+    assert_eq!(r.code, 125, "{}", r.dump());
+    assert!(
+        r.stderr.contains("workspace") && r.stderr.contains("gvisor"),
+        "{}",
+        r.dump()
+    );
+    // --workspace-out without `collect` is refused before the run.
+    let out = d.path().join("no-collect.tar");
+    let r = run(
+        d.path(),
+        "nocollect",
+        &sh("echo RAN-SENTINEL", json!({})),
+        Some(&out),
+    );
+    assert_eq!(r.code, 125, "{}", r.dump());
+    assert!(!r.stdout.contains("RAN-SENTINEL"), "{}", r.dump());
+    assert!(r.stderr.contains("--workspace-out"), "{}", r.dump());
 }
 
 /// A cell that times out still has its workspace collected.
