@@ -485,6 +485,7 @@ fn the_receipt_names_the_workspace_digests() {
     let manifest = d.path().join("two.json");
     std::fs::write(&manifest, serde_json::to_vec(&m).unwrap()).unwrap();
     let receipt: PathBuf = d.path().join("receipt.json");
+    let ck2 = d.path().join("ck2.tar");
     let o = Command::new(common::bin())
         .env("XDG_DATA_HOME", d.path().join("data"))
         .env_remove("AGENTJAIL_IMAGE_STORE")
@@ -494,6 +495,8 @@ fn the_receipt_names_the_workspace_digests() {
         .arg(&receipt)
         .arg("--report")
         .arg(d.path().join("two.report.json"))
+        .arg("--workspace-out")
+        .arg(&ck2)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -509,4 +512,42 @@ fn the_receipt_names_the_workspace_digests() {
     assert_eq!(ws["before"], r1.sha(), "{st:#}");
     assert_eq!(ws["after"], report["workspace"]["sha256"], "{st:#}");
     assert!(ws["after"].as_str().unwrap().starts_with("sha256:"));
+
+    // The third-party verifier checks a checkpoint file against the signed digest.
+    let key = Command::new(common::bin())
+        .env("XDG_DATA_HOME", d.path().join("data"))
+        .args(["receipt", "pubkey"])
+        .output()
+        .unwrap();
+    assert!(key.status.success());
+    let pem = d.path().join("pub.pem");
+    std::fs::write(&pem, &key.stdout).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../verify/tests/receipt_verify.py");
+    let verify = |ck: &Path| {
+        Command::new("python3")
+            .arg(&script)
+            .arg(&receipt)
+            .arg(&pem)
+            .arg("--workspace")
+            .arg(ck)
+            .output()
+            .unwrap()
+    };
+    let ok = verify(&ck2);
+    if String::from_utf8_lossy(&ok.stderr).contains("No module named 'cryptography'") {
+        common::skip("python3 without the cryptography package");
+        return;
+    }
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let bad = verify(&ck1);
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("workspace checkpoint"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
 }
