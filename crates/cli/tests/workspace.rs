@@ -551,3 +551,36 @@ fn the_receipt_names_the_workspace_digests() {
         String::from_utf8_lossy(&bad.stderr)
     );
 }
+
+/// As root, an input the sandbox user cannot read goes in as a copy in a memfd sent with the
+/// plan, like the checkpoint: both arrive, each where it belongs.
+#[test]
+fn an_input_copy_and_a_restore_travel_together() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tmp();
+    let ck = d.path().join("ck.tar");
+    let r1 = run(
+        d.path(),
+        "one",
+        &sh(TREE, json!({"collect": true})),
+        Some(&ck),
+    );
+    assert_eq!(r1.status(), "ok", "{}", r1.dump());
+    let secret = d.path().join("secret.txt");
+    std::fs::write(&secret, "secret-7f3a\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut m = sh(
+        "cat /input/secret.txt /work/a.txt && echo RAN-TWO",
+        restore(&ck, &r1.sha()),
+    );
+    m["inputs"] = json!([{"source": "secret.txt", "mount": "/input/secret.txt"}]);
+    let r2 = run(d.path(), "two", &m, None);
+    assert_eq!(r2.status(), "ok", "{}", r2.dump());
+    for s in ["secret-7f3a", "alpha-1", "RAN-TWO"] {
+        assert!(r2.stdout.contains(s), "{s}: {}", r2.dump());
+    }
+    if common::is_root() {
+        assert_eq!(r2.report["inputs_copied"], json!(["/input/secret.txt"]));
+    }
+    assert_eq!(r2.sha(), r1.sha(), "{}", r2.dump());
+}
