@@ -513,7 +513,7 @@ fn the_receipt_names_the_workspace_digests() {
     assert_eq!(ws["after"], report["workspace"]["sha256"], "{st:#}");
     assert!(ws["after"].as_str().unwrap().starts_with("sha256:"));
 
-    // The third-party verifier checks a checkpoint file against the signed digest.
+    // The receipt's public key, for both verifiers.
     let key = Command::new(common::bin())
         .env("XDG_DATA_HOME", d.path().join("data"))
         .args(["receipt", "pubkey"])
@@ -522,6 +522,32 @@ fn the_receipt_names_the_workspace_digests() {
     assert!(key.status.success());
     let pem = d.path().join("pub.pem");
     std::fs::write(&pem, &key.stdout).unwrap();
+    let rust_verify = |ck: &Path| {
+        Command::new(common::bin())
+            .args(["receipt", "verify"])
+            .arg(&receipt)
+            .arg("--pubkey")
+            .arg(&pem)
+            .arg("--workspace")
+            .arg(ck)
+            .output()
+            .unwrap()
+    };
+    let ok = rust_verify(&ck2);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("workspace checkpoint matches"));
+    let bad = rust_verify(&ck1);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("does not match the receipt"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    // The third-party verifier does the same.
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../verify/tests/receipt_verify.py");
     let verify = |ck: &Path| {
         Command::new("python3")

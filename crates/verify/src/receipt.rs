@@ -319,6 +319,23 @@ pub fn check_stream(
     Ok(())
 }
 
+/// Checks a workspace checkpoint file (its bytes' sha256, `checkpoint`) against the digest of
+/// the workspace after the run that a verified receipt's predicate carries.
+pub fn check_workspace(statement: &Statement, checkpoint: &Artifact) -> Result<(), ReceiptError> {
+    let w = statement.predicate.workspace.as_ref();
+    let signed = w
+        .and_then(|w| w.after.as_deref())
+        .ok_or(ReceiptError::NoWorkspaceDigest)?;
+    if signed.strip_prefix("sha256:") != Some(checkpoint.sha256.as_str()) {
+        return Err(ReceiptError::WorkspaceMismatch {
+            name: printable(&checkpoint.name, 200),
+            found: checkpoint.sha256.clone(),
+            signed: signed.to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// Signs the statement of a run (see [`statement`]) into a DSSE envelope.
 pub fn sign(
     key: &ReceiptKey,
