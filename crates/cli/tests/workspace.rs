@@ -610,3 +610,35 @@ fn an_input_copy_and_a_restore_travel_together() {
     }
     assert_eq!(r2.sha(), r1.sha(), "{}", r2.dump());
 }
+
+/// The restored files are in the run's memory: counted in its peak (with a cgroup), and a
+/// checkpoint larger than the run's memory limit is refused before the command starts.
+#[test]
+fn a_restore_is_charged_to_the_run() {
+    let d = tmp();
+    let ck = d.path().join("ck.tar");
+    let r1 = run(
+        d.path(),
+        "one",
+        &sh(
+            "head -c 24000000 /dev/urandom > /work/big && echo RAN-ONE",
+            json!({"collect": true}),
+        ),
+        Some(&ck),
+    );
+    assert_eq!(r1.status(), "ok", "{}", r1.dump());
+    let mut m = sh("echo RAN-TWO", restore(&ck, &r1.sha()));
+    m["limits"] = json!({"memory_mb": 64});
+    let r2 = run(d.path(), "two", &m, None);
+    assert_eq!(r2.status(), "ok", "{}", r2.dump());
+    if r2.report["accounting"] == "cgroup" {
+        let peak = r2.report["peak_memory_bytes"].as_u64().unwrap();
+        assert!(peak >= 24_000_000, "peak {peak}: {}", r2.dump());
+    }
+    m["limits"] = json!({"memory_mb": 16});
+    let r3 = run(d.path(), "three", &m, None);
+    assert_eq!(r3.status(), "setup_error", "{}", r3.dump());
+    assert!(!r3.stdout.contains("RAN-TWO"), "{}", r3.dump());
+    let err = r3.report["error"].as_str().unwrap_or("");
+    assert!(err.contains("restore the workspace"), "{err}");
+}

@@ -5,9 +5,11 @@
 //! and hands the bytes over in [`crate::RunOptions::workspace_restore`]. The supervisor puts
 //! them in a sealed memfd sent with the plan; the payload (the command's process before it
 //! execs), already the sandbox user without capabilities and in the run's cgroup, but before
-//! Landlock and seccomp, checks the archive again and extracts it into the fresh `/work`
-//! tmpfs through that directory's descriptor only ([`agentjail_verify::checkpoint::extract`]:
-//! beneath it, no link followed, `O_EXCL`). A failure there ends the run as a setup error
+//! Landlock and seccomp, forks a copy of itself with memory of its own (so that the restored
+//! pages are charged to the run, not to the init whose memory the payload shares), which maps
+//! the memfd, checks the archive again and extracts it into the fresh `/work` tmpfs through
+//! that directory's descriptor only ([`agentjail_verify::checkpoint::extract`]: beneath it, no
+//! link followed, `O_EXCL`). A failure there ends the run as a setup error
 //! before the command starts: a workspace is never half-restored under a running command.
 //!
 //! Collect: the init opens `/work` and hands the descriptor to the supervisor
@@ -101,7 +103,10 @@ pub(crate) fn hand_over_work(w: Option<&WorkspacePlan>, ctl: BorrowedFd<'_>) -> 
 }
 
 /// In the payload, as the sandbox user before Landlock and seccomp: extracts the checkpoint
-/// (the sealed memfd `fd`) into the empty `/work`, checking it again on the way.
+/// (the sealed memfd `fd`) into the empty `/work`, checking it again on the way. The work is
+/// done by a forked copy of the payload, in the run's cgroups with memory of its own, so that
+/// the restored files' pages are charged to the run (the payload itself shares the init's
+/// memory, and what it writes would be charged to the init's cgroup, the runner's).
 pub(crate) fn restore_in_payload(
     w: Option<&WorkspacePlan>,
     fd: Option<&OwnedFd>,
@@ -111,28 +116,48 @@ pub(crate) fn restore_in_payload(
     };
     let fail = |e: String| SetupError::new(Step::RestoreWorkspace, e);
     let fd = fd.ok_or_else(|| fail("no checkpoint was sent".into()))?;
-    let size = rustix::fs::fstat(fd)
-        .map_err(|e| fail(e.to_string()))?
-        .st_size;
-    let len = usize::try_from(size).map_err(|_| fail("bad checkpoint size".into()))?;
-    let mut bytes = vec![0u8; len];
-    let mut at = 0usize;
-    while at < len {
-        match rustix::io::pread(fd, &mut bytes[at..], at as u64) {
-            Ok(0) => return Err(fail("the checkpoint is short".into())),
-            Ok(n) => at += n,
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(fail(e.to_string())),
+    let (r, tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| fail(format!("pipe: {e}")))?;
+    let status = crate::sys::fork_and_wait(&mut || match extract(w, fd) {
+        Ok(()) => 0,
+        Err(why) => {
+            let mut bytes = why.into_bytes();
+            bytes.truncate(4096);
+            let _ = rustix::io::write(&tx, &bytes);
+            1
         }
+    });
+    drop(tx);
+    let mut why = Vec::new();
+    let _ = std::io::Read::read_to_end(
+        &mut std::io::Read::take(std::fs::File::from(r), 4096),
+        &mut why,
+    );
+    match status {
+        Ok(Ok(0)) => Ok(()),
+        Ok(Ok(_)) => Err(fail(String::from_utf8_lossy(&why).into_owned())),
+        Ok(Err(sig)) => Err(fail(format!(
+            "the process restoring it was killed by signal {sig} (over the run's memory limit?)"
+        ))),
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Err(fail(format!(
+            "fork: {e}: restoring the workspace takes a second process; limits.processes must be at least 2"
+        ))),
+        Err(e) => Err(fail(format!("fork: {e}"))),
     }
+}
+
+/// [`restore_in_payload`]'s work, in the forked copy: reads the checkpoint and extracts it.
+fn extract(w: &WorkspacePlan, fd: &OwnedFd) -> Result<(), String> {
+    // The memfd's own pages (charged where they were written, the supervisor's), not a copy.
+    let bytes = crate::sys::map_sealed(fd).map_err(|e| format!("mapping the checkpoint: {e}"))?;
     use rustix::fs::{Mode, OFlags};
     let work = rustix::fs::open(
         "/work",
         OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
         Mode::empty(),
     )
-    .map_err(|e| fail(format!("open /work: {e}")))?;
+    .map_err(|e| format!("open /work: {e}"))?;
     let max_files = usize::try_from(w.max_files).unwrap_or(usize::MAX);
     agentjail_verify::checkpoint::extract(&bytes, work.as_fd(), w.max_bytes, max_files)
-        .map_err(|e| fail(format!("workspace checkpoint refused: {e}")))
+        .map_err(|e| format!("workspace checkpoint refused: {e}"))
 }
