@@ -383,6 +383,24 @@ fn e_tampered_or_missing_checkpoints_are_refused() {
     assert_eq!(r3.code, 125, "{}", r3.dump());
     assert!(!r3.stdout.contains("RAN-SENTINEL"), "{}", r3.dump());
     assert!(r3.stderr.contains("workspace.restore"), "{}", r3.dump());
+
+    // A FIFO at the path is refused, never waited on.
+    let fifo = d.path().join("fifo.tar");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let r4 = run(
+        d.path(),
+        "four",
+        &sh("echo RAN-SENTINEL", restore(&fifo, &sha)),
+        None,
+    );
+    assert_eq!(r4.code, 125, "{}", r4.dump());
+    assert!(r4.stderr.contains("not a regular file"), "{}", r4.dump());
 }
 
 /// (f) A workspace over `max_files` or `max_mb` is not checkpointed at all (never a partial

@@ -23,8 +23,18 @@ pub(super) fn read_restore(vm: &ValidatedManifest) -> Result<Option<Vec<u8>>, St
         return Ok(None);
     };
     let shown = path.display();
-    let file = std::fs::File::open(path)
-        .map_err(|e| format!("manifest field `workspace.restore`: {shown}: {e}"))?;
+    // Never blocking on a FIFO put at the path; only a regular file is read.
+    let file = std::os::unix::fs::OpenOptionsExt::custom_flags(
+        std::fs::OpenOptions::new().read(true),
+        nonblock_flag(),
+    )
+    .open(path)
+    .map_err(|e| format!("manifest field `workspace.restore`: {shown}: {e}"))?;
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return Err(format!(
+            "manifest field `workspace.restore`: {shown} is not a regular file"
+        ));
+    }
     let bound = w
         .max_bytes
         .saturating_add(w.max_files.saturating_add(4).saturating_mul(PER_ENTRY));
@@ -87,4 +97,9 @@ pub(super) fn collect(
     }
     report.workspace = Some(ws);
     archive
+}
+
+/// `O_NONBLOCK`, as the open flag bits.
+fn nonblock_flag() -> i32 {
+    rustix::fs::OFlags::NONBLOCK.bits() as i32
 }
