@@ -51,6 +51,12 @@ pub fn build(
         ..WorkspaceReport::default()
     };
     if over {
+        // The whole-checkpoint refusal is always listed, within the 256 listed.
+        if report.rejected.len() >= agentjail_manifest::report::MAX_REJECTED_LISTED
+            && report.rejected.pop().is_some()
+        {
+            report.rejected_dropped += 1;
+        }
         report.rejected.push(RejectedFile {
             path: String::new(),
             reason: format!(
