@@ -15,6 +15,7 @@ use agentjail_manifest::report::{OutputFile, RunReport, Status};
 use agentjail_verify::receipt::{self, ReceiptKey};
 
 mod output;
+mod workspace;
 use output::{Dest, verify_output};
 
 /// Where the results of a run go on the host.
@@ -40,6 +41,8 @@ pub struct Delivery {
     /// is collected into memory ([`agentjail_verify::collect::collect_to_memory`]) and
     /// verified there. `output_dir`, `report` and `receipt` are then `None`.
     pub results: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    /// Where to write the workspace checkpoint (manifest `workspace.collect`), atomically.
+    pub workspace_out: Option<PathBuf>,
 }
 
 /// What a finished run produced.
@@ -156,6 +159,11 @@ pub fn execute_in(
     if let Some(d) = &delivery.output_dir {
         check_output_dir(d)?;
     }
+    if delivery.workspace_out.is_some() && !vm.workspace.as_ref().is_some_and(|w| w.collect) {
+        return Err(SetupFailure(
+            "--workspace-out needs the manifest's `workspace` with `collect: true`".into(),
+        ));
+    }
     let schema = match &vm.output_schema_path {
         Some(p) => Some(load_schema(p)?),
         None => None,
@@ -193,6 +201,15 @@ pub fn execute_in(
                 .flatten()
         }),
     };
+    // The checkpoint to restore: read once, checked against its digest and bounds, now.
+    let mut restore = None;
+    let refusal = refusal.or_else(|| match workspace::read_restore(vm) {
+        Ok(bytes) => {
+            restore = bytes.map(std::sync::Arc::new);
+            None
+        }
+        Err(e) => Some(e),
+    });
     let (Some(image), Some(root), None) = (image.clone(), root.clone(), refusal.clone()) else {
         let msg = refusal.unwrap_or_default();
         let mut r = RunReport::setup_error(vm.manifest.limits, msg.clone());
@@ -221,9 +238,14 @@ pub fn execute_in(
         send_frame(fd, agentjail_manifest::results::STARTING, &[])
             .map_err(|e| SetupFailure(format!("lifeline: announcing the start: {e}")))?;
     }
+    let opts = &RunOptions {
+        workspace_restore: restore,
+        ..opts.clone()
+    };
     let Outcome {
         mut report,
         output_dir,
+        work_dir,
         output_full,
         cleanup,
         ..
@@ -279,6 +301,16 @@ pub fn execute_in(
         } else {
             artifact = None;
         }
+    }
+
+    let checkpoint = workspace::collect(
+        vm,
+        &mut report,
+        work_dir.as_ref().map(std::os::fd::AsFd::as_fd),
+    );
+    drop(work_dir);
+    if let (Some(path), Some(bytes)) = (&delivery.workspace_out, &checkpoint) {
+        write_atomic(path, bytes)?;
     }
 
     // What is signed must be true: an input that cannot be hashed fails the run.

@@ -496,6 +496,7 @@ pub fn run(
     Outcome {
         report,
         output_dir,
+        work_dir: None,
         output_full,
         stdout: out.captured,
         stderr: err.captured,

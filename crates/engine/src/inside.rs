@@ -65,6 +65,8 @@ pub struct InitArgs {
     /// The caller's CPU set: the supervisor starts the init on other CPUs than its own, and
     /// the init restores this once it runs (before the command inherits its set).
     pub affinity: Option<rustix::thread::CpuSet>,
+    /// The sealed memfd of the workspace checkpoint to restore ([`crate::workspace`]).
+    pub restore: Option<OwnedFd>,
 }
 
 /// Puts `/dev/null` on stdin (the init's own, then the command's).
@@ -158,8 +160,15 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
             if let Some(plan) = fds.next() {
                 a.plan = step(Step::ReadPlan, read_plan(plan))?;
             }
-            // Then, when some input is copied, the memfd of the copies (`Op::Copy`).
-            made.copies = fds.next();
+            // Then the memfd of the copies (when some `Op::Copy`), then the checkpoint's.
+            if a.plan
+                .ops
+                .iter()
+                .any(|o| matches!(o, crate::plan::Op::Copy { .. }))
+            {
+                made.copies = fds.next();
+            }
+            a.restore = fds.next();
         }
         None => sys::exit_now(0),
         _ => return Err(SetupError::new(Step::WaitForPlan, "unexpected message")),
@@ -201,6 +210,7 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
         ),
     )?;
     receive_cgroups(a)?;
+    crate::workspace::hand_over_work(a.plan.workspace.as_ref(), a.ctl.as_fd())?;
     step(
         Step::ReportReady,
         send(a.ctl.as_fd(), &ToSupervisor::Ready, Some(out.as_fd())),
@@ -550,6 +560,7 @@ fn payload(a: &InitArgs, sock: BorrowedFd<'_>) -> StepResult<String> {
     ] {
         step(Step::ClearCapabilities, caps::clear(None, set))?;
     }
+    crate::workspace::restore_in_payload(a.plan.workspace.as_ref(), a.restore.as_ref())?;
 
     let mut applied = Applied {
         rlimits: apply_rlimits(a)?,

@@ -41,6 +41,7 @@ pub mod term;
 pub mod timing;
 mod userns;
 mod weaken;
+pub mod workspace;
 
 pub use agentjail_manifest::ValidatedManifest;
 

@@ -45,6 +45,9 @@ pub struct RunOptions {
     /// caller renews over the lifeline; when its end passes, the sandbox is killed
     /// ([`crate::lifeline`]).
     pub lease: Option<crate::lifeline::LeaseStart>,
+    /// The checkpoint to restore into /work (manifest `workspace.restore`), read once and
+    /// checked by the caller against its digest and bounds before the run.
+    pub workspace_restore: Option<std::sync::Arc<Vec<u8>>>,
 }
 
 impl Default for RunOptions {
@@ -56,6 +59,7 @@ impl Default for RunOptions {
             egress_dns: Vec::new(),
             lifeline: None,
             lease: None,
+            workspace_restore: None,
         }
     }
 }
@@ -67,6 +71,8 @@ pub struct Outcome {
     pub report: RunReport,
     /// The sandbox's /output, readable after every process of the sandbox is gone.
     pub output_dir: Option<OwnedFd>,
+    /// The sandbox's /work, when the manifest collects the workspace; read like `output_dir`.
+    pub work_dir: Option<OwnedFd>,
     /// /output reached its size limit: files in it may be truncated.
     pub output_full: bool,
     pub stdout: Vec<u8>,
@@ -258,6 +264,7 @@ pub(crate) fn fail(mut r: RunReport, msg: String) -> Outcome {
     Outcome {
         report: r,
         output_dir: None,
+        work_dir: None,
         output_full: false,
         stdout: Vec::new(),
         stderr: Vec::new(),

@@ -114,6 +114,9 @@ pub struct Plan {
     pub limits: agentjail_manifest::Limits,
     /// The egress gateway's listening port inside the sandbox, when the network is allowed.
     pub proxy_port: Option<u16>,
+    /// The workspace restored into and collected from /work ([`crate::workspace`]).
+    #[serde(default)]
+    pub workspace: Option<crate::workspace::WorkspacePlan>,
 }
 
 /// The sandbox's CA bundle when the manifest binds credentials to hosts: the image's bundle
@@ -427,6 +430,7 @@ impl Plan {
             cwd: "/work".into(),
             limits,
             proxy_port,
+            workspace: crate::workspace::WorkspacePlan::of(vm),
         }
     }
 

@@ -47,6 +47,8 @@ pub(crate) enum Step {
     HandOverProxySocket,
     BlockSigchld,
     OpenOutput,
+    OpenWork,
+    RestoreWorkspace,
     ReceiveCgroups,
     ReportReady,
     CreatePayloadSocket,
@@ -125,6 +127,8 @@ impl fmt::Display for Step {
             HandOverProxySocket => "hand the proxy socket over",
             BlockSigchld => "block SIGCHLD",
             OpenOutput => "open /output",
+            OpenWork => "open /work",
+            RestoreWorkspace => "restore the workspace",
             ReceiveCgroups => "receive the run's cgroups",
             ReportReady => "report ready",
             CreatePayloadSocket => "create payload socket",
@@ -172,7 +176,7 @@ impl Step {
         Some(match self {
             // Checks of ours, and the gateway's set-up, whose errors name their cause.
             SingleThreaded | GatewayPolicy | CheckCgroupJoined | LandlockRefused
-            | GatewayResolver | StartGateway => return None,
+            | GatewayResolver | StartGateway | RestoreWorkspace => return None,
             CreateControlChannels => "socketpair, pipe2",
             CloneNamespaces => {
                 "clone3(CLONE_NEWUSER|CLONE_NEWNS|CLONE_NEWPID|CLONE_NEWIPC|CLONE_NEWUTS)"
@@ -182,7 +186,7 @@ impl Step {
             CreatePlanMemfd => "memfd_create",
             WritePlan => "write",
             SendToInit | HandOverProxySocket | ReportReady | ReportApplied => "sendmsg(SCM_RIGHTS)",
-            OpenCgroupFile(_) | OpenDevNull | OpenOutput => "open",
+            OpenCgroupFile(_) | OpenDevNull | OpenOutput | OpenWork => "open",
             SetParentDeathSignal => "prctl(PR_SET_PDEATHSIG)",
             CreateNetworkNamespace => "unshare(CLONE_NEWNET)",
             BringLoopbackUp => "ioctl(SIOCSIFFLAGS)",

@@ -148,15 +148,18 @@ pub fn run_on(
     };
 
     if let Err(e) = plan_memfd(&plan).and_then(|memfd| {
+        let restore = crate::workspace::restore_memfd(plan.workspace.as_ref(), opts)?;
+        let fds = [
+            Some(&memfd),
+            copies.as_ref().map(|c| &c.fd),
+            restore.as_ref(),
+        ];
         send_or_died(
             &ctl_s,
             &ToInit::Go {
                 allow_degraded: opts.allow_degraded,
             },
-            &match &copies {
-                Some(c) => vec![memfd.as_fd(), c.fd.as_fd()],
-                None => vec![memfd.as_fd()],
-            },
+            &crate::workspace::present(&fds),
         )
     }) {
         let why = init_failure(&ctl_s, &mut report, e);
@@ -355,6 +358,7 @@ pub fn run_on(
     Outcome {
         report,
         output_dir: st.output.take(),
+        work_dir: st.work.take(),
         output_full,
         stdout: out.captured,
         stderr: err.captured,
@@ -475,6 +479,7 @@ fn prespawn_now(root_mode: bool) -> StepResult<Prespawned> {
                 cgroup_files: Vec::new(),
                 cgroup_dir: None,
                 affinity,
+                restore: None,
             })
         }
         Ok(Cloned::Parent { pid, pidfd }) => {
@@ -640,6 +645,7 @@ fn hand_over_cgroups(cg: Option<&Cgroup>, ctl: &OwnedFd) -> StepResult<()> {
 struct State {
     listener: Option<OwnedFd>,
     output: Option<OwnedFd>,
+    work: Option<OwnedFd>,
     applied: Option<Applied>,
     started: bool,
     exec_failed: Option<String>,
@@ -654,6 +660,7 @@ impl State {
             Ok(Some((msg, fd))) => {
                 match msg {
                     ToSupervisor::Ready => self.output = fd,
+                    ToSupervisor::Work => self.work = fd,
                     ToSupervisor::Listener => self.listener = fd,
                     ToSupervisor::Applied(a) => self.applied = Some(a),
                     ToSupervisor::Started => self.started = true,

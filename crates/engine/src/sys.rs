@@ -512,6 +512,101 @@ pub fn execve(path: &CString, argv: &[CString], envp: &[CString]) -> io::Error {
 
 /// Ends the process at once, without running destructors or flushing stdio of the parent's
 /// copy (the correct exit for a forked child).
+/// A read-only private mapping of a whole sealed memfd (see [`map_sealed`]).
+pub struct Mapped {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl std::ops::Deref for Mapped {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `ptr` is a live read-only mapping of `len` bytes (made in `map_sealed`,
+        // unmapped only on drop) of a memfd sealed against writes, shrinking and growing, so
+        // its bytes neither change nor vanish while borrowed.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        if self.len != 0 {
+            // SAFETY: unmaps exactly the mapping made in `map_sealed`, once.
+            unsafe { libc::munmap(self.ptr, self.len) };
+        }
+    }
+}
+
+/// Maps the whole of `fd`, a memfd sealed with `F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW`
+/// (checked here), read-only: its bytes without a copy (the pages stay the memfd's).
+pub fn map_sealed(fd: &OwnedFd) -> io::Result<Mapped> {
+    use rustix::fs::SealFlags;
+    let seals = rustix::fs::fcntl_get_seals(fd)?;
+    if !seals.contains(SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW) {
+        return Err(io::Error::other("the memfd is not sealed"));
+    }
+    let len = usize::try_from(rustix::fs::fstat(fd)?.st_size).map_err(io::Error::other)?;
+    if len == 0 {
+        return Ok(Mapped {
+            ptr: std::ptr::null_mut(),
+            len: 0,
+        });
+    }
+    // SAFETY: a new private read-only mapping of `len` bytes of an open fd; failure checked.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Mapped { ptr, len })
+}
+
+/// Runs `child` in a forked copy of the calling process and waits for it: `Ok(Ok(code))` when
+/// it exited with `code`, `Ok(Err(signal))` when a signal ended it, `Err` when fork failed.
+/// The copy has memory of its own, so what it writes to a tmpfs is charged to its cgroup (a
+/// process sharing another's memory is charged to that one's). For the payload, whose other
+/// half (the init) is suspended in `clone` until it execs: no lock is held in the copy.
+pub fn fork_and_wait(child: &mut dyn FnMut() -> i32) -> io::Result<Result<i32, i32>> {
+    // SAFETY: fork has no preconditions; the caller is single-threaded (the payload: the init
+    // it shares memory with is suspended by CLONE_VFORK, holding no lock), so the copy may
+    // allocate. The copy only runs `child` and then _exit.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        exit_now(child());
+    }
+    let mut status = 0;
+    loop {
+        // SAFETY: waits for our own child; `status` is a valid out-pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    if libc::WIFEXITED(status) {
+        Ok(Ok(libc::WEXITSTATUS(status)))
+    } else {
+        Ok(Err(libc::WTERMSIG(status)))
+    }
+}
+
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and has no preconditions.
     unsafe { libc::_exit(code) }

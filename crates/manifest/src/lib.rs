@@ -23,6 +23,7 @@ mod paths;
 pub mod report;
 pub mod results;
 pub mod text;
+pub mod workspace;
 mod yaml;
 
 use std::collections::BTreeMap;
@@ -100,6 +101,9 @@ pub struct Manifest {
     /// default) or `gvisor` (the command runs on gVisor's user-space kernel, `runsc`).
     #[serde(default, skip_serializing_if = "Tier::is_native")]
     pub isolation: Tier,
+    /// The sandbox's `/work` as state: restored from a checkpoint, collected into one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<workspace::Workspace>,
 }
 
 /// Isolation tier of a run.
@@ -383,6 +387,8 @@ pub struct ValidatedManifest {
     pub output_schema_path: Option<PathBuf>,
     /// sha256 of the canonical JSON form of `manifest` (RFC 8785), `sha256:<hex>`.
     pub digest: String,
+    /// The `workspace` section, checked, its checkpoint resolved to a host path.
+    pub workspace: Option<workspace::ResolvedWorkspace>,
 }
 
 /// An input whose source was resolved on the host.
@@ -414,6 +420,7 @@ impl Manifest {
             command,
             env: BTreeMap::new(),
             isolation: Tier::Native,
+            workspace: None,
         }
     }
 
@@ -589,8 +596,14 @@ impl Manifest {
                 Some(resolve_source(s, policy).map_err(|r| field("output_schema", r.to_string()))?)
             }
         };
+        let workspace = m
+            .workspace
+            .as_ref()
+            .map(|w| workspace::check(w, policy, m.isolation == Tier::Gvisor))
+            .transpose()?;
         let digest = m.canonical_digest()?;
         Ok(ValidatedManifest {
+            workspace,
             manifest: m,
             inputs,
             inline,

@@ -114,6 +114,29 @@ pub struct RejectedFile {
     pub reason: String,
 }
 
+/// The run's workspace (`/work`, manifest field `workspace`): the checkpoint it started from
+/// and the one collected after the command ended (docs/report.md, "workspace").
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct WorkspaceReport {
+    /// sha256 of the checkpoint restored into `/work` before the command started; null when
+    /// the run started with an empty `/work`.
+    pub restored_sha256: Option<String>,
+    /// sha256 of the checkpoint collected after the command ended (`sha256:<hex>`); null when
+    /// none was collected (not asked for, or refused whole: see `rejected`).
+    pub sha256: Option<String>,
+    /// Bytes of file content in the collected checkpoint.
+    pub bytes: u64,
+    /// Regular files in the collected checkpoint (folders not counted).
+    pub files: u64,
+    /// Entries of `/work` left out of the checkpoint, with the reason (symlinks, hard links,
+    /// FIFOs, sockets, devices, unsafe names, mount points), or that refused the whole
+    /// checkpoint (over `max_mb` or `max_files`). Paths are relative to `/work`.
+    pub rejected: Vec<RejectedFile>,
+    /// Refused entries not listed in `rejected` (at most 256 are); omitted when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rejected_dropped: u64,
+}
+
 /// One schema or type error of the verified artifact: where, and what.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct OutputError {
@@ -279,6 +302,10 @@ pub struct RunReport {
     #[schemars(skip)]
     denial_index: DenialIndex,
     pub output: OutputReport,
+    /// The workspace restored and collected (manifest field `workspace`); omitted when the
+    /// manifest has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<WorkspaceReport>,
     pub stdout: StreamReport,
     pub stderr: StreamReport,
     /// The egress gateway's allowed connections; null when the network was denied.
@@ -313,6 +340,7 @@ impl RunReport {
             denials_dropped: 0,
             denial_index: DenialIndex::default(),
             output: OutputReport::default(),
+            workspace: None,
             stdout: StreamReport::default(),
             stderr: StreamReport::default(),
             network: None,

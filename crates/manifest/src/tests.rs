@@ -269,3 +269,52 @@ fn yaml_aliases_cannot_expand_beyond_the_budget() {
     let m = Manifest::parse("command: &c [/bin/echo]\nenv: {A: &v x, B: *v}\n").unwrap();
     assert_eq!(m.env["B"], "x");
 }
+
+#[test]
+fn workspace_is_checked_and_its_checkpoint_resolved_like_a_source() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ck.tar"), b"").unwrap();
+    let sha = format!("sha256:{}", "a".repeat(64));
+    let check = |ws: &str| {
+        Manifest::parse(&format!("command: [\"true\"]\nworkspace: {ws}\n"))
+            .and_then(|m| m.validate(&policy(dir.path()), now()))
+    };
+    let ok = check(&format!(
+        "{{restore: ck.tar, restore_sha256: \"{sha}\", collect: true}}"
+    ))
+    .unwrap();
+    let w = ok.workspace.unwrap();
+    assert_eq!(w.restore.as_ref().unwrap().1, sha);
+    assert!(w.restore.unwrap().0.is_absolute());
+    assert_eq!((w.max_bytes, w.max_files), (64 << 20, 10_000));
+    // Without a workspace the manifest's digest is what it was.
+    let plain = Manifest::for_command(vec!["true".into()]);
+    assert!(!serde_json::to_string(&plain).unwrap().contains("workspace"));
+    for (ws, why) in [
+        ("{restore: ck.tar}".to_string(), "restore_sha256"),
+        (
+            format!("{{restore_sha256: \"{sha}\"}}"),
+            "without `restore`",
+        ),
+        (
+            "{restore: ck.tar, restore_sha256: \"sha256:AB\"}".into(),
+            "64 lowercase hex",
+        ),
+        (
+            format!("{{restore: ../ck.tar, restore_sha256: \"{sha}\"}}"),
+            "workspace.restore",
+        ),
+        ("{max_mb: 0}".into(), "workspace.max_mb"),
+        ("{max_mb: 1025}".into(), "workspace.max_mb"),
+        ("{max_files: 10001}".into(), "workspace.max_files"),
+        ("{colect: true}".into(), "colect"),
+    ] {
+        let err = check(&ws).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains(why), "{ws}: {err}");
+    }
+    let gvisor =
+        Manifest::parse("command: [\"true\"]\nisolation: gvisor\nworkspace: {collect: true}\n")
+            .unwrap()
+            .validate(&policy(dir.path()), now());
+    assert!(gvisor.unwrap_err().to_string().contains("gvisor"));
+}

@@ -95,6 +95,24 @@ struct Walk<'a> {
     budget: u64,
     used: u64,
     entries: usize,
+    /// Most entries examined ([`MAX_ENTRIES`], or a workspace's own bound).
+    max_entries: usize,
+    /// What is collected, for the byte bound's refusal: `output` or `workspace`.
+    what: &'static str,
+    /// Collecting a whole tree ([`walk_tree`]): every accepted folder and file, in walk order.
+    tree: Option<Vec<TreeEntry>>,
+    /// A bound (bytes or entries) refused something: the tree is incomplete.
+    over_bounds: bool,
+}
+
+/// One accepted entry of a tree collected whole ([`walk_tree`]): its relative path, whether
+/// it is a folder, its owner-exec bit, and (a file's) content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TreeEntry {
+    pub path: String,
+    pub dir: bool,
+    pub exec: bool,
+    pub content: Vec<u8>,
 }
 
 /// Copies every acceptable file under `src` (an `O_DIRECTORY` descriptor of the sandbox's
@@ -135,6 +153,10 @@ pub fn collect(
         budget: max_total_bytes,
         used: 0,
         entries: 0,
+        max_entries: MAX_ENTRIES,
+        what: "output",
+        tree: None,
+        over_bounds: false,
     };
     walk.run(src_root, Some(dst_root))?;
     Ok(walk.report)
@@ -182,6 +204,10 @@ pub fn collect_to_memory(
         budget: max_total_bytes,
         used: 0,
         entries: 0,
+        max_entries: MAX_ENTRIES,
+        what: "output",
+        tree: None,
+        over_bounds: false,
     };
     walk.run(src_root, None)?;
     let mut contents = walk.memory.take().unwrap_or_default();
@@ -192,10 +218,38 @@ pub fn collect_to_memory(
     })
 }
 
+/// A whole tree (a workspace) collected into memory by the same walk, checks and refusals as
+/// [`collect`]: the report, every accepted folder and file in walk order (names sorted within
+/// each folder, a folder before what it holds), and whether a bound (`max_total_bytes`,
+/// `max_entries`, at most [`MAX_ENTRIES`]) refused something, i.e. the tree is incomplete.
+pub(crate) fn walk_tree(
+    src: BorrowedFd<'_>,
+    max_total_bytes: u64,
+    max_entries: usize,
+) -> Result<(CollectReport, Vec<TreeEntry>, bool), CollectError> {
+    let src_root = open_source(src)?;
+    let mut walk = Walk {
+        report: CollectReport::default(),
+        dest: Path::new("(memory)"),
+        memory: None,
+        keep: None,
+        budget: max_total_bytes,
+        used: 0,
+        entries: 0,
+        max_entries: max_entries.min(MAX_ENTRIES),
+        what: "workspace",
+        tree: Some(Vec::new()),
+        over_bounds: false,
+    };
+    walk.run(src_root, None)?;
+    let tree = walk.tree.take().unwrap_or_default();
+    Ok((walk.report, tree, walk.over_bounds))
+}
+
 impl Walk<'_> {
     /// The walk itself, from the source's root (and the staging folder's, unless in memory).
     fn run(&mut self, src_root: OwnedFd, dst_root: Option<OwnedFd>) -> Result<(), CollectError> {
-        let names = match read_names(&src_root, MAX_ENTRIES + 1) {
+        let names = match read_names(&src_root, self.max_entries + 1) {
             Ok(n) => n,
             Err(e) => return Err(CollectError::Source(e)),
         };
@@ -211,13 +265,13 @@ impl Walk<'_> {
                 continue;
             };
             self.entries += 1;
-            if self.entries > MAX_ENTRIES {
+            if self.entries > self.max_entries {
+                let max = self.max_entries;
+                self.over_bounds = true;
                 self.reject(
                     &frame.rel,
                     &name,
-                    format!(
-                        "more than {MAX_ENTRIES} entries; this and the rest were not collected"
-                    ),
+                    format!("more than {max} entries; this and the rest were not collected"),
                 );
                 break;
             }
@@ -265,7 +319,7 @@ fn read_names(dir: &OwnedFd, limit: usize) -> std::io::Result<Vec<Vec<u8>>> {
 }
 
 /// Why a name is unsafe, if it is: not UTF-8, a control or bidi character, `.`/`..`.
-fn name_ok(name: &[u8]) -> Option<&str> {
+pub(crate) fn name_ok(name: &[u8]) -> Option<&str> {
     let s = std::str::from_utf8(name).ok()?;
     if s.is_empty() || s == "." || s == ".." || s.contains('/') || s.chars().any(is_unsafe_char) {
         return None;
@@ -397,7 +451,8 @@ impl Walk<'_> {
             self.reject(&frame.rel, raw, "hard link refused");
             return Ok(None);
         }
-        self.copy_file(frame, raw, name, &cname, fd, after.st_size)?;
+        let exec = after.st_mode & 0o100 != 0;
+        self.copy_file(frame, raw, name, &cname, fd, (after.st_size, exec))?;
         Ok(None)
     }
 
@@ -409,7 +464,7 @@ impl Walk<'_> {
         cname: &CStr,
         src: OwnedFd,
     ) -> Result<Option<Frame>, CollectError> {
-        let remaining = (MAX_ENTRIES + 1).saturating_sub(self.entries);
+        let remaining = (self.max_entries + 1).saturating_sub(self.entries);
         let names = match read_names(&src, remaining.max(1)) {
             Ok(n) => n,
             Err(e) => {
@@ -434,6 +489,14 @@ impl Walk<'_> {
                 )
             }
         };
+        if let Some(tree) = self.tree.as_mut() {
+            tree.push(TreeEntry {
+                path: join_rel(&frame.rel, name),
+                dir: true,
+                exec: true,
+                content: Vec::new(),
+            });
+        }
         let mut rel = frame.rel.clone();
         rel.push(name.to_owned());
         Ok(Some(Frame {
@@ -451,11 +514,12 @@ impl Walk<'_> {
         name: &str,
         cname: &CStr,
         src: OwnedFd,
-        size: i64,
+        (size, exec): (i64, bool),
     ) -> Result<(), CollectError> {
         let remaining = self.budget.saturating_sub(self.used);
-        let too_big = format!("output exceeds its limit of {} bytes", self.budget);
+        let too_big = format!("{} exceeds its limit of {} bytes", self.what, self.budget);
         if u64::try_from(size).map_or(true, |s| s > remaining) {
+            self.over_bounds = true;
             self.reject(&frame.rel, raw, too_big);
             return Ok(());
         }
@@ -474,6 +538,7 @@ impl Walk<'_> {
                 )
                 .map_err(|e| self.staging_err(&frame.rel, name, e))?,
             )),
+            None if self.tree.is_some() => Staged::Memory(Some(Vec::new())),
             None => {
                 let wanted = self.keep.as_deref() == Some(&*join_rel(&frame.rel, name));
                 Staged::Memory(wanted.then(Vec::new))
@@ -499,6 +564,7 @@ impl Walk<'_> {
             copied += n as u64;
             if copied > remaining {
                 drop(out);
+                self.over_bounds = true;
                 self.discard(frame, name, cname)?;
                 self.reject(&frame.rel, raw, too_big);
                 return Ok(());
@@ -511,8 +577,17 @@ impl Walk<'_> {
         // No fsync: the staging folder is scratch space, rebuilt by a new run after a crash.
         self.used += copied;
         let path = join_rel(&frame.rel, name);
-        if let (Some(memory), Staged::Memory(Some(content))) = (self.memory.as_mut(), out) {
-            memory.push((path.clone(), content));
+        match (self.memory.as_mut(), self.tree.as_mut(), out) {
+            (Some(memory), _, Staged::Memory(Some(content))) => {
+                memory.push((path.clone(), content))
+            }
+            (None, Some(tree), Staged::Memory(Some(content))) => tree.push(TreeEntry {
+                path: path.clone(),
+                dir: false,
+                exec,
+                content,
+            }),
+            _ => {}
         }
         self.report.files.push(OutputFile {
             path,

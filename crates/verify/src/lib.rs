@@ -54,6 +54,7 @@
 //! either is installed.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+pub mod checkpoint;
 pub mod collect;
 pub mod digest;
 pub mod json;

@@ -134,6 +134,18 @@ pub struct RunPredicate {
     /// The command's stderr, likewise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stderr: Option<StreamReport>,
+    /// The workspace (`/work`) before and after the run, by checkpoint digest (absent when the
+    /// manifest has no `workspace`): a session's cells chain through them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<WorkspaceDigests>,
+}
+
+/// The workspace checkpoints a run started from and left behind (`sha256:<hex>`, or null
+/// for an empty start or when none was collected).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkspaceDigests {
+    pub before: Option<String>,
+    pub after: Option<String>,
 }
 
 /// A receipt that verified.
@@ -256,6 +268,10 @@ pub fn statement(
                 .sha256
                 .is_some()
                 .then(|| report.stderr.clone()),
+            workspace: report.workspace.as_ref().map(|w| WorkspaceDigests {
+                before: w.restored_sha256.clone(),
+                after: w.sha256.clone(),
+            }),
         },
     })
 }
@@ -297,6 +313,23 @@ pub fn check_stream(
             stream: which.as_str(),
             name: printable(&log.name, 200),
             found: log.sha256.clone(),
+            signed: signed.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks a workspace checkpoint file (its bytes' sha256, `checkpoint`) against the digest of
+/// the workspace after the run that a verified receipt's predicate carries.
+pub fn check_workspace(statement: &Statement, checkpoint: &Artifact) -> Result<(), ReceiptError> {
+    let w = statement.predicate.workspace.as_ref();
+    let signed = w
+        .and_then(|w| w.after.as_deref())
+        .ok_or(ReceiptError::NoWorkspaceDigest)?;
+    if signed.strip_prefix("sha256:") != Some(checkpoint.sha256.as_str()) {
+        return Err(ReceiptError::WorkspaceMismatch {
+            name: printable(&checkpoint.name, 200),
+            found: checkpoint.sha256.clone(),
             signed: signed.to_string(),
         });
     }

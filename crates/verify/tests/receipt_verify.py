@@ -2,6 +2,7 @@
 """Verify an agentjail run receipt without agentjail.
 
 Usage: receipt_verify.py RECEIPT PUBKEY_PEM [ARTIFACT...] [--stdout LOG] [--stderr LOG]
+       [--workspace CHECKPOINT]
 
 Checks, with nothing but the `cryptography` package:
   1. the DSSE envelope's payloadType is application/vnd.in-toto+json;
@@ -12,7 +13,9 @@ Checks, with nothing but the `cryptography` package:
   4. each ARTIFACT's sha256 equals the digest of the subject with the same name (the subject's
      full name, or its last path component);
   5. a LOG of the command's stdout or stderr hashes to the `sha256` the predicate carries for
-     that stream (`predicate.stdout.sha256`, `predicate.stderr.sha256`).
+     that stream (`predicate.stdout.sha256`, `predicate.stderr.sha256`);
+  6. a workspace CHECKPOINT (the tar `agentjail run --workspace-out` wrote) hashes to the
+     digest the predicate names for the workspace after the run (`predicate.workspace.after`).
 Prints the verified subjects and the run's status; exits 1 with a one-line reason otherwise.
 """
 
@@ -58,7 +61,7 @@ def main(argv):
     artifacts, logs = [], []
     while rest:
         a = rest.pop(0)
-        if a in ("--stdout", "--stderr"):
+        if a in ("--stdout", "--stderr", "--workspace"):
             if not rest:
                 fail(a + " needs a file")
             logs.append((a[2:], rest.pop(0)))
@@ -108,15 +111,19 @@ def main(argv):
 
     pred = statement["predicate"]
     for stream, path in logs:
-        signed = (pred.get(stream) or {}).get("sha256")
+        if stream == "workspace":
+            signed = (pred.get("workspace") or {}).get("after")
+        else:
+            signed = (pred.get(stream) or {}).get("sha256")
+        what = "workspace checkpoint" if stream == "workspace" else stream + " log"
         if not signed or not signed.startswith("sha256:"):
-            fail("the receipt carries no digest of the command's " + stream)
+            fail("the receipt carries no digest of the " + what)
         h = hashlib.sha256()
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 16), b""):
                 h.update(chunk)
         if "sha256:" + h.hexdigest() != signed.lower():
-            fail("%s log %s does not match the receipt" % (stream, path))
+            fail("%s %s does not match the receipt" % (what, path))
 
     print("receipt verified: status=%s exit_code=%s subjects=%s" % (
         pred.get("status"), pred.get("exit_code"),

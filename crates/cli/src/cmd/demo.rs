@@ -66,6 +66,7 @@ pub fn run(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> 
             egress_dns: Vec::new(),
             lifeline: None,
             lease: None,
+            workspace_restore: None,
         },
         &Delivery {
             output_dir: Some(out_dir),
@@ -74,6 +75,7 @@ pub fn run(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> 
             key: None,
             for_service: false,
             results: None,
+            workspace_out: None,
         },
     )
     .map_err(|SetupFailure(m)| m)?;

@@ -27,6 +27,10 @@ pub enum ReceiptCmd {
         /// A log of the command's stderr, likewise.
         #[arg(long, value_name = "FILE")]
         stderr: Option<PathBuf>,
+        /// A workspace checkpoint (`run --workspace-out`): checked against the digest of the
+        /// workspace after the run that the receipt carries.
+        #[arg(long, value_name = "FILE")]
+        workspace: Option<PathBuf>,
         /// Public key (PEM); default: the key in the user's data directory.
         #[arg(long, value_name = "FILE")]
         pubkey: Option<PathBuf>,
@@ -60,13 +64,14 @@ pub fn dispatch(c: ReceiptCmd) -> Result<u8, String> {
             artifacts,
             stdout,
             stderr,
+            workspace,
             pubkey,
             accept_partial,
             accept_degraded,
         } => verify(
             &receipt,
             &artifacts,
-            [stdout, stderr],
+            [stdout, stderr, workspace],
             pubkey.as_deref(),
             Accept {
                 partial: accept_partial,
@@ -119,13 +124,21 @@ struct Accept {
 fn verify(
     receipt: &Path,
     artifacts: &[PathBuf],
-    logs: [Option<PathBuf>; 2],
+    logs: [Option<PathBuf>; 3],
     pubkey: Option<&Path>,
     accept: Accept,
 ) -> Result<u8, String> {
     let env = std::fs::read(receipt).map_err(|e| format!("{}: {e}", receipt.display()))?;
     let pem = match pubkey {
         Some(p) => Some(std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?),
+        None => None,
+    };
+    let [stdout, stderr, workspace] = logs;
+    let logs = [stdout, stderr];
+    let workspace = match workspace {
+        Some(p) => {
+            Some(agentjail_verify::receipt::Artifact::from_path(&p).map_err(|e| e.to_string())?)
+        }
         None => None,
     };
     let arts: Vec<agentjail_verify::receipt::Artifact> = artifacts
@@ -152,18 +165,27 @@ fn verify(
                 return Ok(1);
             }
         }
-    } else if !logs.is_empty() && verified.is_ok() {
+        if let Some(ck) = &workspace
+            && let Err(e) = agentjail_verify::receipt::check_workspace(&v.statement, ck)
+        {
+            errln!("agentjail: receipt verification failed: {e}");
+            return Ok(1);
+        }
+    } else if (!logs.is_empty() || workspace.is_some()) && verified.is_ok() {
         errln!(
-            "agentjail: receipt verification failed: a self-test attestation carries no stream digests (--stdout/--stderr)"
+            "agentjail: receipt verification failed: a self-test attestation carries no stream or workspace digests (--stdout/--stderr/--workspace)"
         );
         return Ok(1);
     }
     match verified {
         Ok(VerifiedAny::Run(v)) => {
-            let streams = match logs.len() {
+            let mut streams = match logs.len() {
                 0 => String::new(),
                 n => format!("; {n} stream log(s) match"),
             };
+            if workspace.is_some() {
+                streams.push_str("; the workspace checkpoint matches");
+            }
             outln!(
                 "receipt OK: signed by key {}; status {}; {} subject(s); {} artifact(s) match{streams}",
                 v.keyid,

@@ -29,6 +29,10 @@ pub struct RunArgs {
     /// Write a signed receipt (DSSE envelope, in-toto statement) here.
     #[arg(long, value_name = "FILE")]
     pub receipt: Option<PathBuf>,
+    /// Write the workspace checkpoint (a tar archive of /work, manifest `workspace` with
+    /// `collect: true`) here, atomically; its sha256 is the report's `workspace.sha256`.
+    #[arg(long, value_name = "FILE")]
+    pub workspace_out: Option<PathBuf>,
     /// Receipt signing key (default: $XDG_DATA_HOME/agentjail/receipt-key.pem).
     #[arg(long, value_name = "FILE")]
     pub key: Option<PathBuf>,
@@ -65,7 +69,7 @@ pub struct RunArgs {
         long,
         hide = true,
         requires = "lifeline",
-        conflicts_with_all = ["job_dir", "output_dir", "report", "receipt"]
+        conflicts_with_all = ["job_dir", "output_dir", "report", "receipt", "workspace_out"]
     )]
     pub results_on_lifeline: bool,
     /// For a fleet executor (with `--lifeline`): the run's lease ends at this time
@@ -305,6 +309,7 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
         egress_dns: a.egress_dns.clone(),
         lifeline,
         lease,
+        workspace_restore: None,
     };
     let delivery = Delivery {
         output_dir: a.output_dir.clone(),
@@ -313,6 +318,7 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
         key: a.key.clone(),
         for_service: a.job_dir.is_some() || a.results_on_lifeline,
         results,
+        workspace_out: a.workspace_out.clone(),
     };
     let finished = match pipeline::execute_in(&vm, &opts, &delivery, a.image_store.as_deref()) {
         Ok(f) => f,

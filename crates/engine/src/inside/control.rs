@@ -49,6 +49,9 @@ pub enum ToSupervisor {
     /// The root is built and the run's cgroups received; carries the /output fd. The payload
     /// is cloned next (into the cgroup, with v2).
     Ready,
+    /// Carries the /work fd, for collecting the workspace after the run (sent before
+    /// [`ToSupervisor::Ready`], only when the plan collects it).
+    Work,
     /// What the payload applied (forwarded from [`FromPayload::Applied`]).
     Applied(Applied),
     /// The command was executed.

@@ -67,6 +67,18 @@ pub enum ReceiptError {
         found: String,
         signed: String,
     },
+    #[error(
+        "the receipt carries no digest of a collected workspace (the manifest had no `workspace` with `collect`, or none was collected)"
+    )]
+    NoWorkspaceDigest,
+    #[error(
+        "workspace checkpoint {name} does not match the receipt: sha256 {found}, the receipt says {signed}"
+    )]
+    WorkspaceMismatch {
+        name: String,
+        found: String,
+        signed: String,
+    },
     #[error("output file {name} has no sha256:<hex> digest")]
     BadSubjectDigest { name: String },
     #[error("key file {} has mode {mode:04o}; it must not be readable or writable by group or others (chmod 600)", .path.display())]
