@@ -45,6 +45,10 @@ pub struct RunOptions {
     /// caller renews over the lifeline; when its end passes, the sandbox is killed
     /// ([`crate::lifeline`]).
     pub lease: Option<crate::lifeline::LeaseStart>,
+    /// Where each new denial goes as it is recorded, while the run goes on (the native tier's
+    /// refused syscalls and egress refusals; [`crate::live`]). The report is the same with or
+    /// without it.
+    pub live_denials: Option<std::sync::Arc<crate::live::LiveDenials>>,
 }
 
 impl Default for RunOptions {
@@ -56,6 +60,7 @@ impl Default for RunOptions {
             egress_dns: Vec::new(),
             lifeline: None,
             lease: None,
+            live_denials: None,
         }
     }
 }

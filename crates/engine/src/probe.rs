@@ -43,6 +43,7 @@ pub fn probe_run(allow_degraded: bool) -> Result<(), ProbeError> {
         egress_dns: Vec::new(),
         lifeline: None,
         lease: None,
+        live_denials: None,
     };
     let out = run(&vm, &opts, None);
     match out.report.status {

@@ -66,6 +66,7 @@ pub fn run(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> 
             egress_dns: Vec::new(),
             lifeline: None,
             lease: None,
+            live_denials: None,
         },
         &Delivery {
             output_dir: Some(out_dir),
