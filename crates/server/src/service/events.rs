@@ -241,14 +241,16 @@ impl Follow {
                 at = end;
             }
         }
-        // The denials recorded since (whole lines of `denials.jsonl`).
-        if let Some(b) = self.read_denials(self.position.denials).await? {
+        // The denials recorded since (whole lines of `denials.jsonl`), once the sandbox started.
+        let since = self.position.denials;
+        if self.position.phase >= 2
+            && let Some(b) = self.read_denials(since).await?
+        {
             if b.len() as u64 >= POLL_BYTES {
                 caught_up = false;
             }
-            let from = self.position.denials;
             for (d, end) in denials::lines(&b) {
-                self.position.denials = from + end as u64;
+                self.position.denials = since + end as u64;
                 // A line that is not a denial is passed over.
                 if let Some(d) = d {
                     let detail = shown_detail(&self.secrets, d.detail);
