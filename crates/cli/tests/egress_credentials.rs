@@ -554,6 +554,7 @@ fn a_missing_secret_fails_the_run_before_it_starts() {
 /// output.
 const SERVE_PROBE: &str = r#"S="sk-agentjail""-test-s3cret"
 v1=$(curl -s -m 10 -w ' %{http_code}' https://api.test:8443/v1/data 2>/dev/null || echo CURL_FAILED)
+curl -s -m 5 -o /dev/null https://denied.test/ 2>/dev/null
 if env | grep -qF "$S"; then e=SECRET_SEEN; else e=NOT_SEEN; fi
 echo planted-control-value > /tmp/control
 f=$(grep -rlsF "$S" /etc /tmp /work /output /proc/[0-9]*/environ 2>/dev/null | head -1)
@@ -724,6 +725,25 @@ fn credentials_through_the_service_reach_the_upstream_and_no_log_or_job_folder()
             "{ctx}"
         );
         assert!(!serve.log().contains(SECRET_PART), "{ctx}");
+        // The gateway's refusal of another host went to the run's followers too (issue #33),
+        // named as the record names it.
+        let mut live = Vec::new();
+        common::serve::read_sse(api.get(alice, "/v1/runs/cred-1/events"), |e| {
+            if e.event == "denial" {
+                live.push(serde_json::from_str::<Value>(&e.data).unwrap());
+            }
+            e.event != "ended"
+        });
+        let network: Vec<&Value> = live.iter().filter(|d| d["kind"] == "network").collect();
+        assert_eq!(network.len(), 1, "{live:?}\n{ctx}");
+        let detail = network[0]["detail"].as_str().unwrap();
+        assert!(detail.contains("denied.test:443"), "{live:?}\n{ctx}");
+        assert!(
+            body["report"]["denials"].as_array().is_some_and(|a| a
+                .iter()
+                .any(|d| d["kind"] == "network" && d["detail"] == detail)),
+            "{live:?}\n{ctx}"
+        );
     });
 }
 

@@ -228,9 +228,22 @@ fn two_workers_execute_each_run_once() {
     drop(api_node);
 }
 
+/// The `sleeper` as task `denier`, refused a syscall first: ptrace(PTRACE_ATTACH, 1), which
+/// the seccomp filter reports by name (a `syscall` denial `ptrace`).
+fn denier_task(marker: &str) -> String {
+    sleeper_task(marker, 30)
+        .replace("[tasks.sleeper", "[tasks.denier")
+        .replace(
+            "import json, sys, time; ",
+            "import ctypes, json, sys, time; L = ctypes.c_long; ctypes.CDLL(None).syscall(L(101), L(16), L(1), L(0), L(0)); ",
+        )
+        .replace("max_args = 1\n", "max_args = 1\nstdout_bytes = 64\n")
+}
+
 /// `GET /v1/runs/{id}/events` on the API replica while the run executes on a worker (issue
-/// #33): the worker's output reaches the follower live through the database (a chunk arrives
-/// while the record says `running`), then `ended` with the final record.
+/// #33): the worker's output and its denial reach the follower live through the database (a
+/// chunk and the `denial` arrive while the record says `running`), then `ended` with the final
+/// record.
 #[test]
 fn a_run_on_a_worker_is_followed_live_through_a_replica() {
     use common::serve::read_sse;
@@ -238,10 +251,10 @@ fn a_run_on_a_worker_is_followed_live_through_a_replica() {
     let Some(pg) = Pg::start() else { return };
     let (d_api, d_w1) = (tempdir(), tempdir());
     let marker = marker_for(&d_api, "follow");
-    let cfg = config(&marker);
+    let cfg = format!("{}{}", config(&marker), denier_task(&marker));
     let (_api_node, api) = api(d_api.path(), &pg, &cfg);
     let _w1 = worker(d_w1.path(), &pg, &cfg, "w1");
-    let body = json!({"request_id": "followed", "task": "sleeper", "inputs": [], "args": ["3"]});
+    let body = json!({"request_id": "followed", "task": "denier", "inputs": [], "args": ["3"]});
     assert_eq!(api.run(ALICE, &body, "?wait=false").status(), 202);
     let r = api
         .http
@@ -252,6 +265,7 @@ fn a_run_on_a_worker_is_followed_live_through_a_replica() {
     assert_eq!(r.status(), 200);
     let (mut kinds, mut live, mut text, mut ended) =
         (Vec::new(), false, String::new(), Value::Null);
+    let (mut denials, mut denied_live) = (Vec::new(), false);
     read_sse(r, |e| {
         kinds.push(e.event.clone());
         match e.event.as_str() {
@@ -259,6 +273,10 @@ fn a_run_on_a_worker_is_followed_live_through_a_replica() {
                 let d: Value = serde_json::from_str(&e.data).unwrap();
                 text.push_str(d["text"].as_str().unwrap());
                 live |= status_of(&api, "followed")["status"] == "running";
+            }
+            "denial" => {
+                denials.push(serde_json::from_str::<Value>(&e.data).unwrap());
+                denied_live |= status_of(&api, "followed")["status"] == "running";
             }
             "ended" => ended = serde_json::from_str(&e.data).unwrap(),
             _ => {}
@@ -271,6 +289,16 @@ fn a_run_on_a_worker_is_followed_live_through_a_replica() {
         "the worker's output reached the replica only at the end: {kinds:?}"
     );
     assert_eq!(ended["status"], "ok", "{ended}");
+    assert_eq!(
+        denials,
+        [json!({"kind": "syscall", "detail": "ptrace"})],
+        "{kinds:?}"
+    );
+    assert!(
+        denied_live,
+        "the worker's denial reached the replica only at the end: {kinds:?}"
+    );
+    assert_eq!(ended["report"]["denials"][0]["detail"], "ptrace", "{ended}");
     assert_eq!(
         kinds.first().map(String::as_str),
         Some("queued"),

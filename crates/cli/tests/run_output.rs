@@ -598,3 +598,109 @@ fn followers_are_bounded() {
     }
     drop(b);
 }
+
+/// `GET /v1/runs/{id}/events` (issue #33): a denial is sent as it happens, as a `denial` event
+/// (`{kind, detail}`, the names of the record's denials), while the run goes on: before
+/// `ended`, while the record still says `running`, before the line the code prints once its
+/// sleep after the refusal is over. It is the record's denial, and a follower that resumes
+/// after it (`Last-Event-ID`) does not get it again.
+#[test]
+fn a_denial_is_followed_live_and_not_repeated_on_resume() {
+    use common::serve::{SseEvent, read_sse};
+    let dir = common::tmp();
+    let (_s, api) = start(dir.path());
+    // ptrace(PTRACE_ATTACH, 1): refused by the seccomp filter, which reports it by name.
+    let code = r#"
+import ctypes, json, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+print("refusing", flush=True)
+libc.syscall(ctypes.c_long(101), ctypes.c_long(16), ctypes.c_long(1), ctypes.c_long(0), ctypes.c_long(0))
+time.sleep(3)
+print("AWAKE-SENTINEL", flush=True)
+json.dump({}, open("/output/o.json", "w"))
+"#;
+    let r = api.run(
+        ALICE,
+        &json!({"request_id": "denied-live", "task": "py", "code": code}),
+        "?wait=false",
+    );
+    assert_eq!(r.status(), 202);
+    let open = |last: Option<&str>| {
+        let mut req = api
+            .http
+            .get(api.url("/v1/runs/denied-live/events"))
+            .bearer_auth(ALICE);
+        if let Some(id) = last {
+            req = req.header("Last-Event-ID", id);
+        }
+        let r = req.send().unwrap();
+        assert_eq!(r.status(), 200);
+        r
+    };
+    let mut seen: Vec<SseEvent> = Vec::new();
+    // When the denial came: the run's status then, and the stdout sent before it.
+    let mut at_denial: Option<(Value, String)> = None;
+    let mut stdout = String::new();
+    read_sse(open(None), |e| {
+        seen.push(e.clone());
+        match e.event.as_str() {
+            "stdout" => {
+                let d: Value = serde_json::from_str(&e.data).unwrap();
+                stdout.push_str(d["text"].as_str().unwrap());
+            }
+            "denial" if at_denial.is_none() => {
+                let status = api.status_of(ALICE, "denied-live")["status"].clone();
+                at_denial = Some((status, stdout.clone()));
+            }
+            _ => {}
+        }
+        e.event != "ended"
+    });
+    let kinds: Vec<&str> = seen.iter().map(|e| e.event.as_str()).collect();
+    let denials: Vec<&SseEvent> = seen.iter().filter(|e| e.event == "denial").collect();
+    assert_eq!(denials.len(), 1, "one denial event, live: {kinds:?}");
+    let (status, printed) = at_denial.unwrap();
+    assert_eq!(
+        status, "running",
+        "the denial came after the run ended: {kinds:?}"
+    );
+    assert!(
+        !printed.contains("AWAKE-SENTINEL"),
+        "the denial came after the sleep that follows it: {printed:?}"
+    );
+    let at = kinds.iter().position(|k| *k == "denial").unwrap();
+    assert!(
+        at < kinds.len() - 1 && kinds.last() == Some(&"ended"),
+        "{kinds:?}"
+    );
+    // The record's denial, by the same names.
+    let ended: Value = serde_json::from_str(&seen.last().unwrap().data).unwrap();
+    assert_eq!(ended["status"], "ok", "{ended}");
+    let live: Value = serde_json::from_str(&denials[0].data).unwrap();
+    assert_eq!(
+        live,
+        json!({"kind": "syscall", "detail": "ptrace"}),
+        "{live}"
+    );
+    let recorded = ended["report"]["denials"].as_array().unwrap();
+    assert!(
+        recorded
+            .iter()
+            .any(|d| d["kind"] == live["kind"] && d["detail"] == live["detail"]),
+        "{ended}"
+    );
+    // Its id is the position with the denials' offset (`PHASE.STDOUT.STDERR.DENIALS`).
+    let id = denials[0].id.clone();
+    let parts: Vec<u64> = id.split('.').map(|p| p.parse().unwrap()).collect();
+    assert!(parts.len() == 4 && parts[3] > 0, "{id}");
+    // Resumed after the denial: the rest, without it.
+    let mut again: Vec<SseEvent> = Vec::new();
+    read_sse(open(Some(&id)), |e| {
+        again.push(e.clone());
+        e.event != "ended"
+    });
+    let kinds: Vec<&str> = again.iter().map(|e| e.event.as_str()).collect();
+    assert!(!kinds.contains(&"denial"), "repeated: {kinds:?}");
+    assert_eq!(kinds.last(), Some(&"ended"), "{kinds:?}");
+}

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -100,11 +100,26 @@ pub(crate) fn sanitize(s: &str, max: usize) -> String {
     out
 }
 
+/// Told of each refusal the log keeps, as it is made (its first occurrence: a refusal merged
+/// into a kept one, or past [`MAX_REFUSALS`], is not told). Called on the gateway's thread,
+/// with no lock of the log held.
+pub type RefusalObserver = Arc<dyn Fn(&Decision) + Send + Sync>;
+
 /// The shared, append-only log: bounded in entries whatever the payload does, and O(1) per
 /// decision (refusals are merged through a map keyed by method, host, port and reason).
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct Log {
     inner: Mutex<Entries>,
+    observer: OnceLock<RefusalObserver>,
+}
+
+impl std::fmt::Debug for Log {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Log")
+            .field("inner", &self.inner)
+            .field("observed", &self.observer.get().is_some())
+            .finish()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -118,29 +133,31 @@ struct Entries {
 }
 
 impl Entries {
-    fn push(&mut self, d: Decision) {
+    /// Keeps or counts `d`; true when it is a refusal kept as a new entry.
+    fn push(&mut self, d: Decision) -> bool {
         if d.allowed {
             if self.allowed >= MAX_ALLOWED {
                 self.dropped_allowed = self.dropped_allowed.saturating_add(d.count);
-                return;
+                return false;
             }
             self.allowed += 1;
             self.list.push(d);
-            return;
+            return false;
         }
         let key = (d.method.clone(), d.host.clone(), d.port, d.reason.clone());
         if let Some(&i) = self.refusals.get(&key) {
             if let Some(e) = self.list.get_mut(i) {
                 e.count = e.count.saturating_add(d.count);
             }
-            return;
+            return false;
         }
         if self.refusals.len() >= MAX_REFUSALS {
             self.dropped_refusals = self.dropped_refusals.saturating_add(d.count);
-            return;
+            return false;
         }
         self.refusals.insert(key, self.list.len());
         self.list.push(d);
+        true
     }
 
     fn take(&mut self) -> Vec<Decision> {
@@ -177,10 +194,24 @@ impl Log {
             reason = %d.reason,
             "egress decision"
         );
-        match self.inner.lock() {
-            Ok(mut g) => g.push(d),
-            Err(poisoned) => poisoned.into_inner().push(d),
+        let observer = self.observer.get();
+        let told = {
+            let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            let kept = g.push(d);
+            // A copy of the new entry, told once the lock is released.
+            match observer {
+                Some(_) if kept => g.list.last().cloned(),
+                _ => None,
+            }
+        };
+        if let (Some(f), Some(d)) = (observer, told) {
+            f(&d);
         }
+    }
+
+    /// Tells `f` of each refusal kept from now on (the first observer set stays).
+    pub(crate) fn observe(&self, f: RefusalObserver) {
+        let _ = self.observer.set(f);
     }
 
     /// The kept decisions in the order they were first made, then at most two [`LOG_FULL`]
@@ -249,6 +280,29 @@ mod tests {
             .sum();
         assert!(full.iter().any(|d| !d.allowed && d.count + kept == 101_000));
         assert!(log.take().is_empty());
+    }
+
+    #[test]
+    fn the_observer_is_told_each_kept_refusal_once() {
+        let log = Log::default();
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let to = told.clone();
+        log.observe(Arc::new(move |d: &Decision| {
+            to.lock().unwrap().push(d.host.clone())
+        }));
+        log.push(refusal("a.test", "forbidden"));
+        log.push(refusal("a.test", "forbidden"));
+        log.push(Decision {
+            allowed: true,
+            ..refusal("ok.test", "rule")
+        });
+        for i in 0..(MAX_REFUSALS + 10) {
+            log.push(refusal(&format!("h{i}.test"), "forbidden"));
+        }
+        let told = told.lock().unwrap();
+        assert_eq!(told.len(), MAX_REFUSALS);
+        assert_eq!(told[0], "a.test");
+        assert_eq!(told[1], "h0.test");
     }
 
     #[test]

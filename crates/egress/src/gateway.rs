@@ -108,6 +108,13 @@ impl Gateway {
         }
     }
 
+    /// Tells `f` of each refusal as it is made, the first of each distinct method, host, port
+    /// and reason, up to [`crate::MAX_REFUSALS`]: what [`Gateway::serve`] returns at the end,
+    /// as it happens (the first observer set stays).
+    pub fn observe_refusals(&self, f: crate::RefusalObserver) {
+        self.shared.log.observe(f);
+    }
+
     /// Serves proxy clients accepted on `listener` until `shutdown` resolves, then closes every
     /// connection and returns the decision log (in the order decisions completed).
     ///

@@ -97,7 +97,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 #[cfg(feature = "gateway")]
-pub use decision::{Decision, LOG_FULL, MAX_ALLOWED, MAX_REFUSALS};
+pub use decision::{Decision, LOG_FULL, MAX_ALLOWED, MAX_REFUSALS, RefusalObserver};
 #[cfg(feature = "gateway")]
 pub use gateway::{DENIED_HEADER, Gateway, GatewayLimits};
 pub use host::redirect_target;
@@ -176,19 +176,24 @@ pub fn spawn_gateway(
     resolver: Arc<dyn Resolve>,
     listener: std::net::TcpListener,
 ) -> Result<GatewayHandle, GatewayError> {
-    spawn_gateway_with_credentials(policy, limits, resolver, listener, None)
+    spawn_gateway_with_credentials(policy, limits, resolver, listener, None, None)
 }
 
 #[cfg(feature = "gateway")]
-/// [`spawn_gateway`] with the credential flow prepared by [`Interception::prepare`].
+/// [`spawn_gateway`] with the credential flow prepared by [`Interception::prepare`], and
+/// `on_refusal` told of each distinct refusal as it is made ([`Gateway::observe_refusals`]).
 pub fn spawn_gateway_with_credentials(
     policy: &agentjail_manifest::EgressPolicy,
     limits: GatewayLimits,
     resolver: Arc<dyn Resolve>,
     listener: std::net::TcpListener,
     intercept: Option<Interception>,
+    on_refusal: Option<RefusalObserver>,
 ) -> Result<GatewayHandle, GatewayError> {
     let gateway = Gateway::with_credentials(policy, limits, resolver, intercept)?;
+    if let Some(f) = on_refusal {
+        gateway.observe_refusals(f);
+    }
     // One thread: the gateway's work is I/O, and on a machine whose cores are shared with the
     // sandbox and the upstreams, tasks handing each other work across worker threads (the
     // client connection, the pooled upstream connection's driver, the relay) cost wake-ups

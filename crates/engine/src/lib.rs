@@ -29,6 +29,7 @@ pub mod image;
 mod inside;
 pub mod landlock_policy;
 pub mod lifeline;
+pub mod live;
 mod outcome;
 pub mod plan;
 mod probe;
@@ -45,6 +46,7 @@ pub mod workspace;
 
 pub use agentjail_manifest::ValidatedManifest;
 
+pub use live::LiveDenials;
 pub use plan::RootImage;
 pub use probe::{ProbeError, probe_run, probe_strict_run};
 pub use supervisor::{

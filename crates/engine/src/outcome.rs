@@ -48,6 +48,10 @@ pub struct RunOptions {
     /// The checkpoint to restore into /work (manifest `workspace.restore`), read once and
     /// checked by the caller against its digest and bounds before the run.
     pub workspace_restore: Option<std::sync::Arc<Vec<u8>>>,
+    /// Where each new denial goes as it is recorded, while the run goes on (the native tier's
+    /// refused syscalls and egress refusals; [`crate::live`]). The report is the same with or
+    /// without it.
+    pub live_denials: Option<std::sync::Arc<crate::live::LiveDenials>>,
 }
 
 impl Default for RunOptions {
@@ -60,6 +64,7 @@ impl Default for RunOptions {
             lifeline: None,
             lease: None,
             workspace_restore: None,
+            live_denials: None,
         }
     }
 }

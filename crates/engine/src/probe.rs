@@ -44,6 +44,7 @@ pub fn probe_run(allow_degraded: bool) -> Result<(), ProbeError> {
         lifeline: None,
         lease: None,
         workspace_restore: None,
+        live_denials: None,
     };
     let out = run(&vm, &opts, None);
     match out.report.status {

@@ -30,6 +30,7 @@ use rustix::event::{PollFd, PollFlags, poll};
 
 use crate::cgroup::{Cgroup, Stats};
 use crate::inside::{self, Applied, InitArgs, ToInit, ToSupervisor};
+use crate::live::LiveDenials;
 pub use crate::outcome::{Cleanup, Outcome, RunOptions, STREAM_LIMIT, Sink};
 use crate::outcome::{Ended, Ending, Stream, classify, fail, kill_and_reap, with_userns_hint};
 use crate::plan::{Plan, RootImage, SANDBOX_ID};
@@ -291,7 +292,7 @@ pub fn run_on(
         );
         drop(fds);
         if ctl_ready {
-            ctl_open = st.take(&ctl_s, &mut report);
+            ctl_open = st.take(&ctl_s, &mut report, opts.live_denials.as_deref());
         }
         if let Some(fd) = st.listener.take() {
             match start_gateway(vm, opts, fd, intercept.take()) {
@@ -329,7 +330,7 @@ pub fn run_on(
     drop(watchdog);
     // Every process but the init is gone now: drain what is left.
     while ctl_open && has_data(ctl_s.as_fd()) {
-        ctl_open = st.take(&ctl_s, &mut report);
+        ctl_open = st.take(&ctl_s, &mut report, opts.live_denials.as_deref());
     }
     while out.pump() {}
     while err.pump() {}
@@ -654,8 +655,8 @@ struct State {
 }
 
 impl State {
-    /// Handles one control message; false when the socket is closed.
-    fn take(&mut self, ctl: &OwnedFd, report: &mut RunReport) -> bool {
+    /// Handles one control message (a refused syscall goes to `live` too); false once closed.
+    fn take(&mut self, ctl: &OwnedFd, report: &mut RunReport, live: Option<&LiveDenials>) -> bool {
         match inside::recv::<ToSupervisor>(ctl.as_fd()) {
             Ok(Some((msg, fd))) => {
                 match msg {
@@ -674,7 +675,12 @@ impl State {
                         self.setup_failed
                             .get_or_insert(format!("sandbox setup failed at `{step}`: {error}"));
                     }
-                    ToSupervisor::Denial { syscall } => report.deny(DenialKind::Syscall, syscall),
+                    ToSupervisor::Denial { syscall } => {
+                        if let Some(l) = live {
+                            l.offer(DenialKind::Syscall, &syscall);
+                        }
+                        report.deny(DenialKind::Syscall, syscall)
+                    }
                     ToSupervisor::Exit {
                         status,
                         cpu_us,
@@ -707,7 +713,7 @@ fn init_failure(ctl: &OwnedFd, report: &mut RunReport, failed: SetupError) -> St
             tv_sec: 0,
             tv_nsec: 500_000_000,
         };
-        if !matches!(poll(&mut fds, Some(&wait)), Ok(n) if n > 0) || !st.take(ctl, report) {
+        if !matches!(poll(&mut fds, Some(&wait)), Ok(n) if n > 0) || !st.take(ctl, report, None) {
             break;
         }
         if let Some(why) = st.setup_failed.take() {

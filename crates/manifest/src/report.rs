@@ -400,8 +400,9 @@ impl RunReport {
     }
 }
 
-/// Cuts a detail at [`MAX_DETAIL`] bytes (on a character boundary).
-fn bounded_detail(mut s: String) -> String {
+/// Cuts a detail at [`MAX_DETAIL`] bytes (on a character boundary), as [`RunReport::deny`]
+/// lists it.
+pub fn bounded_detail(mut s: String) -> String {
     if s.len() > MAX_DETAIL {
         let mut end = MAX_DETAIL;
         while !s.is_char_boundary(end) {

@@ -17,6 +17,12 @@
 //! monotonic clock, counts a suspended host). Renewals that stop arriving (the executor paused,
 //! cut off or stuck) end the payload by the runner's own clock, before the lease can be taken
 //! over (docs/deploy.md, "Leases and fencing"). Anything else on that direction ends the run.
+//!
+//! While the run goes on, a runner whose service asked for them ([`LIVE_DENIALS_ENV`] in its
+//! environment) sends each denial as the engine records it, a [`DENIAL`] frame (the first of
+//! each distinct kind and detail, at most [`MAX_LIVE_DENIALS`]), between [`STARTING`] and the
+//! artifact. Only then: a service older than the frame ends its reading at a tag it does not
+//! know, and would lose the report that follows.
 
 /// The sandbox is about to start (empty body): from here on the command may run.
 pub const STARTING: u8 = b'S';
@@ -26,6 +32,20 @@ pub const ARTIFACT: u8 = b'A';
 pub const RECEIPT: u8 = b'C';
 /// The run report (JSON); the last frame.
 pub const REPORT: u8 = b'R';
+
+/// A denial as it was recorded, while the run goes on (body: the report's `Denial` as JSON,
+/// `{"kind": …, "detail": …}`): what the service shows its followers live. The report, at the
+/// end, stays the run's account of its denials.
+pub const DENIAL: u8 = b'D';
+
+/// Most [`DENIAL`] frames of one run: each distinct denial is sent once, and these first ones
+/// only (the report counts every refusal).
+pub const MAX_LIVE_DENIALS: usize = 64;
+
+/// Set to `1` in the runner's environment by a service that reads [`DENIAL`] frames: a runner
+/// sends them only then (an older service would stop reading at the first one). An older
+/// runner ignores it and sends none.
+pub const LIVE_DENIALS_ENV: &str = "AGENTJAIL_LIVE_DENIALS";
 
 /// Service to runner: the lease's new end (body: 8 bytes, little-endian nanoseconds of
 /// `CLOCK_BOOTTIME`), by which the runner kills its sandbox unless another renewal came.

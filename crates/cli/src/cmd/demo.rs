@@ -67,6 +67,7 @@ pub fn run(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> 
             lifeline: None,
             lease: None,
             workspace_restore: None,
+            live_denials: None,
         },
         &Delivery {
             output_dir: Some(out_dir),

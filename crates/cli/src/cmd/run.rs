@@ -310,6 +310,7 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
         lifeline,
         lease,
         workspace_restore: None,
+        live_denials: live_denials_to(results.as_ref()),
     };
     let delivery = Delivery {
         output_dir: a.output_dir.clone(),
@@ -341,6 +342,26 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
     };
     summarize(&finished.report, terminal.stderr, names);
     Ok(finished.exit_code.clamp(0, 255) as u8)
+}
+
+/// With `--results-on-lifeline`, for a service that reads them (it sets
+/// [`agentjail_manifest::results::LIVE_DENIALS_ENV`]): each denial as the engine records it,
+/// a [`agentjail_manifest::results::DENIAL`] frame on the lifeline. Never on our own stdout or
+/// stderr, which carry the sandbox's bytes only.
+fn live_denials_to(
+    results: Option<&std::sync::Arc<std::os::fd::OwnedFd>>,
+) -> Option<std::sync::Arc<agentjail_engine::LiveDenials>> {
+    use agentjail_manifest::results::{DENIAL, LIVE_DENIALS_ENV};
+    let fd = results?.clone();
+    std::env::var_os(LIVE_DENIALS_ENV).filter(|v| v == "1")?;
+    Some(std::sync::Arc::new(agentjail_engine::LiveDenials::new(
+        move |d| {
+            // A service that is gone fails the report's frame too, and says so there.
+            if let Ok(body) = serde_json::to_vec(d) {
+                let _ = pipeline::send_frame(&fd, DENIAL, &body);
+            }
+        },
+    )))
 }
 
 /// Which of our own streams are terminals that the sandbox's output must not drive

@@ -1,6 +1,7 @@
 //! The egress gateway of an allowlist run, from the supervisor's side: started on the proxy
 //! socket the init made inside the sandbox's network namespace, served from the host's, and
-//! its decisions put into the report (refusals as denials, the rest as connections).
+//! its decisions put into the report (refusals as denials, the rest as connections); with
+//! `RunOptions::live_denials`, each distinct refusal goes there too as the gateway makes it.
 
 use std::os::fd::OwnedFd;
 
@@ -51,12 +52,33 @@ pub(super) fn start_gateway(
         )?)
     };
     let listener = std::net::TcpListener::from(fd);
+    // The report's detail of each refusal, offered as it is made.
+    let on_refusal = opts.live_denials.clone().map(|live| {
+        Arc::new(move |d: &agentjail_egress::Decision| {
+            live.offer(DenialKind::Network, &network_detail(d))
+        }) as agentjail_egress::RefusalObserver
+    });
     step(
         Step::StartGateway,
         agentjail_egress::spawn_gateway_with_credentials(
-            policy, limits, resolver, listener, intercept,
+            policy, limits, resolver, listener, intercept, on_refusal,
         ),
     )
+}
+
+/// How the report words a refusal of the gateway: `METHOD HOST:PORT: REASON`.
+fn network_detail(d: &agentjail_egress::Decision) -> String {
+    let dest = if d.host.is_empty() {
+        String::from("(unparsed request)")
+    } else {
+        format!("{}:{}", d.host, d.port)
+    };
+    let method = if d.method.is_empty() {
+        "request"
+    } else {
+        d.method.as_str()
+    };
+    format!("{method} {dest}: {}", d.reason)
 }
 
 /// Puts the gateway's decisions into the report: refusals as denials, the rest as connections.
@@ -90,21 +112,7 @@ pub(super) fn record_network(report: &mut RunReport, decisions: Vec<agentjail_eg
                     duration_ms: d.duration_ms,
                 });
         } else {
-            let dest = if d.host.is_empty() {
-                String::from("(unparsed request)")
-            } else {
-                format!("{}:{}", d.host, d.port)
-            };
-            let method = if d.method.is_empty() {
-                "request"
-            } else {
-                d.method.as_str()
-            };
-            report.deny_n(
-                DenialKind::Network,
-                format!("{method} {dest}: {}", d.reason),
-                d.count,
-            );
+            report.deny_n(DenialKind::Network, network_detail(&d), d.count);
         }
     }
     report.network = Some(net);

@@ -589,9 +589,12 @@ async fn cancel_run(
 
 /// Follows the run as it happens, as Server-Sent Events: `queued`, `started`, `stdout` and
 /// `stderr` chunks (`{offset, bytes, text}`: the sandbox's bytes as text, the task's secrets
-/// masked, made inert; UNTRUSTED), and `ended` with the final run record. Each event's id is
-/// the follower's position; reconnect with `Last-Event-ID` to resume without a chunk lost or
-/// sent twice. Works on any replica of a PostgreSQL deployment, wherever the run executes.
+/// masked, made inert; UNTRUSTED), a `denial` (`{kind, detail}`, as the record's denials name
+/// them) for each distinct refusal as it happens (the first 64; those known only at the end
+/// are in the record), and `ended` with the final run record, the authority. Each event's id
+/// is the follower's position (`PHASE.STDOUT.STDERR.DENIALS`); reconnect with `Last-Event-ID`
+/// to resume without a chunk or denial lost or sent twice. Works on any replica of a
+/// PostgreSQL deployment, wherever the run executes.
 #[utoipa::path(
     get,
     path = "/v1/runs/{request_id}/events",
@@ -645,6 +648,9 @@ async fn run_events(
                         serde_json::json!({"offset": offset, "bytes": bytes, "text": text, "untrusted": true})
                             .to_string(),
                     ),
+                    RunEvent::Denial { kind, detail } => ev
+                        .event("denial")
+                        .data(serde_json::json!({"kind": kind, "detail": detail}).to_string()),
                     RunEvent::Ended(v) => ev
                         .event("ended")
                         .data(serde_json::to_string(&*v).unwrap_or_default()),

@@ -388,25 +388,34 @@ const STREAM_EVERY: Duration = Duration::from_millis(250);
 /// Most bytes of one stream sent to the database at once.
 const STREAM_BYTES: u64 = 256 * 1024;
 
-/// Until `done`: appends what the run's logs in this node's job folder hold beyond what the
-/// database has to its stored logs, every [`STREAM_EVERY`] (`GET /v1/runs/{id}/events` on any
-/// node reads them). Bounded like the logs (the runner passes at most 1 MiB of each stream).
+/// Until `done`: appends what the run's logs and live denials in this node's job folder hold
+/// beyond what the database has to its stored copies, every [`STREAM_EVERY`]
+/// (`GET /v1/runs/{id}/events` on any node reads them). Bounded like the files (the runner
+/// passes at most 1 MiB of each stream; the denials are at most
+/// [`super::denials::LOG_LIMIT`]).
 async fn stream_logs(state: AppState, queue: PgStore, job_id: String, done: CancellationToken) {
+    use super::streams::{log_name, read_from};
     let dir = runner::job_dir(&state, &job_id);
-    let mut sent = [0u64; 2];
+    let mut sent = [0u64; 3];
     loop {
         tokio::select! {
             _ = done.cancelled() => return,
             _ = tokio::time::sleep(STREAM_EVERY) => {}
         }
-        for (i, stdout) in [true, false].into_iter().enumerate() {
-            let path = dir.join(super::streams::log_name(stdout));
+        for (i, name) in [log_name(true), log_name(false), super::denials::NAME]
+            .into_iter()
+            .enumerate()
+        {
             let Some(b) =
-                super::streams::read_from(&path, sent[i], STREAM_BYTES).filter(|b| !b.is_empty())
+                read_from(&dir.join(name), sent[i], STREAM_BYTES).filter(|b| !b.is_empty())
             else {
                 continue;
             };
-            match queue.append_log(&job_id, stdout, sent[i], &b).await {
+            let appended = match i {
+                0 | 1 => queue.append_log(&job_id, i == 0, sent[i], &b).await,
+                _ => queue.append_denials(&job_id, sent[i], &b).await,
+            };
+            match appended {
                 Ok(()) => sent[i] += b.len() as u64,
                 Err(e) => {
                     tracing::warn!(%job_id, error = %e, "sending a running run's output to the database failed; retrying")

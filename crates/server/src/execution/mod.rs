@@ -5,12 +5,15 @@
 //!   outputs, and the lease and fencing checks around finishing a run; the retention sweeper.
 //! - [`streams`]: what a finished run's record shows of the command's stdout and stderr (head
 //!   and tail within the task's budget, sanitised, secrets redacted), from the job folder's logs.
+//! - [`denials`]: a run's denials as they happen, from the runner's lifeline into the job
+//!   folder's `denials.jsonl`, for its followers.
 //! - [`fleet`]: the executor of a PostgreSQL deployment: claims queued runs, renews their
 //!   leases, expires those of lost nodes, and reports this node's status.
 //!
 //! Uses the shared state ([`crate::app`]), policy and storage; never the service or a front
 //! door (the service calls in here, not the other way round).
 
+pub mod denials;
 pub mod fleet;
 pub mod runner;
 pub mod streams;

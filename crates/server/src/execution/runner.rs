@@ -405,6 +405,8 @@ struct Started {
     lifeline: std::os::unix::net::UnixStream,
     /// Its stdout and stderr, on their way to the job folder.
     logs: Logs,
+    /// Where the denials it sends as they happen go (the job folder's `denials.jsonl`).
+    denials: super::denials::Writer,
 }
 
 /// Most of each of the runner's streams kept in its log: the runner passes at most
@@ -458,22 +460,6 @@ impl Logs {
     }
 }
 
-/// Creates a run's job folder, private (0700), unless it exists (its other log made it).
-fn job_folder(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => {
-            // The umask may have taken bits away; a chmod only then (it costs an inode write).
-            if std::fs::symlink_metadata(dir)?.permissions().mode() & 0o7777 != 0o700 {
-                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-            }
-            Ok(())
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
 /// Copies one of the runner's streams into `path` (see [`Logs`]).
 async fn drain_log(mut from: impl tokio::io::AsyncRead + Unpin, path: PathBuf) {
     use std::io::Write;
@@ -493,7 +479,7 @@ async fn drain_log(mut from: impl tokio::io::AsyncRead + Unpin, path: PathBuf) {
         }
         if file.is_none() {
             if let Some(dir) = path.parent()
-                && let Err(e) = job_folder(dir)
+                && let Err(e) = super::streams::job_folder(dir)
             {
                 tracing::warn!(path = %dir.display(), error = %e, "cannot create a run's job folder; its output is dropped");
                 room = 0;
@@ -563,7 +549,9 @@ fn spawn_runner(state: &AppState, task: &Task, job: &Job) -> Result<Started, &'s
     cmd.env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("LANG", "C.UTF-8")
-        .env(SERVICE_MARK, data);
+        .env(SERVICE_MARK, data)
+        // This service reads the denials the runner sends as they happen (`DENIAL` frames).
+        .env(agentjail_manifest::results::LIVE_DENIALS_ENV, "1");
     // Secrets the task type binds to destinations (`network.credentials`, `env:NAME`): the
     // runner's gateway reads them from its own environment, otherwise cleared. They never
     // reach the sandbox (docs/network.md).
@@ -590,6 +578,7 @@ fn spawn_runner(state: &AppState, task: &Task, job: &Job) -> Result<Started, &'s
         child,
         lifeline,
         logs,
+        denials: super::denials::Writer::new(dir.join(super::denials::NAME)),
     })
 }
 
@@ -602,6 +591,7 @@ impl Started {
             mut child,
             lifeline,
             logs,
+            ..
         } = self;
         drop(lifeline);
         if tokio::time::timeout(Duration::from_secs(10), child.wait())
@@ -642,8 +632,9 @@ async fn hand_over_and_wait(
         child,
         lifeline,
         logs,
+        denials,
     } = started;
-    let (ended, results) = run_to_exit(child, lifeline, task, job, manifest).await;
+    let (ended, results) = run_to_exit(child, lifeline, task, job, manifest, denials).await;
     let results = match results {
         Some(r) => {
             let abort = r.abort_handle();
@@ -687,10 +678,15 @@ const RESULT_LIMIT: u64 = 4 * 1024 * 1024;
 /// service's end of the lifeline until then, so the runner never sees a hang-up while it runs.
 /// A frame over its bound is read and dropped; the first report, or a frame with an unknown
 /// tag, ends the reading (what came before stands), and the rest of the stream is drained.
-/// A body is read as it comes (never allocated by its claimed length first).
-async fn read_results(stream: tokio::net::UnixStream, artifact_max: u64) -> Results {
+/// A body is read as it comes (never allocated by its claimed length first). The denials sent
+/// while the run goes on go to `denials` as they come.
+async fn read_results(
+    stream: tokio::net::UnixStream,
+    artifact_max: u64,
+    mut denials: super::denials::Writer,
+) -> Results {
     use agentjail_manifest::results::{
-        ARTIFACT, HEADER_LEN, RECEIPT, REPORT, STARTING, parse_header,
+        ARTIFACT, DENIAL, HEADER_LEN, RECEIPT, REPORT, STARTING, parse_header,
     };
     use tokio::io::AsyncReadExt;
     let mut r = Results::default();
@@ -712,6 +708,7 @@ async fn read_results(stream: tokio::net::UnixStream, artifact_max: u64) -> Resu
         let limit = match tag {
             ARTIFACT => artifact_max,
             RECEIPT | REPORT => RESULT_LIMIT,
+            DENIAL => super::denials::FRAME_LIMIT,
             _ => break,
         };
         let mut body = (&mut stream).take(len);
@@ -724,12 +721,21 @@ async fn read_results(stream: tokio::net::UnixStream, artifact_max: u64) -> Resu
             }
             if tag == ARTIFACT {
                 r.artifact_too_big = true;
+            } else if tag == DENIAL {
+                tracing::warn!(
+                    bytes = len,
+                    "a runner's denial frame is over its bound; dropped"
+                );
             }
             continue;
         }
         let mut bytes = Vec::new();
         if body.read_to_end(&mut bytes).await.is_err() || bytes.len() as u64 != len {
             break;
+        }
+        if tag == DENIAL {
+            denials.frame(&bytes);
+            continue;
         }
         let slot = match tag {
             ARTIFACT => &mut r.artifact,
@@ -760,6 +766,7 @@ async fn run_to_exit(
     task: &Task,
     job: &Job,
     manifest: Vec<u8>,
+    denials: super::denials::Writer,
 ) -> (Ended, Option<tokio::task::JoinHandle<Results>>) {
     let small = manifest.len() <= 4096;
     let write = move || {
@@ -797,7 +804,11 @@ async fn run_to_exit(
                         }
                     }
                 }
-                Some(tokio::spawn(read_results(s, task.output.max_bytes)))
+                Some(tokio::spawn(read_results(
+                    s,
+                    task.output.max_bytes,
+                    denials,
+                )))
             }
             Err(e) => {
                 tracing::error!(job_id = %job.job_id, error = %e, "cannot read the runner's results");
@@ -812,7 +823,7 @@ async fn run_to_exit(
             w.set_nonblocking(true)
                 .and_then(|()| tokio::net::UnixStream::from_std(w))
                 .ok()
-                .map(|s| tokio::spawn(read_results(s, task.output.max_bytes)))
+                .map(|s| tokio::spawn(read_results(s, task.output.max_bytes, denials)))
         }
         Err(_) => {
             let _ = child.kill().await;
@@ -1291,13 +1302,15 @@ async fn execute_registered(
         None => super::streams::record_from_logs(&dir, &task),
     }
     .and_then(|s| serde_json::to_string(&s).ok());
-    // A store shared by several nodes keeps the logs themselves (any replica serves them).
-    let logs = (streams.is_some() && state.store().keeps_logs()).then(|| {
-        let dir = job_dir(&state, &job.job_id);
-        let read =
-            |stdout| std::fs::read(dir.join(super::streams::log_name(stdout))).unwrap_or_default();
-        (read(true), read(false))
+    // A store shared by several nodes keeps the logs themselves (any replica serves them), and
+    // the live denials whole (its copy while the run went on may lack the last ones).
+    let keeps = streams.is_some() && state.store().keeps_logs();
+    let read = |name: &str| std::fs::read(dir.join(name)).unwrap_or_default();
+    let logs = keeps.then(|| {
+        use super::streams::log_name;
+        (read(log_name(true)), read(log_name(false)))
     });
+    let denials = keeps.then(|| read(super::denials::NAME));
     let ev = Event {
         event: "run_end",
         status: Some(outcome.status.into()),
@@ -1317,6 +1330,7 @@ async fn execute_registered(
         artifact_sha256: sha,
         streams,
         logs,
+        denials,
     };
     match record_end(&state, &job, f, ev).await {
         Ok(()) => {}
@@ -1545,9 +1559,20 @@ mod tests {
     /// Frames as a runner would send them, read by [`read_results`] from a socket whose other
     /// end is then closed (the runner exited).
     async fn results_of(frames: &[(u8, &[u8])], artifact_max: u64) -> Results {
+        results_to(
+            frames,
+            artifact_max,
+            Path::new("/nonexistent/denials.jsonl"),
+        )
+        .await
+    }
+
+    /// [`results_of`], the denials written to `denials`.
+    async fn results_to(frames: &[(u8, &[u8])], artifact_max: u64, denials: &Path) -> Results {
         use tokio::io::AsyncWriteExt;
         let (ours, mut theirs) = tokio::net::UnixStream::pair().unwrap();
-        let reader = tokio::spawn(read_results(ours, artifact_max));
+        let denials = crate::execution::denials::Writer::new(denials.to_path_buf());
+        let reader = tokio::spawn(read_results(ours, artifact_max, denials));
         for (tag, body) in frames {
             let head = agentjail_manifest::results::header(*tag, body.len() as u64);
             theirs.write_all(&head).await.unwrap();
@@ -1592,7 +1617,8 @@ mod tests {
         assert!(!r.started && r.report.is_none());
         // A frame cut short by the runner's end: nothing of it is taken.
         let (ours, mut theirs) = tokio::net::UnixStream::pair().unwrap();
-        let reader = tokio::spawn(read_results(ours, 10));
+        let denials = crate::execution::denials::Writer::new("/nonexistent/d.jsonl".into());
+        let reader = tokio::spawn(read_results(ours, 10, denials));
         tokio::io::AsyncWriteExt::write_all(
             &mut theirs,
             &agentjail_manifest::results::header(b'R', 100),
@@ -1604,6 +1630,37 @@ mod tests {
             .unwrap();
         drop(theirs);
         assert!(reader.await.unwrap().report.is_none());
+    }
+
+    /// Denials sent while the run goes on (`D` frames) go to the job folder's log, one line
+    /// each; one over its bound or that is not a denial is dropped; either way the frames
+    /// after it (the report) are still read. An old runner sends none: nothing is created.
+    #[tokio::test]
+    async fn denial_frames_go_to_the_log_and_bad_ones_are_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job").join(crate::execution::denials::NAME);
+        let big = vec![b' '; 64 * 1024];
+        let frames: &[(u8, &[u8])] = &[
+            (b'S', b""),
+            (b'D', br#"{"kind":"syscall","detail":"ptrace"}"#),
+            (b'D', b"{garbage"),
+            (b'D', &big),
+            (
+                b'D',
+                br#"{"kind":"network","detail":"GET a.test:80: not allowed"}"#,
+            ),
+            (b'R', b"r"),
+        ];
+        let r = results_to(frames, 10, &path).await;
+        assert!(r.started && r.report.as_deref() == Some(&b"r"[..]));
+        let log = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            log,
+            "{\"kind\":\"syscall\",\"detail\":\"ptrace\"}\n{\"kind\":\"network\",\"detail\":\"GET a.test:80: not allowed\"}\n"
+        );
+        let old = dir.path().join("old").join(crate::execution::denials::NAME);
+        let r = results_to(&[(b'S', b""), (b'R', b"r")], 10, &old).await;
+        assert!(r.report.is_some() && !old.exists());
     }
 
     #[test]

@@ -172,6 +172,23 @@ pub fn log_name(stdout: bool) -> &'static str {
     if stdout { "stdout.log" } else { "stderr.log" }
 }
 
+/// Creates a run's job folder, private (0700), unless it exists (another of its files made it:
+/// the logs and the denials are each created at their first byte).
+pub fn job_folder(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {
+            // The umask may have taken bits away; a chmod only then (it costs an inode write).
+            if std::fs::symlink_metadata(dir)?.permissions().mode() & 0o7777 != 0o700 {
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Up to `max` bytes of the file at `path` from `offset`; None when there is no such file or
 /// it cannot be read.
 pub fn read_from(path: &Path, offset: u64, max: u64) -> Option<Vec<u8>> {

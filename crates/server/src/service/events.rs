@@ -1,21 +1,26 @@
 //! Following a run as it happens (`GET /v1/runs/{request_id}/events`, Server-Sent Events):
-//! `queued`, `started`, `stdout` / `stderr` chunks, and `ended` with the final record.
+//! `queued`, `started`, `stdout` / `stderr` chunks, a `denial` for each distinct refusal as it
+//! happens (the first 64: [`crate::execution::denials`]), and `ended` with the final record.
 //!
 //! Nothing is pushed and nothing is buffered per client: each follower polls the store for the
-//! run's state and reads the logs from where it left off (this node's job folder, or the
-//! store's copy when it keeps logs), a bounded amount per poll. A follower that does not read
-//! holds one poll's worth at most and no run slot; one that disconnects resumes with its
-//! `Last-Event-ID`, which is its position (`PHASE.STDOUT_OFFSET.STDERR_OFFSET`), so no chunk is
-//! lost or sent twice. Chunks are the sandbox's bytes as text, with the task's secrets masked
-//! (a copy of a secret across two polls is held back until it is seen whole) and made inert
-//! for a terminal, like the record's views; `ended` carries the record (whose views, digests
-//! and denials are the run's final word).
+//! run's state and reads the logs and the denials from where it left off (this node's job
+//! folder, or the store's copy when it keeps logs), a bounded amount per poll. A follower that
+//! does not read holds one poll's worth at most and no run slot; one that disconnects resumes
+//! with its `Last-Event-ID`, which is its position
+//! (`PHASE.STDOUT_OFFSET.STDERR_OFFSET.DENIALS_OFFSET`), so no chunk or denial is lost or sent
+//! twice. Chunks are the sandbox's bytes as text, with the task's secrets masked (a copy of a
+//! secret across two polls is held back until it is seen whole) and made inert for a terminal,
+//! like the record's views; so is a denial's detail. `ended` carries the record (whose views,
+//! digests and denials are the run's final word).
 
 use std::time::{Duration, Instant};
+
+use agentjail_manifest::report::DenialKind;
 
 use super::failure::Failure;
 use super::runs::{RunView, get_checked, view};
 use crate::app::AppState;
+use crate::execution::denials;
 use crate::execution::streams::{self, Secrets};
 use crate::policy::{Caller, Refusal};
 use crate::storage::db::RunFilter;
@@ -36,22 +41,33 @@ pub struct Position {
     pub phase: u8,
     pub stdout: u64,
     pub stderr: u64,
+    /// Bytes of the run's `denials.jsonl` sent (whole lines).
+    pub denials: u64,
 }
 
 impl Position {
-    /// The SSE event id: `PHASE.STDOUT.STDERR`.
+    /// The SSE event id: `PHASE.STDOUT.STDERR.DENIALS`.
     pub fn id(&self) -> String {
-        format!("{}.{}.{}", self.phase, self.stdout, self.stderr)
+        format!(
+            "{}.{}.{}.{}",
+            self.phase, self.stdout, self.stderr, self.denials
+        )
     }
 
-    /// A `Last-Event-ID`; None when it is not one of ours (the follower starts over).
+    /// A `Last-Event-ID`; None when it is not one of ours (the follower starts over). The
+    /// three-part id of the versions before the denials (`PHASE.STDOUT.STDERR`) is taken as
+    /// no denial sent yet.
     pub fn parse(s: &str) -> Option<Position> {
-        let mut p = s.trim().splitn(3, '.');
-        let phase = p.next()?.parse::<u8>().ok().filter(|p| *p <= 3)?;
+        let parts: Vec<&str> = s.trim().split('.').collect();
+        if !(3..=4).contains(&parts.len()) {
+            return None;
+        }
+        let number = |i: usize| parts.get(i).map_or(Some(0), |p| p.parse::<u64>().ok());
         Some(Position {
-            phase,
-            stdout: p.next()?.parse().ok()?,
-            stderr: p.next()?.parse().ok()?,
+            phase: parts[0].parse::<u8>().ok().filter(|p| *p <= 3)?,
+            stdout: number(1)?,
+            stderr: number(2)?,
+            denials: number(3)?,
         })
     }
 }
@@ -67,6 +83,12 @@ pub enum RunEvent {
         offset: u64,
         bytes: u64,
         text: String,
+    },
+    /// A refusal, as it happened: its kind and detail as the record's denials name them (the
+    /// detail with the task's secrets masked, made inert).
+    Denial {
+        kind: DenialKind,
+        detail: String,
     },
     Ended(Box<RunView>),
 }
@@ -241,6 +263,29 @@ impl Follow {
                 at = end;
             }
         }
+        // The denials recorded since (whole lines of `denials.jsonl`), once the sandbox started.
+        let since = self.position.denials;
+        if self.position.phase >= 2
+            && let Some(b) = self.read_denials(since).await?
+        {
+            if b.len() as u64 >= POLL_BYTES {
+                caught_up = false;
+            }
+            for (d, end) in denials::lines(&b) {
+                self.position.denials = since + end as u64;
+                // A line that is not a denial is passed over.
+                if let Some(d) = d {
+                    let detail = shown_detail(&self.secrets, d.detail);
+                    out.push((
+                        RunEvent::Denial {
+                            kind: d.kind,
+                            detail,
+                        },
+                        self.position,
+                    ));
+                }
+            }
+        }
         if ended && caught_up {
             let Some(record) = self
                 .state
@@ -279,6 +324,28 @@ impl Follow {
             .join(streams::log_name(stdout));
         Ok(streams::read_from(&path, offset, POLL_BYTES).filter(|b| !b.is_empty()))
     }
+
+    /// [`Follow::read`] for the run's live denials (`denials.jsonl`).
+    async fn read_denials(&self, offset: u64) -> Result<Option<Vec<u8>>, Failure> {
+        if let Some(b) = self
+            .state
+            .store()
+            .run_denials_since(&self.job_id, offset, POLL_BYTES)
+            .await?
+            .filter(|b| !b.is_empty())
+        {
+            return Ok(Some(b));
+        }
+        let path = crate::execution::runner::job_dir(&self.state, &self.job_id).join(denials::NAME);
+        Ok(streams::read_from(&path, offset, POLL_BYTES).filter(|b| !b.is_empty()))
+    }
+}
+
+/// A denial's detail as a follower sees it: the task's secrets masked, made inert.
+fn shown_detail(secrets: &Secrets, detail: String) -> String {
+    let mut b = detail.into_bytes();
+    secrets.mask(&mut b);
+    streams::inert(&b)
 }
 
 #[cfg(test)]
@@ -291,10 +358,42 @@ mod tests {
             phase: 2,
             stdout: 17,
             stderr: 0,
+            denials: 38,
         };
+        assert_eq!(p.id(), "2.17.0.38");
         assert_eq!(Position::parse(&p.id()), Some(p));
-        for bad in ["", "4.0.0", "1.x.0", "1.2", "a.b.c", "1.2.3.4"] {
+        // The three-part id of a follower from before the denials: none sent yet.
+        assert_eq!(
+            Position::parse(" 2.17.0 "),
+            Some(Position { denials: 0, ..p })
+        );
+        for bad in [
+            "",
+            "4.0.0",
+            "1.x.0",
+            "1.2",
+            "a.b.c",
+            "1.2.3.4.5",
+            "1.2.3.x",
+            "1.2.3.",
+            "1.2.3.-1",
+            "1..3.4",
+        ] {
             assert_eq!(Position::parse(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_denial_detail_is_masked_and_inert() {
+        let s = Secrets::from_values(&["sk-secret-1234"]);
+        let shown = shown_detail(&s, "GET sk-secret-1234.test:443: \x1b[2Jnot allowed".into());
+        assert!(
+            !shown.contains("sk-secret") && !shown.contains('\x1b'),
+            "{shown}"
+        );
+        assert!(
+            shown.starts_with("GET **************.test:443: \\x1b[2J"),
+            "{shown}"
+        );
     }
 }

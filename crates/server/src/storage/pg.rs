@@ -608,8 +608,9 @@ impl PgStore {
         // Logs past their retention: cleared in the database (any replica), as each node's job
         // folders below.
         c.execute(
-            "UPDATE runs SET stdout_log = NULL, stderr_log = NULL
-             WHERE logs_expire_at <= $1 AND (stdout_log IS NOT NULL OR stderr_log IS NOT NULL)",
+            "UPDATE runs SET stdout_log = NULL, stderr_log = NULL, denials_log = NULL
+             WHERE logs_expire_at <= $1
+             AND (stdout_log IS NOT NULL OR stderr_log IS NOT NULL OR denials_log IS NOT NULL)",
             &[&now],
         )
         .await
@@ -798,19 +799,23 @@ impl Store for PgStore {
     ) -> StoreFuture<'_, Option<Vec<u8>>> {
         let job_id = job_id.to_string();
         Box::pin(async move {
-            let c = self.client().await?;
-            let sql = format!(
-                "SELECT substring(COALESCE({col}, ''::bytea) FROM $2 FOR $3) FROM runs WHERE job_id = $1",
-                col = log_column(stdout)
-            );
-            let (from, n) = (offset as i64 + 1, max as i64);
-            let row = c
-                .query_opt(&sql, &[&job_id, &(from as i32), &(n as i32)])
+            self.column_since(&job_id, log_column(stdout), offset, max)
                 .await
-                .map_err(pg_err)?;
-            Ok(Some(
-                row.map(|r| r.get::<_, Vec<u8>>(0)).unwrap_or_default(),
-            ))
+                .map(Some)
+        })
+    }
+
+    fn run_denials_since(
+        &self,
+        job_id: &str,
+        offset: u64,
+        max: u64,
+    ) -> StoreFuture<'_, Option<Vec<u8>>> {
+        let job_id = job_id.to_string();
+        Box::pin(async move {
+            self.column_since(&job_id, DENIALS_COLUMN, offset, max)
+                .await
+                .map(Some)
         })
     }
 
@@ -947,9 +952,9 @@ impl Store for PgStore {
                 let c = self.client().await?;
                 let status = f.status.as_str();
                 c.execute(
-                    "UPDATE runs SET status = $2, reason = $3, finished_at = $4, report = $5, receipt = $6, artifact = $7, artifact_sha256 = $8, streams = $10, stdout_log = $11, stderr_log = $12
+                    "UPDATE runs SET status = $2, reason = $3, finished_at = $4, report = $5, receipt = $6, artifact = $7, artifact_sha256 = $8, streams = $10, stdout_log = $11, stderr_log = $12, denials_log = $13
                      WHERE job_id = $1 AND status IN ('queued', 'running') AND node_id = $9",
-                    &[&f.job_id, &status, &f.reason, &f.now, &f.report, &f.receipt, &f.artifact, &f.artifact_sha256, &self.node, &f.streams, &f.logs.as_ref().map(|l| &l.0), &f.logs.as_ref().map(|l| &l.1)],
+                    &[&f.job_id, &status, &f.reason, &f.now, &f.report, &f.receipt, &f.artifact, &f.artifact_sha256, &self.node, &f.streams, &f.logs.as_ref().map(|l| &l.0), &f.logs.as_ref().map(|l| &l.1), &f.denials],
                 )
                 .await
                 .map_err(pg_err)?;
@@ -974,7 +979,7 @@ impl Store for PgStore {
                 // The replica that retries runs the new attempt: it becomes the run's node.
                 Some((job_id, expires)) => tx
                     .execute(
-                        "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = EXTRACT(EPOCH FROM clock_timestamp())::bigint + $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL, streams = NULL, stdout_log = NULL, stderr_log = NULL, node_id = $5
+                        "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = EXTRACT(EPOCH FROM clock_timestamp())::bigint + $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL, streams = NULL, stdout_log = NULL, stderr_log = NULL, denials_log = NULL, node_id = $5
                          WHERE tenant = $1 AND request_id = $2 AND status = 'unknown'",
                         &[&t, &r, &job_id, &(expires - crate::util::now()), &self.node],
                     )
@@ -1245,6 +1250,9 @@ fn log_column(stdout: bool) -> &'static str {
     if stdout { "stdout_log" } else { "stderr_log" }
 }
 
+/// The column of a run's stored live denials (`execution::denials`).
+const DENIALS_COLUMN: &str = "denials_log";
+
 /// What a cancel did ([`PgStore::cancel`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cancel {
@@ -1438,17 +1446,56 @@ impl PgStore {
         at: u64,
         bytes: &[u8],
     ) -> Result<(), StoreError> {
+        self.append_to(job_id, log_column(stdout), at, bytes).await
+    }
+
+    /// [`PgStore::append_log`] for the run's live denials (`execution::denials`).
+    pub async fn append_denials(
+        &self,
+        job_id: &str,
+        at: u64,
+        bytes: &[u8],
+    ) -> Result<(), StoreError> {
+        self.append_to(job_id, DENIALS_COLUMN, at, bytes).await
+    }
+
+    async fn append_to(
+        &self,
+        job_id: &str,
+        col: &str,
+        at: u64,
+        bytes: &[u8],
+    ) -> Result<(), StoreError> {
         let c = self.client().await?;
         let sql = format!(
             "UPDATE runs SET {col} = COALESCE({col}, ''::bytea) || $3
              WHERE job_id = $1 AND octet_length(COALESCE({col}, ''::bytea)) = $2
-             AND status IN ('queued', 'running')",
-            col = log_column(stdout)
+             AND status IN ('queued', 'running')"
         );
         c.execute(&sql, &[&job_id, &(at as i32), &bytes])
             .await
             .map_err(pg_err)?;
         Ok(())
+    }
+
+    /// Up to `max` bytes of a run's stored `col` from `offset` (empty: nothing there).
+    async fn column_since(
+        &self,
+        job_id: &str,
+        col: &str,
+        offset: u64,
+        max: u64,
+    ) -> Result<Vec<u8>, StoreError> {
+        let c = self.client().await?;
+        let sql = format!(
+            "SELECT substring(COALESCE({col}, ''::bytea) FROM $2 FOR $3) FROM runs WHERE job_id = $1"
+        );
+        let (from, n) = (offset as i64 + 1, max as i64);
+        let row = c
+            .query_opt(&sql, &[&job_id, &(from as i32), &(n as i32)])
+            .await
+            .map_err(pg_err)?;
+        Ok(row.map(|r| r.get::<_, Vec<u8>>(0)).unwrap_or_default())
     }
 
     /// A cancel of the run `request_id` of `tenant`, with its audit `record`: a run still in
@@ -1588,9 +1635,9 @@ impl PgStore {
                 let status = f.status.as_str();
                 let n = tx
                     .execute(
-                        "UPDATE runs SET status = $2, reason = $3, finished_at = $4, report = $5, receipt = $6, artifact = $7, artifact_sha256 = $8, spec = NULL, streams = $10, stdout_log = $11, stderr_log = $12
+                        "UPDATE runs SET status = $2, reason = $3, finished_at = $4, report = $5, receipt = $6, artifact = $7, artifact_sha256 = $8, spec = NULL, streams = $10, stdout_log = $11, stderr_log = $12, denials_log = $13
                          WHERE job_id = $1 AND fence = $9 AND lease_expires_at > clock_timestamp() AND status IN ('queued', 'running')",
-                        &[&f.job_id, &status, &f.reason, &f.now, &f.report, &f.receipt, &f.artifact, &f.artifact_sha256, &fence, &f.streams, &f.logs.as_ref().map(|l| &l.0), &f.logs.as_ref().map(|l| &l.1)],
+                        &[&f.job_id, &status, &f.reason, &f.now, &f.report, &f.receipt, &f.artifact, &f.artifact_sha256, &fence, &f.streams, &f.logs.as_ref().map(|l| &l.0), &f.logs.as_ref().map(|l| &l.1), &f.denials],
                     )
                     .await
                     .map_err(pg_err)?;
@@ -1640,7 +1687,7 @@ impl PgStore {
         let tx = read_committed(&mut c).await?;
         let n = tx
             .execute(
-                "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = EXTRACT(EPOCH FROM clock_timestamp())::bigint + $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL, streams = NULL, stdout_log = NULL, stderr_log = NULL,
+                "UPDATE runs SET status = 'queued', reason = NULL, job_id = $3, job_expires_at = EXTRACT(EPOCH FROM clock_timestamp())::bigint + $4, started_at = NULL, finished_at = NULL, report = NULL, receipt = NULL, artifact = NULL, artifact_sha256 = NULL, streams = NULL, stdout_log = NULL, stderr_log = NULL, denials_log = NULL,
                     owner = NULL, fence = NULL, lease_expires_at = NULL, spec = $5
                  WHERE tenant = $1 AND request_id = $2 AND status = 'unknown'",
                 // A time to live from this replica's clock, an expiry by the database's.

@@ -75,6 +75,9 @@ pub struct FinishRun {
     /// keeps them, so that any replica serves `GET /v1/runs/{id}/logs`); a store on this node
     /// alone reads them from the job folder instead and ignores these.
     pub logs: Option<(Vec<u8>, Vec<u8>)>,
+    /// The run's live denials (`execution::denials`, the job folder's `denials.jsonl`), kept
+    /// like `logs` and with them.
+    pub denials: Option<Vec<u8>>,
 }
 
 impl FinishRun {
@@ -92,6 +95,7 @@ impl FinishRun {
             artifact_sha256: None,
             streams: None,
             logs: None,
+            denials: None,
         }
     }
 }
@@ -189,6 +193,18 @@ pub trait Store: Send + Sync {
         max: u64,
     ) -> StoreFuture<'_, Option<Vec<u8>>> {
         let _ = (job_id, stdout, offset, max);
+        Box::pin(async { Ok(None) })
+    }
+    /// Up to `max` bytes of a run's live denials (`execution::denials`) from `offset`, when
+    /// the store keeps logs ([`FinishRun::denials`]; PostgreSQL: also while the run goes on,
+    /// as its executor appends them); None when it does not.
+    fn run_denials_since(
+        &self,
+        job_id: &str,
+        offset: u64,
+        max: u64,
+    ) -> StoreFuture<'_, Option<Vec<u8>>> {
+        let _ = (job_id, offset, max);
         Box::pin(async { Ok(None) })
     }
     /// Whether [`FinishRun::logs`] is kept (a store shared by several nodes).

@@ -94,4 +94,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE runs ADD COLUMN cancel_requested BOOLEAN NOT NULL DEFAULT FALSE;
     CREATE INDEX runs_tenant_created ON runs(tenant, created_at);
     CREATE INDEX runs_created ON runs(created_at);",
+    // 5: a run's denials as they happened (`execution::denials`: JSON lines, at most 64, from
+    // the executor's job folder while the run goes on, whole at its end), for followers on
+    // any replica; cleared with the logs.
+    "ALTER TABLE runs ADD COLUMN denials_log BYTEA;",
 ];
