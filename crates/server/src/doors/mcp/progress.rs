@@ -1,5 +1,6 @@
 //! Live progress of a tool call that sent a `progressToken`: what the run printed, as it prints
-//! it, and where it is (`queued`, `started`, the time spent of the task's limit).
+//! it, the sandbox's refusals as they happen (`denial: KIND: DETAIL`), and where it is
+//! (`queued`, `started`, the time spent of the task's limit).
 //!
 //! Output goes in the progress notifications' `message`, not in `notifications/message`: MCP
 //! logging is deprecated by the 2026-07-28 revision (SEP-2577), and a progress notification
@@ -92,6 +93,11 @@ pub(super) async fn live(
                             LIVE_BYTES / 1024
                         ));
                     }
+                }
+                // A refusal as it happens (the result's report has them all).
+                RunEvent::Denial { kind, detail } => {
+                    let kind = serde_json::to_value(kind).unwrap_or_default();
+                    messages.push(format!("denial: {}: {detail}", kind.as_str().unwrap_or("")));
                 }
                 // The call's result follows: nothing more to say.
                 RunEvent::Ended(_) => return,
