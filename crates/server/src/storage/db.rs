@@ -163,6 +163,25 @@ pub const LIST_RUNS_SQL: &str = "SELECT tenant, request_id, task, actor, status,
        AND (?6 IS NULL OR (created_at, tenant, request_id) < (?6, ?7, ?8))
      ORDER BY created_at DESC, tenant DESC, request_id DESC LIMIT ?9";
 
+/// [`LIST_RUNS_SQL`] for one run of one tenant (a follower's poll, five times a second): the
+/// same filters, but `tenant = ?1 AND request_id = ?10` as plain equalities, so that the
+/// primary key finds the row. The general query's `?1 IS NULL OR …` cannot use an index (the
+/// plan is made without the values): it walks the whole table in `created_at` order.
+pub const LIST_ONE_RUN_SQL: &str = "SELECT tenant, request_id, task, actor, status, reason, created_at, started_at, finished_at, job_id FROM runs
+     WHERE tenant = ?1 AND request_id = ?10 AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR task = ?3)
+       AND (?4 IS NULL OR created_at >= ?4) AND (?5 IS NULL OR created_at < ?5)
+       AND (?6 IS NULL OR (created_at, tenant, request_id) < (?6, ?7, ?8))
+     LIMIT ?9";
+
+/// The query for `f`: [`LIST_ONE_RUN_SQL`] when it names a tenant and a request id.
+pub fn list_runs_sql(f: &RunFilter) -> &'static str {
+    if f.tenant.is_some() && f.request_id.is_some() {
+        LIST_ONE_RUN_SQL
+    } else {
+        LIST_RUNS_SQL
+    }
+}
+
 /// Outcome of trying to record a new run.
 pub enum Insert {
     Inserted,
@@ -337,7 +356,7 @@ pub fn list_runs(c: &Connection, f: &RunFilter) -> Result<Vec<RunListRow>, DbErr
         Some((a, t, r)) => (Some(*a), Some(t.as_str()), Some(r.as_str())),
         None => (None, None, None),
     };
-    let mut st = c.prepare_cached(LIST_RUNS_SQL)?;
+    let mut st = c.prepare_cached(list_runs_sql(f))?;
     let rows = st.query_map(
         params![
             f.tenant,
@@ -539,4 +558,57 @@ pub fn object_referenced(c: &Connection, sha256: &str) -> Result<bool, DbError> 
 /// Runs by status (for tests and health).
 pub fn count_runs(c: &Connection) -> Result<i64, DbError> {
     Ok(c.query_row("SELECT COUNT(*) FROM runs", [], |r| r.get(0))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A follower's poll finds its run by the primary key, not by walking every run.
+    #[test]
+    fn one_run_is_found_by_its_key() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let db = Db::open(&dir.path().join("db.sqlite")).unwrap_or_else(|e| panic!("{e}"));
+        let f = RunFilter {
+            tenant: Some("acme".into()),
+            request_id: Some("r1".into()),
+            limit: 1,
+            ..RunFilter::default()
+        };
+        let plan: Vec<String> = db
+            .call_sync(|c| {
+                let mut st = c.prepare(&format!("EXPLAIN QUERY PLAN {}", list_runs_sql(&f)))?;
+                let rows = st.query_map(
+                    params![
+                        "acme",
+                        None::<String>,
+                        None::<String>,
+                        None::<i64>,
+                        None::<i64>,
+                        None::<i64>,
+                        None::<String>,
+                        None::<String>,
+                        1,
+                        "r1"
+                    ],
+                    |r| r.get::<_, String>(3),
+                )?;
+                Ok(rows.collect::<Result<Vec<_>, _>>()?)
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            plan.iter().any(
+                |p| p.starts_with("SEARCH runs USING INDEX sqlite_autoindex_runs_")
+                    && p.ends_with("(tenant=? AND request_id=?)")
+            ),
+            "{plan:?}"
+        );
+        assert!(!plan.iter().any(|p| p.starts_with("SCAN")), "{plan:?}");
+        let general = RunFilter {
+            tenant: Some("acme".into()),
+            limit: 10,
+            ..RunFilter::default()
+        };
+        assert_eq!(list_runs_sql(&general), LIST_RUNS_SQL);
+    }
 }

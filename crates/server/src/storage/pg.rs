@@ -834,7 +834,7 @@ impl Store for PgStore {
             let c = self.client().await?;
             // The shared query with PostgreSQL's numbered parameters, each typed (a NULL
             // parameter has no type to infer).
-            let sql = crate::storage::db::LIST_RUNS_SQL
+            let sql = crate::storage::db::list_runs_sql(&f)
                 .replace("?10", "$10::text")
                 .replace("?1", "$1::text")
                 .replace("?2", "$2::text")
