@@ -510,8 +510,6 @@ pub fn execve(path: &CString, argv: &[CString], envp: &[CString]) -> io::Error {
     io::Error::last_os_error()
 }
 
-/// Ends the process at once, without running destructors or flushing stdio of the parent's
-/// copy (the correct exit for a forked child).
 /// A read-only private mapping of a whole sealed memfd (see [`map_sealed`]).
 pub struct Mapped {
     ptr: *mut libc::c_void,
@@ -586,7 +584,11 @@ pub fn fork_and_wait(child: &mut dyn FnMut() -> i32) -> io::Result<Result<i32, i
         return Err(io::Error::last_os_error());
     }
     if pid == 0 {
-        exit_now(child());
+        // A panic must not unwind out of the copy into its caller's code (which would go on
+        // as a second payload): it ends the copy like a failure.
+        let code =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(&mut *child)).unwrap_or(101);
+        exit_now(code);
     }
     let mut status = 0;
     loop {
@@ -607,6 +609,8 @@ pub fn fork_and_wait(child: &mut dyn FnMut() -> i32) -> io::Result<Result<i32, i
     }
 }
 
+/// Ends the process at once, without running destructors or flushing stdio of the parent's
+/// copy (the correct exit for a forked child).
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and has no preconditions.
     unsafe { libc::_exit(code) }
