@@ -366,13 +366,7 @@ async fn run_claimed(
         _ => {
             drop(permit);
             tracing::error!(job_id = %run.job_id, "a claimed run's spec or args cannot be read; ended as a set-up error");
-            let who = runner::RunIds {
-                actor: &run.actor,
-                tenant: &run.tenant,
-                task: &run.task,
-                request_id: &run.request_id,
-                job_id: &run.job_id,
-            };
+            let who = runner::RunIds::of(&run);
             let reason = "the queued run's record cannot be read";
             runner::end_claim_as_setup_error(&queue, c.fence, who, reason).await;
         }

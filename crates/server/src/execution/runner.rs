@@ -202,6 +202,33 @@ pub(crate) struct RunIds<'a> {
     pub job_id: &'a str,
 }
 
+impl<'a> RunIds<'a> {
+    pub(crate) fn of(r: &'a crate::storage::db::RunRow) -> RunIds<'a> {
+        RunIds {
+            actor: &r.actor,
+            tenant: &r.tenant,
+            task: &r.task,
+            request_id: &r.request_id,
+            job_id: &r.job_id,
+        }
+    }
+
+    /// The run's `run_end` audit record, ended as `status` for `reason`.
+    pub(crate) fn end_event(&self, status: RunState, reason: &str) -> Event {
+        Event {
+            event: "run_end",
+            actor: Some(self.actor.into()),
+            tenant: Some(self.tenant.into()),
+            task: Some(self.task.into()),
+            request_id: Some(self.request_id.into()),
+            job_id: Some(self.job_id.into()),
+            status: Some(status.into()),
+            reason: Some(reason.into()),
+            ..Default::default()
+        }
+    }
+}
+
 /// Ends a claimed run this executor cannot run as a set-up error (`reason`): the fenced result
 /// and its `run_end` record in one transaction; a failure is logged.
 pub(crate) async fn end_claim_as_setup_error(
@@ -210,17 +237,7 @@ pub(crate) async fn end_claim_as_setup_error(
     who: RunIds<'_>,
     reason: &str,
 ) {
-    let ev = Event {
-        event: "run_end",
-        actor: Some(who.actor.into()),
-        tenant: Some(who.tenant.into()),
-        task: Some(who.task.into()),
-        request_id: Some(who.request_id.into()),
-        job_id: Some(who.job_id.into()),
-        status: Some(RunState::SetupError.into()),
-        reason: Some(reason.into()),
-        ..Default::default()
-    };
+    let ev = who.end_event(RunState::SetupError, reason);
     let f = FinishRun::without_outputs(who.job_id, RunState::SetupError, reason.into(), now());
     if let Err(e) = queue.finish_fenced(f, fence, Some(&ev)).await {
         tracing::error!(job_id = %who.job_id, error = %e, "recording a set-up error failed");

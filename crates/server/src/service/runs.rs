@@ -614,17 +614,7 @@ pub(crate) async fn receipt(
 /// for its executor. Used by the cancel endpoint and by MCP's cancellation of a call.
 pub(super) async fn stop(state: &AppState, r: &RunRow, reason: &str) -> Result<(), Failure> {
     if let Some(queue) = &state.inner.queue {
-        let end = Event {
-            event: "run_end",
-            actor: Some(r.actor.clone()),
-            tenant: Some(r.tenant.clone()),
-            task: Some(r.task.clone()),
-            request_id: Some(r.request_id.clone()),
-            job_id: Some(r.job_id.clone()),
-            status: Some(RunState::Cancelled.into()),
-            reason: Some(reason.into()),
-            ..Default::default()
-        };
+        let end = runner::RunIds::of(r).end_event(RunState::Cancelled, reason);
         queue
             .cancel(&r.tenant, &r.request_id, now(), reason, &end)
             .await?;
