@@ -27,7 +27,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 # the crate root (lib.rs/main.rs), which composes everything, is the top layer.
 LAYERS = {
     "server": [
-        {"util", "run_state", "storage"},
+        {"util", "run_state", "storage", "news"},
         {"policy"},
         {"app", "selftest", "dev_token"},
         {"execution"},

@@ -704,3 +704,68 @@ json.dump({}, open("/output/o.json", "w"))
     assert!(!kinds.contains(&"denial"), "repeated: {kinds:?}");
     assert_eq!(kinds.last(), Some(&"ended"), "{kinds:?}");
 }
+
+/// A follower of a run on its own node is woken by the run's output instead of polling, but a
+/// command that writes a byte a millisecond cannot make it look at the store a thousand times a
+/// second: it looks at most once each 20 ms (`agentjail_follower_looks_total`), and still gets
+/// every byte, in many chunks while the run goes on.
+#[test]
+fn a_command_printing_a_byte_at_a_time_cannot_make_its_follower_spin() {
+    use common::serve::{SseEvent, read_sse};
+    let dir = common::tmp();
+    let (_s, api) = start(dir.path());
+    let looks = || -> u64 {
+        let m = api.metrics();
+        m.lines()
+            .find_map(|l| l.strip_prefix("agentjail_follower_looks_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no follower looks in the metrics:\n{m}"))
+    };
+    let code = r#"
+import json, sys, time
+for i in range(1500):
+    sys.stdout.write("x")
+    sys.stdout.flush()
+    time.sleep(0.001)
+json.dump({}, open("/output/o.json", "w"))
+"#;
+    let r = api.run(
+        ALICE,
+        &json!({"request_id": "chatty", "task": "py", "code": code}),
+        "?wait=false",
+    );
+    assert_eq!(r.status(), 202);
+    let before = looks();
+    let t = std::time::Instant::now();
+    let r = api
+        .http
+        .get(api.url("/v1/runs/chatty/events"))
+        .bearer_auth(ALICE)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut seen: Vec<SseEvent> = Vec::new();
+    read_sse(r, |e| {
+        seen.push(e.clone());
+        e.event != "ended"
+    });
+    let followed_ms = t.elapsed().as_millis() as u64;
+    let n = looks() - before;
+    let text: String = seen
+        .iter()
+        .filter(|e| e.event == "stdout")
+        .map(|e| {
+            let d: Value = serde_json::from_str(&e.data).unwrap();
+            d["text"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(text, "x".repeat(1500), "every byte, once");
+    let chunks = seen.iter().filter(|e| e.event == "stdout").count();
+    assert!(chunks >= 5, "the output came live, in {chunks} chunks");
+    // One look each 20 ms at most, and a few more at the start and the end.
+    let bound = followed_ms / 20 + 10;
+    assert!(
+        n <= bound,
+        "{n} looks in {followed_ms} ms (at most {bound}): the follower spins"
+    );
+}

@@ -76,6 +76,9 @@ pub(crate) struct Inner {
     /// (`POST /v1/runs/{id}/cancel`; PostgreSQL: the lease renewal asks for it).
     pub cancels:
         std::sync::Mutex<std::collections::HashMap<String, tokio_util::sync::CancellationToken>>,
+    /// The news of each run executing or waiting for a slot on this node, by job id: its
+    /// followers wait for it instead of polling ([`crate::news`]).
+    pub news: crate::news::Board,
     /// Exclusive lock on the data directory, held for the life of the process.
     pub(crate) _lock: std::fs::File,
 }
@@ -143,6 +146,7 @@ pub(crate) fn zero_metrics(config: &Config) {
         "agentjail_connections_refused_total",
         "agentjail_http_write_stalls_total",
         "agentjail_mcp_session_refusals_total",
+        "agentjail_follower_looks_total",
     ] {
         metrics::counter!(name).increment(0);
     }
@@ -158,6 +162,10 @@ fn describe_metrics() {
     describe_counter!(
         "agentjail_http_write_stalls_total",
         "Client connections closed because the client read nothing of its answer for body_timeout_seconds"
+    );
+    describe_counter!(
+        "agentjail_follower_looks_total",
+        "Looks of run followers (SSE, MCP progress) at a run's state and logs"
     );
     describe_counter!("agentjail_runs_total", "Finished runs by task and status");
     describe_counter!("agentjail_denials_total", "Policy denials by reason");

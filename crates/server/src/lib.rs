@@ -24,7 +24,8 @@
 //! - [`policy`]: every decision, pure; typed refusals.
 //! - [`storage`]: the [`store`](storage::store) interface, SQLite ([`db`](storage::db)), PostgreSQL ([`pg`]), the
 //!   hash-chained audit log ([`audit`]).
-//! - [`run_state`] (a run's states) and [`util`] (randomness, the clock): leaves anyone uses.
+//! - [`run_state`] (a run's states), [`util`] (randomness, the clock) and [`news`] (wake-ups
+//!   for the followers of a run executing here): leaves anyone uses.
 //!
 //! No door depends on another's transport, and no module on this root, which composes the
 //! router, `serve` and `worker`. Tested by unit tests here and by `crates/cli/tests/server.rs`
@@ -34,6 +35,7 @@ pub mod app;
 pub mod dev_token;
 pub mod doors;
 pub mod execution;
+pub mod news;
 pub mod policy;
 pub mod run_state;
 pub mod selftest;

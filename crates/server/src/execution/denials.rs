@@ -29,15 +29,18 @@ pub struct Writer {
     path: PathBuf,
     file: Option<std::fs::File>,
     lines: usize,
+    /// The run's followers on this node, told of each line appended.
+    news: Option<crate::news::Teller>,
 }
 
 impl Writer {
     /// A writer of the log at `path` (nothing is created yet).
-    pub fn new(path: PathBuf) -> Writer {
+    pub fn new(path: PathBuf, news: Option<crate::news::Teller>) -> Writer {
         Writer {
             path,
             file: None,
             lines: 0,
+            news,
         }
     }
 
@@ -56,6 +59,9 @@ impl Writer {
             return;
         }
         self.lines += 1;
+        if let Some(n) = &self.news {
+            n.tell();
+        }
     }
 
     fn append(&mut self, line: &[u8]) -> std::io::Result<()> {
@@ -150,7 +156,7 @@ mod tests {
     fn frames_become_bounded_lines_and_garbage_is_dropped() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("job").join(NAME);
-        let mut w = Writer::new(path.clone());
+        let mut w = Writer::new(path.clone(), None);
         w.frame(b"not a denial");
         assert!(!path.exists(), "nothing is created for garbage");
         let long = "\n".repeat(2000);

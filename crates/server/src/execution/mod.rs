@@ -10,6 +10,9 @@
 //! - [`fleet`]: the executor of a PostgreSQL deployment: claims queued runs, renews their
 //!   leases, expires those of lost nodes, and reports this node's status.
 //!
+//! Each writer of a run here tells the run's followers on this node when it wrote
+//! ([`crate::news`]): the log drains, the denials' writer, the start and the end.
+//!
 //! Uses the shared state ([`crate::app`]), policy and storage; never the service or a front
 //! door (the service calls in here, not the other way round).
 

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::app::{AppState, ServerError};
 use crate::config::Task;
+use crate::news::Teller;
 use crate::policy::{self, JobPaths};
 use crate::run_state::RunState;
 use crate::storage::audit::Event;
@@ -447,18 +448,21 @@ impl Logs {
         dir: &Path,
         stdout: Option<tokio::process::ChildStdout>,
         stderr: Option<tokio::process::ChildStderr>,
+        news: Option<Teller>,
     ) -> Logs {
         let mut tasks = Vec::with_capacity(2);
         if let Some(s) = stdout {
             tasks.push(tokio::spawn(drain_log(
                 s,
                 dir.join(super::streams::log_name(true)),
+                news.clone(),
             )));
         }
         if let Some(s) = stderr {
             tasks.push(tokio::spawn(drain_log(
                 s,
                 dir.join(super::streams::log_name(false)),
+                news,
             )));
         }
         Logs(tasks)
@@ -477,8 +481,13 @@ impl Logs {
     }
 }
 
-/// Copies one of the runner's streams into `path` (see [`Logs`]).
-async fn drain_log(mut from: impl tokio::io::AsyncRead + Unpin, path: PathBuf) {
+/// Copies one of the runner's streams into `path` (see [`Logs`]), telling the run's followers
+/// on this node after each write.
+async fn drain_log(
+    mut from: impl tokio::io::AsyncRead + Unpin,
+    path: PathBuf,
+    news: Option<Teller>,
+) {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     use tokio::io::AsyncReadExt;
@@ -524,6 +533,9 @@ async fn drain_log(mut from: impl tokio::io::AsyncRead + Unpin, path: PathBuf) {
             continue;
         }
         room -= keep as u64;
+        if let Some(n) = &news {
+            n.tell();
+        }
     }
 }
 
@@ -589,13 +601,14 @@ fn spawn_runner(state: &AppState, task: &Task, job: &Job) -> Result<Started, &'s
         tracing::error!(job_id = %job.job_id, error = %e, runner = %state.inner.runner.display(), "cannot start the runner");
         "cannot start the runner"
     })?;
-    let logs = Logs::start(&dir, child.stdout.take(), child.stderr.take());
+    let news = state.inner.news.teller(&job.job_id);
+    let logs = Logs::start(&dir, child.stdout.take(), child.stderr.take(), news.clone());
     // `cmd` holds the runner's end until dropped (here); the runner's copy is the only one left.
     Ok(Started {
         child,
         lifeline,
         logs,
-        denials: super::denials::Writer::new(dir.join(super::denials::NAME)),
+        denials: super::denials::Writer::new(dir.join(super::denials::NAME), news),
     })
 }
 
@@ -1106,6 +1119,7 @@ struct Registered {
 impl Registered {
     fn new(state: &AppState, job_id: &str, token: CancellationToken) -> Registered {
         cancels(state).insert(job_id.to_string(), token);
+        state.inner.news.open(job_id);
         Registered {
             state: state.clone(),
             job_id: job_id.to_string(),
@@ -1116,6 +1130,8 @@ impl Registered {
 impl Drop for Registered {
     fn drop(&mut self) {
         cancels(&self.state).remove(&self.job_id);
+        // After the run's end was recorded: its followers here wake and find it.
+        self.state.inner.news.close(&self.job_id);
     }
 }
 
@@ -1242,6 +1258,7 @@ async fn execute_registered(
     } else {
         mark_started(&state, &job, &start).await
     };
+    state.inner.news.tell(&job.job_id);
     // The mark committed, but the lease was lost meanwhile (the executor's clock): the runner
     // is killed on the way (`hand_over_and_wait`), and the run ends `unknown`.
     if !matches!(marked, Ok(true)) {
@@ -1588,7 +1605,7 @@ mod tests {
     async fn results_to(frames: &[(u8, &[u8])], artifact_max: u64, denials: &Path) -> Results {
         use tokio::io::AsyncWriteExt;
         let (ours, mut theirs) = tokio::net::UnixStream::pair().unwrap();
-        let denials = crate::execution::denials::Writer::new(denials.to_path_buf());
+        let denials = crate::execution::denials::Writer::new(denials.to_path_buf(), None);
         let reader = tokio::spawn(read_results(ours, artifact_max, denials));
         for (tag, body) in frames {
             let head = agentjail_manifest::results::header(*tag, body.len() as u64);
@@ -1634,7 +1651,7 @@ mod tests {
         assert!(!r.started && r.report.is_none());
         // A frame cut short by the runner's end: nothing of it is taken.
         let (ours, mut theirs) = tokio::net::UnixStream::pair().unwrap();
-        let denials = crate::execution::denials::Writer::new("/nonexistent/d.jsonl".into());
+        let denials = crate::execution::denials::Writer::new("/nonexistent/d.jsonl".into(), None);
         let reader = tokio::spawn(read_results(ours, 10, denials));
         tokio::io::AsyncWriteExt::write_all(
             &mut theirs,

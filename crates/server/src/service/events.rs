@@ -2,9 +2,12 @@
 //! `queued`, `started`, `stdout` / `stderr` chunks, a `denial` for each distinct refusal as it
 //! happens (the first 64: [`crate::execution::denials`]), and `ended` with the final record.
 //!
-//! Nothing is pushed and nothing is buffered per client: each follower polls the store for the
-//! run's state and reads the logs and the denials from where it left off (this node's job
-//! folder, or the store's copy when it keeps logs), a bounded amount per poll. A follower that
+//! Nothing is pushed and nothing is buffered per client: each follower looks at the store for
+//! the run's state and reads the logs and the denials from where it left off (this node's job
+//! folder, or the store's copy when it keeps logs), a bounded amount per look. It looks when
+//! the run's execution tells it something changed, if the run executes on this node
+//! ([`crate::news`]; at most every [`MIN_GAP`], so that a command printing a byte at
+//! a time cannot make its followers spin), and otherwise every [`POLL`]. A follower that
 //! does not read holds one poll's worth at most and no run slot; one that disconnects resumes
 //! with its `Last-Event-ID`, which is its position
 //! (`PHASE.STDOUT_OFFSET.STDERR_OFFSET.DENIALS_OFFSET`), so no chunk or denial is lost or sent
@@ -22,11 +25,17 @@ use super::runs::{RunView, get_checked, view};
 use crate::app::AppState;
 use crate::execution::denials;
 use crate::execution::streams::{self, Secrets};
+use crate::news::Listener;
 use crate::policy::{Caller, Refusal};
 use crate::storage::db::RunFilter;
 
-/// How often a follower looks for news.
+/// How often a follower looks for news of a run that does not execute on this node.
 pub const POLL: Duration = Duration::from_millis(200);
+/// How long a follower of a run executing on this node waits for a wake-up before it looks
+/// anyway (the run's state can also change elsewhere: an operator, another node).
+const NEWS_FALLBACK: Duration = Duration::from_secs(2);
+/// The shortest time between two looks of a follower woken by news.
+pub const MIN_GAP: Duration = Duration::from_millis(20);
 /// Most bytes of one stream sent in one chunk event.
 pub const CHUNK_BYTES: usize = 16 * 1024;
 /// Most bytes of one stream read per poll (so a follower far behind catches up in steps).
@@ -107,6 +116,12 @@ pub struct Follow {
     pub position: Position,
     since: Instant,
     done: bool,
+    /// The news of the run's execution on this node, when it executes here.
+    news: Option<Listener>,
+    /// The execution here is over (its news closed): no use listening again for this job id.
+    news_over: bool,
+    /// When the last look began.
+    looked: Option<Instant>,
 }
 
 /// Starts following `request_id` of the caller's tenant (audited as `run_events`), from
@@ -155,11 +170,14 @@ impl Follow {
             position: resume.unwrap_or_default(),
             since: Instant::now(),
             done: false,
+            news: None,
+            news_over: false,
+            looked: None,
         })
     }
 
     /// The next events (and the position after each); empty when the follow has ended.
-    /// Waits for news, a poll at a time.
+    /// Waits for news, a look at a time.
     pub async fn next(&mut self) -> Result<Vec<(RunEvent, Position)>, Failure> {
         loop {
             if self.done || self.since.elapsed() > MAX_FOLLOW {
@@ -169,12 +187,37 @@ impl Follow {
             if !out.is_empty() {
                 return Ok(out);
             }
-            tokio::time::sleep(POLL).await;
+            self.wait(NEWS_FALLBACK).await;
         }
     }
 
-    /// One look for news (what [`Follow::next`] repeats until there is some).
+    /// Waits until the run's execution on this node has news (at most `max`), or [`POLL`]
+    /// when it does not execute here.
+    pub async fn wait(&mut self, max: Duration) {
+        let Some(news) = self.news.as_mut() else {
+            tokio::time::sleep(POLL).await;
+            return;
+        };
+        if let Ok(false) = tokio::time::timeout(max, news.changed()).await {
+            // The execution here is over (its end recorded): the next look finds it; any
+            // later one polls.
+            self.news = None;
+            self.news_over = true;
+        }
+    }
+
+    /// One look for news (what [`Follow::next`] repeats until there is some), at least
+    /// [`MIN_GAP`] after the last one began.
     pub async fn poll(&mut self) -> Result<Vec<(RunEvent, Position)>, Failure> {
+        if let Some(gap) = self.looked.and_then(|t| MIN_GAP.checked_sub(t.elapsed())) {
+            tokio::time::sleep(gap).await;
+        }
+        // Listening before the look: what changes after it began wakes the next wait.
+        if self.news.is_none() && !self.news_over {
+            self.news = self.state.inner.news.listen(&self.job_id);
+        }
+        self.looked = Some(Instant::now());
+        metrics::counter!("agentjail_follower_looks_total").increment(1);
         let mut out = Vec::new();
         // The run's state only, not its outputs (an artifact can be megabytes): the record is
         // read once, for `ended`.
@@ -192,6 +235,8 @@ impl Follow {
         if r.job_id != self.job_id {
             self.job_id = r.job_id.clone();
             self.position = Position::default();
+            self.news = self.state.inner.news.listen(&self.job_id);
+            self.news_over = false;
         }
         let ended = r.status.is_terminal();
         if self.position.phase < 1 {

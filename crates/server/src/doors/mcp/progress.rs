@@ -8,7 +8,8 @@
 //! client that made the call sees it. The text is the SSE stream's ([`service::follow`]): the
 //! sandbox's bytes with the task's secrets masked and made inert, a stream whose budget is 0
 //! never sent. Bounded: [`LIVE_BYTES`] of output per call, then one note; a message every
-//! [`service::events::POLL`] at most per stream chunk, and a status line each second otherwise.
+//! [`service::events::MIN_GAP`] at most per stream chunk (a run on another node: every
+//! [`service::events::POLL`]), and a status line each second otherwise.
 
 use std::time::{Duration, Instant};
 
@@ -115,7 +116,12 @@ pub(super) async fn live(
             }
             last_message = Instant::now();
         }
-        tokio::time::sleep(service::events::POLL).await;
+        // Until the run has news (on this node: as it happens; elsewhere: the next poll), or
+        // the next status line is due.
+        match follow.as_mut() {
+            Some(f) => f.wait(TICK.saturating_sub(last_message.elapsed())).await,
+            None => tokio::time::sleep(service::events::POLL).await,
+        }
     }
 }
 
