@@ -200,6 +200,14 @@ fn http_status(r: &Refusal) -> (StatusCode, &'static str) {
         | NoManifestDigest => (StatusCode::CONFLICT, "Not reconcilable"),
         TaskChanged { .. } => (StatusCode::CONFLICT, "Task changed"),
         NotJson => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "Unsupported media type"),
+        NoSuchSession | NoSuchCell => (StatusCode::NOT_FOUND, "Not found"),
+        NotASessionTask => (StatusCode::FORBIDDEN, "Forbidden by policy"),
+        CellInProgress { .. } => (StatusCode::CONFLICT, "A cell is in progress"),
+        SessionClosed => (StatusCode::CONFLICT, "Session ended"),
+        SessionExpired => (StatusCode::CONFLICT, "Session expired"),
+        SessionFull { .. } => (StatusCode::CONFLICT, "Session cell limit"),
+        CheckpointInvalid(_) => (StatusCode::CONFLICT, "Checkpoint refused"),
+        SessionsUnsupported => (StatusCode::NOT_IMPLEMENTED, "Not implemented"),
     }
 }
 

@@ -10,9 +10,13 @@
 //! - [`fleet`]: the executor of a PostgreSQL deployment: claims queued runs, renews their
 //!   leases, expires those of lost nodes, and reports this node's status.
 //!
+//! - [`checkpoints`]: a session's workspace checkpoints, stored content-addressed and checked
+//!   against their names; what a session's cell adds to its manifest.
+//!
 //! Uses the shared state ([`crate::app`]), policy and storage; never the service or a front
 //! door (the service calls in here, not the other way round).
 
+pub mod checkpoints;
 pub mod denials;
 pub mod fleet;
 pub mod runner;

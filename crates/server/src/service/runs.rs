@@ -326,6 +326,7 @@ pub(crate) async fn submit(
         args: admitted.args,
         cancel,
         lease: None,
+        session: None,
     };
     let Some(admission) = admission else {
         return Err(Failure::Internal);

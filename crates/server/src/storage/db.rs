@@ -59,6 +59,8 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE runs ADD COLUMN streams TEXT;
     CREATE INDEX runs_tenant_created ON runs(tenant, created_at);
     CREATE INDEX runs_created ON runs(created_at);",
+    // 5: sessions and their cells (crate::storage::sessions).
+    crate::storage::sessions::MIGRATION,
 ];
 
 /// Shared handle to the database.
@@ -321,6 +323,13 @@ pub fn insert_run(c: &mut Connection, row: &RunRow) -> Result<Insert, DbError> {
     if let Some(existing) = get_run_tx(&tx, &row.tenant, &row.request_id)? {
         return Ok(Insert::Exists(Box::new(existing)));
     }
+    insert_run_in(&tx, row)?;
+    tx.commit()?;
+    Ok(Insert::Inserted)
+}
+
+/// Inserts a new run within the caller's transaction (a session's cell: with its cell row).
+pub(crate) fn insert_run_in(tx: &Connection, row: &RunRow) -> Result<(), DbError> {
     tx.prepare_cached(
         &format!("INSERT INTO runs ({RUN_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)"),
     )?
@@ -332,8 +341,7 @@ pub fn insert_run(c: &mut Connection, row: &RunRow) -> Result<Insert, DbError> {
             row.args, row.manifest_digest
         ],
     )?;
-    tx.commit()?;
-    Ok(Insert::Inserted)
+    Ok(())
 }
 
 fn get_run_tx(c: &Connection, tenant: &str, request_id: &str) -> Result<Option<RunRow>, DbError> {
