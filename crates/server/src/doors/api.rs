@@ -960,6 +960,7 @@ impl Modify for BearerScheme {
     tags(
         (name = "inputs", description = "Input objects, owned by a tenant"),
         (name = "runs", description = "Runs, once per (tenant, request_id)"),
+        (name = "sessions", description = "Sessions: cells sharing a persistent /work, owned by the actor that opened them"),
         (name = "tasks", description = "The task catalogue"),
         (name = "service", description = "Health and metrics"),
     )
@@ -993,6 +994,7 @@ fn build(state: Option<&AppState>) -> (Router<AppState>, utoipa::openapi::OpenAp
         .routes(routes!(get_receipt))
         .routes(routes!(reconcile_run))
         .routes(routes!(list_tasks))
+        .merge(sessions::routes())
         .layer(DefaultBodyLimit::max(max_req));
     let mut authed = inputs.merge(runs);
     if let Some(s) = state {
@@ -1054,7 +1056,7 @@ fn complete_contract(doc: &mut utoipa::openapi::OpenApi) {
         RefOr::T(h)
     };
     for item in doc.paths.paths.values_mut() {
-        for op in [item.get.as_mut(), item.post.as_mut()]
+        for op in [item.get.as_mut(), item.post.as_mut(), item.delete.as_mut()]
             .into_iter()
             .flatten()
         {
@@ -1163,6 +1165,8 @@ pub async fn router_with(state: AppState, more: Router<AppState>) -> Router {
     .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
     .with_state(state)
 }
+
+mod sessions;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
