@@ -67,6 +67,15 @@ pub fn apply(m: &mut Manifest, data_dir: &Path, cell: &CellJob) {
     });
 }
 
+/// The digest by which the next cell's receipt names this one: `sha256:` over the RFC 8785
+/// canonical JSON of the receipt (the DSSE envelope), so that it can be recomputed from the
+/// receipt however it was serialised (`GET /v1/runs/{id}/receipt`, a cell's `receipt`).
+pub fn receipt_digest(receipt: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(receipt).ok()?;
+    let bytes = serde_jcs::to_vec(&v).ok()?;
+    Some(format!("sha256:{}", crate::config::sha256_hex(&bytes)))
+}
+
 /// Checks that the stored checkpoint `sha256` is there and that its bytes still hash to its
 /// name. The error is one line for the caller (no path).
 pub fn verify_stored(data_dir: &Path, sha256: &str) -> Result<(), String> {

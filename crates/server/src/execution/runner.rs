@@ -1335,7 +1335,7 @@ async fn execute_registered(
             receipt_sha256: outcome
                 .receipt
                 .as_deref()
-                .map(|r| format!("sha256:{}", crate::config::sha256_hex(r.as_bytes()))),
+                .and_then(super::checkpoints::receipt_digest),
         }
     });
     // The folder (logs, created private) stays until the task's retention.
