@@ -327,7 +327,13 @@ pub fn execute_in(
         let checkpoint = checkpoint
             .as_deref()
             .filter(|_| vm.manifest.session.is_some());
-        send_results(fd, &report, signed.as_deref(), artifact.as_deref(), checkpoint)?;
+        send_results(
+            fd,
+            &report,
+            signed.as_deref(),
+            artifact.as_deref(),
+            checkpoint,
+        )?;
     }
     timing::mark("pipeline: output verified, receipt signed");
     write_report(delivery, &report)?;

@@ -80,14 +80,21 @@ impl Env {
         path: &str,
         body: Option<Value>,
     ) -> (u16, Value) {
-        let mut rq = self.api.http.request(method, self.api.url(path)).bearer_auth(token);
+        let mut rq = self
+            .api
+            .http
+            .request(method, self.api.url(path))
+            .bearer_auth(token);
         if let Some(b) = body {
             rq = rq.json(&b);
         }
         let r = rq.send().expect("answered");
         let status = r.status().as_u16();
         let text = r.text().unwrap_or_default();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     fn open(&self, token: &str, request_id: &str) -> Value {
@@ -101,7 +108,14 @@ impl Env {
         v
     }
 
-    fn cell_raw(&self, token: &str, sid: &str, request_id: &str, body: &str, wait: bool) -> (u16, Value) {
+    fn cell_raw(
+        &self,
+        token: &str,
+        sid: &str,
+        request_id: &str,
+        body: &str,
+        wait: bool,
+    ) -> (u16, Value) {
         self.send(
             reqwest::Method::POST,
             token,
@@ -119,7 +133,12 @@ impl Env {
     }
 
     fn session(&self, sid: &str) -> Value {
-        let (s, v) = self.send(reqwest::Method::GET, ALICE, &format!("/v1/sessions/{sid}"), None);
+        let (s, v) = self.send(
+            reqwest::Method::GET,
+            ALICE,
+            &format!("/v1/sessions/{sid}"),
+            None,
+        );
         assert_eq!(s, 200, "{v}");
         v
     }
@@ -165,7 +184,12 @@ fn work_persists_a_retried_cell_runs_once_and_the_receipts_chain() {
     // The same request id with other code is a conflict.
     let (st, conflict) = e.cell_raw(ALICE, &sid, "step-1", "print(2)", true);
     assert_eq!(st, 409, "{conflict}");
-    assert!(conflict["type"].as_str().unwrap().ends_with("/request-id-conflict"));
+    assert!(
+        conflict["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("/request-id-conflict")
+    );
 
     let c1 = e.cell(
         &sid,
@@ -174,7 +198,10 @@ fn work_persists_a_retried_cell_runs_once_and_the_receipts_chain() {
     );
     assert_eq!(c1["cell"], 1);
     let out = stdout(&c1);
-    assert!(out.contains("LINES=1"), "the retried cell ran twice, or /work was lost: {out}");
+    assert!(
+        out.contains("LINES=1"),
+        "the retried cell ran twice, or /work was lost: {out}"
+    );
     assert!(out.contains("A=from-cell-0"), "{out}");
     assert_eq!(c1["workspace"]["before"].as_str(), Some(after0.as_str()));
     assert_eq!(e.session(&sid)["cells"], 2);
@@ -182,7 +209,10 @@ fn work_persists_a_retried_cell_runs_once_and_the_receipts_chain() {
     // The receipt chain: cell 1's receipt binds the session, its index and cell 0's receipt.
     let r0: Value = e
         .api
-        .get(ALICE, &format!("/v1/runs/{}/receipt", c0["request_id"].as_str().unwrap()))
+        .get(
+            ALICE,
+            &format!("/v1/runs/{}/receipt", c0["request_id"].as_str().unwrap()),
+        )
         .json()
         .unwrap();
     let digest0 = format!("sha256:{}", sha256_hex(serde_jcs::to_vec(&r0).unwrap()));
@@ -200,7 +230,10 @@ fn work_persists_a_retried_cell_runs_once_and_the_receipts_chain() {
     let p1 = predicate(&c1["receipt"]);
     assert_eq!(p1["session"]["id"], sid.as_str());
     assert_eq!(p1["session"]["cell"], 1);
-    assert_eq!(p1["session"]["previous_receipt_sha256"].as_str(), Some(digest0.as_str()));
+    assert_eq!(
+        p1["session"]["previous_receipt_sha256"].as_str(),
+        Some(digest0.as_str())
+    );
     assert_eq!(p1["workspace"]["before"].as_str(), Some(after0.as_str()));
     assert_eq!(e.session(&sid)["last_receipt_sha256"].is_string(), true);
     // And `agentjail receipt verify` accepts it with the service's key.
@@ -222,7 +255,12 @@ fn work_persists_a_retried_cell_runs_once_and_the_receipts_chain() {
     assert_eq!(v.code, 0, "{}", v.dump());
 
     // The cells, in order, a page at a time.
-    let (st, page) = e.send(reqwest::Method::GET, ALICE, &format!("/v1/sessions/{sid}/cells?limit=1"), None);
+    let (st, page) = e.send(
+        reqwest::Method::GET,
+        ALICE,
+        &format!("/v1/sessions/{sid}/cells?limit=1"),
+        None,
+    );
     assert_eq!(st, 200, "{page}");
     assert_eq!(page["cells"][0]["cell"], 0);
     let cursor = page["next_cursor"].as_str().unwrap();
@@ -239,43 +277,84 @@ fn work_persists_a_retried_cell_runs_once_and_the_receipts_chain() {
 #[test]
 fn a_second_cell_while_one_runs_is_refused_and_an_ended_session_takes_none() {
     let e = start();
-    let sid = e.open(ALICE, "open-busy")["session_id"].as_str().unwrap().to_string();
+    let sid = e.open(ALICE, "open-busy")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let (st, running) = e.cell_raw(ALICE, &sid, "slow", "import time\ntime.sleep(4)", false);
     assert_eq!(st, 202, "{running}");
     let (st, refused) = e.cell_raw(ALICE, &sid, "next", "open('/work/SENTINEL-RAN', 'w')", true);
     assert_eq!(st, 409, "{refused}");
-    assert!(refused["type"].as_str().unwrap().ends_with("/cell-in-progress"), "{refused}");
-    assert!(refused["detail"].as_str().unwrap().contains("one at a time"), "{refused}");
+    assert!(
+        refused["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("/cell-in-progress"),
+        "{refused}"
+    );
+    assert!(
+        refused["detail"]
+            .as_str()
+            .unwrap()
+            .contains("one at a time"),
+        "{refused}"
+    );
     // The first one ends on its own; the refused one never became a cell.
-    let done = e.api.wait_status(ALICE, running["request_id"].as_str().unwrap(), "ok", 60);
+    let done = e
+        .api
+        .wait_status(ALICE, running["request_id"].as_str().unwrap(), "ok", 60);
     assert_eq!(done["status"], "ok", "{done}");
-    let check = e.cell(&sid, "check", "import os\nprint('SEEN=%s' % os.path.exists('/work/SENTINEL-RAN'))");
+    let check = e.cell(
+        &sid,
+        "check",
+        "import os\nprint('SEEN=%s' % os.path.exists('/work/SENTINEL-RAN'))",
+    );
     assert!(stdout(&check).contains("SEEN=False"), "{check}");
     assert_eq!(check["cell"], 1);
 
     // DELETE ends it; again is the same answer; a new cell is refused.
-    let (st, closed) = e.send(reqwest::Method::DELETE, ALICE, &format!("/v1/sessions/{sid}"), None);
+    let (st, closed) = e.send(
+        reqwest::Method::DELETE,
+        ALICE,
+        &format!("/v1/sessions/{sid}"),
+        None,
+    );
     assert_eq!(st, 200, "{closed}");
     assert_eq!(closed["state"], "closed");
-    let (st, again) = e.send(reqwest::Method::DELETE, ALICE, &format!("/v1/sessions/{sid}"), None);
+    let (st, again) = e.send(
+        reqwest::Method::DELETE,
+        ALICE,
+        &format!("/v1/sessions/{sid}"),
+        None,
+    );
     assert_eq!(st, 200, "{again}");
     assert_eq!(again["closed_at"], closed["closed_at"]);
     let (st, after) = e.cell_raw(ALICE, &sid, "late", "print(1)", true);
     assert_eq!(st, 409, "{after}");
-    assert!(after["type"].as_str().unwrap().ends_with("/session-closed"), "{after}");
+    assert!(
+        after["type"].as_str().unwrap().ends_with("/session-closed"),
+        "{after}"
+    );
     assert_eq!(e.session(&sid)["cells"], 2);
 }
 
 #[test]
 fn another_tenants_or_actors_session_is_the_same_404_as_a_missing_one() {
     let e = start();
-    let sid = e.open(ALICE, "open-owned")["session_id"].as_str().unwrap().to_string();
+    let sid = e.open(ALICE, "open-owned")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let missing = "ses_00000000000000000000000000000000";
     type Call<'a> = (reqwest::Method, String, Option<Value>);
     let calls = |id: &str| -> Vec<Call<'_>> {
         vec![
             (reqwest::Method::GET, format!("/v1/sessions/{id}"), None),
-            (reqwest::Method::GET, format!("/v1/sessions/{id}/cells"), None),
+            (
+                reqwest::Method::GET,
+                format!("/v1/sessions/{id}/cells"),
+                None,
+            ),
             (
                 reqwest::Method::POST,
                 format!("/v1/sessions/{id}/cells"),
@@ -307,42 +386,85 @@ fn another_tenants_or_actors_session_is_the_same_404_as_a_missing_one() {
 #[test]
 fn a_cell_never_sees_another_sessions_workspace() {
     let e = start();
-    let a = e.open(ALICE, "open-a")["session_id"].as_str().unwrap().to_string();
-    let b = e.open(ALICE, "open-b")["session_id"].as_str().unwrap().to_string();
+    let a = e.open(ALICE, "open-a")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let b = e.open(ALICE, "open-b")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert_ne!(a, b);
     e.cell(&a, "a1", "open('/work/secret-of-a', 'w').write('A-ONLY')");
-    let seen = e.cell(&b, "b1", "import os\nprint('LIST=%r' % sorted(os.listdir('/work')))");
+    let seen = e.cell(
+        &b,
+        "b1",
+        "import os\nprint('LIST=%r' % sorted(os.listdir('/work')))",
+    );
     assert!(stdout(&seen).contains("LIST=[]"), "{seen}");
 }
 
 #[test]
 fn a_tampered_checkpoint_is_refused_before_anything_runs() {
     let e = start();
-    let sid = e.open(ALICE, "open-t")["session_id"].as_str().unwrap().to_string();
+    let sid = e.open(ALICE, "open-t")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let c0 = e.cell(&sid, "t1", "open('/work/f', 'w').write('genuine')");
     let head = c0["workspace"]["after"].as_str().unwrap().to_string();
-    let file = e.data.join("checkpoints").join(head.trim_start_matches("sha256:"));
+    let file = e
+        .data
+        .join("checkpoints")
+        .join(head.trim_start_matches("sha256:"));
     let mut bytes = std::fs::read(&file).expect("the checkpoint is stored under its digest");
     assert_eq!(format!("sha256:{}", sha256_hex(&bytes)), head);
     // The content of `f` in the archive, changed in place.
     let at = bytes.windows(7).position(|w| w == b"genuine").unwrap();
     bytes[at..at + 7].copy_from_slice(b"forgery");
     std::fs::write(&file, &bytes).unwrap();
-    let (st, refused) = e.cell_raw(ALICE, &sid, "t2", "print('SENTINEL=' + open('/work/f').read())", true);
+    let (st, refused) = e.cell_raw(
+        ALICE,
+        &sid,
+        "t2",
+        "print('SENTINEL=' + open('/work/f').read())",
+        true,
+    );
     assert_eq!(st, 409, "{refused}");
-    assert!(refused["type"].as_str().unwrap().ends_with("/checkpoint-invalid"), "{refused}");
-    assert!(refused["detail"].as_str().unwrap().contains("no longer matches"), "{refused}");
+    assert!(
+        refused["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("/checkpoint-invalid"),
+        "{refused}"
+    );
+    assert!(
+        refused["detail"]
+            .as_str()
+            .unwrap()
+            .contains("no longer matches"),
+        "{refused}"
+    );
     // Nothing ran: no cell 1, no run for it, the head unchanged.
     let s = e.session(&sid);
     assert_eq!(s["cells"], 1, "{s}");
     assert_eq!(s["workspace_sha256"].as_str(), Some(head.as_str()));
-    assert_eq!(e.api.get(ALICE, &format!("/v1/runs/{sid}-1")).status().as_u16(), 404);
+    assert_eq!(
+        e.api
+            .get(ALICE, &format!("/v1/runs/{sid}-1"))
+            .status()
+            .as_u16(),
+        404
+    );
 }
 
 #[test]
 fn a_fork_starts_from_the_cell_it_names() {
     let e = start();
-    let sid = e.open(ALICE, "open-f")["session_id"].as_str().unwrap().to_string();
+    let sid = e.open(ALICE, "open-f")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let c0 = e.cell(&sid, "f1", "open('/work/state', 'w').write('one')");
     e.cell(&sid, "f2", "open('/work/state', 'w').write('two')");
     let (st, fork) = e.send(
@@ -374,7 +496,10 @@ fn a_fork_starts_from_the_cell_it_names() {
 #[test]
 fn the_workspace_bound_holds_across_cells() {
     let e = start();
-    let sid = e.open(ALICE, "open-big")["session_id"].as_str().unwrap().to_string();
+    let sid = e.open(ALICE, "open-big")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     // max_mb = 2: each cell adds 1 MiB; the third crosses the bound.
     let add = |i: u32| format!("import os\nopen('/work/blob{i}', 'wb').write(os.urandom(1 << 20))");
     let c0 = e.cell(&sid, "b0", &add(0));
@@ -388,7 +513,14 @@ fn the_workspace_bound_holds_across_cells() {
     let rejected = over["report"]["workspace"]["rejected"].to_string();
     assert!(rejected.contains("over its bounds"), "{rejected}");
     // The head stays at the last good checkpoint, and the next cell starts there.
-    assert_eq!(e.session(&sid)["workspace_sha256"].as_str(), Some(good.as_str()));
-    let next = e.cell(&sid, "b3", "import os\nprint('FILES=%r' % sorted(os.listdir('/work')))");
+    assert_eq!(
+        e.session(&sid)["workspace_sha256"].as_str(),
+        Some(good.as_str())
+    );
+    let next = e.cell(
+        &sid,
+        "b3",
+        "import os\nprint('FILES=%r' % sorted(os.listdir('/work')))",
+    );
     assert!(stdout(&next).contains("FILES=['blob0', 'blob1']"), "{next}");
 }

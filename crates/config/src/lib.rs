@@ -3,6 +3,9 @@
 //! unknown fields are refused. [`Config::parse`] parses and validates; nothing here touches the
 //! file system.
 
+mod session;
+pub use session::SessionSettings;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -318,56 +321,6 @@ pub struct Task {
     /// their lifetime and their number of cells.
     #[serde(default)]
     pub session: SessionSettings,
-}
-
-/// A task's sessions (docs/api.md, "Sessions"): every cell of a session starts from the
-/// session's last workspace checkpoint and leaves the next one.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SessionSettings {
-    /// Whether the task may be opened as a session (default true; only tasks with
-    /// `code = "allowed"` can be).
-    #[serde(default = "d_true")]
-    pub enabled: bool,
-    /// Bytes of file content in a session's workspace, in MiB, for every checkpoint (default
-    /// 64, 1-1024).
-    #[serde(default = "d_session_mb")]
-    pub max_mb: u64,
-    /// Entries (files and folders) of a session's workspace (default 10000, 1-10000).
-    #[serde(default = "d_session_files")]
-    pub max_files: u64,
-    /// Cells a session may run (default 1000, 1-100000).
-    #[serde(default = "d_session_cells")]
-    pub max_cells: u64,
-    /// Seconds a session lives after it was opened (default 86400, 60-2592000); an expired
-    /// session takes no more cells.
-    #[serde(default = "d_day")]
-    pub lifetime_seconds: u64,
-}
-
-fn d_true() -> bool {
-    true
-}
-fn d_session_mb() -> u64 {
-    64
-}
-fn d_session_files() -> u64 {
-    10_000
-}
-fn d_session_cells() -> u64 {
-    1_000
-}
-
-impl Default for SessionSettings {
-    fn default() -> Self {
-        SessionSettings {
-            enabled: true,
-            max_mb: d_session_mb(),
-            max_files: d_session_files(),
-            max_cells: d_session_cells(),
-            lifetime_seconds: d_day(),
-        }
-    }
 }
 
 /// Default of [`Task::stdout_bytes`] and [`Task::stderr_bytes`] for tasks with
@@ -705,19 +658,7 @@ impl Config {
                 .build(&v)
                 .map_err(|e| at("output.schema", format!("not a valid JSON Schema: {e}")))?;
         }
-        let ss = &t.session;
-        if !(1..=1024).contains(&ss.max_mb) {
-            return Err(at("session.max_mb", "must be 1-1024".into()));
-        }
-        if !(1..=10_000).contains(&ss.max_files) {
-            return Err(at("session.max_files", "must be 1-10000".into()));
-        }
-        if !(1..=100_000).contains(&ss.max_cells) {
-            return Err(at("session.max_cells", "must be 1-100000".into()));
-        }
-        if !(60..=2_592_000).contains(&ss.lifetime_seconds) {
-            return Err(at("session.lifetime_seconds", "must be 60-2592000".into()));
-        }
+        t.session.check().map_err(|(f, why)| at(f, why.into()))?;
         if t.stdout_bytes.unwrap_or(0) > MAX_STREAM_BYTES {
             return Err(at("stdout_bytes", format!("at most {MAX_STREAM_BYTES}")));
         }

@@ -28,7 +28,9 @@ pub struct Session {
 /// Whether `s` is `sha256:` and 64 lowercase hex digits.
 pub fn is_sha256_digest(s: &str) -> bool {
     s.strip_prefix("sha256:").is_some_and(|h| {
-        h.len() == 64 && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        h.len() == 64
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     })
 }
 
@@ -39,10 +41,7 @@ pub(crate) fn check(s: &Session) -> Result<(), ManifestError> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
     if !ok_id {
-        return Err(field(
-            "session.id",
-            "must be 1-128 of A-Z a-z 0-9 _ -",
-        ));
+        return Err(field("session.id", "must be 1-128 of A-Z a-z 0-9 _ -"));
     }
     if let Some(d) = &s.previous_receipt_sha256
         && !is_sha256_digest(d)

@@ -79,7 +79,8 @@ pub fn receipt_digest(receipt: &str) -> Option<String> {
 /// Checks that the stored checkpoint `sha256` is there and that its bytes still hash to its
 /// name. The error is one line for the caller (no path).
 pub fn verify_stored(data_dir: &Path, sha256: &str) -> Result<(), String> {
-    let p = path(data_dir, sha256).ok_or_else(|| "the session's checkpoint digest is malformed".to_string())?;
+    let p = path(data_dir, sha256)
+        .ok_or_else(|| "the session's checkpoint digest is malformed".to_string())?;
     let bytes = std::fs::read(&p).map_err(|e| {
         tracing::error!(path = %p.display(), error = %e, "reading a stored checkpoint failed");
         format!("the session's checkpoint {sha256} is missing from the store; refused, nothing ran")
@@ -123,10 +124,18 @@ fn store(data_dir: &Path, sha256: &str, bytes: &[u8]) -> std::io::Result<()> {
 
 /// The checkpoint a cell's runner sent back, kept only when its bytes hash to the report's
 /// `workspace.sha256` and are stored: its digest, or None (the head then stays where it was).
-pub fn accept(data_dir: &Path, job_id: &str, report: &RunReport, bytes: Option<Vec<u8>>) -> Option<String> {
+pub fn accept(
+    data_dir: &Path,
+    job_id: &str,
+    report: &RunReport,
+    bytes: Option<Vec<u8>>,
+) -> Option<String> {
     let named = report.workspace.as_ref()?.sha256.clone()?;
     let Some(bytes) = bytes else {
-        tracing::error!(job_id, "the runner reported a checkpoint but did not send it");
+        tracing::error!(
+            job_id,
+            "the runner reported a checkpoint but did not send it"
+        );
         return None;
     };
     let got = format!("sha256:{}", crate::config::sha256_hex(&bytes));
@@ -156,7 +165,11 @@ mod tests {
         let e = super::verify_stored(d.path(), &sha).unwrap_err();
         assert!(e.contains("no longer matches"), "{e}");
         let missing = format!("sha256:{}", "0".repeat(64));
-        assert!(super::verify_stored(d.path(), &missing).unwrap_err().contains("missing"));
+        assert!(
+            super::verify_stored(d.path(), &missing)
+                .unwrap_err()
+                .contains("missing")
+        );
         assert!(super::path(d.path(), "sha256:../x").is_none());
     }
 }

@@ -867,7 +867,14 @@ async fn run_to_exit(
             w.set_nonblocking(true)
                 .and_then(|()| tokio::net::UnixStream::from_std(w))
                 .ok()
-                .map(|s| tokio::spawn(read_results(s, task.output.max_bytes, workspace_max, denials)))
+                .map(|s| {
+                    tokio::spawn(read_results(
+                        s,
+                        task.output.max_bytes,
+                        workspace_max,
+                        denials,
+                    ))
+                })
         }
         Err(_) => {
             let _ = child.kill().await;

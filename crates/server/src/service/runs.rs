@@ -224,7 +224,14 @@ pub(crate) async fn submit(
     };
     // Execute once: the insert is atomic; a racing duplicate finds the other's record.
     let admission = Admission::try_take(state);
-    let row = new_run_row(state, caller, &req.task, &req.request_id, &body_sha, &admitted)?;
+    let row = new_run_row(
+        state,
+        caller,
+        &req.task,
+        &req.request_id,
+        &body_sha,
+        &admitted,
+    )?;
     let job_id = row.job_id.clone();
     if let Some(queue) = &state.inner.queue {
         drop(admission);

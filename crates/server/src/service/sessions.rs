@@ -278,7 +278,16 @@ pub(crate) async fn open(
     };
     // The same checks as a run request's (the actor may use the task; the inputs are the
     // tenant's and fit the task), with an empty cell's code.
-    admit(state, caller, &ev, &req.request_id, &req.task, &req.inputs, String::new()).await?;
+    admit(
+        state,
+        caller,
+        &ev,
+        &req.request_id,
+        &req.task,
+        &req.inputs,
+        String::new(),
+    )
+    .await?;
     let t = now();
     let row = SessionRow {
         session_id: format!("ses_{}", random_hex(16).map_err(|_| Failure::Internal)?),
@@ -386,7 +395,11 @@ async fn admit<'s>(
 }
 
 /// `GET /v1/sessions/{id}`.
-pub(crate) async fn get(state: &AppState, caller: &Caller, id: &str) -> Result<SessionView, Failure> {
+pub(crate) async fn get(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<SessionView, Failure> {
     let ev = caller.event("session_read");
     let db = db(state, caller, &ev).await?;
     let s = owned(state, caller, &db, id, &ev).await?;
@@ -430,7 +443,16 @@ pub(crate) async fn cell(
     };
     let inputs: Vec<String> = serde_json::from_str(&s.inputs).unwrap_or_default();
     let run_id = store::run_request_id(&s.session_id, s.cells);
-    let admitted = admit(state, caller, &ev, &run_id, &s.task, &inputs, req.code.clone()).await?;
+    let admitted = admit(
+        state,
+        caller,
+        &ev,
+        &run_id,
+        &s.task,
+        &inputs,
+        req.code.clone(),
+    )
+    .await?;
     // The checkpoint the cell would restore must still be the one its name says: a tampered
     // or lost one is refused here, before anything runs (and the runner checks it again).
     if let Some(head) = &s.head_sha256
@@ -456,9 +478,14 @@ pub(crate) async fn cell(
         .await
         .map_err(crate::storage::store::StoreError::from)?;
     let (cell, before, previous_receipt, run) = match begun {
-        (Begin::Reserved { cell, before, previous_receipt }, Some(run)) => {
-            (cell, before, previous_receipt, run)
-        }
+        (
+            Begin::Reserved {
+                cell,
+                before,
+                previous_receipt,
+            },
+            Some(run),
+        ) => (cell, before, previous_receipt, run),
         (Begin::Exists(c), _) => {
             drop(admission);
             return replay_cell(state, caller, *c, &body_sha, ev, wait).await;
@@ -617,13 +644,19 @@ pub(crate) async fn list_cells(
         let run = run_of(state, &c.tenant, &c.run_request_id).await?;
         cells.push(cell_view(state, c, &run));
     }
-    let next_cursor = more.then(|| cells.last().map(|c| c.cell.to_string())).flatten();
+    let next_cursor = more
+        .then(|| cells.last().map(|c| c.cell.to_string()))
+        .flatten();
     Ok(CellList { cells, next_cursor })
 }
 
 /// `DELETE /v1/sessions/{id}`: ends the session (idempotent); a cell still queued or running
 /// is cancelled through the runs' cancel path.
-pub(crate) async fn close(state: &AppState, caller: &Caller, id: &str) -> Result<SessionView, Failure> {
+pub(crate) async fn close(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<SessionView, Failure> {
     let mut ev = caller.event("session_close");
     ev.session_id = Some(id.to_owned());
     let db = db(state, caller, &ev).await?;

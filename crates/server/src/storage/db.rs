@@ -60,7 +60,39 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX runs_tenant_created ON runs(tenant, created_at);
     CREATE INDEX runs_created ON runs(created_at);",
     // 5: sessions and their cells (crate::storage::sessions).
-    crate::storage::sessions::MIGRATION,
+    "CREATE TABLE sessions (
+        session_id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        actor TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        body_sha256 TEXT NOT NULL,
+        task TEXT NOT NULL,
+        inputs TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL,
+        closed_at INTEGER,
+        head_sha256 TEXT,
+        last_receipt_sha256 TEXT,
+        cells INTEGER NOT NULL DEFAULT 0,
+        forked_from TEXT,
+        forked_cell INTEGER,
+        UNIQUE (tenant, request_id)
+    );
+    CREATE TABLE session_cells (
+        session_id TEXT NOT NULL REFERENCES sessions(session_id),
+        cell INTEGER NOT NULL,
+        request_id TEXT NOT NULL,
+        body_sha256 TEXT NOT NULL,
+        tenant TEXT NOT NULL,
+        run_request_id TEXT NOT NULL,
+        before_sha256 TEXT,
+        after_sha256 TEXT,
+        head_after TEXT,
+        receipt_sha256 TEXT,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (session_id, cell),
+        UNIQUE (session_id, request_id)
+    );",
 ];
 
 /// Shared handle to the database.

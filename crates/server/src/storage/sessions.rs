@@ -11,40 +11,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::db::{DbError, RunRow, finish_run, insert_run_in};
 use super::store::{FinishRun, Store, StoreError};
 
-/// Migration 5 of the SQLite schema (crate::storage::db).
-pub const MIGRATION: &str = "CREATE TABLE sessions (
-        session_id TEXT PRIMARY KEY,
-        tenant TEXT NOT NULL,
-        actor TEXT NOT NULL,
-        request_id TEXT NOT NULL,
-        body_sha256 TEXT NOT NULL,
-        task TEXT NOT NULL,
-        inputs TEXT NOT NULL,
-        created_at INTEGER NOT NULL,
-        expires_at INTEGER NOT NULL,
-        closed_at INTEGER,
-        head_sha256 TEXT,
-        last_receipt_sha256 TEXT,
-        cells INTEGER NOT NULL DEFAULT 0,
-        forked_from TEXT,
-        forked_cell INTEGER,
-        UNIQUE (tenant, request_id)
-    );
-    CREATE TABLE session_cells (
-        session_id TEXT NOT NULL REFERENCES sessions(session_id),
-        cell INTEGER NOT NULL,
-        request_id TEXT NOT NULL,
-        body_sha256 TEXT NOT NULL,
-        tenant TEXT NOT NULL,
-        run_request_id TEXT NOT NULL,
-        before_sha256 TEXT,
-        after_sha256 TEXT,
-        head_after TEXT,
-        receipt_sha256 TEXT,
-        created_at INTEGER NOT NULL,
-        PRIMARY KEY (session_id, cell),
-        UNIQUE (session_id, request_id)
-    );";
+// The tables (`sessions`, `session_cells`) are migration 5 of crate::storage::db.
 
 /// One session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,10 +96,11 @@ fn cell_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CellRow> {
 
 /// The session `id` (whoever owns it: the caller checks).
 pub fn get_session(c: &Connection, id: &str) -> Result<Option<SessionRow>, DbError> {
-    Ok(c
-        .prepare_cached(&format!("SELECT {SESSION_COLS} FROM sessions WHERE session_id = ?1"))?
-        .query_row(params![id], session_from_row)
-        .optional()?)
+    Ok(c.prepare_cached(&format!(
+        "SELECT {SESSION_COLS} FROM sessions WHERE session_id = ?1"
+    ))?
+    .query_row(params![id], session_from_row)
+    .optional()?)
 }
 
 /// Records a new session, or returns the one `tenant` already opened with that request id.
@@ -166,22 +134,20 @@ pub fn get_cell_by_request(
     session_id: &str,
     request_id: &str,
 ) -> Result<Option<CellRow>, DbError> {
-    Ok(c
-        .prepare_cached(&format!(
-            "SELECT {CELL_COLS} FROM session_cells WHERE session_id = ?1 AND request_id = ?2"
-        ))?
-        .query_row(params![session_id, request_id], cell_from_row)
-        .optional()?)
+    Ok(c.prepare_cached(&format!(
+        "SELECT {CELL_COLS} FROM session_cells WHERE session_id = ?1 AND request_id = ?2"
+    ))?
+    .query_row(params![session_id, request_id], cell_from_row)
+    .optional()?)
 }
 
 /// The cell `cell` of `session_id`.
 pub fn get_cell(c: &Connection, session_id: &str, cell: u64) -> Result<Option<CellRow>, DbError> {
-    Ok(c
-        .prepare_cached(&format!(
-            "SELECT {CELL_COLS} FROM session_cells WHERE session_id = ?1 AND cell = ?2"
-        ))?
-        .query_row(params![session_id, cell as i64], cell_from_row)
-        .optional()?)
+    Ok(c.prepare_cached(&format!(
+        "SELECT {CELL_COLS} FROM session_cells WHERE session_id = ?1 AND cell = ?2"
+    ))?
+    .query_row(params![session_id, cell as i64], cell_from_row)
+    .optional()?)
 }
 
 /// The cells of `session_id` after index `after` (None: from the first), at most `limit`.
@@ -336,7 +302,12 @@ fn finish_cell_sync(c: &mut Connection, f: &FinishRun, end: &CellEnd) -> Result<
         "UPDATE session_cells SET after_sha256 = ?3, receipt_sha256 = ?4,
             head_after = (SELECT head_sha256 FROM sessions WHERE session_id = ?1)
          WHERE session_id = ?1 AND cell = ?2",
-        params![end.session_id, end.cell as i64, end.checkpoint, end.receipt_sha256],
+        params![
+            end.session_id,
+            end.cell as i64,
+            end.checkpoint,
+            end.receipt_sha256
+        ],
     )?;
     tx.commit()?;
     Ok(())

@@ -1,19 +1,19 @@
 //! The sessions' routes (docs/api.md, "Sessions"), each with its `#[utoipa::path]` contract,
-//! mounted by [`super::build`] with the runs' routes. The logic is in
+//! mounted by the API's router (`super::api`) with the runs' routes. The logic is in
 //! `crate::service::sessions`.
 
 use axum::Extension;
+use axum::Json;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{ApiError, Problem, RunParams, one_line};
+use super::problem::{ApiError, Problem, one_line};
 use crate::app::AppState;
 use crate::service::{
     self, Caller, CellList, CellRequest, CellView, ForkRequest, Refusal, SessionRequest,
@@ -22,7 +22,7 @@ use crate::service::{
 use crate::storage::audit::Event;
 
 /// The routes of this module.
-pub(super) fn routes() -> OpenApiRouter<AppState> {
+pub(crate) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(open_session))
         .routes(routes!(get_session, close_session))
@@ -162,7 +162,7 @@ fn cell_response(v: CellView) -> Response {
     post,
     path = "/v1/sessions/{session_id}/cells",
     tag = "sessions",
-    params(("session_id" = String, Path, description = "The session's id"), RunParams),
+    params(("session_id" = String, Path, description = "The session's id"), CellParams),
     request_body(content = CellRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The cell finished (any final status; see `status`), or a replay of the recorded cell", body = CellView),
@@ -181,7 +181,7 @@ async fn run_cell(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    params: Result<Query<RunParams>, QueryRejection>,
+    params: Result<Query<CellParams>, QueryRejection>,
     req: Result<Json<CellRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let ev = caller.event("session_cell");
@@ -195,6 +195,15 @@ async fn run_cell(
     let req = body(&state, &caller, ev, req).await?;
     let v = service::session_cell(&state, &caller, &id, req, wait).await?;
     Ok(cell_response(v))
+}
+
+/// `?wait=false` makes a cell's `POST` return 202 at once.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct CellParams {
+    /// Wait for the cell to finish (default true).
+    pub wait: Option<bool>,
 }
 
 /// A page of a session's cells.
@@ -233,7 +242,9 @@ async fn list_cells(
         Ok(Query(q)) => q,
         Err(e) => {
             let r = Refusal::Malformed(one_line(&e.body_text()));
-            return Err(deny(&state, &caller, caller.event("session_read"), r).await.into());
+            return Err(deny(&state, &caller, caller.event("session_read"), r)
+                .await
+                .into());
         }
     };
     Ok(Json(
