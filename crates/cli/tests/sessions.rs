@@ -38,11 +38,27 @@ seconds = 20
 [tasks.py.session]
 max_mb = 2
 max_cells = 50
-"#,
+
+[tasks.once]
+description = "Model-proposed Python, one cell per session"
+code = "allowed"
+command = ["/usr/bin/python3", "/input/code.py"]
+allowed_actors = ["alice"]
+{once_output}[tasks.once.session]
+max_cells = 1
+
+[tasks.fixed]
+description = "A fixed program"
+code = "forbidden"
+command = ["/usr/bin/true"]
+allowed_actors = ["alice"]
+{fixed_output}"#,
         alice = actor("alice", "acme", ALICE, false),
         carol = actor("carol", "acme", CAROL, false),
         bob = actor("bob", "beta", BOB, false),
         output = json_output("py", "o.json", 1000),
+        once_output = json_output("once", "o.json", 1000),
+        fixed_output = json_output("fixed", "o.json", 1000),
     )
 }
 
@@ -98,11 +114,15 @@ impl Env {
     }
 
     fn open(&self, token: &str, request_id: &str) -> Value {
+        self.open_task(token, request_id, "py")
+    }
+
+    fn open_task(&self, token: &str, request_id: &str, task: &str) -> Value {
         let (s, v) = self.send(
             reqwest::Method::POST,
             token,
             "/v1/sessions",
-            Some(json!({"request_id": request_id, "task": "py"})),
+            Some(json!({"request_id": request_id, "task": task})),
         );
         assert_eq!(s, 201, "{v}");
         v
@@ -523,4 +543,132 @@ fn the_workspace_bound_holds_across_cells() {
         "import os\nprint('FILES=%r' % sorted(os.listdir('/work')))",
     );
     assert!(stdout(&next).contains("FILES=['blob0', 'blob1']"), "{next}");
+}
+
+#[test]
+fn an_expired_or_full_session_takes_no_cell_and_a_fixed_program_is_no_session() {
+    let e = start();
+    // A task without code cannot be opened as a session.
+    let (st, v) = e.send(
+        reqwest::Method::POST,
+        ALICE,
+        "/v1/sessions",
+        Some(json!({"request_id": "open-fixed", "task": "fixed"})),
+    );
+    assert_eq!(st, 403, "{v}");
+    assert!(
+        v["detail"]
+            .as_str()
+            .unwrap()
+            .contains("cannot be opened as a session"),
+        "{v}"
+    );
+    // The cell limit (`once`: one cell).
+    let sid = e.open_task(ALICE, "open-once", "once")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    e.cell(&sid, "only", "print(1)");
+    let (st, full) = e.cell_raw(ALICE, &sid, "second", "open('/work/SENTINEL', 'w')", true);
+    assert_eq!(st, 409, "{full}");
+    assert!(
+        full["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("/session-cell-limit"),
+        "{full}"
+    );
+    // Expiry: the session's end moved into the past in the service's database.
+    let sid = e.open(ALICE, "open-exp")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let db = rusqlite::Connection::open(e.data.join("private").join("agentjail.db")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(10)).unwrap();
+    let n = db
+        .execute(
+            "UPDATE sessions SET expires_at = 1 WHERE session_id = ?1",
+            [&sid],
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(e.session(&sid)["state"], "expired");
+    let (st, late) = e.cell_raw(ALICE, &sid, "late", "open('/work/SENTINEL', 'w')", true);
+    assert_eq!(st, 409, "{late}");
+    assert!(
+        late["type"].as_str().unwrap().ends_with("/session-expired"),
+        "{late}"
+    );
+    assert_eq!(e.session(&sid)["cells"], 0);
+}
+
+/// Sessions need the SQLite store in this version: on PostgreSQL every session endpoint is a
+/// 501 problem, never a half-working session.
+#[test]
+fn on_postgresql_every_session_endpoint_is_a_501_problem() {
+    let Some(pg) = common::pg::Pg::start() else {
+        return;
+    };
+    let dir = common::pg::tempdir("sessions-pg");
+    let (_node, line) = common::pg::Node::start(
+        dir.path(),
+        &pg.url(),
+        &config(),
+        &["serve", "--listen", "127.0.0.1:0"],
+        "listening on ",
+    );
+    let base = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    let base = if base.starts_with("http") {
+        base
+    } else {
+        format!("http://{base}")
+    };
+    let api = Api::new(&base);
+    let id = "ses_00000000000000000000000000000000";
+    let calls: Vec<(reqwest::Method, String, Option<Value>)> = vec![
+        (
+            reqwest::Method::POST,
+            "/v1/sessions".into(),
+            Some(json!({"request_id": "pg-open", "task": "py"})),
+        ),
+        (reqwest::Method::GET, format!("/v1/sessions/{id}"), None),
+        (
+            reqwest::Method::GET,
+            format!("/v1/sessions/{id}/cells"),
+            None,
+        ),
+        (
+            reqwest::Method::POST,
+            format!("/v1/sessions/{id}/cells"),
+            Some(json!({"request_id": "c", "code": "print(1)"})),
+        ),
+        (
+            reqwest::Method::POST,
+            format!("/v1/sessions/{id}/fork"),
+            Some(json!({"request_id": "f"})),
+        ),
+        (reqwest::Method::DELETE, format!("/v1/sessions/{id}"), None),
+    ];
+    for (m, p, b) in calls {
+        let mut rq = api.http.request(m.clone(), api.url(&p)).bearer_auth(ALICE);
+        if let Some(b) = b {
+            rq = rq.json(&b);
+        }
+        let r = rq.send().unwrap();
+        assert_eq!(r.status().as_u16(), 501, "{m} {p}");
+        let v: Value = r.json().unwrap();
+        assert!(
+            v["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("/sessions-unsupported"),
+            "{v}"
+        );
+        assert!(v["detail"].as_str().unwrap().contains("SQLite"), "{v}");
+    }
 }
