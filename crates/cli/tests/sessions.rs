@@ -255,7 +255,14 @@ fn work_persists_a_retried_cell_runs_once_and_the_receipts_chain() {
         Some(digest0.as_str())
     );
     assert_eq!(p1["workspace"]["before"].as_str(), Some(after0.as_str()));
-    assert_eq!(e.session(&sid)["last_receipt_sha256"].is_string(), true);
+    let digest1 = format!(
+        "sha256:{}",
+        sha256_hex(serde_jcs::to_vec(&c1["receipt"]).unwrap())
+    );
+    assert_eq!(
+        e.session(&sid)["last_receipt_sha256"].as_str(),
+        Some(digest1.as_str())
+    );
     // And `agentjail receipt verify` accepts it with the service's key.
     let dir = common::tmp();
     let key = e.data.join("private").join("receipt-key.pem");

@@ -172,4 +172,37 @@ mod tests {
         );
         assert!(super::path(d.path(), "sha256:../x").is_none());
     }
+
+    #[test]
+    fn only_the_checkpoint_the_report_names_is_kept() {
+        use agentjail_manifest::report::{RunReport, WorkspaceReport};
+        let d = tempfile::tempdir().unwrap();
+        let bytes = b"the archive".to_vec();
+        let sha = format!("sha256:{}", crate::config::sha256_hex(&bytes));
+        let mut report = RunReport::setup_error(Default::default(), String::new());
+        report.workspace = Some(WorkspaceReport {
+            sha256: Some(sha.clone()),
+            ..Default::default()
+        });
+        // Other bytes than those the report names: refused, nothing stored.
+        assert_eq!(
+            super::accept(d.path(), "j", &report, Some(b"other".to_vec())),
+            None
+        );
+        assert!(!super::path(d.path(), &sha).unwrap().exists());
+        // Named but not sent: refused.
+        assert_eq!(super::accept(d.path(), "j", &report, None), None);
+        // The named bytes: stored under their digest.
+        assert_eq!(
+            super::accept(d.path(), "j", &report, Some(bytes.clone())),
+            Some(sha.clone())
+        );
+        assert_eq!(
+            std::fs::read(super::path(d.path(), &sha).unwrap()).unwrap(),
+            bytes
+        );
+        // No checkpoint in the report: nothing kept, whatever was sent.
+        report.workspace = None;
+        assert_eq!(super::accept(d.path(), "j", &report, Some(bytes)), None);
+    }
 }

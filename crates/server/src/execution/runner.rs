@@ -1627,6 +1627,7 @@ mod tests {
             artifact: Some(artifact.to_vec()),
             artifact_too_big: false,
             started: true,
+            workspace: None,
         };
         let exited = || Ended::Exited(std::process::ExitStatus::from_raw(0));
         let ok = collect(&task, &job, exited(), with(&real));
