@@ -280,6 +280,38 @@ fn work_persists_a_retried_cell_runs_once_and_the_receipts_chain() {
         pem.to_str().unwrap(),
     ]);
     assert_eq!(v.code, 0, "{}", v.dump());
+    // With the stored checkpoint it left, and by the third-party verifier too.
+    let after1 = c1["workspace"]["after"].as_str().unwrap();
+    let checkpoint = e
+        .data
+        .join("checkpoints")
+        .join(after1.trim_start_matches("sha256:"));
+    let v = common::agentjail(&[
+        "receipt",
+        "verify",
+        rc.to_str().unwrap(),
+        "--pubkey",
+        pem.to_str().unwrap(),
+        "--workspace",
+        checkpoint.to_str().unwrap(),
+    ]);
+    assert_eq!(v.code, 0, "{}", v.dump());
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../verify/tests/receipt_verify.py");
+    let py = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(&rc)
+        .arg(&pem)
+        .arg("--workspace")
+        .arg(&checkpoint)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        py.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&py.stdout),
+        String::from_utf8_lossy(&py.stderr)
+    );
 
     // The cells, in order, a page at a time.
     let (st, page) = e.send(
