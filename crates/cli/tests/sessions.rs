@@ -313,6 +313,18 @@ fn work_persists_a_retried_cell_runs_once_and_the_receipts_chain() {
         String::from_utf8_lossy(&py.stderr)
     );
 
+    // A run request cannot take (or replay) the name of a cell's run.
+    for id in [format!("{sid}-1"), format!("{sid}-2")] {
+        let r = e.api.run(
+            ALICE,
+            &json!({"request_id": id, "task": "py", "code": "print(1)"}),
+            "",
+        );
+        assert_eq!(r.status().as_u16(), 400, "{id}");
+        let v: Value = r.json().unwrap();
+        assert!(v["detail"].as_str().unwrap().contains("reserved"), "{v}");
+    }
+
     // The cells, in order, a page at a time.
     let (st, page) = e.send(
         reqwest::Method::GET,

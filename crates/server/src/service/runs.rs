@@ -186,6 +186,18 @@ pub(crate) async fn submit(
         return Err(deny(state, caller, ev, r).await);
     }
     ev.request_id = Some(req.request_id.clone());
+    // A session's cells are runs named `<session_id>-<cell>`: a run request cannot take
+    // (or replay) one of those names.
+    if req
+        .request_id
+        .starts_with(crate::storage::sessions::SESSION_ID_PREFIX)
+    {
+        let r = Refusal::Malformed(format!(
+            "request ids starting with `{}` are reserved for the runs of sessions' cells",
+            crate::storage::sessions::SESSION_ID_PREFIX
+        ));
+        return Err(deny(state, caller, ev, r).await);
+    }
     // A recorded request_id is answered from the record (or refused if the body differs) before
     // any other check: execute-once holds even after its inputs expired or the config changed.
     let req = req.normalized();

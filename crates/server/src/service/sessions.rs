@@ -290,7 +290,11 @@ pub(crate) async fn open(
     .await?;
     let t = now();
     let row = SessionRow {
-        session_id: format!("ses_{}", random_hex(16).map_err(|_| Failure::Internal)?),
+        session_id: format!(
+            "{}{}",
+            store::SESSION_ID_PREFIX,
+            random_hex(16).map_err(|_| Failure::Internal)?
+        ),
         tenant: caller.tenant.clone(),
         actor: caller.actor.clone(),
         request_id: req.request_id.clone(),
@@ -470,6 +474,7 @@ pub(crate) async fn cell(
         request_id: req.request_id.clone(),
         body_sha256: body_sha.clone(),
         max_cells: settings.max_cells,
+        expected_cell: s.cells,
         now: now(),
         run,
     };
@@ -757,7 +762,11 @@ pub(crate) async fn fork(
     };
     let t = now();
     let row = SessionRow {
-        session_id: format!("ses_{}", random_hex(16).map_err(|_| Failure::Internal)?),
+        session_id: format!(
+            "{}{}",
+            store::SESSION_ID_PREFIX,
+            random_hex(16).map_err(|_| Failure::Internal)?
+        ),
         tenant: caller.tenant.clone(),
         actor: caller.actor.clone(),
         request_id: req.request_id.clone(),

@@ -205,10 +205,16 @@ pub struct NewCell {
     pub request_id: String,
     pub body_sha256: String,
     pub max_cells: u64,
+    /// The index the caller built the run for (its request id and manifest digest): another
+    /// one means a cell ended and another began meanwhile; refused as busy (try again).
+    pub expected_cell: u64,
     pub now: i64,
     /// Its run, `request_id` filled in here with the cell's index.
     pub run: RunRow,
 }
+
+/// How every session id starts (`ses_` and 32 hex digits); run request ids cannot.
+pub const SESSION_ID_PREFIX: &str = "ses_";
 
 /// The request id of cell `cell`'s run.
 pub fn run_request_id(session_id: &str, cell: u64) -> String {
@@ -238,6 +244,9 @@ pub fn begin_cell(c: &mut Connection, n: NewCell) -> Result<(Begin, Option<RunRo
         return Ok((Begin::Full, None));
     }
     let cell = s.cells;
+    if cell != n.expected_cell {
+        return Ok((Begin::Busy, None));
+    }
     let mut run = n.run;
     run.request_id = run_request_id(&n.session_id, cell);
     insert_run_in(&tx, &run)?;
