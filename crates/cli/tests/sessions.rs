@@ -723,3 +723,36 @@ fn on_postgresql_every_session_endpoint_is_a_501_problem() {
         assert!(v["detail"].as_str().unwrap().contains("SQLite"), "{v}");
     }
 }
+
+#[test]
+fn ending_a_session_cancels_its_running_cell() {
+    let e = start();
+    let sid = e.open(ALICE, "open-cancel")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (st, running) = e.cell_raw(
+        ALICE,
+        &sid,
+        "long",
+        "print('started', flush=True)\nimport time\ntime.sleep(60)\nopen('/work/SENTINEL-FINISHED', 'w')",
+        false,
+    );
+    assert_eq!(st, 202, "{running}");
+    let run_id = running["request_id"].as_str().unwrap().to_string();
+    e.api.wait_status(ALICE, &run_id, "running", 30);
+    let t = std::time::Instant::now();
+    let (st, closed) = e.send(
+        reqwest::Method::DELETE,
+        ALICE,
+        &format!("/v1/sessions/{sid}"),
+        None,
+    );
+    assert_eq!(st, 200, "{closed}");
+    assert_eq!(closed["state"], "closed");
+    let ended = e.api.wait_status(ALICE, &run_id, "cancelled", 30);
+    assert_eq!(ended["status"], "cancelled", "{ended}");
+    assert!(t.elapsed() < std::time::Duration::from_secs(30));
+    // It left no checkpoint: the head is still the empty start.
+    assert!(e.session(&sid)["workspace_sha256"].is_null());
+}
