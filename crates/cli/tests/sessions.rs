@@ -551,6 +551,25 @@ fn a_fork_starts_from_the_cell_it_names() {
     assert_eq!(fork["workspace_sha256"], c0["workspace"]["after"]);
     let seen = e.cell(&fid, "g1", "print('STATE=' + open('/work/state').read())");
     assert!(stdout(&seen).contains("STATE=one"), "{seen}");
+    // Its chain goes on from cell 0's receipt.
+    let digest0 = format!(
+        "sha256:{}",
+        sha256_hex(serde_jcs::to_vec(&c0["receipt"]).unwrap())
+    );
+    assert_eq!(fork["last_receipt_sha256"].as_str(), Some(digest0.as_str()));
+    let payload = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD
+            .decode(seen["receipt"]["payload"].as_str().unwrap())
+            .unwrap()
+    };
+    let p: Value = serde_json::from_slice(&payload).unwrap();
+    assert_eq!(p["predicate"]["session"]["id"], fid.as_str());
+    assert_eq!(p["predicate"]["session"]["cell"], 0);
+    assert_eq!(
+        p["predicate"]["session"]["previous_receipt_sha256"].as_str(),
+        Some(digest0.as_str())
+    );
     // The original goes on from its own head.
     let orig = e.cell(&sid, "f3", "print('STATE=' + open('/work/state').read())");
     assert!(stdout(&orig).contains("STATE=two"), "{orig}");

@@ -17,10 +17,10 @@ pub struct Session {
     pub id: String,
     /// The cell's index in the session, from 0.
     pub cell: u64,
-    /// `sha256:<64 lowercase hex>` of the previous cell's receipt: over the RFC 8785
-    /// canonical JSON of its DSSE envelope. Null for a session's first cell, or when the
-    /// previous cell has no receipt (a forked session's first cell names the receipt of the
-    /// cell it was forked from).
+    /// `sha256:<64 lowercase hex>` of the receipt of the latest earlier cell that has one (the
+    /// previous cell's, unless it never started): over the RFC 8785 canonical JSON of its DSSE
+    /// envelope. Null for a session's first cell; a forked session's first cell names the
+    /// receipt the session it was forked from had at that cell.
     #[serde(default)]
     pub previous_receipt_sha256: Option<String>,
 }

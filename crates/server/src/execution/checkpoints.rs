@@ -152,6 +152,37 @@ pub fn accept(
     }
 }
 
+/// How a cell ended, for its session: the checkpoint it sent, kept only when it is the one
+/// its report names ([`accept`], on a blocking thread: hashing and fsync), and its receipt's
+/// digest ([`receipt_digest`]).
+pub async fn cell_end(
+    state: &crate::app::AppState,
+    job_id: &str,
+    cell: &CellJob,
+    report: &Option<String>,
+    receipt: &Option<String>,
+    bytes: Option<Vec<u8>>,
+) -> crate::storage::sessions::CellEnd {
+    let report = report
+        .as_deref()
+        .and_then(|r| serde_json::from_str::<RunReport>(r).ok());
+    let data = state.inner.data_dir.clone();
+    let id = job_id.to_owned();
+    let checkpoint = match report {
+        Some(r) => tokio::task::spawn_blocking(move || accept(&data, &id, &r, bytes))
+            .await
+            .ok()
+            .flatten(),
+        None => None,
+    };
+    crate::storage::sessions::CellEnd {
+        session_id: cell.session_id.clone(),
+        cell: cell.cell,
+        checkpoint,
+        receipt_sha256: receipt.as_deref().and_then(receipt_digest),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

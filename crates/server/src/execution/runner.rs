@@ -1327,24 +1327,20 @@ async fn execute_registered(
     let checkpoint_bytes = results.workspace.take();
     let outcome = collect(&task, &job, ended, results);
     // A session's cell: its checkpoint, kept only when it is the one the report names.
-    let cell_end = job.session.as_ref().map(|c| {
-        let checkpoint = outcome
-            .report
-            .as_deref()
-            .and_then(|r| serde_json::from_str::<RunReport>(r).ok())
-            .and_then(|r| {
-                super::checkpoints::accept(&state.inner.data_dir, &job.job_id, &r, checkpoint_bytes)
-            });
-        crate::storage::sessions::CellEnd {
-            session_id: c.session_id.clone(),
-            cell: c.cell,
-            checkpoint,
-            receipt_sha256: outcome
-                .receipt
-                .as_deref()
-                .and_then(super::checkpoints::receipt_digest),
-        }
-    });
+    let cell_end = match &job.session {
+        Some(c) => Some(
+            super::checkpoints::cell_end(
+                &state,
+                &job.job_id,
+                c,
+                &outcome.report,
+                &outcome.receipt,
+                checkpoint_bytes,
+            )
+            .await,
+        ),
+        None => None,
+    };
     // The folder (logs, created private) stays until the task's retention.
     metrics::histogram!("agentjail_run_duration_seconds", "task" => job.task.clone())
         .record(elapsed.as_secs_f64());

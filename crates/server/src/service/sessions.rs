@@ -101,7 +101,7 @@ pub struct SessionView {
     pub max_cells: u64,
     /// The checkpoint the next cell starts from (`sha256:<hex>`); null for an empty `/work`.
     pub workspace_sha256: Option<String>,
-    /// The last cell's receipt digest: the next cell's receipt names it.
+    /// The receipt digest of the last cell that has a receipt: the next cell's receipt names it.
     pub last_receipt_sha256: Option<String>,
     /// The input ids every cell gets.
     pub inputs: Vec<String>,
@@ -459,10 +459,14 @@ pub(crate) async fn cell(
     .await?;
     // The checkpoint the cell would restore must still be the one its name says: a tampered
     // or lost one is refused here, before anything runs (and the runner checks it again).
-    if let Some(head) = &s.head_sha256
-        && let Err(why) = checkpoints::verify_stored(&state.inner.data_dir, head)
-    {
-        return Err(deny(state, caller, ev, Refusal::CheckpointInvalid(why)).await);
+    if let Some(head) = s.head_sha256.clone() {
+        let data = state.inner.data_dir.clone();
+        let checked = tokio::task::spawn_blocking(move || checkpoints::verify_stored(&data, &head))
+            .await
+            .map_err(|_| Failure::Internal)?;
+        if let Err(why) = checked {
+            return Err(deny(state, caller, ev, Refusal::CheckpointInvalid(why)).await);
+        }
     }
     let Some(admission) = Admission::try_take(state) else {
         metrics::counter!("agentjail_overload_refusals_total").increment(1);
@@ -757,7 +761,7 @@ pub(crate) async fn fork(
             if !run.status.is_terminal() {
                 return Err(deny(state, caller, ev, Refusal::CellInProgress { cell: n }).await);
             }
-            (c.head_after.clone(), c.receipt_sha256.clone())
+            (c.head_after.clone(), c.chain_after.clone())
         }
     };
     let t = now();

@@ -89,6 +89,7 @@ const MIGRATIONS: &[&str] = &[
         after_sha256 TEXT,
         head_after TEXT,
         receipt_sha256 TEXT,
+        chain_after TEXT,
         created_at INTEGER NOT NULL,
         PRIMARY KEY (session_id, cell),
         UNIQUE (session_id, request_id)

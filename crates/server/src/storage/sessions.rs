@@ -52,11 +52,14 @@ pub struct CellRow {
     /// The session's head once the cell ended (a fork from this cell starts there).
     pub head_after: Option<String>,
     pub receipt_sha256: Option<String>,
+    /// The session's last receipt digest once the cell ended (its own, or, for a cell without
+    /// a receipt, the one before): what the next cell, or a fork from this one, names.
+    pub chain_after: Option<String>,
     pub created_at: i64,
 }
 
 const SESSION_COLS: &str = "session_id, tenant, actor, request_id, body_sha256, task, inputs, created_at, expires_at, closed_at, head_sha256, last_receipt_sha256, cells, forked_from, forked_cell";
-const CELL_COLS: &str = "session_id, cell, request_id, body_sha256, tenant, run_request_id, before_sha256, after_sha256, head_after, receipt_sha256, created_at";
+const CELL_COLS: &str = "session_id, cell, request_id, body_sha256, tenant, run_request_id, before_sha256, after_sha256, head_after, receipt_sha256, chain_after, created_at";
 
 fn session_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
     Ok(SessionRow {
@@ -90,7 +93,8 @@ fn cell_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CellRow> {
         after_sha256: r.get(7)?,
         head_after: r.get(8)?,
         receipt_sha256: r.get(9)?,
-        created_at: r.get(10)?,
+        chain_after: r.get(10)?,
+        created_at: r.get(11)?,
     })
 }
 
@@ -251,8 +255,8 @@ pub fn begin_cell(c: &mut Connection, n: NewCell) -> Result<(Begin, Option<RunRo
     run.request_id = run_request_id(&n.session_id, cell);
     insert_run_in(&tx, &run)?;
     tx.execute(
-        &format!("INSERT INTO session_cells ({CELL_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL, ?7, NULL, ?8)"),
-        params![n.session_id, cell as i64, n.request_id, n.body_sha256, run.tenant, run.request_id, s.head_sha256, n.now],
+        &format!("INSERT INTO session_cells ({CELL_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL, ?7, NULL, ?8, ?9)"),
+        params![n.session_id, cell as i64, n.request_id, n.body_sha256, run.tenant, run.request_id, s.head_sha256, s.last_receipt_sha256, n.now],
     )?;
     tx.execute(
         "UPDATE sessions SET cells = cells + 1 WHERE session_id = ?1",
@@ -304,12 +308,13 @@ fn finish_cell_sync(c: &mut Connection, f: &FinishRun, end: &CellEnd) -> Result<
         },
     )?;
     tx.execute(
-        "UPDATE sessions SET head_sha256 = COALESCE(?2, head_sha256), last_receipt_sha256 = ?3 WHERE session_id = ?1",
+        "UPDATE sessions SET head_sha256 = COALESCE(?2, head_sha256), last_receipt_sha256 = COALESCE(?3, last_receipt_sha256) WHERE session_id = ?1",
         params![end.session_id, end.checkpoint, end.receipt_sha256],
     )?;
     tx.execute(
         "UPDATE session_cells SET after_sha256 = ?3, receipt_sha256 = ?4,
-            head_after = (SELECT head_sha256 FROM sessions WHERE session_id = ?1)
+            head_after = (SELECT head_sha256 FROM sessions WHERE session_id = ?1),
+            chain_after = (SELECT last_receipt_sha256 FROM sessions WHERE session_id = ?1)
          WHERE session_id = ?1 AND cell = ?2",
         params![
             end.session_id,
