@@ -775,3 +775,49 @@ fn ending_a_session_cancels_its_running_cell() {
     // It left no checkpoint: the head is still the empty start.
     assert!(e.session(&sid)["workspace_sha256"].is_null());
 }
+
+#[test]
+fn of_cells_submitted_at_once_exactly_one_runs() {
+    let e = start();
+    let sid = e.open(ALICE, "open-race")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let barrier = std::sync::Barrier::new(6);
+    let answers: Vec<(u16, Value)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..6)
+            .map(|i| {
+                let (e, sid, barrier) = (&e, &sid, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    e.cell_raw(
+                        ALICE,
+                        sid,
+                        &format!("racer-{i}"),
+                        "open('/work/count', 'a').write('x')\nimport time\ntime.sleep(1)",
+                        false,
+                    )
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let accepted: Vec<_> = answers.iter().filter(|(s, _)| *s == 202).collect();
+    assert_eq!(accepted.len(), 1, "{answers:?}");
+    for (s, v) in answers.iter().filter(|(s, _)| *s != 202) {
+        assert_eq!(*s, 409, "{v}");
+        assert!(
+            v["type"].as_str().unwrap().ends_with("/cell-in-progress"),
+            "{v}"
+        );
+    }
+    let run = accepted[0].1["request_id"].as_str().unwrap();
+    e.api.wait_status(ALICE, run, "ok", 60);
+    let check = e.cell(
+        &sid,
+        "count",
+        "print('COUNT=%d' % len(open('/work/count').read()))",
+    );
+    assert!(stdout(&check).contains("COUNT=1"), "{check}");
+    assert_eq!(check["cell"], 1);
+}
