@@ -253,14 +253,7 @@ pub(crate) async fn open(
     let body_sha = sha_of(&serde_json::json!({"task": req.task, "inputs": req.inputs}));
     let (tenant, rid) = (caller.tenant.clone(), req.request_id.clone());
     let existing = db
-        .call(move |c| {
-            Ok(c.query_row(
-                "SELECT session_id FROM sessions WHERE tenant = ?1 AND request_id = ?2",
-                rusqlite::params![tenant, rid],
-                |r| r.get::<_, String>(0),
-            )
-            .ok())
-        })
+        .call(move |c| store::session_for_request(c, &tenant, &rid))
         .await
         .map_err(crate::storage::store::StoreError::from)?;
     if let Some(id) = existing {
@@ -726,14 +719,7 @@ pub(crate) async fn fork(
     let body_sha = sha_of(&serde_json::json!({"fork": s.session_id, "cell": req.cell}));
     let (tenant, rid) = (caller.tenant.clone(), req.request_id.clone());
     let existing = db
-        .call(move |c| {
-            Ok(c.query_row(
-                "SELECT session_id FROM sessions WHERE tenant = ?1 AND request_id = ?2",
-                rusqlite::params![tenant, rid],
-                |r| r.get::<_, String>(0),
-            )
-            .ok())
-        })
+        .call(move |c| store::session_for_request(c, &tenant, &rid))
         .await
         .map_err(crate::storage::store::StoreError::from)?;
     if let Some(e) = existing {

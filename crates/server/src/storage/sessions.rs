@@ -107,6 +107,19 @@ pub fn get_session(c: &Connection, id: &str) -> Result<Option<SessionRow>, DbErr
     .optional()?)
 }
 
+/// The id of the session `tenant` opened (or forked) with `request_id`.
+pub fn session_for_request(
+    c: &Connection,
+    tenant: &str,
+    request_id: &str,
+) -> Result<Option<String>, DbError> {
+    Ok(
+        c.prepare_cached("SELECT session_id FROM sessions WHERE tenant = ?1 AND request_id = ?2")?
+            .query_row(params![tenant, request_id], |r| r.get(0))
+            .optional()?,
+    )
+}
+
 /// Records a new session, or returns the one `tenant` already opened with that request id.
 pub fn open_session(c: &mut Connection, row: &SessionRow) -> Result<Option<SessionRow>, DbError> {
     let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
