@@ -322,7 +322,18 @@ pub fn execute_in(
         write_file(path, env.as_bytes(), !delivery.for_service)?;
     }
     if let Some(fd) = &delivery.results {
-        send_results(fd, &report, signed.as_deref(), artifact.as_deref())?;
+        // A session's cell: the collected checkpoint goes back to the service, which checks
+        // it against the report's digest (`agentjail_manifest::results::WORKSPACE`).
+        let checkpoint = checkpoint
+            .as_deref()
+            .filter(|_| vm.manifest.session.is_some());
+        send_results(
+            fd,
+            &report,
+            signed.as_deref(),
+            artifact.as_deref(),
+            checkpoint,
+        )?;
     }
     timing::mark("pipeline: output verified, receipt signed");
     write_report(delivery, &report)?;
@@ -476,8 +487,11 @@ fn sign_receipt(
             ))
         }))
         .collect::<Result<Vec<_>, _>>()?;
-    let env = receipt::sign(key, report, &inputs, &report.output.files)
+    let mut statement = receipt::statement(report, &inputs, &report.output.files)
         .map_err(|e| SetupFailure(e.to_string()))?;
+    // A session's cell: the receipt binds the session, the cell and the previous receipt.
+    statement.predicate.session = vm.manifest.session.clone();
+    let env = receipt::sign_statement(key, &statement).map_err(|e| SetupFailure(e.to_string()))?;
     Ok(env.to_json())
 }
 
@@ -489,13 +503,17 @@ fn send_results(
     report: &RunReport,
     receipt: Option<&str>,
     artifact: Option<&[u8]>,
+    checkpoint: Option<&[u8]>,
 ) -> Result<(), SetupFailure> {
-    use agentjail_manifest::results::{ARTIFACT, RECEIPT};
+    use agentjail_manifest::results::{ARTIFACT, RECEIPT, WORKSPACE};
     let fail = |e: std::io::Error| SetupFailure(format!("lifeline: sending the results: {e}"));
     if report.status == Status::Ok
         && let Some(a) = artifact
     {
         send_frame(fd, ARTIFACT, a).map_err(fail)?;
+    }
+    if let Some(c) = checkpoint {
+        send_frame(fd, WORKSPACE, c).map_err(fail)?;
     }
     if let Some(r) = receipt {
         send_frame(fd, RECEIPT, r.as_bytes()).map_err(fail)?;

@@ -3,6 +3,9 @@
 //! unknown fields are refused. [`Config::parse`] parses and validates; nothing here touches the
 //! file system.
 
+mod session;
+pub use session::SessionSettings;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -314,6 +317,10 @@ pub struct Task {
     /// command that is not Python gets no runtime line unless this is set. At most 300 bytes.
     #[serde(default)]
     pub runtime: Option<String>,
+    /// Sessions of this task (`POST /v1/sessions`, code tasks only): their `/work` bound,
+    /// their lifetime and their number of cells.
+    #[serde(default)]
+    pub session: SessionSettings,
 }
 
 /// Default of [`Task::stdout_bytes`] and [`Task::stderr_bytes`] for tasks with
@@ -651,6 +658,7 @@ impl Config {
                 .build(&v)
                 .map_err(|e| at("output.schema", format!("not a valid JSON Schema: {e}")))?;
         }
+        t.session.check().map_err(|(f, why)| at(f, why.into()))?;
         if t.stdout_bytes.unwrap_or(0) > MAX_STREAM_BYTES {
             return Err(at("stdout_bytes", format!("at most {MAX_STREAM_BYTES}")));
         }

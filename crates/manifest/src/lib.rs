@@ -22,6 +22,7 @@ mod error;
 mod paths;
 pub mod report;
 pub mod results;
+pub mod session;
 pub mod text;
 pub mod workspace;
 mod yaml;
@@ -104,6 +105,10 @@ pub struct Manifest {
     /// The sandbox's `/work` as state: restored from a checkpoint, collected into one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<workspace::Workspace>,
+    /// The run as a cell of a session (set by the service): the session's id, the cell's
+    /// index and the previous cell's receipt digest, carried by the receipt's predicate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<session::Session>,
 }
 
 /// Isolation tier of a run.
@@ -421,6 +426,7 @@ impl Manifest {
             env: BTreeMap::new(),
             isolation: Tier::Native,
             workspace: None,
+            session: None,
         }
     }
 
@@ -601,6 +607,9 @@ impl Manifest {
             .as_ref()
             .map(|w| workspace::check(w, policy, m.isolation == Tier::Gvisor))
             .transpose()?;
+        if let Some(s) = &m.session {
+            session::check(s)?;
+        }
         let digest = m.canonical_digest()?;
         Ok(ValidatedManifest {
             workspace,

@@ -33,6 +33,22 @@ pub const RECEIPT: u8 = b'C';
 /// The run report (JSON); the last frame.
 pub const REPORT: u8 = b'R';
 
+/// The workspace checkpoint collected after the run (body: the tar archive whose sha256 is the
+/// report's `workspace.sha256`), sent before the receipt and only for a manifest whose
+/// `workspace` has `collect: true` and whose `session` is set (a service's session cell: a
+/// service that asks for a checkpoint reads this frame; an older one never sets `session`).
+/// Bounded by the reader at [`workspace_frame_limit`].
+pub const WORKSPACE: u8 = b'W';
+
+/// The most a [`WORKSPACE`] frame may take for a workspace of at most `max_bytes` of content
+/// in at most `max_files` entries: the content, plus each entry's tar header and padding (two
+/// 512-byte blocks at most) and the archive's end (two blocks, rounded up to 10 KiB records).
+pub fn workspace_frame_limit(max_bytes: u64, max_files: u64) -> u64 {
+    max_bytes
+        .saturating_add(max_files.saturating_add(2).saturating_mul(1024))
+        .saturating_add(10 * 1024)
+}
+
 /// A denial as it was recorded, while the run goes on (body: the report's `Denial` as JSON,
 /// `{"kind": …, "detail": …}`): what the service shows its followers live. The report, at the
 /// end, stays the run's account of its denials.

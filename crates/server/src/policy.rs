@@ -183,6 +183,25 @@ pub enum Refusal {
     NotJson,
     /// The request body is larger than `server.max_request_bytes`.
     RequestTooLarge { max: u64 },
+    // ----- sessions (docs/api.md, "Sessions")
+    /// No such session for this caller (missing, or another tenant's or actor's: the same).
+    NoSuchSession,
+    /// No such cell in the session (a fork's `cell`).
+    NoSuchCell,
+    /// The task cannot be opened as a session (it takes no code, or its sessions are off).
+    NotASessionTask,
+    /// The session's previous cell is still queued or running.
+    CellInProgress { cell: u64 },
+    /// The session was ended (`DELETE`).
+    SessionClosed,
+    /// The session's lifetime has passed.
+    SessionExpired,
+    /// The session ran as many cells as its task allows.
+    SessionFull { max: u64 },
+    /// The session's checkpoint no longer matches its stored bytes, or is missing.
+    CheckpointInvalid(String),
+    /// Sessions need the SQLite store in this version.
+    SessionsUnsupported,
 }
 
 impl Refusal {
@@ -227,6 +246,14 @@ impl Refusal {
             | NoManifestDigest => "not-reconcilable",
             TaskChanged { .. } => "task-changed",
             NotJson => "unsupported-media-type",
+            NoSuchSession | NoSuchCell => "not-found",
+            NotASessionTask => "forbidden",
+            CellInProgress { .. } => "cell-in-progress",
+            SessionClosed => "session-closed",
+            SessionExpired => "session-expired",
+            SessionFull { .. } => "session-cell-limit",
+            CheckpointInvalid(_) => "checkpoint-invalid",
+            SessionsUnsupported => "sessions-unsupported",
         }
     }
 
@@ -311,6 +338,17 @@ impl Refusal {
             Malformed(d) => d.clone(),
             NotJson => "send the request as application/json".into(),
             RequestTooLarge { max } => format!("requests are at most {max} bytes"),
+            NoSuchSession => "no such session".into(),
+            NoSuchCell => "no such cell in this session".into(),
+            NotASessionTask => "this task cannot be opened as a session: it takes no code, or its configuration turns sessions off".into(),
+            CellInProgress { cell } => format!(
+                "cell {cell} of this session is still queued or running; cells run one at a time: wait for its end and submit again"
+            ),
+            SessionClosed => "the session was ended; it takes no more cells (fork it into a new session to go on)".into(),
+            SessionExpired => "the session's lifetime has passed; it takes no more cells".into(),
+            SessionFull { max } => format!("the session ran its {max} cells, the task's limit"),
+            CheckpointInvalid(d) => d.clone(),
+            SessionsUnsupported => "sessions need the SQLite store in this version; this service uses PostgreSQL".into(),
         }
     }
 

@@ -8,7 +8,7 @@
 //! and nothing here knows a transport.
 //!
 //! The parts, each a file under `service/`: [`failure`], [`startup`], [`auth`], [`inputs`],
-//! [`runs`], [`listing`], [`logs`], [`events`], [`cancel`], [`reconcile`] and [`catalogue`]. This file only names them and what the front
+//! [`runs`], [`sessions`], [`listing`], [`logs`], [`events`], [`cancel`], [`reconcile`] and [`catalogue`]. This file only names them and what the front
 //! doors use; none of them uses it.
 
 mod auth;
@@ -21,6 +21,7 @@ mod listing;
 mod logs;
 mod reconcile;
 mod runs;
+mod sessions;
 mod startup;
 
 pub use crate::policy::{Caller, Refusal, RunRequest};
@@ -39,3 +40,11 @@ pub use reconcile::ReconcileAction;
 pub(crate) use reconcile::reconcile;
 pub use runs::{Artifact, ArtifactView, RunInput, RunView};
 pub(crate) use runs::{CALLER_GONE, artifact, get, receipt, submit, view};
+pub use sessions::{
+    CellList, CellRequest, CellView, CellWorkspace, ForkRequest, ForkedFrom, SessionRequest,
+    SessionView,
+};
+pub(crate) use sessions::{
+    cell as session_cell, close as close_session, fork as fork_session, get as get_session,
+    list_cells as list_session_cells, open as open_session,
+};

@@ -138,6 +138,11 @@ pub struct RunPredicate {
     /// manifest has no `workspace`): a session's cells chain through them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<WorkspaceDigests>,
+    /// The run as a cell of a session (the manifest's `session`, which its digest signs): the
+    /// session's id, the cell's index and the previous cell's receipt digest, so that a
+    /// session's receipts form a chain (absent for a run outside a session).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<agentjail_manifest::session::Session>,
 }
 
 /// The workspace checkpoints a run started from and left behind (`sha256:<hex>`, or null
@@ -272,6 +277,7 @@ pub fn statement(
                 before: w.restored_sha256.clone(),
                 after: w.sha256.clone(),
             }),
+            session: None,
         },
     })
 }

@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 use crate::app::AppState;
-use crate::doors::api::ApiError;
+use crate::doors::problem::ApiError;
 use crate::execution::fleet::NodeStatus;
 
 /// How long `/healthz` waits for the database's answer.

@@ -360,6 +360,7 @@ async fn run_claimed(
                 args,
                 cancel: None,
                 lease: Some(lease_h),
+                session: None,
             };
             runner::execute(state, job, None, Some(permit)).await;
         }

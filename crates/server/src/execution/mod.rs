@@ -9,6 +9,8 @@
 //!   folder's `denials.jsonl`, for its followers.
 //! - [`fleet`]: the executor of a PostgreSQL deployment: claims queued runs, renews their
 //!   leases, expires those of lost nodes, and reports this node's status.
+//! - [`checkpoints`]: a session's workspace checkpoints, stored content-addressed and checked
+//!   against their names; what a session's cell adds to its manifest.
 //!
 //! Each writer of a run here tells the run's followers on this node when it wrote
 //! ([`crate::news`]): the log drains, the denials' writer, the start and the end.
@@ -16,6 +18,7 @@
 //! Uses the shared state ([`crate::app`]), policy and storage; never the service or a front
 //! door (the service calls in here, not the other way round).
 
+pub mod checkpoints;
 pub mod denials;
 pub mod fleet;
 pub mod runner;

@@ -47,6 +47,9 @@ pub struct Job {
     /// A run claimed from the PostgreSQL queue: every write of it is fenced, and the sandbox is
     /// killed when the lease is lost. None: a run of this node's own (SQLite).
     pub lease: Option<Lease>,
+    /// A session's cell: its workspace restored and collected, its place in the session
+    /// (crate::execution::checkpoints). None for a run outside a session.
+    pub session: Option<super::checkpoints::CellJob>,
 }
 
 /// The claim an executor holds on a run (docs/deploy.md, "Leases and fencing").
@@ -318,7 +321,7 @@ pub fn object_path(state: &AppState, sha256: &str) -> PathBuf {
 pub fn build_manifest(state: &AppState, task: &Task, job: &Job) -> Manifest {
     let objects = state.inner.data_dir.join("objects");
     let schema = state.inner.schemas.get(&job.task).map(|s| s.file.as_path());
-    policy::manifest(
+    let mut m = policy::manifest(
         task,
         &job.request_id,
         &job.args,
@@ -329,7 +332,11 @@ pub fn build_manifest(state: &AppState, task: &Task, job: &Job) -> Manifest {
             objects: &objects,
             schema,
         },
-    )
+    );
+    if let Some(cell) = &job.session {
+        super::checkpoints::apply(&mut m, &state.inner.data_dir, cell);
+    }
+    m
 }
 
 /// How the manifest digest names a task's output schema file: the name it had in the job
@@ -366,6 +373,7 @@ pub fn manifest_digest(
         args: args.to_vec(),
         cancel: None,
         lease: None,
+        session: None,
     };
     let schema = state.inner.schemas.get(task_name).map(|s| &s.text);
     let mut m = build_manifest(state, task, &job);
@@ -569,6 +577,15 @@ fn spawn_runner(state: &AppState, task: &Task, job: &Job) -> Result<Started, &'s
     if state.inner.allow_degraded {
         cmd.arg("--allow-degraded");
     }
+    // A session's cell restores its workspace from the checkpoints' folder.
+    if job.session.is_some() {
+        let d = super::checkpoints::dir(data);
+        if let Err(e) = std::fs::create_dir_all(&d) {
+            tracing::error!(job_id = %job.job_id, error = %e, "cannot create the checkpoints' folder");
+            return Err("cannot create the checkpoints' folder");
+        }
+        cmd.arg("--source-root").arg(d);
+    }
     // A claimed run: the runner kills its sandbox by itself when the lease's renewals stop
     // reaching it (the first end now; later ones over the lifeline).
     if let Some(l) = &job.lease {
@@ -699,6 +716,8 @@ struct Results {
     artifact_too_big: bool,
     /// The runner announced that it was starting the sandbox (the command may have run).
     started: bool,
+    /// A session cell's collected workspace checkpoint (within the session's bound).
+    workspace: Option<Vec<u8>>,
 }
 
 /// The most a report or a receipt may take on the lifeline.
@@ -713,10 +732,11 @@ const RESULT_LIMIT: u64 = 4 * 1024 * 1024;
 async fn read_results(
     stream: tokio::net::UnixStream,
     artifact_max: u64,
+    workspace_max: u64,
     mut denials: super::denials::Writer,
 ) -> Results {
     use agentjail_manifest::results::{
-        ARTIFACT, DENIAL, HEADER_LEN, RECEIPT, REPORT, STARTING, parse_header,
+        ARTIFACT, DENIAL, HEADER_LEN, RECEIPT, REPORT, STARTING, WORKSPACE, parse_header,
     };
     use tokio::io::AsyncReadExt;
     let mut r = Results::default();
@@ -739,6 +759,7 @@ async fn read_results(
             ARTIFACT => artifact_max,
             RECEIPT | REPORT => RESULT_LIMIT,
             DENIAL => super::denials::FRAME_LIMIT,
+            WORKSPACE => workspace_max,
             _ => break,
         };
         let mut body = (&mut stream).take(len);
@@ -770,6 +791,7 @@ async fn read_results(
         let slot = match tag {
             ARTIFACT => &mut r.artifact,
             RECEIPT => &mut r.receipt,
+            WORKSPACE => &mut r.workspace,
             _ => &mut r.report,
         };
         if slot.is_none() {
@@ -799,6 +821,10 @@ async fn run_to_exit(
     denials: super::denials::Writer,
 ) -> (Ended, Option<tokio::task::JoinHandle<Results>>) {
     let small = manifest.len() <= 4096;
+    let workspace_max = job
+        .session
+        .as_ref()
+        .map_or(0, super::checkpoints::CellJob::frame_limit);
     let write = move || {
         use std::io::Write;
         let mut w = lifeline;
@@ -837,6 +863,7 @@ async fn run_to_exit(
                 Some(tokio::spawn(read_results(
                     s,
                     task.output.max_bytes,
+                    workspace_max,
                     denials,
                 )))
             }
@@ -853,7 +880,14 @@ async fn run_to_exit(
             w.set_nonblocking(true)
                 .and_then(|()| tokio::net::UnixStream::from_std(w))
                 .ok()
-                .map(|s| tokio::spawn(read_results(s, task.output.max_bytes, denials)))
+                .map(|s| {
+                    tokio::spawn(read_results(
+                        s,
+                        task.output.max_bytes,
+                        workspace_max,
+                        denials,
+                    ))
+                })
         }
         Err(_) => {
             let _ = child.kill().await;
@@ -1306,7 +1340,24 @@ async fn execute_registered(
     // one's outcome is read and recorded.
     drop(permit);
     metrics::gauge!("agentjail_runs_in_flight").decrement(1.0);
+    let mut results = results;
+    let checkpoint_bytes = results.workspace.take();
     let outcome = collect(&task, &job, ended, results);
+    // A session's cell: its checkpoint, kept only when it is the one the report names.
+    let cell_end = match &job.session {
+        Some(c) => Some(
+            super::checkpoints::cell_end(
+                &state,
+                &job.job_id,
+                c,
+                &outcome.report,
+                &outcome.receipt,
+                checkpoint_bytes,
+            )
+            .await,
+        ),
+        None => None,
+    };
     // The folder (logs, created private) stays until the task's retention.
     metrics::histogram!("agentjail_run_duration_seconds", "task" => job.task.clone())
         .record(elapsed.as_secs_f64());
@@ -1366,7 +1417,15 @@ async fn execute_registered(
         logs,
         denials,
     };
-    match record_end(&state, &job, f, ev).await {
+    let recorded = match (cell_end, &job.lease) {
+        (Some(end), None) => {
+            // The cell's end and the session's new head commit together.
+            state.store().audit(ev).await;
+            crate::storage::sessions::finish_cell(state.store(), f, end).await
+        }
+        _ => record_end(&state, &job, f, ev).await,
+    };
+    match recorded {
         Ok(()) => {}
         Err(crate::storage::store::StoreError::Fenced(fence)) => {
             // Another node owns the run now, or has ended it (`unknown`): this execution's
@@ -1561,6 +1620,7 @@ mod tests {
             args: vec![],
             cancel: None,
             lease: None,
+            session: None,
         };
         let real = br#"{"rows": 1}"#.to_vec();
         let mut report = RunReport::setup_error(task.limits, String::new());
@@ -1580,6 +1640,7 @@ mod tests {
             artifact: Some(artifact.to_vec()),
             artifact_too_big: false,
             started: true,
+            workspace: None,
         };
         let exited = || Ended::Exited(std::process::ExitStatus::from_raw(0));
         let ok = collect(&task, &job, exited(), with(&real));
@@ -1606,7 +1667,7 @@ mod tests {
         use tokio::io::AsyncWriteExt;
         let (ours, mut theirs) = tokio::net::UnixStream::pair().unwrap();
         let denials = crate::execution::denials::Writer::new(denials.to_path_buf(), None);
-        let reader = tokio::spawn(read_results(ours, artifact_max, denials));
+        let reader = tokio::spawn(read_results(ours, artifact_max, 0, denials));
         for (tag, body) in frames {
             let head = agentjail_manifest::results::header(*tag, body.len() as u64);
             theirs.write_all(&head).await.unwrap();
@@ -1652,7 +1713,7 @@ mod tests {
         // A frame cut short by the runner's end: nothing of it is taken.
         let (ours, mut theirs) = tokio::net::UnixStream::pair().unwrap();
         let denials = crate::execution::denials::Writer::new("/nonexistent/d.jsonl".into(), None);
-        let reader = tokio::spawn(read_results(ours, 10, denials));
+        let reader = tokio::spawn(read_results(ours, 10, 0, denials));
         tokio::io::AsyncWriteExt::write_all(
             &mut theirs,
             &agentjail_manifest::results::header(b'R', 100),
@@ -1722,6 +1783,7 @@ mod tests {
             args: vec![],
             cancel: None,
             lease: None,
+            session: None,
         };
         let m = build_manifest(&state, &task, &job);
         assert_eq!(m.command, task.command);

@@ -158,6 +158,7 @@ pub(crate) async fn reconcile(
                 args,
                 cancel: None,
                 lease: None,
+                session: None,
             };
             let _ = tokio::spawn(runner::execute(state.clone(), job, Some(admission), None)).await;
         }

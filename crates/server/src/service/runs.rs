@@ -186,6 +186,18 @@ pub(crate) async fn submit(
         return Err(deny(state, caller, ev, r).await);
     }
     ev.request_id = Some(req.request_id.clone());
+    // A session's cells are runs named `<session_id>-<cell>`: a run request cannot take
+    // (or replay) one of those names.
+    if req
+        .request_id
+        .starts_with(crate::storage::sessions::SESSION_ID_PREFIX)
+    {
+        let r = Refusal::Malformed(format!(
+            "request ids starting with `{}` are reserved for the runs of sessions' cells",
+            crate::storage::sessions::SESSION_ID_PREFIX
+        ));
+        return Err(deny(state, caller, ev, r).await);
+    }
     // A recorded request_id is answered from the record (or refused if the body differs) before
     // any other check: execute-once holds even after its inputs expired or the config changed.
     let req = req.normalized();
@@ -222,55 +234,17 @@ pub(crate) async fn submit(
         Ok(a) => a,
         Err(r) => return Err(deny(state, caller, ev, r).await),
     };
-    let task = admitted.task;
-
     // Execute once: the insert is atomic; a racing duplicate finds the other's record.
     let admission = Admission::try_take(state);
-    let t = now();
-    let job_id = format!("job_{}", random_hex(16).map_err(|_| Failure::Internal)?);
-    let run_inputs: Vec<RunInput> = admitted
-        .inputs
-        .iter()
-        .map(|r| RunInput {
-            input_id: r.id.clone(),
-            sha256: format!("sha256:{}", r.sha256),
-        })
-        .collect();
-    let row = RunRow {
-        tenant: caller.tenant.clone(),
-        request_id: req.request_id.clone(),
-        body_sha256: body_sha.clone(),
-        task: req.task.clone(),
-        actor: caller.actor.clone(),
-        job_id: job_id.clone(),
-        job_expires_at: t + state.inner.config.server.job_ttl_seconds as i64,
-        status: RunState::Queued,
-        reason: None,
-        created_at: t,
-        started_at: None,
-        finished_at: None,
-        inputs: serde_json::to_string(&run_inputs).unwrap_or_default(),
-        report: None,
-        receipt: None,
-        artifact: None,
-        artifact_sha256: None,
-        outputs_expire_at: t + task.retention.outputs_seconds as i64,
-        logs_expire_at: t + task.retention.logs_seconds as i64,
-        outputs_deleted: false,
-        args: serde_json::to_string(&admitted.args).unwrap_or_else(|_| "[]".into()),
-        manifest_digest: Some(
-            runner::manifest_digest(
-                state,
-                &req.task,
-                task,
-                &req.request_id,
-                &admitted.inputs,
-                &admitted.args,
-            )
-            .map_err(|_| Failure::Internal)?,
-        ),
-        streams: None,
-    };
+    let row = new_run_row(
+        state,
+        caller,
+        &req.task,
+        &req.request_id,
+        &body_sha,
+        &admitted,
+    )?;
+    let job_id = row.job_id.clone();
     if let Some(queue) = &state.inner.queue {
         drop(admission);
         return enqueue(state, queue, caller, ev, row, admitted, wait, cancel).await;
@@ -326,6 +300,7 @@ pub(crate) async fn submit(
         args: admitted.args,
         cancel,
         lease: None,
+        session: None,
     };
     let Some(admission) = admission else {
         return Err(Failure::Internal);
@@ -350,6 +325,63 @@ pub(crate) async fn submit(
         .get_run(&caller.tenant, &req.request_id)
         .await?
         .ok_or(Failure::Internal)
+}
+
+/// A new run's record, `queued`, for an admitted request (a run, or a session's cell).
+pub(super) fn new_run_row(
+    state: &AppState,
+    caller: &Caller,
+    task_name: &str,
+    request_id: &str,
+    body_sha: &str,
+    admitted: &policy::Admitted<'_>,
+) -> Result<RunRow, Failure> {
+    let task = admitted.task;
+    let t = now();
+    let job_id = format!("job_{}", random_hex(16).map_err(|_| Failure::Internal)?);
+    let run_inputs: Vec<RunInput> = admitted
+        .inputs
+        .iter()
+        .map(|r| RunInput {
+            input_id: r.id.clone(),
+            sha256: format!("sha256:{}", r.sha256),
+        })
+        .collect();
+    Ok(RunRow {
+        tenant: caller.tenant.clone(),
+        request_id: request_id.to_owned(),
+        body_sha256: body_sha.to_owned(),
+        task: task_name.to_owned(),
+        actor: caller.actor.clone(),
+        job_id,
+        job_expires_at: t + state.inner.config.server.job_ttl_seconds as i64,
+        status: RunState::Queued,
+        reason: None,
+        created_at: t,
+        started_at: None,
+        finished_at: None,
+        inputs: serde_json::to_string(&run_inputs).unwrap_or_default(),
+        report: None,
+        receipt: None,
+        artifact: None,
+        artifact_sha256: None,
+        outputs_expire_at: t + task.retention.outputs_seconds as i64,
+        logs_expire_at: t + task.retention.logs_seconds as i64,
+        outputs_deleted: false,
+        args: serde_json::to_string(&admitted.args).unwrap_or_else(|_| "[]".into()),
+        manifest_digest: Some(
+            runner::manifest_digest(
+                state,
+                task_name,
+                task,
+                request_id,
+                &admitted.inputs,
+                &admitted.args,
+            )
+            .map_err(|_| Failure::Internal)?,
+        ),
+        streams: None,
+    })
 }
 
 /// [`submit`] on PostgreSQL: the run is recorded `queued` with what an executor needs to run

@@ -36,6 +36,9 @@ pub struct Event {
     pub job_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub input_id: Option<String>,
+    /// The session a `session_*` record is about (docs/api.md, "Sessions").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
     /// `allow` or `deny` for policy decisions; omitted otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decision: Option<&'static str>,

@@ -59,6 +59,41 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE runs ADD COLUMN streams TEXT;
     CREATE INDEX runs_tenant_created ON runs(tenant, created_at);
     CREATE INDEX runs_created ON runs(created_at);",
+    // 5: sessions and their cells (crate::storage::sessions).
+    "CREATE TABLE sessions (
+        session_id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        actor TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        body_sha256 TEXT NOT NULL,
+        task TEXT NOT NULL,
+        inputs TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL,
+        closed_at INTEGER,
+        head_sha256 TEXT,
+        last_receipt_sha256 TEXT,
+        cells INTEGER NOT NULL DEFAULT 0,
+        forked_from TEXT,
+        forked_cell INTEGER,
+        UNIQUE (tenant, request_id)
+    );
+    CREATE TABLE session_cells (
+        session_id TEXT NOT NULL REFERENCES sessions(session_id),
+        cell INTEGER NOT NULL,
+        request_id TEXT NOT NULL,
+        body_sha256 TEXT NOT NULL,
+        tenant TEXT NOT NULL,
+        run_request_id TEXT NOT NULL,
+        before_sha256 TEXT,
+        after_sha256 TEXT,
+        head_after TEXT,
+        receipt_sha256 TEXT,
+        chain_after TEXT,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (session_id, cell),
+        UNIQUE (session_id, request_id)
+    );",
 ];
 
 /// Shared handle to the database.
@@ -330,6 +365,13 @@ pub fn insert_run(c: &mut Connection, row: &RunRow) -> Result<Insert, DbError> {
     if let Some(existing) = get_run_tx(&tx, &row.tenant, &row.request_id)? {
         return Ok(Insert::Exists(Box::new(existing)));
     }
+    insert_run_in(&tx, row)?;
+    tx.commit()?;
+    Ok(Insert::Inserted)
+}
+
+/// Inserts a new run within the caller's transaction (a session's cell: with its cell row).
+pub(crate) fn insert_run_in(tx: &Connection, row: &RunRow) -> Result<(), DbError> {
     tx.prepare_cached(
         &format!("INSERT INTO runs ({RUN_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)"),
     )?
@@ -341,8 +383,7 @@ pub fn insert_run(c: &mut Connection, row: &RunRow) -> Result<Insert, DbError> {
             row.args, row.manifest_digest
         ],
     )?;
-    tx.commit()?;
-    Ok(Insert::Inserted)
+    Ok(())
 }
 
 fn get_run_tx(c: &Connection, tenant: &str, request_id: &str) -> Result<Option<RunRow>, DbError> {

@@ -4,6 +4,8 @@
 //!   [`db`] (the SQLite schema and queries).
 //! - [`pg`]: the shared PostgreSQL store of a fleet (schema migrations, the run queue, leases
 //!   with fencing tokens, the audit chain in a table).
+//! - [`sessions`]: sessions and their cells (SQLite only in this version), each cell's end and
+//!   the session's new head in one transaction.
 //! - [`audit`]: the hash-chained, append-only audit log and its verifier (both stores build
 //!   their records with it).
 //!
@@ -13,4 +15,5 @@
 pub mod audit;
 pub mod db;
 pub mod pg;
+pub mod sessions;
 pub mod store;

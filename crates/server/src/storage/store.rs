@@ -208,6 +208,12 @@ pub trait Store: Send + Sync {
         Box::pin(async { Ok(None) })
     }
     /// Whether [`FinishRun::logs`] is kept (a store shared by several nodes).
+    /// The SQLite database behind this store, for what only the SQLite store has (sessions:
+    /// crate::storage::sessions); None for PostgreSQL.
+    fn sqlite(&self) -> Option<&Db> {
+        None
+    }
+
     fn keeps_logs(&self) -> bool {
         false
     }
@@ -270,6 +276,10 @@ impl SqliteStore {
 }
 
 impl Store for SqliteStore {
+    fn sqlite(&self) -> Option<&Db> {
+        Some(&self.db)
+    }
+
     fn put_input(
         &self,
         tenant: &str,

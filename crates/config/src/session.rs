@@ -1,0 +1,77 @@
+//! A task's `session` table: its sessions' workspace bound, lifetime and number of cells.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A task's sessions (docs/api.md, "Sessions"): every cell of a session starts from the
+/// session's last workspace checkpoint and leaves the next one.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSettings {
+    /// Whether the task may be opened as a session (default true; only tasks with
+    /// `code = "allowed"` can be).
+    #[serde(default = "d_true")]
+    pub enabled: bool,
+    /// Bytes of file content in a session's workspace, in MiB, for every checkpoint (default
+    /// 64, 1-1024).
+    #[serde(default = "d_session_mb")]
+    pub max_mb: u64,
+    /// Entries (files and folders) of a session's workspace (default 10000, 1-10000).
+    #[serde(default = "d_session_files")]
+    pub max_files: u64,
+    /// Cells a session may run (default 1000, 1-100000).
+    #[serde(default = "d_session_cells")]
+    pub max_cells: u64,
+    /// Seconds a session lives after it was opened (default 86400, 60-2592000); an expired
+    /// session takes no more cells.
+    #[serde(default = "d_day")]
+    pub lifetime_seconds: u64,
+}
+
+fn d_true() -> bool {
+    true
+}
+fn d_session_mb() -> u64 {
+    64
+}
+fn d_session_files() -> u64 {
+    10_000
+}
+fn d_session_cells() -> u64 {
+    1_000
+}
+
+impl Default for SessionSettings {
+    fn default() -> Self {
+        SessionSettings {
+            enabled: true,
+            max_mb: d_session_mb(),
+            max_files: d_session_files(),
+            max_cells: d_session_cells(),
+            lifetime_seconds: d_day(),
+        }
+    }
+}
+
+fn d_day() -> u64 {
+    86_400
+}
+
+impl SessionSettings {
+    /// The bounds of each setting: the field (below the task) and why, on the first one out.
+    pub(crate) fn check(&self) -> Result<(), (&'static str, &'static str)> {
+        if !(1..=1024).contains(&self.max_mb) {
+            return Err(("session.max_mb", "must be 1-1024"));
+        }
+        if !(1..=10_000).contains(&self.max_files) {
+            return Err(("session.max_files", "must be 1-10000"));
+        }
+        if !(1..=100_000).contains(&self.max_cells) {
+            return Err(("session.max_cells", "must be 1-100000"));
+        }
+        if !(60..=2_592_000).contains(&self.lifetime_seconds) {
+            return Err(("session.lifetime_seconds", "must be 60-2592000"));
+        }
+        Ok(())
+    }
+}

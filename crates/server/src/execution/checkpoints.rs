@@ -1,0 +1,239 @@
+//! A session's workspace checkpoints on this node: stored content-addressed under
+//! `DATA/checkpoints/<hex>` (written to a temporary file, fsync'd, renamed, the folder
+//! fsync'd), named by the sha256 of their bytes, checked again before a cell restores one.
+//!
+//! A session's cell is a run whose manifest gets a `workspace` section (restore the session's
+//! head checkpoint, collect the new one, within the task's `session` bounds) and a `session`
+//! section (the receipt chain); the runner sends the collected checkpoint back over its
+//! lifeline ([`agentjail_manifest::results::WORKSPACE`]), and [`accept`] keeps it only when it
+//! is the checkpoint the report names.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use agentjail_manifest::Manifest;
+use agentjail_manifest::report::RunReport;
+use agentjail_manifest::session::{Session, is_sha256_digest};
+use agentjail_manifest::workspace::Workspace;
+
+/// What a session's cell adds to its job.
+#[derive(Debug, Clone)]
+pub struct CellJob {
+    pub session_id: String,
+    pub cell: u64,
+    /// The checkpoint the cell starts from (`sha256:<hex>`), None for an empty `/work`.
+    pub restore: Option<String>,
+    /// The previous cell's receipt digest (`sha256:<hex>`).
+    pub previous_receipt_sha256: Option<String>,
+    pub max_mb: u64,
+    pub max_files: u64,
+}
+
+impl CellJob {
+    /// The most the runner's checkpoint frame may take.
+    pub fn frame_limit(&self) -> u64 {
+        agentjail_manifest::results::workspace_frame_limit(
+            self.max_mb.saturating_mul(1024 * 1024),
+            self.max_files,
+        )
+    }
+}
+
+/// The folder of the checkpoints.
+pub fn dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("checkpoints")
+}
+
+/// The stored file of checkpoint `sha256` (`sha256:<hex>`), None for a malformed digest.
+pub fn path(data_dir: &Path, sha256: &str) -> Option<PathBuf> {
+    is_sha256_digest(sha256).then(|| dir(data_dir).join(&sha256["sha256:".len()..]))
+}
+
+/// The cell's manifest: `m` with its workspace restored from the session's head and
+/// collected, and the cell's place in the session.
+pub fn apply(m: &mut Manifest, data_dir: &Path, cell: &CellJob) {
+    let restore = cell.restore.as_deref().and_then(|sha| path(data_dir, sha));
+    m.workspace = Some(Workspace {
+        restore: restore.map(|p| p.to_string_lossy().into_owned()),
+        restore_sha256: cell.restore.clone(),
+        collect: true,
+        max_mb: cell.max_mb,
+        max_files: cell.max_files,
+    });
+    m.session = Some(Session {
+        id: cell.session_id.clone(),
+        cell: cell.cell,
+        previous_receipt_sha256: cell.previous_receipt_sha256.clone(),
+    });
+}
+
+/// The digest by which the next cell's receipt names this one: `sha256:` over the RFC 8785
+/// canonical JSON of the receipt (the DSSE envelope), so that it can be recomputed from the
+/// receipt however it was serialised (`GET /v1/runs/{id}/receipt`, a cell's `receipt`).
+pub fn receipt_digest(receipt: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(receipt).ok()?;
+    let bytes = serde_jcs::to_vec(&v).ok()?;
+    Some(format!("sha256:{}", crate::config::sha256_hex(&bytes)))
+}
+
+/// Checks that the stored checkpoint `sha256` is there and that its bytes still hash to its
+/// name. The error is one line for the caller (no path).
+pub fn verify_stored(data_dir: &Path, sha256: &str) -> Result<(), String> {
+    let p = path(data_dir, sha256)
+        .ok_or_else(|| "the session's checkpoint digest is malformed".to_string())?;
+    let bytes = std::fs::read(&p).map_err(|e| {
+        tracing::error!(path = %p.display(), error = %e, "reading a stored checkpoint failed");
+        format!("the session's checkpoint {sha256} is missing from the store; refused, nothing ran")
+    })?;
+    let got = format!("sha256:{}", crate::config::sha256_hex(&bytes));
+    if got != sha256 {
+        tracing::error!(path = %p.display(), expected = sha256, got = %got, "a stored checkpoint no longer matches its name");
+        return Err(format!(
+            "the session's checkpoint {sha256} no longer matches its stored bytes (tampered or corrupted); refused, nothing ran"
+        ));
+    }
+    Ok(())
+}
+
+/// Stores `bytes` as checkpoint `sha256` (already checked to be their digest): a temporary
+/// file in the folder, fsync'd, renamed to its name, the folder fsync'd. An existing file of
+/// that name is replaced (same name, same bytes; a tampered one is repaired).
+fn store(data_dir: &Path, sha256: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let d = dir(data_dir);
+    std::fs::create_dir_all(&d)?;
+    let target = path(data_dir, sha256).ok_or_else(|| std::io::Error::other("malformed digest"))?;
+    let tmp = d.join(format!(
+        ".tmp-{}",
+        crate::util::random_hex(8).map_err(|_| std::io::Error::other("no randomness"))?
+    ));
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &target)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    std::fs::File::open(&d)?.sync_all()
+}
+
+/// The checkpoint a cell's runner sent back, kept only when its bytes hash to the report's
+/// `workspace.sha256` and are stored: its digest, or None (the head then stays where it was).
+pub fn accept(
+    data_dir: &Path,
+    job_id: &str,
+    report: &RunReport,
+    bytes: Option<Vec<u8>>,
+) -> Option<String> {
+    let named = report.workspace.as_ref()?.sha256.clone()?;
+    let Some(bytes) = bytes else {
+        tracing::error!(
+            job_id,
+            "the runner reported a checkpoint but did not send it"
+        );
+        return None;
+    };
+    let got = format!("sha256:{}", crate::config::sha256_hex(&bytes));
+    if got != named {
+        tracing::error!(job_id, reported = %named, got = %got, "the runner's checkpoint is not the one its report names; refused");
+        return None;
+    }
+    match store(data_dir, &named, &bytes) {
+        Ok(()) => Some(named),
+        Err(e) => {
+            tracing::error!(job_id, error = %e, "storing a checkpoint failed");
+            None
+        }
+    }
+}
+
+/// How a cell ended, for its session: the checkpoint it sent, kept only when it is the one
+/// its report names ([`accept`], on a blocking thread: hashing and fsync), and its receipt's
+/// digest ([`receipt_digest`]).
+pub async fn cell_end(
+    state: &crate::app::AppState,
+    job_id: &str,
+    cell: &CellJob,
+    report: &Option<String>,
+    receipt: &Option<String>,
+    bytes: Option<Vec<u8>>,
+) -> crate::storage::sessions::CellEnd {
+    let report = report
+        .as_deref()
+        .and_then(|r| serde_json::from_str::<RunReport>(r).ok());
+    let data = state.inner.data_dir.clone();
+    let id = job_id.to_owned();
+    let checkpoint = match report {
+        Some(r) => tokio::task::spawn_blocking(move || accept(&data, &id, &r, bytes))
+            .await
+            .ok()
+            .flatten(),
+        None => None,
+    };
+    crate::storage::sessions::CellEnd {
+        session_id: cell.session_id.clone(),
+        cell: cell.cell,
+        checkpoint,
+        receipt_sha256: receipt.as_deref().and_then(receipt_digest),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_stored_checkpoint_is_checked_against_its_name() {
+        let d = tempfile::tempdir().unwrap();
+        let bytes = b"not really a tar".to_vec();
+        let sha = format!("sha256:{}", crate::config::sha256_hex(&bytes));
+        super::store(d.path(), &sha, &bytes).unwrap();
+        assert!(super::verify_stored(d.path(), &sha).is_ok());
+        std::fs::write(super::path(d.path(), &sha).unwrap(), b"tampered").unwrap();
+        let e = super::verify_stored(d.path(), &sha).unwrap_err();
+        assert!(e.contains("no longer matches"), "{e}");
+        let missing = format!("sha256:{}", "0".repeat(64));
+        assert!(
+            super::verify_stored(d.path(), &missing)
+                .unwrap_err()
+                .contains("missing")
+        );
+        assert!(super::path(d.path(), "sha256:../x").is_none());
+    }
+
+    #[test]
+    fn only_the_checkpoint_the_report_names_is_kept() {
+        use agentjail_manifest::report::{RunReport, WorkspaceReport};
+        let d = tempfile::tempdir().unwrap();
+        let bytes = b"the archive".to_vec();
+        let sha = format!("sha256:{}", crate::config::sha256_hex(&bytes));
+        let mut report = RunReport::setup_error(Default::default(), String::new());
+        report.workspace = Some(WorkspaceReport {
+            sha256: Some(sha.clone()),
+            ..Default::default()
+        });
+        // Other bytes than those the report names: refused, nothing stored.
+        assert_eq!(
+            super::accept(d.path(), "j", &report, Some(b"other".to_vec())),
+            None
+        );
+        assert!(!super::path(d.path(), &sha).unwrap().exists());
+        // Named but not sent: refused.
+        assert_eq!(super::accept(d.path(), "j", &report, None), None);
+        // The named bytes: stored under their digest.
+        assert_eq!(
+            super::accept(d.path(), "j", &report, Some(bytes.clone())),
+            Some(sha.clone())
+        );
+        assert_eq!(
+            std::fs::read(super::path(d.path(), &sha).unwrap()).unwrap(),
+            bytes
+        );
+        // No checkpoint in the report: nothing kept, whatever was sent.
+        report.workspace = None;
+        assert_eq!(super::accept(d.path(), "j", &report, Some(bytes)), None);
+    }
+}

@@ -1,0 +1,776 @@
+//! Sessions (issue #34, stage 1b): a policy-bound sequence of cells sharing a persistent
+//! `/work`. A session is opened like a run is requested (`{request_id, task, inputs}`, the
+//! same policy checks, execute-once on the tenant's request id) and is owned by its tenant
+//! and actor: anyone else gets the same `not-found` as for a missing one. Each cell is a run in
+//! its own right (the task's command with the cell's code), started from the session's head
+//! checkpoint and collecting the next one (crate::execution::checkpoints); cells run one at a
+//! time, once per (session, request id). SQLite only in this version: on PostgreSQL every
+//! session operation is refused (`sessions-unsupported`, 501).
+
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+use utoipa::ToSchema;
+
+use super::auth::deny;
+use super::failure::Failure;
+use super::inputs::ts;
+use super::runs::{CALLER_GONE, RunView, new_run_row, view, wait_for};
+use crate::app::AppState;
+use crate::execution::checkpoints::{self, CellJob};
+use crate::execution::runner::{self, Admission, Job};
+use crate::policy::{self, Caller, Refusal, RunRequest};
+use crate::storage::audit::Event;
+use crate::storage::db::{Db, RunRow};
+use crate::storage::sessions::{self as store, Begin, CellRow, NewCell, SessionRow};
+use crate::util::{now, random_hex};
+
+/// `POST /v1/sessions`: open a session of a code task.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRequest {
+    /// The caller's idempotency key (as a run's): a retry returns the same session.
+    #[schema(
+        pattern = r"^(?:[A-Za-z0-9._:-]*[A-Za-z0-9_:-][A-Za-z0-9._:-]*|\.{3,})$",
+        min_length = 1,
+        max_length = 128
+    )]
+    pub request_id: String,
+    /// Task type name (a task with `code = "allowed"`).
+    #[schema(pattern = r"^[a-z0-9_-]{1,64}$")]
+    pub task: String,
+    /// Input ids from `POST /v1/inputs`, in the task's input order, for every cell.
+    #[serde(default)]
+    #[schema(default = json!([]))]
+    pub inputs: Vec<String>,
+}
+
+/// `POST /v1/sessions/{session_id}/cells`: run the next cell.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CellRequest {
+    /// Idempotency key of the step within the session: a retry returns the recorded cell and
+    /// runs nothing.
+    #[schema(
+        pattern = r"^(?:[A-Za-z0-9._:-]*[A-Za-z0-9_:-][A-Za-z0-9._:-]*|\.{3,})$",
+        min_length = 1,
+        max_length = 128
+    )]
+    pub request_id: String,
+    /// The cell's code (the task's `code`).
+    pub code: String,
+}
+
+/// `POST /v1/sessions/{session_id}/fork`: a new session from a checkpoint of this one.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// The new session's idempotency key (as for `POST /v1/sessions`).
+    #[schema(
+        pattern = r"^(?:[A-Za-z0-9._:-]*[A-Za-z0-9_:-][A-Za-z0-9._:-]*|\.{3,})$",
+        min_length = 1,
+        max_length = 128
+    )]
+    pub request_id: String,
+    /// Start from the workspace as this cell (an index) left it; default: the session's head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cell: Option<u64>,
+}
+
+/// Where a forked session came from.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ForkedFrom {
+    pub session_id: String,
+    /// The cell whose checkpoint it started from (absent: the head of a session with no cell).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cell: Option<u64>,
+}
+
+/// A session.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionView {
+    /// Unguessable (128 random bits).
+    pub session_id: String,
+    pub request_id: String,
+    pub task: String,
+    pub actor: String,
+    /// `open`, `closed` (ended by `DELETE`) or `expired`.
+    pub state: String,
+    /// Cells run so far.
+    pub cells: u64,
+    /// Cells the session may run.
+    pub max_cells: u64,
+    /// The checkpoint the next cell starts from (`sha256:<hex>`); null for an empty `/work`.
+    pub workspace_sha256: Option<String>,
+    /// The receipt digest of the last cell that has a receipt: the next cell's receipt names it.
+    pub last_receipt_sha256: Option<String>,
+    /// The input ids every cell gets.
+    pub inputs: Vec<String>,
+    pub created_at: String,
+    pub expires_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub closed_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkedFrom>,
+}
+
+/// The workspace a cell started from and the one it left.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CellWorkspace {
+    /// The checkpoint restored into `/work` (null: empty).
+    pub before: Option<String>,
+    /// The checkpoint collected after the cell, verified and stored (null: none yet, or none
+    /// was kept: the cell crossed the workspace bound, or ended without one; the session's
+    /// head then stays at `before`).
+    pub after: Option<String>,
+}
+
+/// A cell: its run's record (status, stdout, stderr, artifact, receipt, report: a run in its
+/// own right, whose `request_id` is `<session_id>-<cell>`) and its place in the session.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CellView {
+    pub session_id: String,
+    /// The cell's index, from 0.
+    pub cell: u64,
+    /// The cell's own request id (execute-once within the session).
+    pub cell_request_id: String,
+    pub workspace: CellWorkspace,
+    /// The run's record.
+    #[serde(flatten)]
+    pub run: RunView,
+}
+
+/// A page of a session's cells.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CellList {
+    pub cells: Vec<CellView>,
+    /// Pass as `cursor` for the next page; absent on the last one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// The SQLite database, or the refusal of a store without sessions.
+async fn db(state: &AppState, caller: &Caller, ev: &Event) -> Result<Db, Failure> {
+    match state.store().sqlite() {
+        Some(d) => Ok(d.clone()),
+        None => Err(deny(state, caller, ev.clone(), Refusal::SessionsUnsupported).await),
+    }
+}
+
+fn sha_of(v: &impl Serialize) -> String {
+    let bytes = serde_jcs::to_vec(v).unwrap_or_default();
+    crate::config::sha256_hex(&bytes)
+}
+
+fn settings<'a>(state: &'a AppState, task: &str) -> Option<&'a crate::config::SessionSettings> {
+    state.inner.config.tasks.get(task).map(|t| &t.session)
+}
+
+/// A session as callers see it.
+pub(crate) fn session_view(state: &AppState, s: &SessionRow) -> SessionView {
+    let state_name = if s.closed_at.is_some() {
+        "closed"
+    } else if now() >= s.expires_at {
+        "expired"
+    } else {
+        "open"
+    };
+    SessionView {
+        session_id: s.session_id.clone(),
+        request_id: s.request_id.clone(),
+        task: s.task.clone(),
+        actor: s.actor.clone(),
+        state: state_name.into(),
+        cells: s.cells,
+        max_cells: settings(state, &s.task).map_or(0, |t| t.max_cells),
+        workspace_sha256: s.head_sha256.clone(),
+        last_receipt_sha256: s.last_receipt_sha256.clone(),
+        inputs: serde_json::from_str(&s.inputs).unwrap_or_default(),
+        created_at: ts(s.created_at),
+        expires_at: ts(s.expires_at),
+        closed_at: s.closed_at.map(ts),
+        forked_from: s.forked_from.clone().map(|id| ForkedFrom {
+            session_id: id,
+            cell: s.forked_cell,
+        }),
+    }
+}
+
+/// A cell as callers see it.
+pub(crate) fn cell_view(state: &AppState, c: &CellRow, run: &RunRow) -> CellView {
+    CellView {
+        session_id: c.session_id.clone(),
+        cell: c.cell,
+        cell_request_id: c.request_id.clone(),
+        workspace: CellWorkspace {
+            before: c.before_sha256.clone(),
+            after: c.after_sha256.clone(),
+        },
+        run: view(state, run),
+    }
+}
+
+/// The session `id` if the caller owns it (its tenant and its actor); anything else is the
+/// same `not-found` as a missing session.
+async fn owned(
+    state: &AppState,
+    caller: &Caller,
+    db: &Db,
+    id: &str,
+    ev: &Event,
+) -> Result<SessionRow, Failure> {
+    let key = id.to_owned();
+    let s = db
+        .call(move |c| store::get_session(c, &key))
+        .await
+        .map_err(crate::storage::store::StoreError::from)?;
+    match s {
+        Some(s) if s.tenant == caller.tenant && s.actor == caller.actor => Ok(s),
+        _ => Err(deny(state, caller, ev.clone(), Refusal::NoSuchSession).await),
+    }
+}
+
+/// The record of `tenant`'s run `request_id`.
+async fn run_of(state: &AppState, tenant: &str, request_id: &str) -> Result<RunRow, Failure> {
+    state
+        .store()
+        .get_run(tenant, request_id)
+        .await?
+        .ok_or(Failure::Internal)
+}
+
+/// Opens a session (`created`: false for a retry that found it).
+pub(crate) async fn open(
+    state: &AppState,
+    caller: &Caller,
+    req: SessionRequest,
+) -> Result<(SessionView, bool), Failure> {
+    let mut ev = caller.event("session_open");
+    if let Err(r) = policy::check_request_id(&req.request_id) {
+        return Err(deny(state, caller, ev, r).await);
+    }
+    ev.request_id = Some(req.request_id.clone());
+    let db = db(state, caller, &ev).await?;
+    let body_sha = sha_of(&serde_json::json!({"task": req.task, "inputs": req.inputs}));
+    let (tenant, rid) = (caller.tenant.clone(), req.request_id.clone());
+    let existing = db
+        .call(move |c| store::session_for_request(c, &tenant, &rid))
+        .await
+        .map_err(crate::storage::store::StoreError::from)?;
+    if let Some(id) = existing {
+        return replay_open(state, caller, &db, &id, &body_sha, ev).await;
+    }
+    if crate::config::is_name(&req.task) {
+        ev.task = Some(req.task.clone());
+    }
+    let settings = match state.inner.config.tasks.get(&req.task) {
+        Some(t) if t.code == crate::config::CodePolicy::Allowed && t.session.enabled => {
+            t.session.clone()
+        }
+        Some(_) => return Err(deny(state, caller, ev, Refusal::NotASessionTask).await),
+        None => return Err(deny(state, caller, ev, Refusal::UnknownTask).await),
+    };
+    // The same checks as a run request's (the actor may use the task; the inputs are the
+    // tenant's and fit the task), with an empty cell's code.
+    admit(
+        state,
+        caller,
+        &ev,
+        &req.request_id,
+        &req.task,
+        &req.inputs,
+        String::new(),
+    )
+    .await?;
+    let t = now();
+    let row = SessionRow {
+        session_id: format!(
+            "{}{}",
+            store::SESSION_ID_PREFIX,
+            random_hex(16).map_err(|_| Failure::Internal)?
+        ),
+        tenant: caller.tenant.clone(),
+        actor: caller.actor.clone(),
+        request_id: req.request_id.clone(),
+        body_sha256: body_sha.clone(),
+        task: req.task.clone(),
+        inputs: serde_json::to_string(&req.inputs).map_err(|_| Failure::Internal)?,
+        created_at: t,
+        expires_at: t + settings.lifetime_seconds as i64,
+        closed_at: None,
+        head_sha256: None,
+        last_receipt_sha256: None,
+        cells: 0,
+        forked_from: None,
+        forked_cell: None,
+    };
+    insert(state, caller, &db, row, &body_sha, ev, "session_open").await
+}
+
+/// Records a new session (open or fork) and audits it; a racing duplicate's request id finds
+/// the other's session.
+async fn insert(
+    state: &AppState,
+    caller: &Caller,
+    db: &Db,
+    row: SessionRow,
+    body_sha: &str,
+    ev: Event,
+    event: &'static str,
+) -> Result<(SessionView, bool), Failure> {
+    let r = row.clone();
+    let existing = db
+        .call(move |c| store::open_session(c, &r))
+        .await
+        .map_err(crate::storage::store::StoreError::from)?;
+    if let Some(e) = existing {
+        return replay_open(state, caller, db, &e.session_id, body_sha, ev).await;
+    }
+    metrics::counter!("agentjail_sessions_total", "event" => event).increment(1);
+    state
+        .store()
+        .audit(Event {
+            event,
+            decision: Some("allow"),
+            session_id: Some(row.session_id.clone()),
+            task: Some(row.task.clone()),
+            ..ev
+        })
+        .await;
+    Ok((session_view(state, &row), true))
+}
+
+/// A repeated opening request id: the same session for the same body and owner.
+async fn replay_open(
+    state: &AppState,
+    caller: &Caller,
+    db: &Db,
+    id: &str,
+    body_sha: &str,
+    ev: Event,
+) -> Result<(SessionView, bool), Failure> {
+    let key = id.to_owned();
+    let s = db
+        .call(move |c| store::get_session(c, &key))
+        .await
+        .map_err(crate::storage::store::StoreError::from)?
+        .ok_or(Failure::Internal)?;
+    if s.actor != caller.actor || s.body_sha256 != body_sha {
+        return Err(deny(state, caller, ev, Refusal::RequestIdConflict).await);
+    }
+    Ok((session_view(state, &s), false))
+}
+
+/// The run-request checks of a cell (or of an opening, with empty code).
+async fn admit<'s>(
+    state: &'s AppState,
+    caller: &Caller,
+    ev: &Event,
+    request_id: &str,
+    task: &str,
+    inputs: &[String],
+    code: String,
+) -> Result<policy::Admitted<'s>, Failure> {
+    let req = RunRequest {
+        request_id: request_id.to_owned(),
+        task: task.to_owned(),
+        inputs: inputs.to_vec(),
+        code: Some(code),
+        args: None,
+    };
+    let checked = match policy::check_request(&state.inner.config, caller, &req) {
+        Ok(c) => c,
+        Err(r) => return Err(deny(state, caller, ev.clone(), r).await),
+    };
+    let rows = state
+        .store()
+        .get_inputs(&caller.tenant, checked.input_ids())
+        .await?;
+    match checked.admit(rows) {
+        Ok(a) => Ok(a),
+        Err(r) => Err(deny(state, caller, ev.clone(), r).await),
+    }
+}
+
+/// `GET /v1/sessions/{id}`.
+pub(crate) async fn get(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<SessionView, Failure> {
+    let ev = caller.event("session_read");
+    let db = db(state, caller, &ev).await?;
+    let s = owned(state, caller, &db, id, &ev).await?;
+    Ok(session_view(state, &s))
+}
+
+/// Runs the session's next cell (or answers the recorded one for a known request id).
+pub(crate) async fn cell(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    req: CellRequest,
+    wait: bool,
+) -> Result<CellView, Failure> {
+    let mut ev = caller.event("session_cell");
+    ev.session_id = Some(id.to_owned());
+    let db = db(state, caller, &ev).await?;
+    let s = owned(state, caller, &db, id, &ev).await?;
+    ev.task = Some(s.task.clone());
+    if let Err(r) = policy::check_request_id(&req.request_id) {
+        return Err(deny(state, caller, ev, r).await);
+    }
+    ev.request_id = Some(req.request_id.clone());
+    let body_sha = sha_of(&serde_json::json!({"code": req.code}));
+    let (sid, rid) = (s.session_id.clone(), req.request_id.clone());
+    let known = db
+        .call(move |c| store::get_cell_by_request(c, &sid, &rid))
+        .await
+        .map_err(crate::storage::store::StoreError::from)?;
+    if let Some(c) = known {
+        return replay_cell(state, caller, c, &body_sha, ev, wait).await;
+    }
+    if s.closed_at.is_some() {
+        return Err(deny(state, caller, ev, Refusal::SessionClosed).await);
+    }
+    if now() >= s.expires_at {
+        return Err(deny(state, caller, ev, Refusal::SessionExpired).await);
+    }
+    let Some(settings) = settings(state, &s.task).cloned() else {
+        return Err(deny(state, caller, ev, Refusal::TaskGone).await);
+    };
+    let inputs: Vec<String> = serde_json::from_str(&s.inputs).unwrap_or_default();
+    let run_id = store::run_request_id(&s.session_id, s.cells);
+    let admitted = admit(
+        state,
+        caller,
+        &ev,
+        &run_id,
+        &s.task,
+        &inputs,
+        req.code.clone(),
+    )
+    .await?;
+    // The checkpoint the cell would restore must still be the one its name says: a tampered
+    // or lost one is refused here, before anything runs (and the runner checks it again).
+    if let Some(head) = s.head_sha256.clone() {
+        let data = state.inner.data_dir.clone();
+        let checked = tokio::task::spawn_blocking(move || checkpoints::verify_stored(&data, &head))
+            .await
+            .map_err(|_| Failure::Internal)?;
+        if let Err(why) = checked {
+            return Err(deny(state, caller, ev, Refusal::CheckpointInvalid(why)).await);
+        }
+    }
+    let Some(admission) = Admission::try_take(state) else {
+        metrics::counter!("agentjail_overload_refusals_total").increment(1);
+        return Err(deny(state, caller, ev, Refusal::Overloaded).await);
+    };
+    let run = new_run_row(state, caller, &s.task, &run_id, &body_sha, &admitted)?;
+    let n = NewCell {
+        session_id: s.session_id.clone(),
+        request_id: req.request_id.clone(),
+        body_sha256: body_sha.clone(),
+        max_cells: settings.max_cells,
+        expected_cell: s.cells,
+        now: now(),
+        run,
+    };
+    let begun = db
+        .call(move |c| store::begin_cell(c, n))
+        .await
+        .map_err(crate::storage::store::StoreError::from)?;
+    let (cell, before, previous_receipt, run) = match begun {
+        (
+            Begin::Reserved {
+                cell,
+                before,
+                previous_receipt,
+            },
+            Some(run),
+        ) => (cell, before, previous_receipt, run),
+        (Begin::Exists(c), _) => {
+            drop(admission);
+            return replay_cell(state, caller, *c, &body_sha, ev, wait).await;
+        }
+        (b, _) => {
+            let r = match b {
+                Begin::Busy => Refusal::CellInProgress {
+                    cell: s.cells.saturating_sub(1),
+                },
+                Begin::Closed => Refusal::SessionClosed,
+                Begin::Expired => Refusal::SessionExpired,
+                Begin::Full => Refusal::SessionFull {
+                    max: settings.max_cells,
+                },
+                _ => Refusal::NoSuchSession,
+            };
+            return Err(deny(state, caller, ev, r).await);
+        }
+    };
+    metrics::counter!("agentjail_session_cells_total").increment(1);
+    state
+        .store()
+        .audit(Event {
+            event: "session_cell",
+            decision: Some("allow"),
+            job_id: Some(run.job_id.clone()),
+            reason: Some(format!("cell {cell}")),
+            ..ev
+        })
+        .await;
+    let job = Job {
+        tenant: caller.tenant.clone(),
+        actor: caller.actor.clone(),
+        request_id: run.request_id.clone(),
+        task: s.task.clone(),
+        job_id: run.job_id.clone(),
+        job_expires_at: run.job_expires_at,
+        inputs: admitted.inputs,
+        code: admitted.code,
+        args: admitted.args,
+        cancel: None,
+        lease: None,
+        session: Some(CellJob {
+            session_id: s.session_id.clone(),
+            cell,
+            restore: before,
+            previous_receipt_sha256: previous_receipt,
+            max_mb: settings.max_mb,
+            max_files: settings.max_files,
+        }),
+    };
+    let handle = tokio::spawn(runner::execute(state.clone(), job, Some(admission), None));
+    if wait {
+        match CALLER_GONE.try_with(CancellationToken::clone) {
+            Ok(gone) => {
+                tokio::select! {
+                    _ = handle => {}
+                    _ = gone.cancelled() => {}
+                }
+            }
+            Err(_) => {
+                let _ = handle.await;
+            }
+        }
+    }
+    cell_record(state, &db, &s.session_id, cell, &caller.tenant).await
+}
+
+/// The cell `cell` of session `sid` with its run's record.
+async fn cell_record(
+    state: &AppState,
+    db: &Db,
+    sid: &str,
+    cell: u64,
+    tenant: &str,
+) -> Result<CellView, Failure> {
+    let sid = sid.to_owned();
+    let c = db
+        .call(move |c| store::get_cell(c, &sid, cell))
+        .await
+        .map_err(crate::storage::store::StoreError::from)?
+        .ok_or(Failure::Internal)?;
+    let run = run_of(state, tenant, &c.run_request_id).await?;
+    Ok(cell_view(state, &c, &run))
+}
+
+/// A repeated cell request id: the recorded cell for the same code, a conflict for another.
+async fn replay_cell(
+    state: &AppState,
+    caller: &Caller,
+    c: CellRow,
+    body_sha: &str,
+    ev: Event,
+    wait: bool,
+) -> Result<CellView, Failure> {
+    if let Err(r) = policy::check_replay(&c.body_sha256, body_sha) {
+        return Err(deny(state, caller, ev, r).await);
+    }
+    metrics::counter!("agentjail_replays_total").increment(1);
+    state
+        .store()
+        .audit(Event {
+            event: "session_cell_replay",
+            decision: Some("allow"),
+            reason: Some(format!("cell {}", c.cell)),
+            ..ev
+        })
+        .await;
+    let run = run_of(state, &c.tenant, &c.run_request_id).await?;
+    let run = if wait && !run.status.is_terminal() {
+        wait_for(state, &c.tenant, &c.run_request_id, None).await?
+    } else {
+        run
+    };
+    Ok(cell_view(state, &c, &run))
+}
+
+/// Most cells on one page.
+const MAX_PAGE: u32 = 100;
+
+/// `GET /v1/sessions/{id}/cells?cursor=&limit=`: the cells in order, a page at a time.
+pub(crate) async fn list_cells(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    cursor: Option<&str>,
+    limit: Option<u32>,
+) -> Result<CellList, Failure> {
+    let mut ev = caller.event("session_read");
+    ev.session_id = Some(id.to_owned());
+    let db = db(state, caller, &ev).await?;
+    let s = owned(state, caller, &db, id, &ev).await?;
+    let after = match cursor {
+        None => None,
+        Some(c) => match c.parse::<u64>() {
+            Ok(n) => Some(n),
+            Err(_) => {
+                let r = Refusal::Malformed("`cursor` is not a cursor of this listing".into());
+                return Err(deny(state, caller, ev, r).await);
+            }
+        },
+    };
+    let limit = limit.unwrap_or(50);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        let r = Refusal::Malformed(format!("`limit` must be 1-{MAX_PAGE}"));
+        return Err(deny(state, caller, ev, r).await);
+    }
+    let sid = s.session_id.clone();
+    let rows = db
+        .call(move |c| store::list_cells(c, &sid, after, limit + 1))
+        .await
+        .map_err(crate::storage::store::StoreError::from)?;
+    let more = rows.len() > limit as usize;
+    let mut cells = Vec::new();
+    for c in rows.iter().take(limit as usize) {
+        let run = run_of(state, &c.tenant, &c.run_request_id).await?;
+        cells.push(cell_view(state, c, &run));
+    }
+    let next_cursor = more
+        .then(|| cells.last().map(|c| c.cell.to_string()))
+        .flatten();
+    Ok(CellList { cells, next_cursor })
+}
+
+/// `DELETE /v1/sessions/{id}`: ends the session (idempotent); a cell still queued or running
+/// is cancelled through the runs' cancel path.
+pub(crate) async fn close(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<SessionView, Failure> {
+    let mut ev = caller.event("session_close");
+    ev.session_id = Some(id.to_owned());
+    let db = db(state, caller, &ev).await?;
+    let s = owned(state, caller, &db, id, &ev).await?;
+    let sid = s.session_id.clone();
+    let t = now();
+    let closed = db
+        .call(move |c| store::close_session(c, &sid, t))
+        .await
+        .map_err(crate::storage::store::StoreError::from)?;
+    if closed {
+        metrics::counter!("agentjail_sessions_total", "event" => "session_close").increment(1);
+        state
+            .store()
+            .audit(Event {
+                event: "session_close",
+                decision: Some("allow"),
+                task: Some(s.task.clone()),
+                ..ev
+            })
+            .await;
+    }
+    if s.cells > 0 {
+        let last = store::run_request_id(&s.session_id, s.cells - 1);
+        if let Ok(r) = run_of(state, &s.tenant, &last).await
+            && !r.status.is_terminal()
+        {
+            // Its end is recorded by its execution; the close stands whatever it says.
+            let _ = super::cancel::cancel(state, caller, &last).await;
+        }
+    }
+    let sid = s.session_id.clone();
+    let s = db
+        .call(move |c| store::get_session(c, &sid))
+        .await
+        .map_err(crate::storage::store::StoreError::from)?
+        .ok_or(Failure::Internal)?;
+    Ok(session_view(state, &s))
+}
+
+/// `POST /v1/sessions/{id}/fork`: a new session of the same owner, task and inputs, starting
+/// from the workspace the given cell (default: the last) left.
+pub(crate) async fn fork(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    req: ForkRequest,
+) -> Result<(SessionView, bool), Failure> {
+    let mut ev = caller.event("session_fork");
+    ev.session_id = Some(id.to_owned());
+    let db = db(state, caller, &ev).await?;
+    let s = owned(state, caller, &db, id, &ev).await?;
+    if let Err(r) = policy::check_request_id(&req.request_id) {
+        return Err(deny(state, caller, ev, r).await);
+    }
+    ev.request_id = Some(req.request_id.clone());
+    ev.task = Some(s.task.clone());
+    let body_sha = sha_of(&serde_json::json!({"fork": s.session_id, "cell": req.cell}));
+    let (tenant, rid) = (caller.tenant.clone(), req.request_id.clone());
+    let existing = db
+        .call(move |c| store::session_for_request(c, &tenant, &rid))
+        .await
+        .map_err(crate::storage::store::StoreError::from)?;
+    if let Some(e) = existing {
+        return replay_open(state, caller, &db, &e, &body_sha, ev).await;
+    }
+    let Some(settings) = settings(state, &s.task).cloned() else {
+        return Err(deny(state, caller, ev, Refusal::TaskGone).await);
+    };
+    let at = match req.cell {
+        Some(n) => Some(n),
+        None => s.cells.checked_sub(1),
+    };
+    let (head, receipt) = match at {
+        None => (s.head_sha256.clone(), s.last_receipt_sha256.clone()),
+        Some(n) => {
+            let sid = s.session_id.clone();
+            let c = db
+                .call(move |c| store::get_cell(c, &sid, n))
+                .await
+                .map_err(crate::storage::store::StoreError::from)?;
+            let Some(c) = c else {
+                return Err(deny(state, caller, ev, Refusal::NoSuchCell).await);
+            };
+            let run = run_of(state, &c.tenant, &c.run_request_id).await?;
+            if !run.status.is_terminal() {
+                return Err(deny(state, caller, ev, Refusal::CellInProgress { cell: n }).await);
+            }
+            (c.head_after.clone(), c.chain_after.clone())
+        }
+    };
+    let t = now();
+    let row = SessionRow {
+        session_id: format!(
+            "{}{}",
+            store::SESSION_ID_PREFIX,
+            random_hex(16).map_err(|_| Failure::Internal)?
+        ),
+        tenant: caller.tenant.clone(),
+        actor: caller.actor.clone(),
+        request_id: req.request_id.clone(),
+        body_sha256: body_sha.clone(),
+        task: s.task.clone(),
+        inputs: s.inputs.clone(),
+        created_at: t,
+        expires_at: t + settings.lifetime_seconds as i64,
+        closed_at: None,
+        head_sha256: head,
+        last_receipt_sha256: receipt,
+        cells: 0,
+        forked_from: Some(s.session_id.clone()),
+        forked_cell: at,
+    };
+    insert(state, caller, &db, row, &body_sha, ev, "session_fork").await
+}
