@@ -116,11 +116,7 @@ fn start(dir: &Path) -> Env {
         ("AGENTJAIL_PUBKEY".into(), pubkey.to_str().unwrap().into()),
         (
             "AGENTJAIL_EXAMPLE".into(),
-            repo()
-                .join("examples/csv-summary")
-                .to_str()
-                .unwrap()
-                .into(),
+            repo().join("examples/csv-summary").to_str().unwrap().into(),
         ),
         ("AGENTJAIL_VERSION".into(), env!("CARGO_PKG_VERSION").into()),
         (
@@ -143,7 +139,15 @@ fn the_python_client_passes_its_tests_against_a_real_service() {
     let dir = common::tmp();
     let env = start(dir.path());
     let out = Command::new("python3")
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-ra", "tests"])
+        .args([
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-ra",
+            "tests",
+        ])
         .current_dir(client_dir())
         .envs(env.vars.iter().map(|(k, v)| (k, v)))
         .env("TMPDIR", dir.path())
@@ -153,15 +157,15 @@ fn the_python_client_passes_its_tests_against_a_real_service() {
     println!("{}", String::from_utf8_lossy(&out.stdout));
     assert!(out.status.success(), "{}", dump("pytest", &out));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        !text.contains("skipped"),
-        "a client test skipped: {text}"
-    );
+    assert!(!text.contains("skipped"), "a client test skipped: {text}");
 
     // The guide's Python blocks, in order, as one program, from the checkout's folder.
     let page = std::fs::read_to_string(repo().join("docs/client-python.md")).unwrap();
     let code = python_blocks(&page);
-    assert!(code.contains("agentjail.Client"), "no quick start in the guide");
+    assert!(
+        code.contains("agentjail.Client"),
+        "no quick start in the guide"
+    );
     let out = Command::new("python3")
         .args(["-c", &code])
         .current_dir(repo())
@@ -169,7 +173,11 @@ fn the_python_client_passes_its_tests_against_a_real_service() {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", dump("docs/client-python.md", &out));
+    assert!(
+        out.status.success(),
+        "{}",
+        dump("docs/client-python.md", &out)
+    );
 }
 
 /// The ```` ```python ```` blocks of a Markdown page, joined.
@@ -195,7 +203,13 @@ fn the_python_client_is_mypy_strict_clean() {
         return;
     }
     let out = Command::new("python3")
-        .args(["-m", "mypy", "--strict", "--no-incremental", "src/agentjail"])
+        .args([
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-incremental",
+            "src/agentjail",
+        ])
         .current_dir(client_dir())
         .env("MYPY_CACHE_DIR", "/dev/null")
         .output()
@@ -211,7 +225,10 @@ fn the_python_client_builds_a_wheel_and_an_sdist_that_install() {
     // Its version is the service's.
     let pyproject = std::fs::read_to_string(client_dir().join("pyproject.toml")).unwrap();
     let version = format!("version = \"{}\"", env!("CARGO_PKG_VERSION"));
-    assert!(pyproject.contains(&version), "pyproject.toml lacks {version}");
+    assert!(
+        pyproject.contains(&version),
+        "pyproject.toml lacks {version}"
+    );
     let init = std::fs::read_to_string(client_dir().join("src/agentjail/__init__.py")).unwrap();
     assert!(init.contains(&format!("__version__ = \"{}\"", env!("CARGO_PKG_VERSION"))));
 
@@ -254,7 +271,11 @@ fn the_python_client_builds_a_wheel_and_an_sdist_that_install() {
         .env("TMPDIR", dir.path())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", dump("pip install the wheel", &out));
+    assert!(
+        out.status.success(),
+        "{}",
+        dump("pip install the wheel", &out)
+    );
     // Imported from the venv (not the checkout, not the system's site-packages), typed.
     let out = Command::new(venv.join("bin/python"))
         .args([
