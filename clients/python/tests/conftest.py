@@ -4,7 +4,8 @@ crates/cli/tests/client_python.rs, which sets:
 - AGENTJAIL_URL, AGENTJAIL_TOKEN (actor alice of tenant acme), AGENTJAIL_OPS_TOKEN (an
   operator of acme);
 - AGENTJAIL_PUBKEY: the service's receipt public key (PEM file);
-- AGENTJAIL_EXAMPLE: examples/csv-summary (report.csv, summarize.py).
+- AGENTJAIL_EXAMPLE: examples/csv-summary (report.csv, summarize.py);
+- AGENTJAIL_BIN: the agentjail binary (its `receipt verify`, to compare verdicts with).
 
 Its tasks: `summarize_csv` (the seed's), `py` (model-proposed Python at /input/code.py, an
 `o.json` output, 60 s). Without these variables the tests are skipped, except under CI (`CI`
@@ -24,7 +25,14 @@ import pytest
 
 import agentjail
 
-NEEDED = ["AGENTJAIL_URL", "AGENTJAIL_TOKEN", "AGENTJAIL_OPS_TOKEN", "AGENTJAIL_PUBKEY", "AGENTJAIL_EXAMPLE"]
+NEEDED = [
+    "AGENTJAIL_URL",
+    "AGENTJAIL_TOKEN",
+    "AGENTJAIL_OPS_TOKEN",
+    "AGENTJAIL_PUBKEY",
+    "AGENTJAIL_EXAMPLE",
+    "AGENTJAIL_BIN",
+]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -101,6 +102,35 @@ def test_summarize_csv_end_to_end_and_verify_offline(
     with pytest.raises(agentjail.VerificationError, match="not .exactly one. subject"):
         agentjail.verify(receipt, artifact=("other.json", b"{}"), public_key=pubkey)
 
+    # The same verdicts as `agentjail receipt verify`, case by case.
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "summary.json").write_bytes(bytes(bad))
+    (tmp_path / "other.pem").write_bytes(pem)
+    (tmp_path / "tampered.json").write_text(json.dumps(tampered))
+    (tmp_path / "stdout.log").write_bytes(stdout.data)
+    (tmp_path / "wrong.log").write_bytes(stdout.data + b"x")
+    cases = [
+        (rfile, [str(out)], pubkey, None, True),
+        (rfile, [str(tmp_path / "bad" / "summary.json")], pubkey, None, False),
+        (rfile, [str(out)], tmp_path / "other.pem", None, False),
+        (tmp_path / "tampered.json", [], pubkey, None, False),
+        (rfile, [], pubkey, tmp_path / "stdout.log", True),
+        (rfile, [], pubkey, tmp_path / "wrong.log", False),
+    ]
+    for receipt_file, artifacts, key, log, accepted in cases:
+        cli = subprocess.run(
+            [os.environ["AGENTJAIL_BIN"], "receipt", "verify", str(receipt_file), "--pubkey", str(key)]
+            + [a for p in artifacts for a in ("--artifact", p)]
+            + (["--stdout", str(log)] if log else []),
+            capture_output=True,
+        )
+        try:
+            agentjail.verify(receipt_file, artifacts, public_key=key, stdout=log)
+            verdict = True
+        except agentjail.VerificationError:
+            verdict = False
+        assert (cli.returncode == 0) == accepted == verdict, (receipt_file, artifacts, key, log, cli)
+
 
 def test_a_failing_import_is_a_typed_result_with_the_traceback(client: agentjail.Client) -> None:
     run = client.run("py", code=IMPORT_FAILS)
@@ -125,6 +155,9 @@ def test_a_denial_is_in_the_result(client: agentjail.Client) -> None:
     assert run.ok, run.record
     assert {"kind": "syscall", "detail": "ptrace"}.items() <= run.denials[0].items(), run.denials
     assert run.artifact == {"done": True}
+    # The same denial as a live event (here replayed from the start of the ended run).
+    live = [e.data for e in client.events(run.request_id) if e.event == "denial"]
+    assert live == [{"kind": "syscall", "detail": "ptrace"}], live
 
 
 def test_execute_once(client: agentjail.Client) -> None:

@@ -119,6 +119,7 @@ fn start(dir: &Path) -> Env {
             repo().join("examples/csv-summary").to_str().unwrap().into(),
         ),
         ("AGENTJAIL_VERSION".into(), env!("CARGO_PKG_VERSION").into()),
+        ("AGENTJAIL_BIN".into(), common::bin_str()),
         (
             "PYTHONPATH".into(),
             client_dir().join("src").to_str().unwrap().into(),
