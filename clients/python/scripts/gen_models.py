@@ -71,7 +71,11 @@ def doc(text: str, indent: str) -> List[str]:
     lines = text.strip().replace('"""', "'''").replace("\\", "\\\\").splitlines()
     if len(lines) == 1:
         return ['%s"""%s"""' % (indent, lines[0])]
-    return ['%s"""%s' % (indent, lines[0])] + [indent + l if l else "" for l in lines[1:]] + [indent + '"""']
+    return (
+        ['%s"""%s' % (indent, lines[0])]
+        + [indent + l if l else "" for l in lines[1:]]
+        + [indent + '"""']
+    )
 
 
 def fields(props: Dict[str, Any], names: List[str]) -> List[str]:

@@ -39,7 +39,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
     missing = [v for v in NEEDED if not os.environ.get(v)]
     if not missing:
         return
-    why = "no agentjail serve to test against (%s unset): run crates/cli/tests/client_python.rs" % ", ".join(missing)
+    why = (
+        "no agentjail serve to test against (%s unset): run crates/cli/tests/client_python.rs"
+        % ", ".join(missing)
+    )
     if os.environ.get("CI"):
         raise pytest.UsageError("prerequisite missing under CI: " + why)
     for item in items:

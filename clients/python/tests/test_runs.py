@@ -37,7 +37,9 @@ def summarize(client: agentjail.Client, example: Path, **kw: object) -> agentjai
     return client.run("summarize_csv", [data], code=code, **kw)  # type: ignore[arg-type,unused-ignore]
 
 
-def test_upload_from_a_path_bytes_and_a_file_object(client: agentjail.Client, example: Path) -> None:
+def test_upload_from_a_path_bytes_and_a_file_object(
+    client: agentjail.Client, example: Path
+) -> None:
     raw = (example / "report.csv").read_bytes()
     a = client.upload(example / "report.csv")
     b = client.upload(raw, name="data.csv", media_type="text/csv")
@@ -73,7 +75,9 @@ def test_summarize_csv_end_to_end_and_verify_offline(
     rfile.write_text(json.dumps(receipt))
     agentjail.verify(rfile, artifact=out.read_bytes(), public_key=pubkey.read_text())
     agentjail.verify(
-        rfile.read_bytes(), artifact=[("summary.json", out.read_bytes())], public_key=pubkey.read_bytes()
+        rfile.read_bytes(),
+        artifact=[("summary.json", out.read_bytes())],
+        public_key=pubkey.read_bytes(),
     )
     # The logs verify against the receipt.
     stdout = client.logs(run.request_id, "stdout")
@@ -119,7 +123,14 @@ def test_summarize_csv_end_to_end_and_verify_offline(
     ]
     for receipt_file, artifacts, key, log, accepted in cases:
         cli = subprocess.run(
-            [os.environ["AGENTJAIL_BIN"], "receipt", "verify", str(receipt_file), "--pubkey", str(key)]
+            [
+                os.environ["AGENTJAIL_BIN"],
+                "receipt",
+                "verify",
+                str(receipt_file),
+                "--pubkey",
+                str(key),
+            ]
             + [a for p in artifacts for a in ("--artifact", p)]
             + (["--stdout", str(log)] if log else []),
             capture_output=True,
@@ -129,7 +140,13 @@ def test_summarize_csv_end_to_end_and_verify_offline(
             verdict = True
         except agentjail.VerificationError:
             verdict = False
-        assert (cli.returncode == 0) == accepted == verdict, (receipt_file, artifacts, key, log, cli)
+        assert (cli.returncode == 0) == accepted == verdict, (
+            receipt_file,
+            artifacts,
+            key,
+            log,
+            cli,
+        )
 
 
 def test_a_failing_import_is_a_typed_result_with_the_traceback(client: agentjail.Client) -> None:
@@ -168,7 +185,9 @@ def test_execute_once(client: agentjail.Client) -> None:
     assert first.ok and again.ok
     assert again.record["job_id"] == first.record["job_id"]
     assert again.artifact == first.artifact  # one run: the same random number
-    assert [r["request_id"] for r in client.list(task="py") if r["request_id"] == request_id] == [request_id]
+    assert [r["request_id"] for r in client.list(task="py") if r["request_id"] == request_id] == [
+        request_id
+    ]
     with pytest.raises(agentjail.Conflict) as e:
         client.run("py", code=code + "\n", request_id=request_id)
     assert e.value.slug == "request-id-conflict" and e.value.problem["status"] == 409
@@ -206,7 +225,10 @@ def test_wait_times_out_and_cancel_ends_a_running_run(client: agentjail.Client) 
 
 def test_list_with_filters_and_cursor_pagination(client: agentjail.Client) -> None:
     marker = rid("page")
-    ids = [client.submit("py", code="print(1)", request_id="%s-%d" % (marker, n)).request_id for n in range(5)]
+    ids = [
+        client.submit("py", code="print(1)", request_id="%s-%d" % (marker, n)).request_id
+        for n in range(5)
+    ]
     for i in ids:
         client.wait(i, timeout=60)
     page = client.list_page(task="py", limit=2)

@@ -176,9 +176,7 @@ class AsyncClient:
         """The verified artifact's bytes."""
         return await self._drive(core.op_artifact(request_id))
 
-    async def download_artifact(
-        self, request_id: str, path: Union[str, "os.PathLike[str]"]
-    ) -> int:
+    async def download_artifact(self, request_id: str, path: Union[str, "os.PathLike[str]"]) -> int:
         """Writes the verified artifact to ``path``; returns its size."""
         data = await self.artifact(request_id)
         with open(path, "wb") as f:

@@ -135,9 +135,7 @@ class Client:
         ``timeout`` seconds."""
         return self._drive(core.op_wait(request_id, timeout))
 
-    def cancel(
-        self, request_id: str, *, wait: bool = True, timeout: Optional[float] = None
-    ) -> Run:
+    def cancel(self, request_id: str, *, wait: bool = True, timeout: Optional[float] = None) -> Run:
         """Cancels the run (only its actor or an operator may): a queued run never starts, a
         running one is killed. Returns the run, ended when ``wait``. Cancelling a cancelled
         run returns it; one that ended otherwise is :class:`Conflict`."""
@@ -274,4 +272,3 @@ class Client:
     def metrics(self) -> str:
         """``GET /metrics`` (Prometheus text)."""
         return self._drive(core.op_text("/metrics"))
-

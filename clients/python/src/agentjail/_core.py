@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import mimetypes
 import os
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import (
@@ -81,8 +82,6 @@ Op = Generator[Union[Call, Sleep], Any, T]
 
 
 def now() -> float:
-    import time
-
     return time.monotonic()
 
 
@@ -105,7 +104,11 @@ def check(a: Answer) -> Answer:
         if not isinstance(problem, dict):
             raise ValueError
     except ValueError:
-        problem = {"status": a.status, "title": "", "detail": a.content[:500].decode("utf-8", "replace")}
+        problem = {
+            "status": a.status,
+            "title": "",
+            "detail": a.content[:500].decode("utf-8", "replace"),
+        }
     raise error_for(a.status, problem, {k.lower(): v for k, v in a.headers.items()})
 
 
@@ -135,7 +138,7 @@ def op_upload(source: Source, name: Optional[str], media_type: Optional[str]) ->
     if media_type is None:
         media_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
     a = check(
-                (
+        (
             yield Call(
                 "POST",
                 "/v1/inputs",
@@ -203,9 +206,7 @@ def op_get(request_id: str) -> Op[Run]:
     return Run(cast(RunView, a.json()))
 
 
-def op_wait(
-    request_id: str, timeout: Optional[float], started: Optional[float] = None
-) -> Op[Run]:
+def op_wait(request_id: str, timeout: Optional[float], started: Optional[float] = None) -> Op[Run]:
     t0 = now() if started is None else started
     while True:
         run = yield from op_get(request_id)
@@ -260,7 +261,11 @@ def op_logs(request_id: str, stream: str) -> Op[Log]:
         (yield Call("GET", "/v1/runs/" + seg(request_id) + "/logs", params={"stream": stream}))
     )
     h = {k.lower(): v for k, v in a.headers.items()}
-    return Log(data=a.content, sha256=h.get("x-agentjail-sha256"), masked=int(h.get("x-agentjail-masked", "0")))
+    return Log(
+        data=a.content,
+        sha256=h.get("x-agentjail-sha256"),
+        masked=int(h.get("x-agentjail-masked", "0")),
+    )
 
 
 def op_artifact(request_id: str) -> Op[bytes]:
@@ -388,7 +393,8 @@ class Follower:
                 return None  # sent before the reconnect: already handed out
             if seen is not None and ev.offset > seen:
                 raise StreamError(
-                    "%s of run %s: got bytes from %d, expected %d" % (name, self.request_id, ev.offset, seen)
+                    "%s of run %s: got bytes from %d, expected %d"
+                    % (name, self.request_id, ev.offset, seen)
                 )
             self.offsets[name] = end
         if name == "ended":
