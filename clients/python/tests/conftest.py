@@ -5,7 +5,9 @@ crates/cli/tests/client_python.rs, which sets:
   operator of acme);
 - AGENTJAIL_PUBKEY: the service's receipt public key (PEM file);
 - AGENTJAIL_EXAMPLE: examples/csv-summary (report.csv, summarize.py);
-- AGENTJAIL_BIN: the agentjail binary (its `receipt verify`, to compare verdicts with).
+- AGENTJAIL_BIN: the agentjail binary (its `receipt verify`, to compare verdicts with);
+- AGENTJAIL_BUSY_URL: a second service with the same actors and tasks, one run slot and no
+  queue (429 as soon as a run is running).
 
 Its tasks: `summarize_csv` (the seed's), `py` (model-proposed Python at /input/code.py, an
 `o.json` output, 60 s). Without these variables the tests are skipped, except under CI (`CI`
@@ -32,6 +34,7 @@ NEEDED = [
     "AGENTJAIL_PUBKEY",
     "AGENTJAIL_EXAMPLE",
     "AGENTJAIL_BIN",
+    "AGENTJAIL_BUSY_URL",
 ]
 
 

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -28,6 +29,7 @@ libc.syscall.restype = ctypes.c_long
 libc.syscall(ctypes.c_long(101), ctypes.c_long(16), ctypes.c_long(1), ctypes.c_long(0), ctypes.c_long(0))
 json.dump({"done": True}, open("/output/o.json", "w"))
 """
+WRITES = "import json\njson.dump({}, open('/output/o.json', 'w'))\n"
 SLEEPS = "import time\nprint('started', flush=True)\ntime.sleep(60)\n"
 
 
@@ -284,3 +286,24 @@ def test_tasks_health_metrics(client: agentjail.Client) -> None:
 
 def test_the_version_is_the_services() -> None:
     assert agentjail.__version__ == os.environ.get("AGENTJAIL_VERSION", agentjail.__version__)
+
+
+def test_a_full_service_is_rate_limited_then_retried() -> None:
+    """Against the second service (one run slot, no queue): a run submitted while another
+    runs is 429 with Retry-After; with retries, the client waits and gets through."""
+    busy = os.environ["AGENTJAIL_BUSY_URL"]
+    with agentjail.Client(busy, retries=0) as c:
+        first = c.submit("py", code=SLEEPS)
+        for ev in c.events(first.request_id):
+            if ev.event == "stdout":
+                break
+        with pytest.raises(agentjail.RateLimited) as e:
+            c.submit("py", code="print(1)")
+        assert e.value.status == 429 and e.value.slug == "overloaded"
+        assert e.value.retry_after == 5.0
+        # With retries, the same call waits for the slot (freed here after a second).
+        threading.Timer(1.0, lambda: c.cancel(first.request_id)).start()
+        with agentjail.Client(busy, retries=2) as patient:
+            t0 = time.monotonic()
+            run = patient.run("py", code=WRITES)
+            assert run.ok and time.monotonic() - t0 >= 4.0

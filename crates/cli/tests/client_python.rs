@@ -2,9 +2,9 @@
 //! `agentjail serve` (SQLite) that this test starts: its pytest suite (`clients/python/tests`:
 //! upload and the csv-summary example, a failing import as a typed result, a denial, execute-
 //! once, live events with resume across a dropped connection, cancel, pagination, typed
-//! errors, offline receipt verification, the async client, and the generated models against
-//! this server's `/openapi.json`), the ```` ```python ```` blocks of docs/client-python.md run in
-//! order, `mypy --strict` on the package, and packaging: `python3 -m build` makes a wheel and
+//! errors, 429 and its retry (on a second service with one run slot), offline receipt
+//! verification, the async client, and the generated models against this server's
+//! `/openapi.json`), the ```` ```python ```` blocks of docs/client-python.md run in order, `mypy --strict` on the package, and packaging: `python3 -m build` makes a wheel and
 //! an sdist, and the wheel installs into a fresh venv (no system site-packages) where
 //! `import agentjail` works. Needs python3 with httpx, pytest, mypy, build and cryptography
 //! (`.ci/run` installs them) and, for the venv, the package registry or pip's cache. Without
@@ -61,9 +61,10 @@ fn have(needed: &[&str]) -> bool {
     false
 }
 
-fn config() -> String {
+/// The service's configuration; `server` is its `[server]` table's lines.
+fn config(server: &str) -> String {
     format!(
-        "\n[tenants.acme]\n{alice}{ops}{summarize}{py}",
+        "[server]\n{server}\n[tenants.acme]\n{alice}{ops}{summarize}{py}",
         alice = actor("alice", "acme", ALICE, false),
         ops = actor("ops", "acme", OPS, true),
         summarize = summarize_csv_task(
@@ -93,13 +94,22 @@ fn dump(what: &str, o: &Output) -> String {
 /// A started service and what the Python side needs to reach it.
 struct Env {
     _serve: Serve,
+    _busy: Serve,
     vars: Vec<(String, String)>,
 }
 
 fn start(dir: &Path) -> Env {
-    let cfg = write_config(dir, &config());
+    let cfg = write_config(dir, &config(""));
     let data = dir.join("data");
     let serve = Serve::start(&cfg, &data, &[]);
+    // The same actors and tasks with one run slot and no queue: 429 while a run runs.
+    let busy_dir = dir.join("busy");
+    std::fs::create_dir_all(&busy_dir).unwrap();
+    let busy_cfg = write_config(
+        &busy_dir,
+        &config("max_concurrent_runs = 1\nmax_queued_runs = 0"),
+    );
+    let busy = Serve::start(&busy_cfg, &busy_dir.join("data"), &[]);
     let out = common::agentjail(&[
         "receipt",
         "pubkey",
@@ -120,6 +130,7 @@ fn start(dir: &Path) -> Env {
         ),
         ("AGENTJAIL_VERSION".into(), env!("CARGO_PKG_VERSION").into()),
         ("AGENTJAIL_BIN".into(), common::bin_str()),
+        ("AGENTJAIL_BUSY_URL".into(), busy.base.clone()),
         (
             "PYTHONPATH".into(),
             client_dir().join("src").to_str().unwrap().into(),
@@ -128,6 +139,7 @@ fn start(dir: &Path) -> Env {
     ];
     Env {
         _serve: serve,
+        _busy: busy,
         vars,
     }
 }

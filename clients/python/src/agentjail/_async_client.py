@@ -48,9 +48,10 @@ class AsyncClient:
         *,
         timeout: TimeoutArg = None,
         headers: Optional[Mapping[str, str]] = None,
+        retries: int = 2,
         http_client: Optional[httpx.AsyncClient] = None,
     ) -> None:
-        self._config = Config(base_url, token, timeout, headers)
+        self._config = Config(base_url, token, timeout, headers, retries)
         self._http = http_client or httpx.AsyncClient(
             base_url=self._config.base_url,
             headers=self._config.headers,
@@ -76,12 +77,20 @@ class AsyncClient:
     async def _drive(self, op: Op[T]) -> T:
         try:
             step = next(op)
+            attempt = 0
             while True:
                 if isinstance(step, Sleep):
                     await asyncio.sleep(step.seconds)
                     step = op.send(None)
-                else:
-                    step = op.send(await self._send(step))
+                    continue
+                a = await self._send(step)
+                delay = core.retry_delay(a, attempt, self._config.retries)
+                if delay is not None:
+                    attempt += 1
+                    await asyncio.sleep(delay)
+                    continue
+                attempt = 0
+                step = op.send(a)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
 

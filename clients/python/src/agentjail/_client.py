@@ -23,7 +23,10 @@ class Client:
     ``base_url`` defaults to ``$AGENTJAIL_URL``, then ``http://127.0.0.1:8787``; ``token`` to
     ``$AGENTJAIL_TOKEN``. ``timeout`` bounds each HTTP exchange (seconds or an
     ``httpx.Timeout``; default 10 s to connect, 60 s to answer); a call that waits for a run
-    waits as long as its own ``timeout`` says. Use it as a context manager, or call
+    waits as long as its own ``timeout`` says. An answer 429 (every run slot and the queue
+    full) or 503 (the database unreachable) is retried ``retries`` times after its
+    ``Retry-After`` (at most 30 s each; safe: a request id runs once), then raised as
+    :class:`RateLimited` / :class:`Unavailable`. Use it as a context manager, or call
     :meth:`close`.
 
     Sessions and cells (a stateful interpreter across runs) are not part of the service's API
@@ -37,9 +40,10 @@ class Client:
         *,
         timeout: TimeoutArg = None,
         headers: Optional[Mapping[str, str]] = None,
+        retries: int = 2,
         http_client: Optional[httpx.Client] = None,
     ) -> None:
-        self._config = Config(base_url, token, timeout, headers)
+        self._config = Config(base_url, token, timeout, headers, retries)
         self._http = http_client or httpx.Client(
             base_url=self._config.base_url,
             headers=self._config.headers,
@@ -67,12 +71,20 @@ class Client:
     def _drive(self, op: Op[T]) -> T:
         try:
             step = next(op)
+            attempt = 0
             while True:
                 if isinstance(step, Sleep):
                     time.sleep(step.seconds)
                     step = op.send(None)
-                else:
-                    step = op.send(self._send(step))
+                    continue
+                a = self._send(step)
+                delay = core.retry_delay(a, attempt, self._config.retries)
+                if delay is not None:
+                    attempt += 1
+                    time.sleep(delay)
+                    continue
+                attempt = 0
+                step = op.send(a)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
 

@@ -85,6 +85,28 @@ def now() -> float:
     return time.monotonic()
 
 
+#: Statuses after which the same call is made again (``Retry-After``): 429 (every run slot
+#: and the queue full) and 503 (the database unreachable, or too many followers).
+RETRY_STATUSES = frozenset({429, 503})
+#: The longest wait between two attempts, whatever ``Retry-After`` says.
+MAX_RETRY_WAIT = 30.0
+
+
+def retry_delay(a: Answer, attempt: int, retries: int) -> Optional[float]:
+    """How long to wait before making a call again after answer ``a`` (its ``attempt``-th
+    retry; 0 for the first answer), or ``None`` to hand the answer on. Safe for every call of
+    this API: a run is executed once per request id, the other calls read or are idempotent.
+    """
+    if a.status not in RETRY_STATUSES or attempt >= retries:
+        return None
+    value = {k.lower(): v for k, v in a.headers.items()}.get("retry-after", "")
+    try:
+        delay = float(value)
+    except ValueError:
+        delay = 1.0 * 2**attempt
+    return max(0.0, min(delay, MAX_RETRY_WAIT))
+
+
 def new_request_id() -> str:
     """A fresh execute-once request id (a UUID4)."""
     return str(uuid.uuid4())

@@ -26,7 +26,11 @@ class Config:
         token: Optional[str],
         timeout: TimeoutArg,
         headers: Optional[Mapping[str, str]],
+        retries: int = 2,
     ) -> None:
+        if retries < 0:
+            raise ValueError("retries must be 0 or more")
+        self.retries = retries
         url = base_url or os.environ.get("AGENTJAIL_URL") or DEFAULT_URL
         token = token if token is not None else os.environ.get("AGENTJAIL_TOKEN")
         self.base_url = url.rstrip("/")
