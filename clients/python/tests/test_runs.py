@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -270,6 +271,20 @@ def test_errors_are_typed_and_carry_the_problem(client: agentjail.Client) -> Non
         client.run("py", code="print(1)", request_id="..")
     with pytest.raises(agentjail.InputMismatch):
         client.run("summarize_csv", code="print(1)")
+    # A service that accepts the connection and never answers: a transport timeout, distinct
+    # from a run's own `timeout` status and from WaitTimeout.
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)
+    try:
+        url = "http://127.0.0.1:%d" % silent.getsockname()[1]
+        with agentjail.Client(url, timeout=0.5) as mute:
+            with pytest.raises(agentjail.TransportTimeout) as t:
+                mute.get("any")
+        assert isinstance(t.value, agentjail.Timeout)
+        assert not isinstance(t.value, agentjail.WaitTimeout)
+    finally:
+        silent.close()
     # The service cannot be reached: a transport error, not an API error.
     with agentjail.Client("http://127.0.0.1:9", timeout=2) as nowhere:
         with pytest.raises(agentjail.TransportError):
