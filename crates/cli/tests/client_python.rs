@@ -6,7 +6,8 @@
 //! verification, the async client, and the generated models against this server's
 //! `/openapi.json`), the ```` ```python ```` blocks of docs/client-python.md run in order, `mypy --strict` on the package, and packaging: `python3 -m build` makes a wheel and
 //! an sdist, and the wheel installs into a fresh venv (no system site-packages) where
-//! `import agentjail` works. Needs python3 with httpx, pytest, mypy, build and cryptography
+//! `import agentjail` works. The suite runs twice: on SQLite, and on PostgreSQL (a throwaway
+//! cluster, as tests/postgres.rs starts one). Needs python3 with httpx, pytest, mypy, build and cryptography
 //! (`.ci/run` installs them) and, for the venv, the package registry or pip's cache. Without
 //! them the tests print SKIP and pass; under CI (`CI` set) they fail.
 
@@ -91,18 +92,17 @@ fn dump(what: &str, o: &Output) -> String {
     )
 }
 
-/// A started service and what the Python side needs to reach it.
+/// The services the suite runs against, and what the Python side needs to reach them.
 struct Env {
-    _serve: Serve,
+    _primary: Box<dyn std::any::Any>,
     _busy: Serve,
     vars: Vec<(String, String)>,
 }
 
-fn start(dir: &Path) -> Env {
-    let cfg = write_config(dir, &config(""));
-    let data = dir.join("data");
-    let serve = Serve::start(&cfg, &data, &[]);
-    // The same actors and tasks with one run slot and no queue: 429 while a run runs.
+/// The environment of the suite against the service at `base` whose data folder is `data`
+/// (`primary`: what keeps it running), with a second, SQLite service of one run slot and no
+/// queue (429 while a run runs) for the rate-limit test.
+fn env(dir: &Path, primary: Box<dyn std::any::Any>, base: &str, data: &Path) -> Env {
     let busy_dir = dir.join("busy");
     std::fs::create_dir_all(&busy_dir).unwrap();
     let busy_cfg = write_config(
@@ -120,7 +120,7 @@ fn start(dir: &Path) -> Env {
     let pubkey = dir.join("pubkey.pem");
     std::fs::write(&pubkey, &out.stdout).unwrap();
     let vars = vec![
-        ("AGENTJAIL_URL".into(), serve.base.clone()),
+        ("AGENTJAIL_URL".into(), base.to_string()),
         ("AGENTJAIL_TOKEN".into(), ALICE.into()),
         ("AGENTJAIL_OPS_TOKEN".into(), OPS.into()),
         ("AGENTJAIL_PUBKEY".into(), pubkey.to_str().unwrap().into()),
@@ -138,19 +138,14 @@ fn start(dir: &Path) -> Env {
         ("PYTHONDONTWRITEBYTECODE".into(), "1".into()),
     ];
     Env {
-        _serve: serve,
+        _primary: primary,
         _busy: busy,
         vars,
     }
 }
 
-#[test]
-fn the_python_client_passes_its_tests_against_a_real_service() {
-    if !have(&["httpx", "pytest", "cryptography"]) {
-        return;
-    }
-    let dir = common::tmp();
-    let env = start(dir.path());
+/// Runs the client's pytest suite in `env`; every test must run and pass.
+fn pytest(env: &Env, dir: &Path) {
     let out = Command::new("python3")
         .args([
             "-m",
@@ -163,7 +158,7 @@ fn the_python_client_passes_its_tests_against_a_real_service() {
         ])
         .current_dir(client_dir())
         .envs(env.vars.iter().map(|(k, v)| (k, v)))
-        .env("TMPDIR", dir.path())
+        .env("TMPDIR", dir)
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -171,6 +166,20 @@ fn the_python_client_passes_its_tests_against_a_real_service() {
     assert!(out.status.success(), "{}", dump("pytest", &out));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(!text.contains("skipped"), "a client test skipped: {text}");
+}
+
+#[test]
+fn the_python_client_passes_its_tests_against_a_real_service() {
+    if !have(&["httpx", "pytest", "cryptography"]) {
+        return;
+    }
+    let dir = common::tmp();
+    let cfg = write_config(dir.path(), &config(""));
+    let data = dir.path().join("data");
+    let serve = Serve::start(&cfg, &data, &[]);
+    let base = serve.base.clone();
+    let env = env(dir.path(), Box::new(serve), &base, &data);
+    pytest(&env, dir.path());
 
     // The guide's Python blocks, in order, as one program, from the checkout's folder.
     let page = std::fs::read_to_string(repo().join("docs/client-python.md")).unwrap();
@@ -191,6 +200,40 @@ fn the_python_client_passes_its_tests_against_a_real_service() {
         "{}",
         dump("docs/client-python.md", &out)
     );
+}
+
+/// The same suite against the PostgreSQL topology: `serve` on a throwaway cluster (runs,
+/// their output, denials and events go through the database).
+#[test]
+fn the_python_client_passes_its_tests_on_postgres() {
+    if !have(&["httpx", "pytest", "cryptography"]) {
+        return;
+    }
+    let Some(pg) = common::pg::Pg::start() else {
+        return;
+    };
+    let dir = common::tmp();
+    let node_dir = dir.path().join("node");
+    let (node, line) = common::pg::Node::start(
+        &node_dir,
+        &pg.url(),
+        &config("node_id = \"pyclient-a\""),
+        &["serve", "--listen", "127.0.0.1:0"],
+        "listening on ",
+    );
+    let base = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    let env = env(
+        dir.path(),
+        Box::new((node, pg)),
+        &base,
+        &node_dir.join("data"),
+    );
+    pytest(&env, dir.path());
 }
 
 /// The ```` ```python ```` blocks of a Markdown page, joined.
