@@ -12,6 +12,8 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import List
+import httpx
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -289,6 +291,15 @@ def test_errors_are_typed_and_carry_the_problem(client: agentjail.Client) -> Non
     with agentjail.Client("http://127.0.0.1:9", timeout=2) as nowhere:
         with pytest.raises(agentjail.TransportError):
             nowhere.health()
+
+
+def test_a_callers_own_httpx_client_is_used() -> None:
+    seen: List[str] = []
+    hooks = {"request": [lambda r: seen.append(r.url.path)]}
+    with httpx.Client(event_hooks=hooks) as http:
+        with agentjail.Client(http_client=http) as c:
+            assert {t["name"] for t in c.tasks()} >= {"py"}
+    assert seen == ["/v1/tasks"]
 
 
 def test_tasks_health_metrics(client: agentjail.Client) -> None:

@@ -52,11 +52,7 @@ class AsyncClient:
         http_client: Optional[httpx.AsyncClient] = None,
     ) -> None:
         self._config = Config(base_url, token, timeout, headers, retries)
-        self._http = http_client or httpx.AsyncClient(
-            base_url=self._config.base_url,
-            headers=self._config.headers,
-            timeout=self._config.timeout,
-        )
+        self._http = http_client or httpx.AsyncClient(timeout=self._config.timeout)
 
     async def __aenter__(self) -> "AsyncClient":
         return self

@@ -27,7 +27,8 @@ class Client:
     full) or 503 (the database unreachable) is retried ``retries`` times after its
     ``Retry-After`` (at most 30 s each; safe: a request id runs once), then raised as
     :class:`RateLimited` / :class:`Unavailable`. Use it as a context manager, or call
-    :meth:`close`.
+    :meth:`close`. ``http_client`` is an ``httpx.Client`` of your own (proxies, TLS, event
+    hooks); the URL, token and timeouts are still set per request.
 
     Sessions and cells (a stateful interpreter across runs) are not part of the service's API
     yet; they will be methods of this class.
@@ -44,11 +45,7 @@ class Client:
         http_client: Optional[httpx.Client] = None,
     ) -> None:
         self._config = Config(base_url, token, timeout, headers, retries)
-        self._http = http_client or httpx.Client(
-            base_url=self._config.base_url,
-            headers=self._config.headers,
-            timeout=self._config.timeout,
-        )
+        self._http = http_client or httpx.Client(timeout=self._config.timeout)
 
     def __enter__(self) -> "Client":
         return self

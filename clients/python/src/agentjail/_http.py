@@ -47,11 +47,13 @@ class Config:
 
     def request_args(self, call: Call) -> Dict[str, Any]:
         """The keyword arguments of ``httpx.Client.build_request`` for ``call``."""
+        # The whole URL and every header per request, so that a caller's own httpx client
+        # (proxies, TLS, transports) needs no base URL or token of its own.
         args: Dict[str, Any] = {
             "method": call.method,
-            "url": call.path,
+            "url": self.base_url + call.path,
             "params": call.params or None,
-            "headers": call.headers or None,
+            "headers": {**self.headers, **call.headers},
         }
         if call.json is not None:
             args["json"] = call.json
