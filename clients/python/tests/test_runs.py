@@ -299,6 +299,7 @@ def test_a_callers_own_httpx_client_is_used() -> None:
     with httpx.Client(event_hooks=hooks) as http:
         with agentjail.Client(http_client=http) as c:
             assert {t["name"] for t in c.tasks()} >= {"py"}
+        assert not http.is_closed, "closed a client the caller owns"
     assert seen == ["/v1/tasks"]
 
 

@@ -53,6 +53,7 @@ class AsyncClient:
     ) -> None:
         self._config = Config(base_url, token, timeout, headers, retries)
         self._http = http_client or httpx.AsyncClient(timeout=self._config.timeout)
+        self._owns_http = http_client is None
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -61,8 +62,9 @@ class AsyncClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Closes the connections."""
-        await self._http.aclose()
+        """Closes the connections (not those of an ``http_client`` given: its owner does)."""
+        if self._owns_http:
+            await self._http.aclose()
 
     async def _send(self, call: Call) -> core.Answer:
         try:

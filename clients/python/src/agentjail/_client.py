@@ -46,6 +46,7 @@ class Client:
     ) -> None:
         self._config = Config(base_url, token, timeout, headers, retries)
         self._http = http_client or httpx.Client(timeout=self._config.timeout)
+        self._owns_http = http_client is None
 
     def __enter__(self) -> "Client":
         return self
@@ -54,8 +55,9 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        """Closes the connections."""
-        self._http.close()
+        """Closes the connections (not those of an ``http_client`` given: its owner does)."""
+        if self._owns_http:
+            self._http.close()
 
     # -- the driver ----------------------------------------------------------------------
 

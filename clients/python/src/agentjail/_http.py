@@ -59,9 +59,10 @@ class Config:
             args["json"] = call.json
         elif call.content is not None:
             args["content"] = call.content
-        if call.long:
-            t = self.timeout
-            args["timeout"] = httpx.Timeout(t.connect, read=None, write=t.write, pool=t.pool)
+        t = self.timeout
+        args["timeout"] = (
+            httpx.Timeout(t.connect, read=None, write=t.write, pool=t.pool) if call.long else t
+        )
         return args
 
 
