@@ -1,0 +1,300 @@
+"""Offline verification of agentjail run receipts: the checks of `agentjail receipt verify`.
+
+This module needs nothing but the standard library and `cryptography`, and imports nothing
+from the rest of the package, so that `crates/verify/tests/receipt_verify.py` (the
+third-party verifier the docs point to) can load it by its path without `httpx`.
+
+The checks, in order (each failure raises :class:`VerificationError` with a one-line reason):
+
+1. the envelope is at most 16 MiB of JSON, its ``payloadType`` is
+   ``application/vnd.in-toto+json`` and its payload is base64;
+2. an Ed25519 signature over the DSSE pre-authentication encoding (PAE) verifies with the
+   public key (a signature naming another ``keyid`` is not tried; the key id is the sha256 of
+   the raw public key, hex);
+3. the payload is an in-toto Statement v1 whose ``predicateType`` is
+   ``https://agentjail.dev/attestation/run/v1``;
+4. each artifact's sha256 equals the digest of the one subject with its name (the subject's
+   full name, else its last path component);
+5. a log of the command's stdout or stderr hashes to the predicate's ``stdout.sha256`` /
+   ``stderr.sha256``;
+6. a workspace checkpoint hashes to the predicate's ``workspace.after``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    PublicFormat,
+    load_pem_public_key,
+)
+
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://agentjail.dev/attestation/run/v1"
+MAX_ENVELOPE_BYTES = 16 * 1024 * 1024
+
+#: A file's content: its bytes, a binary file object, or a path (``str`` or ``os.PathLike``).
+Content = Union[bytes, bytearray, memoryview, "os.PathLike[str]", str, IO[bytes]]
+#: An artifact: a path (matched by its name), ``(name, content)``, or bytes (matched when the
+#: receipt has exactly one subject).
+ArtifactArg = Union[bytes, bytearray, "os.PathLike[str]", str, Tuple[str, Content]]
+#: A receipt: the parsed envelope, its JSON bytes, or a path to it.
+ReceiptArg = Union[Mapping[str, Any], bytes, bytearray, "os.PathLike[str]", str]
+#: A public key: an ``Ed25519PublicKey``, PEM text or bytes, or a path to a PEM file.
+KeyArg = Union[Ed25519PublicKey, bytes, "os.PathLike[str]", str]
+
+
+class VerificationError(Exception):
+    """A receipt did not verify; ``reason`` says which check failed, in one line."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class VerifiedReceipt:
+    """A receipt whose signature and every given file verified."""
+
+    #: The signed in-toto statement (``subject``, ``predicateType``, ``predicate``).
+    statement: Dict[str, Any]
+    #: The id of the key that signed it (sha256 of the raw Ed25519 public key, hex).
+    keyid: str
+
+    @property
+    def predicate(self) -> Dict[str, Any]:
+        """The run predicate: ``status``, ``exit_code``, ``request_id``, limits, digests…"""
+        p = self.statement.get("predicate")
+        return p if isinstance(p, dict) else {}
+
+    @property
+    def status(self) -> Optional[str]:
+        """The run's status as signed (``ok``, ``exit_nonzero``, …): check it."""
+        s = self.predicate.get("status")
+        return s if isinstance(s, str) else None
+
+    @property
+    def subjects(self) -> List[Dict[str, Any]]:
+        """The signed artifacts: ``[{name, digest: {sha256}}]``."""
+        s = self.statement.get("subject")
+        return [x for x in s if isinstance(x, dict)] if isinstance(s, list) else []
+
+
+def b64decode(s: str) -> bytes:
+    """DSSE allows standard or URL-safe base64, padded or not."""
+    t = s.rstrip("=")
+    t += "=" * (-len(t) % 4)
+    try:
+        return base64.b64decode(t, validate=True)
+    except (ValueError, binascii.Error):
+        return base64.b64decode(t, altchars=b"-_", validate=True)
+
+
+def pae(payload_type: str, body: bytes) -> bytes:
+    """The DSSE pre-authentication encoding that is signed."""
+    t = payload_type.encode()
+    return b"DSSEv1 %d %s %d %s" % (len(t), t, len(body), body)
+
+
+def keyid_of(key: Ed25519PublicKey) -> str:
+    """The key id agentjail gives a public key: the sha256 of its 32 raw bytes, hex."""
+    return hashlib.sha256(key.public_bytes(Encoding.Raw, PublicFormat.Raw)).hexdigest()
+
+
+def _read(content: Content) -> bytes:
+    if isinstance(content, (bytes, bytearray, memoryview)):
+        return bytes(content)
+    if isinstance(content, (str, os.PathLike)):
+        with open(content, "rb") as f:
+            return f.read()
+    data = content.read()
+    if not isinstance(data, bytes):
+        raise TypeError("a file object given as content must be opened in binary mode")
+    return data
+
+
+def _sha256_hex(content: Content) -> str:
+    if isinstance(content, (str, os.PathLike)):
+        h = hashlib.sha256()
+        with open(content, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 16), b""):
+                h.update(chunk)
+        return h.hexdigest()
+    return hashlib.sha256(_read(content)).hexdigest()
+
+
+def load_public_key(public_key: KeyArg) -> Ed25519PublicKey:
+    """An Ed25519 public key from a key object, PEM text or bytes, or a PEM file's path."""
+    if isinstance(public_key, Ed25519PublicKey):
+        return public_key
+    if isinstance(public_key, bytes):
+        pem = public_key
+    elif isinstance(public_key, str) and "-----BEGIN" in public_key:
+        pem = public_key.encode()
+    else:
+        with open(public_key, "rb") as f:
+            pem = f.read()
+    try:
+        key = load_pem_public_key(pem.strip())
+    except ValueError:
+        raise VerificationError("the public key is not a PEM public key") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise VerificationError("the public key is not an Ed25519 key")
+    return key
+
+
+def _envelope(receipt: ReceiptArg) -> Dict[str, Any]:
+    if isinstance(receipt, Mapping):
+        return dict(receipt)
+    raw = bytes(receipt) if isinstance(receipt, (bytes, bytearray)) else _read(receipt)
+    if len(raw) > MAX_ENVELOPE_BYTES:
+        raise VerificationError("the envelope is larger than %d bytes" % MAX_ENVELOPE_BYTES)
+    try:
+        env = json.loads(raw)
+    except ValueError:
+        raise VerificationError("the envelope is not valid JSON") from None
+    if not isinstance(env, dict):
+        raise VerificationError("the envelope is not a JSON object")
+    return env
+
+
+def _authentic_payload(env: Mapping[str, Any], key: Ed25519PublicKey) -> Tuple[bytes, str]:
+    payload_type = env.get("payloadType")
+    if payload_type != PAYLOAD_TYPE:
+        raise VerificationError("wrong payloadType %r" % (payload_type,))
+    payload = env.get("payload")
+    if not isinstance(payload, str):
+        raise VerificationError("the envelope has no payload")
+    try:
+        body = b64decode(payload)
+    except (ValueError, binascii.Error):
+        raise VerificationError("the payload is not base64") from None
+    sigs = env.get("signatures")
+    if not isinstance(sigs, list) or not sigs:
+        raise VerificationError("the envelope has no signature")
+    keyid = keyid_of(key)
+    message = pae(PAYLOAD_TYPE, body)
+    others = []
+    for sig in sigs:
+        if not isinstance(sig, dict):
+            continue
+        sig_keyid = sig.get("keyid") or ""
+        if sig_keyid and sig_keyid != keyid:
+            others.append(str(sig_keyid)[:80])
+            continue
+        try:
+            key.verify(b64decode(str(sig.get("sig", ""))), message)
+            return body, keyid
+        except (InvalidSignature, ValueError, binascii.Error):
+            continue
+    if others and len(others) == len(sigs):
+        raise VerificationError(
+            "no signature verifies with this public key: the receipt is signed by key %s, "
+            "this key is %s" % (others[0], keyid)
+        )
+    raise VerificationError("no signature verifies with this public key (key %s)" % keyid)
+
+
+def _statement(body: bytes) -> Dict[str, Any]:
+    try:
+        statement = json.loads(body)
+    except ValueError:
+        raise VerificationError("the payload is not JSON") from None
+    if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
+        raise VerificationError("not an in-toto Statement v1")
+    if statement.get("predicateType") != PREDICATE_TYPE:
+        raise VerificationError("not an agentjail run predicate")
+    if not isinstance(statement.get("subject", []), list):
+        raise VerificationError("the statement's subject is not a list")
+    if not isinstance(statement.get("predicate"), dict):
+        raise VerificationError("the statement has no predicate")
+    return statement
+
+
+def _check_artifact(subjects: Sequence[Mapping[str, Any]], artifact: ArtifactArg) -> None:
+    if isinstance(artifact, tuple):
+        name, content = artifact
+    elif isinstance(artifact, (bytes, bytearray)):
+        if len(subjects) != 1:
+            raise VerificationError(
+                "an artifact given as bytes needs a name: the receipt has %d subjects"
+                % len(subjects)
+            )
+        name, content = str(subjects[0].get("name", "")), bytes(artifact)
+    else:
+        name, content = os.fspath(artifact), artifact
+    base = name.rsplit("/", 1)[-1]
+    matches = [s for s in subjects if s.get("name") == name] or [
+        s for s in subjects if str(s.get("name", "")).rsplit("/", 1)[-1] == base
+    ]
+    if len(matches) != 1:
+        raise VerificationError("artifact %s is not (exactly one) subject of the receipt" % name)
+    digest = matches[0].get("digest")
+    signed = digest.get("sha256") if isinstance(digest, dict) else None
+    if not isinstance(signed, str) or signed.lower() != _sha256_hex(content):
+        raise VerificationError("artifact %s does not match the receipt" % name)
+
+
+def _check_digest(predicate: Mapping[str, Any], which: str, content: Content) -> None:
+    if which == "workspace":
+        section, field, what = predicate.get("workspace"), "after", "workspace checkpoint"
+    else:
+        section, field, what = predicate.get(which), "sha256", which + " log"
+    signed = section.get(field) if isinstance(section, dict) else None
+    if not isinstance(signed, str) or not signed.startswith("sha256:"):
+        raise VerificationError("the receipt carries no digest of the " + what)
+    name = os.fspath(content) if isinstance(content, (str, os.PathLike)) else "(bytes)"
+    if "sha256:" + _sha256_hex(content) != signed.lower():
+        raise VerificationError("%s %s does not match the receipt" % (what, name))
+
+
+def verify(
+    receipt: ReceiptArg,
+    artifact: Union[ArtifactArg, Sequence[ArtifactArg], None] = None,
+    *,
+    public_key: KeyArg,
+    stdout: Optional[Content] = None,
+    stderr: Optional[Content] = None,
+    workspace: Optional[Content] = None,
+) -> VerifiedReceipt:
+    """Verifies a run receipt offline, as ``agentjail receipt verify`` does.
+
+    ``receipt`` is the DSSE envelope (a dict, its JSON bytes, or a path). ``artifact`` is one
+    artifact or a list of them: a path (matched to the subject of its name, e.g.
+    ``summary.json``), a ``(name, content)`` pair, or bytes (when the receipt has one
+    subject). ``public_key`` is the service's Ed25519 public key (PEM text or bytes, a path,
+    or a key object: ``agentjail receipt pubkey`` prints it). ``stdout``, ``stderr`` and
+    ``workspace`` are a log or a workspace checkpoint (bytes, a binary file object, or a
+    path) checked against the digests the receipt signs.
+
+    Returns the :class:`VerifiedReceipt`; raises :class:`VerificationError` with the reason
+    otherwise. A verified receipt says what happened, not that it went well: check
+    ``status``.
+    """
+    key = load_public_key(public_key)
+    body, keyid = _authentic_payload(_envelope(receipt), key)
+    statement = _statement(body)
+    subjects = [s for s in statement.get("subject", []) if isinstance(s, dict)]
+    if artifact is None:
+        artifacts: Sequence[ArtifactArg] = []
+    elif isinstance(artifact, list):
+        artifacts = artifact
+    else:
+        artifacts = [artifact]  # type: ignore[list-item]
+    for a in artifacts:
+        _check_artifact(subjects, a)
+    predicate = statement["predicate"]
+    for which, content in (("stdout", stdout), ("stderr", stderr), ("workspace", workspace)):
+        if content is not None:
+            _check_digest(predicate, which, content)
+    return VerifiedReceipt(statement=statement, keyid=keyid)

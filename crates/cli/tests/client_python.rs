@@ -1,0 +1,368 @@
+//! The Python client (`clients/python`, the `agentjail` package; issue #35) against a real
+//! `agentjail serve` (SQLite) that this test starts: its pytest suite (`clients/python/tests`:
+//! upload and the csv-summary example, a failing import as a typed result, a denial, execute-
+//! once, live events with resume across a dropped connection, cancel, pagination, typed
+//! errors, 429 and its retry (on a second service with one run slot), offline receipt
+//! verification, the async client, and the generated models against this server's
+//! `/openapi.json`), the ```` ```python ```` blocks of docs/client-python.md run in order, `mypy --strict` on the package, and packaging: `python3 -m build` makes a wheel and
+//! an sdist, and the wheel installs into a fresh venv (no system site-packages) where
+//! `import agentjail` works. The suite runs twice: on SQLite, and on PostgreSQL (a throwaway
+//! cluster, as tests/postgres.rs starts one). Needs python3 with httpx, pytest, mypy, build and cryptography
+//! (`.ci/run` installs them) and, for the venv, the package registry or pip's cache. Without
+//! them the tests print SKIP and pass; under CI (`CI` set) they fail.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::serve::{
+    Serve, actor, example_schema, python_code_task, summarize_csv_task, write_config,
+};
+use common::skip;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+const ALICE: &str = "tok-alice-pyclient-8c31d2";
+const OPS: &str = "tok-ops-pyclient-5e07b9";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn client_dir() -> PathBuf {
+    repo().join("clients/python")
+}
+
+/// The Python modules of `needed` that `python3` cannot import.
+fn missing_modules(needed: &[&str]) -> Vec<String> {
+    needed
+        .iter()
+        .filter(|m| {
+            !Command::new("python3")
+                .args(["-c", &format!("import {m}")])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .map(|m| m.to_string())
+        .collect()
+}
+
+/// False (after `skip`) when a module is missing.
+fn have(needed: &[&str]) -> bool {
+    let missing = missing_modules(needed);
+    if missing.is_empty() {
+        return true;
+    }
+    skip(&format!(
+        "python3 cannot import {} (.ci/run installs them with pip)",
+        missing.join(", ")
+    ));
+    false
+}
+
+/// The service's configuration; `server` is its `[server]` table's lines.
+fn config(server: &str) -> String {
+    format!(
+        "[server]\n{server}\n[tenants.acme]\n{alice}{ops}{summarize}{py}",
+        alice = actor("alice", "acme", ALICE, false),
+        ops = actor("ops", "acme", OPS, true),
+        summarize = summarize_csv_task(
+            "allowed_tenants = [\"acme\"]\nenv = { LANG = \"C.UTF-8\" }",
+            100_000,
+            &example_schema(),
+            "seconds = 30",
+        ),
+        py = python_code_task(
+            "py",
+            "Model-proposed Python",
+            "allowed_tenants = [\"acme\"]",
+            60
+        ),
+    )
+}
+
+fn dump(what: &str, o: &Output) -> String {
+    format!(
+        "{what}: {}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The services the suite runs against, and what the Python side needs to reach them.
+struct Env {
+    _primary: Box<dyn std::any::Any>,
+    _busy: Serve,
+    vars: Vec<(String, String)>,
+}
+
+/// The environment of the suite against the service at `base` whose data folder is `data`
+/// (`primary`: what keeps it running), with a second, SQLite service of one run slot and no
+/// queue (429 while a run runs) for the rate-limit test.
+fn env(dir: &Path, primary: Box<dyn std::any::Any>, base: &str, data: &Path) -> Env {
+    let busy_dir = dir.join("busy");
+    std::fs::create_dir_all(&busy_dir).unwrap();
+    let busy_cfg = write_config(
+        &busy_dir,
+        &config("max_concurrent_runs = 1\nmax_queued_runs = 0"),
+    );
+    let busy = Serve::start(&busy_cfg, &busy_dir.join("data"), &[]);
+    let out = common::agentjail(&[
+        "receipt",
+        "pubkey",
+        "--key",
+        data.join("private/receipt-key.pem").to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, 0, "{}", out.dump());
+    let pubkey = dir.join("pubkey.pem");
+    std::fs::write(&pubkey, &out.stdout).unwrap();
+    let vars = vec![
+        ("AGENTJAIL_URL".into(), base.to_string()),
+        ("AGENTJAIL_TOKEN".into(), ALICE.into()),
+        ("AGENTJAIL_OPS_TOKEN".into(), OPS.into()),
+        ("AGENTJAIL_PUBKEY".into(), pubkey.to_str().unwrap().into()),
+        (
+            "AGENTJAIL_EXAMPLE".into(),
+            repo().join("examples/csv-summary").to_str().unwrap().into(),
+        ),
+        ("AGENTJAIL_VERSION".into(), env!("CARGO_PKG_VERSION").into()),
+        ("AGENTJAIL_BIN".into(), common::bin_str()),
+        ("AGENTJAIL_BUSY_URL".into(), busy.base.clone()),
+        (
+            "PYTHONPATH".into(),
+            client_dir().join("src").to_str().unwrap().into(),
+        ),
+        ("PYTHONDONTWRITEBYTECODE".into(), "1".into()),
+    ];
+    Env {
+        _primary: primary,
+        _busy: busy,
+        vars,
+    }
+}
+
+/// Runs the client's pytest suite in `env`; every test must run and pass.
+fn pytest(env: &Env, dir: &Path) {
+    let out = Command::new("python3")
+        .args([
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-ra",
+            "tests",
+        ])
+        .current_dir(client_dir())
+        .envs(env.vars.iter().map(|(k, v)| (k, v)))
+        .env("TMPDIR", dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+    assert!(out.status.success(), "{}", dump("pytest", &out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("skipped"), "a client test skipped: {text}");
+}
+
+#[test]
+fn the_python_client_passes_its_tests_against_a_real_service() {
+    if !have(&["httpx", "pytest", "cryptography"]) {
+        return;
+    }
+    let dir = common::tmp();
+    let cfg = write_config(dir.path(), &config(""));
+    let data = dir.path().join("data");
+    let serve = Serve::start(&cfg, &data, &[]);
+    let base = serve.base.clone();
+    let env = env(dir.path(), Box::new(serve), &base, &data);
+    pytest(&env, dir.path());
+
+    // The guide's Python blocks, in order, as one program, from the checkout's folder.
+    let page = std::fs::read_to_string(repo().join("docs/client-python.md")).unwrap();
+    let code = python_blocks(&page);
+    assert!(
+        code.contains("agentjail.Client"),
+        "no quick start in the guide"
+    );
+    let out = Command::new("python3")
+        .args(["-c", &code])
+        .current_dir(repo())
+        .envs(env.vars.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        dump("docs/client-python.md", &out)
+    );
+}
+
+/// The same suite against the PostgreSQL topology: `serve` on a throwaway cluster (runs,
+/// their output, denials and events go through the database).
+#[test]
+fn the_python_client_passes_its_tests_on_postgres() {
+    if !have(&["httpx", "pytest", "cryptography"]) {
+        return;
+    }
+    let Some(pg) = common::pg::Pg::start() else {
+        return;
+    };
+    let dir = common::tmp();
+    let node_dir = dir.path().join("node");
+    let (node, line) = common::pg::Node::start(
+        &node_dir,
+        &pg.url(),
+        &config("node_id = \"pyclient-a\""),
+        &["serve", "--listen", "127.0.0.1:0"],
+        "listening on ",
+    );
+    let base = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    let env = env(
+        dir.path(),
+        Box::new((node, pg)),
+        &base,
+        &node_dir.join("data"),
+    );
+    pytest(&env, dir.path());
+}
+
+/// The ```` ```python ```` blocks of a Markdown page, joined.
+fn python_blocks(md: &str) -> String {
+    let mut code = String::new();
+    let mut inside = false;
+    for line in md.lines() {
+        if inside && line.trim_start().starts_with("```") {
+            inside = false;
+        } else if inside {
+            code.push_str(line);
+            code.push('\n');
+        } else if line.trim() == "```python" {
+            inside = true;
+        }
+    }
+    code
+}
+
+#[test]
+fn the_python_client_is_mypy_strict_clean() {
+    if !have(&["mypy", "httpx", "cryptography"]) {
+        return;
+    }
+    let out = Command::new("python3")
+        .args([
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-incremental",
+            "src/agentjail",
+        ])
+        .current_dir(client_dir())
+        .env("MYPY_CACHE_DIR", "/dev/null")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", dump("mypy --strict", &out));
+}
+
+#[test]
+fn the_python_client_builds_a_wheel_and_an_sdist_that_install() {
+    if !have(&["build", "venv"]) {
+        return;
+    }
+    // Its version is the service's.
+    let pyproject = std::fs::read_to_string(client_dir().join("pyproject.toml")).unwrap();
+    let version = format!("version = \"{}\"", env!("CARGO_PKG_VERSION"));
+    assert!(
+        pyproject.contains(&version),
+        "pyproject.toml lacks {version}"
+    );
+    let init = std::fs::read_to_string(client_dir().join("src/agentjail/__init__.py")).unwrap();
+    assert!(init.contains(&format!("__version__ = \"{}\"", env!("CARGO_PKG_VERSION"))));
+
+    let dir = common::tmp();
+    let dist = dir.path().join("dist");
+    // A copy of the client's folder: the build writes nothing into the checkout.
+    let src = dir.path().join("python");
+    copy_dir(&client_dir(), &src);
+    let out = Command::new("python3")
+        .args(["-m", "build", "--outdir"])
+        .arg(&dist)
+        .arg(&src)
+        .env("TMPDIR", dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", dump("python3 -m build", &out));
+    let names: Vec<String> = std::fs::read_dir(&dist)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let wheel = names
+        .iter()
+        .find(|n| n.ends_with("-py3-none-any.whl"))
+        .unwrap_or_else(|| panic!("no wheel in {names:?}"));
+    assert!(
+        names.iter().any(|n| n.ends_with(".tar.gz")),
+        "no sdist in {names:?}"
+    );
+
+    let venv = dir.path().join("venv");
+    let out = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&venv)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", dump("python3 -m venv", &out));
+    let out = Command::new(venv.join("bin/python"))
+        .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+        .arg(dist.join(wheel))
+        .env("TMPDIR", dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        dump("pip install the wheel", &out)
+    );
+    // Imported from the venv (not the checkout, not the system's site-packages), typed.
+    let out = Command::new(venv.join("bin/python"))
+        .args([
+            "-c",
+            "import sys, os, agentjail, agentjail.models\n\
+             assert not sys.flags.no_site\n\
+             assert agentjail.__file__.startswith(sys.prefix), agentjail.__file__\n\
+             assert os.path.exists(os.path.join(os.path.dirname(agentjail.__file__), 'py.typed'))\n\
+             print(agentjail.__version__, agentjail.Client, agentjail.AsyncClient, agentjail.verify)",
+        ])
+        .current_dir(dir.path())
+        .env_remove("PYTHONPATH")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", dump("import agentjail", &out));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with(env!("CARGO_PKG_VERSION")));
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name();
+        let n = name.to_string_lossy();
+        if n == "__pycache__" || n == ".mypy_cache" || n == "dist" || n.ends_with(".egg-info") {
+            continue;
+        }
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to.join(&name));
+        } else {
+            std::fs::copy(e.path(), to.join(&name)).unwrap();
+        }
+    }
+}
