@@ -25,6 +25,69 @@ class ArtifactView(_ArtifactViewRequired, total=False):
     """The artifact itself when its media type is JSON."""
 
 
+class _CellListRequired(TypedDict):
+    cells: List[CellView]
+
+
+class CellList(_CellListRequired, total=False):
+    """A page of a session's cells."""
+
+    next_cursor: Optional[str]
+    """Pass as `cursor` for the next page; absent on the last one."""
+
+
+class CellRequest(TypedDict):
+    """`POST /v1/sessions/{session_id}/cells`: run the next cell."""
+
+    code: str
+    """The cell's code (the task's `code`)."""
+    request_id: str
+    """Idempotency key of the step within the session: a retry returns the recorded cell and
+    runs nothing.
+    """
+
+
+CellView = Any
+"""A cell: its run's record (status, stdout, stderr, artifact, receipt, report: a run in its
+own right, whose `request_id` is `<session_id>-<cell>`) and its place in the session.
+"""
+
+
+class CellWorkspace(TypedDict, total=False):
+    """The workspace a cell started from and the one it left."""
+
+    after: Optional[str]
+    """The checkpoint collected after the cell, verified and stored (null: none yet, or none
+    was kept: the cell crossed the workspace bound, or ended without one; the session's
+    head then stays at `before`).
+    """
+    before: Optional[str]
+    """The checkpoint restored into `/work` (null: empty)."""
+
+
+class _ForkRequestRequired(TypedDict):
+    request_id: str
+    """The new session's idempotency key (as for `POST /v1/sessions`)."""
+
+
+class ForkRequest(_ForkRequestRequired, total=False):
+    """`POST /v1/sessions/{session_id}/fork`: a new session from a checkpoint of this one."""
+
+    cell: Optional[int]
+    """Start from the workspace as this cell (an index) left it; default: the session's head."""
+
+
+class _ForkedFromRequired(TypedDict):
+    session_id: str
+
+
+class ForkedFrom(_ForkedFromRequired, total=False):
+    """Where a forked session came from."""
+
+    cell: Optional[int]
+    """The cell whose checkpoint it started from (absent: the head of a session with no cell)."""
+
+
 class _HealthRequired(TypedDict):
     runs_in_flight_or_queued: int
     status: str
@@ -191,6 +254,49 @@ class SelftestStatus(TypedDict):
     """RFC 3339."""
 
 
+class _SessionRequestRequired(TypedDict):
+    request_id: str
+    """The caller's idempotency key (as a run's): a retry returns the same session."""
+    task: str
+    """Task type name (a task with `code = "allowed"`)."""
+
+
+class SessionRequest(_SessionRequestRequired, total=False):
+    """`POST /v1/sessions`: open a session of a code task."""
+
+    inputs: List[str]
+    """Input ids from `POST /v1/inputs`, in the task's input order, for every cell."""
+
+
+class _SessionViewRequired(TypedDict):
+    actor: str
+    cells: int
+    """Cells run so far."""
+    created_at: str
+    expires_at: str
+    inputs: List[str]
+    """The input ids every cell gets."""
+    max_cells: int
+    """Cells the session may run."""
+    request_id: str
+    session_id: str
+    """Unguessable (128 random bits)."""
+    state: str
+    """`open`, `closed` (ended by `DELETE`) or `expired`."""
+    task: str
+
+
+class SessionView(_SessionViewRequired, total=False):
+    """A session."""
+
+    closed_at: Optional[str]
+    forked_from: Optional[ForkedFrom]
+    last_receipt_sha256: Optional[str]
+    """The receipt digest of the last cell that has a receipt: the next cell's receipt names it."""
+    workspace_sha256: Optional[str]
+    """The checkpoint the next cell starts from (`sha256:<hex>`); null for an empty `/work`."""
+
+
 class _StreamViewRequired(TypedDict):
     bytes: int
     """Bytes the command wrote to the stream."""
@@ -270,4 +376,4 @@ UploadBody = bytes
 """An upload's body: any bytes."""
 
 
-__all__ = ["ArtifactView", "Health", "InputCreated", "Problem", "ReconcileAction", "ReconcileRequest", "RunInput", "RunList", "RunRequest", "RunSummary", "RunView", "SelftestStatus", "StreamView", "TaskInputView", "TaskList", "TaskView", "UploadBody"]
+__all__ = ["ArtifactView", "CellList", "CellRequest", "CellView", "CellWorkspace", "ForkRequest", "ForkedFrom", "Health", "InputCreated", "Problem", "ReconcileAction", "ReconcileRequest", "RunInput", "RunList", "RunRequest", "RunSummary", "RunView", "SelftestStatus", "SessionRequest", "SessionView", "StreamView", "TaskInputView", "TaskList", "TaskView", "UploadBody"]
