@@ -22,6 +22,8 @@
 # With FOLLOW=1 (issue #33, "streaming on"), each service client submits with `?wait=false` and
 # follows its run's events (`GET /v1/runs/{id}/events`, Server-Sent Events) on the same socket
 # until `ended`, whose record must be `ok`: the path of an agent that watches its runs live.
+# With FOLLOW=submit, each submission asks for the events itself (`Accept: text/event-stream`):
+# one request per run.
 # Usage: bench/service.sh [N] [ROUNDS]   (as root, like CI; needs python3; builds the release
 # binary, or takes the one in $AGENTJAIL_BIN). With AGENTJAIL_BIN_BASE=another-binary, every
 # round also runs a service round with that build, after this one's in odd rounds and before it in even ones (an A/B of two
@@ -47,7 +49,10 @@ AJ="$aj" AJ_BASE="$base" WORK="$work" N="$n" ROUNDS="$rounds" FOLLOW="${FOLLOW:-
 import hashlib, http.client, json, os, re, resource, shutil, socket, statistics, subprocess, sys, threading, time
 
 aj, work, n, rounds = os.environ["AJ"], os.environ["WORK"], int(os.environ["N"]), int(os.environ["ROUNDS"])
-follow = os.environ.get("FOLLOW") == "1"
+follow = os.environ.get("FOLLOW") in ("1", "submit")
+# FOLLOW=submit: one request per run, `POST /v1/runs` with `Accept: text/event-stream` (the
+# events from `queued` to `ended` as its answer) instead of a submission and a follow.
+in_one = os.environ.get("FOLLOW") == "submit"
 aj_base = os.environ.get("AJ_BASE") or None
 ex = "examples/csv-summary"
 csv = open(f"{ex}/report.csv", "rb").read()
@@ -155,6 +160,7 @@ def service_round(r, binary=aj):
     errors = []
 
     head = (f"POST /v1/runs{'?wait=false' if follow else ''} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"{'Accept: text/event-stream' + chr(13) + chr(10) if in_one else ''}"
             f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: ").encode()
 
     def read_head(sock, buf):
@@ -170,11 +176,13 @@ def service_round(r, binary=aj):
             fields[k.strip().lower()] = v.strip()
         return int(lines[0].split(" ", 2)[1]), fields, buf
 
-    def events_until_ended(sock, buf, rid):
-        # GET /v1/runs/{rid}/events on the kept-alive socket; the body is chunked: each chunk's
-        # size line, the bytes, CRLF; the stream ends after `ended` with the zero chunk.
-        sock.sendall((f"GET /v1/runs/{rid}/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-                      f"Authorization: Bearer {token}\r\n\r\n").encode())
+    def events_until_ended(sock, buf, rid, sent=False):
+        # GET /v1/runs/{rid}/events on the kept-alive socket (or the answer of a submission
+        # that asked for the events: `sent`); the body is chunked: each chunk's size line, the
+        # bytes, CRLF; the stream ends after `ended` with the zero chunk.
+        if not sent:
+            sock.sendall((f"GET /v1/runs/{rid}/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                          f"Authorization: Bearer {token}\r\n\r\n").encode())
         status, fields, buf = read_head(sock, buf)
         assert status == 200 and fields.get("transfer-encoding") == "chunked", (status, fields)
         body = b""
@@ -213,6 +221,10 @@ def service_round(r, binary=aj):
                 body = json.dumps({"request_id": f"bench-{i}", "task": "summarize_csv",
                                    "inputs": [input_id], "code": code}).encode()
                 sock.sendall(head + str(len(body)).encode() + b"\r\n\r\n" + body)
+                if in_one:
+                    v, buf = events_until_ended(sock, buf, f"bench-{i}", sent=True)
+                    assert v["status"] == "ok", v
+                    continue
                 status, fields, buf = read_head(sock, buf)
                 length = fields.get("content-length")
                 assert length is not None, f"no Content-Length: {fields!r}"

@@ -769,3 +769,76 @@ json.dump({}, open("/output/o.json", "w"))
         "{n} looks in {followed_ms} ms (at most {bound}): the follower spins"
     );
 }
+
+/// `POST /v1/runs` with `Accept: text/event-stream` submits and follows in one request: the
+/// events of `GET /v1/runs/{id}/events` from `queued` to `ended`, output while the run goes on,
+/// with no second record in the audit chain (the submission's covers it). The same request
+/// again is a replay: the recorded run's events, and nothing runs twice.
+#[test]
+fn a_run_is_submitted_and_followed_in_one_request() {
+    use common::serve::{SseEvent, read_sse};
+    let dir = common::tmp();
+    let (_s, api) = start(dir.path());
+    let code = r#"
+import json, time
+# Longer than the task's secret: output within a secret's length of the end waits for more.
+print("first " + "." * 64, flush=True)
+time.sleep(1.5)
+print("second", flush=True)
+json.dump({}, open("/output/o.json", "w"))
+"#;
+    let submit = || {
+        let r = api
+            .http
+            .post(api.url("/v1/runs?wait=true"))
+            .bearer_auth(ALICE)
+            .header("Accept", "text/event-stream")
+            .json(&json!({"request_id": "one-call", "task": "py", "code": code}))
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(
+            r.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/event-stream"),
+            "{:?}",
+            r.headers()
+        );
+        r
+    };
+    let mut seen: Vec<SseEvent> = Vec::new();
+    let mut first_while_running = false;
+    read_sse(submit(), |e| {
+        seen.push(e.clone());
+        if e.event == "stdout" && e.data.contains("first") && !e.data.contains("second") {
+            first_while_running = api.status_of(ALICE, "one-call")["status"] == "running";
+        }
+        e.event != "ended"
+    });
+    let kinds: Vec<&str> = seen.iter().map(|e| e.event.as_str()).collect();
+    assert_eq!(kinds.first(), Some(&"queued"), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"ended"), "{kinds:?}");
+    assert!(
+        first_while_running,
+        "output came only at the end: {kinds:?}"
+    );
+    let ended: Value = serde_json::from_str(&seen.last().unwrap().data).unwrap();
+    assert_eq!(ended["status"], "ok", "{ended}");
+    // A replay: the recorded run's events, ended; nothing ran again.
+    let mut again: Vec<SseEvent> = Vec::new();
+    read_sse(submit(), |e| {
+        again.push(e.clone());
+        e.event != "ended"
+    });
+    assert_eq!(again.last().map(|e| e.event.as_str()), Some("ended"));
+    let audit = std::fs::read_to_string(dir.path().join("data/private/audit.jsonl")).unwrap();
+    let records: Vec<Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|r: &Value| r["request_id"] == "one-call")
+        .collect();
+    let count = |ev: &str| records.iter().filter(|r| r["event"] == ev).count();
+    assert_eq!(count("run_start"), 1, "{records:?}");
+    assert_eq!(count("run_events"), 0, "{records:?}");
+}

@@ -29,7 +29,7 @@ pub(crate) use auth::{authenticate, deny, spawn_auth_failure_flusher};
 pub(crate) use cancel::cancel;
 pub(crate) use catalogue::task_views;
 pub use catalogue::{TaskInputView, TaskView};
-pub(crate) use events::{Position, RunEvent, follow, follow_own_call};
+pub(crate) use events::{Follow, Position, RunEvent, follow, follow_own_call, follow_submitted};
 pub use failure::Failure;
 pub use inputs::InputCreated;
 pub(crate) use inputs::upload;

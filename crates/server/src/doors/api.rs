@@ -265,7 +265,10 @@ fn run_response(state: &AppState, r: &RunRow) -> Response {
     params(RunParams),
     request_body(content = RunRequest, content_type = "application/json"),
     responses(
-        (status = 200, description = "The run finished (any final status; see `status`), or a replay of the recorded run", body = RunView),
+        (status = 200, description = "The run finished (any final status; see `status`), or a replay of the recorded run; with `Accept: text/event-stream`, the run's events as `GET /v1/runs/{request_id}/events` sends them, from `queued` to `ended`", content(
+            (RunView = "application/json"),
+            (String = "text/event-stream"),
+        )),
         (status = 202, description = "Accepted (`?wait=false`) or still running; poll `Location`", body = RunView),
         (status = 400, description = "Malformed request, unknown field, bad id or argument", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Unauthenticated", body = Problem, content_type = "application/problem+json"),
@@ -281,6 +284,7 @@ fn run_response(state: &AppState, r: &RunRow) -> Response {
 async fn create_run(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
     params: Result<Query<RunParams>, QueryRejection>,
     body: Result<Json<RunRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
@@ -308,8 +312,31 @@ async fn create_run(
             return Err(deny(&state, &caller, ev, r).await.into());
         }
     };
+    // Submit and follow in one request: the events stream of `GET /v1/runs/{id}/events`.
+    if wants_events(&headers) {
+        let Ok(permit) = state.inner.followers.clone().try_acquire_owned() else {
+            return Err(ApiError::from(Failure::Unavailable));
+        };
+        let r = service::submit(&state, &caller, req, false, None).await?;
+        let follow = service::follow_submitted(&state, r)?;
+        return Ok(event_stream(follow, permit));
+    }
     let r = service::submit(&state, &caller, req, wait, None).await?;
     Ok(run_response(&state, &r))
+}
+
+/// Whether a request asks for an events stream (`Accept: text/event-stream`).
+fn wants_events(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| {
+            t.split(';')
+                .next()
+                .is_some_and(|m| m.trim().eq_ignore_ascii_case("text/event-stream"))
+        })
 }
 
 /// The runs of the caller's tenant (an operator: every tenant's), newest first, a page at a time.
@@ -420,8 +447,6 @@ async fn run_events(
     Path(request_id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    use axum::response::sse::{Event, KeepAlive, Sse};
-    use service::RunEvent;
     let resume = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
@@ -431,6 +456,13 @@ async fn run_events(
         return Err(ApiError::from(Failure::Unavailable));
     };
     let follow = service::follow(&state, &caller, &request_id, resume).await?;
+    Ok(event_stream(follow, permit))
+}
+
+/// A follower's events as Server-Sent Events, holding its follower permit until the end.
+fn event_stream(follow: service::Follow, permit: tokio::sync::OwnedSemaphorePermit) -> Response {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    use service::RunEvent;
     let events = futures_util::stream::unfold((follow, permit), |(mut f, permit)| async move {
         let batch = f.next().await.unwrap_or_default();
         if batch.is_empty() {
@@ -464,9 +496,9 @@ async fn run_events(
         Some((futures_util::stream::iter(events), (f, permit)))
     });
     use futures_util::StreamExt;
-    Ok(Sse::new(events.flatten())
+    Sse::new(events.flatten())
         .keep_alive(KeepAlive::default())
-        .into_response())
+        .into_response()
 }
 
 /// Which stream's log.

@@ -149,6 +149,16 @@ pub(crate) async fn follow_own_call(
     }
 }
 
+/// Follows the run the caller has just submitted in the same request (`POST /v1/runs` asking
+/// for `text/event-stream`), from its record as the submission returned it: no second read,
+/// and no record of its own in the audit chain, since the submission's covers it.
+pub(crate) fn follow_submitted(
+    state: &AppState,
+    r: crate::storage::db::RunRow,
+) -> Result<Follow, Failure> {
+    Follow::of(state, r, None)
+}
+
 impl Follow {
     fn of(
         state: &AppState,
