@@ -1,0 +1,461 @@
+//! Attacks on sessions over HTTP (issue #34 stage 1b; docs/api.md "Sessions"), as a hostile
+//! model's code inside a cell or a hostile or buggy API client would make them, each through a
+//! real `agentjail serve` and real sandboxes. Every cell prints a sentinel (`RAN-…`) so that
+//! "refused by us" is never confused with "failed anyway".
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::serve::{Api, Serve, actor, json_output, write_config};
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const ALICE: &str = "tok-alice-sessions-attacks-41c2";
+const CAROL: &str = "tok-carol-sessions-attacks-88d0";
+const BOB: &str = "tok-bob-sessions-attacks-7e19";
+
+fn config() -> String {
+    format!(
+        r#"
+[tenants.acme]
+[tenants.beta]
+{alice}{carol}{bob}
+[tasks.py]
+description = "Model-proposed Python"
+code = "allowed"
+command = ["/usr/bin/python3", "/input/code.py"]
+allowed_actors = ["alice", "carol", "bob"]
+stdout_bytes = 4096
+{output}[tasks.py.limits]
+seconds = 30
+processes = 32
+[tasks.py.session]
+max_mb = 2
+max_files = 2000
+max_cells = 100
+"#,
+        alice = actor("alice", "acme", ALICE, false),
+        carol = actor("carol", "acme", CAROL, false),
+        bob = actor("bob", "beta", BOB, false),
+        output = json_output("py", "o.json", 1000),
+    )
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+    data: PathBuf,
+    _serve: Serve,
+    api: Api,
+}
+
+fn start() -> Env {
+    let dir = common::tmp();
+    let cfg = write_config(dir.path(), &config());
+    let data = dir.path().join("data");
+    let serve = Serve::start(&cfg, &data, &[]);
+    let api = Api::new(&serve.base);
+    Env {
+        dir,
+        data,
+        _serve: serve,
+        api,
+    }
+}
+
+/// `body` as a cell's code, which also writes the task's output (so that the cell ends `ok`).
+fn code(body: &str) -> String {
+    format!("{body}\nimport json as _j\n_j.dump({{'ok': 1}}, open('/output/o.json', 'w'))\n")
+}
+
+fn stdout(v: &Value) -> String {
+    format!(
+        "{}{}",
+        v["stdout"]["head"].as_str().unwrap_or(""),
+        v["stdout"]["tail"].as_str().unwrap_or("")
+    )
+}
+
+impl Env {
+    fn send(
+        &self,
+        method: reqwest::Method,
+        token: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut rq = self
+            .api
+            .http
+            .request(method, self.api.url(path))
+            .bearer_auth(token);
+        if let Some(b) = body {
+            rq = rq.json(&b);
+        }
+        let r = rq.send().expect("answered");
+        let status = r.status().as_u16();
+        let text = r.text().unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    fn open(&self, token: &str, request_id: &str) -> String {
+        let (s, v) = self.send(
+            reqwest::Method::POST,
+            token,
+            "/v1/sessions",
+            Some(json!({"request_id": request_id, "task": "py"})),
+        );
+        assert_eq!(s, 201, "{v}");
+        v["session_id"].as_str().unwrap().to_string()
+    }
+
+    fn cell_raw(
+        &self,
+        token: &str,
+        sid: &str,
+        request_id: &str,
+        body: &str,
+        wait: bool,
+    ) -> (u16, Value) {
+        self.send(
+            reqwest::Method::POST,
+            token,
+            &format!("/v1/sessions/{sid}/cells?wait={wait}"),
+            Some(json!({"request_id": request_id, "code": code(body)})),
+        )
+    }
+
+    /// A cell that must be answered 200 after it ran (whatever its status).
+    fn cell(&self, sid: &str, request_id: &str, body: &str) -> Value {
+        let (s, v) = self.cell_raw(ALICE, sid, request_id, body, true);
+        assert_eq!(s, 200, "{v}");
+        v
+    }
+
+    fn session(&self, sid: &str) -> Value {
+        let (s, v) = self.send(
+            reqwest::Method::GET,
+            ALICE,
+            &format!("/v1/sessions/{sid}"),
+            None,
+        );
+        assert_eq!(s, 200, "{v}");
+        v
+    }
+
+    fn checkpoint_file(&self, sha: &str) -> PathBuf {
+        self.data
+            .join("checkpoints")
+            .join(sha.strip_prefix("sha256:").unwrap())
+    }
+}
+
+/// Host processes whose command line holds `marker`.
+fn marked(marker: &str) -> Vec<(i32, String)> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default();
+        if cmdline.contains(marker)
+            && !cmdline.contains("cargo")
+            && !cmdline.contains("sessions_attacks")
+        {
+            found.push((pid, cmdline));
+        }
+    }
+    found
+}
+
+/// A daemon (double fork, `setsid`, exec'd with a marker in its command line) that keeps
+/// writing into `/work` after its cell ended must not survive the cell, nor change the
+/// checkpoint that was hashed and stored.
+#[test]
+fn a_daemon_forked_by_a_cell_does_not_outlive_it_nor_change_its_checkpoint() {
+    let e = start();
+    let sid = e.open(ALICE, "open-daemon");
+    let marker = format!("DAEMON-MARK-{}", std::process::id());
+    let daemon = format!(
+        r#"
+import os, sys, time
+open('/work/base.txt', 'w').write('base')
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        for fd in (0, 1, 2):
+            try: os.close(fd)
+            except OSError: pass
+        os.execv('/usr/bin/python3', ['/usr/bin/python3', '-c',
+            "import time\nfor i in range(400):\n    open('/work/late.txt', 'a').write('x')\n    time.sleep(0.05)",
+            '{marker}'])
+    os._exit(0)
+os.wait()
+time.sleep(0.3)
+print('RAN-DAEMON-FORKED', os.path.exists('/work/late.txt'), flush=True)
+"#
+    );
+    let c0 = e.cell(&sid, "daemon", &daemon);
+    assert_eq!(c0["status"], "ok", "{c0}");
+    assert!(stdout(&c0).contains("RAN-DAEMON-FORKED True"), "{c0}");
+    let after = c0["workspace"]["after"]
+        .as_str()
+        .expect("a checkpoint")
+        .to_string();
+    // The cell has ended: its daemon is gone (not merely the cell's process).
+    let t = Instant::now();
+    while !marked(&marker).is_empty() && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        marked(&marker).is_empty(),
+        "the daemon survived its cell: {:?}",
+        marked(&marker)
+    );
+    // And the stored checkpoint is still the bytes that were hashed.
+    std::thread::sleep(Duration::from_millis(500));
+    let bytes = std::fs::read(e.checkpoint_file(&after)).unwrap();
+    assert_eq!(
+        format!("sha256:{}", common::serve::sha256_hex(&bytes)),
+        after
+    );
+    // The next cell sees what was there when the cell ended, and nothing writes it any more.
+    let c1 = e.cell(
+        &sid,
+        "probe",
+        "import os, time\na = os.path.getsize('/work/late.txt')\ntime.sleep(0.5)\nb = os.path.getsize('/work/late.txt')\nprint('RAN-PROBE', a == b, open('/work/base.txt').read())",
+    );
+    assert_eq!(c1["status"], "ok", "{c1}");
+    assert!(stdout(&c1).contains("RAN-PROBE True base"), "{c1}");
+}
+
+/// A cell leaves in `/work` symlinks (to a host file and out of the tree), a hard link, a
+/// FIFO, a socket, a device node (if it can make one), non-UTF-8, `..`-like, long and deeply
+/// nested names: the checkpoint holds only the plain files and folders, the next cell's
+/// restore makes no link, and the host file the links named is untouched.
+#[test]
+fn a_hostile_tree_in_work_restores_as_plain_files_only() {
+    let e = start();
+    let host = e.dir.path().join("host-sentinel.txt");
+    std::fs::write(&host, "HOST-UNTOUCHED").unwrap();
+    let sid = e.open(ALICE, "open-tree");
+    let tree = format!(
+        r#"
+import os, socket
+os.chdir('/work')
+open('keep.txt', 'w').write('kept')
+os.symlink('{host}', 'host-link')
+os.symlink('/etc/shadow', 'shadow-link')
+os.symlink('../../../../', 'up')
+os.mkdir('dir')
+os.symlink('/', 'dir/root')
+open('orig', 'w').write('o')
+os.link('orig', 'hard')
+os.mkfifo('fifo')
+s = socket.socket(socket.AF_UNIX); s.bind('/work/sock')
+try:
+    os.mknod('dev', 0o20666, os.makedev(1, 3))
+    print('MADE-DEV')
+except OSError as err:
+    print('NO-DEV', err.errno)
+open(b'/work/\xff\xfe-bytes', 'w').write('nonutf8')
+open('...', 'w').write('dots')
+open('.. ', 'w').write('dotdotspace')
+open('a' * 255, 'w').write('long')
+p = '/work/deep'
+for i in range(300):
+    p += '/d'
+os.makedirs(p)
+open(p + '/bottom', 'w').write('bottom')
+print('RAN-TREE', flush=True)
+"#,
+        host = host.display()
+    );
+    let c0 = e.cell(&sid, "tree", &tree);
+    assert!(stdout(&c0).contains("RAN-TREE"), "{c0}");
+    let after = c0["workspace"]["after"].as_str().map(str::to_string);
+    let probe = r#"
+import os, stat
+bad = []
+count = 0
+for root, dirs, files in os.walk(b'/work'):
+    for n in dirs + files:
+        p = os.path.join(root, n)
+        st = os.lstat(p)
+        count += 1
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            bad.append(p)
+print('BAD', bad)
+print('HAS', [n for n in (b'keep.txt', b'orig', b'\xff\xfe-bytes', b'...', b'.. ', b'a' * 255) if os.path.exists(b'/work/' + n)])
+print('DEEP', os.path.exists('/work/deep' + '/d' * 300 + '/bottom'))
+print('RAN-PROBE', flush=True)
+"#;
+    let c1 = e.cell(&sid, "probe", probe);
+    let out = stdout(&c1);
+    assert!(out.contains("RAN-PROBE"), "cell 0: {c0}\ncell 1: {c1}");
+    assert!(
+        out.contains("BAD []"),
+        "a non-plain entry was restored: {out}\ncell 0: {c0}"
+    );
+    if after.is_some() {
+        assert!(out.contains("b'keep.txt'"), "{out}\n{c0}");
+    }
+    assert_eq!(std::fs::read_to_string(&host).unwrap(), "HOST-UNTOUCHED");
+    eprintln!(
+        "cell 0: status {} after {after:?} workspace report {}",
+        c0["status"], c0["report"]["workspace"]
+    );
+    eprintln!("cell 1: {out}");
+}
+
+/// A sparse 4 MB file (a bigger one is stopped by the output size rlimit) and 10,001 files: each cell crosses the bound, ends `output_rejected`
+/// quickly (the sparse file's bytes are never read), and leaves the head where it was.
+#[test]
+fn cells_over_the_bounds_leave_the_head_where_it_was() {
+    let e = start();
+    let sid = e.open(ALICE, "open-bounds");
+    let c0 = e.cell(
+        &sid,
+        "base",
+        "open('/work/base.txt', 'w').write('base')\nprint('RAN-BASE')",
+    );
+    assert_eq!(c0["status"], "ok", "{c0}");
+    let head = c0["workspace"]["after"].as_str().unwrap().to_string();
+    let t = Instant::now();
+    let sparse = e.cell(
+        &sid,
+        "sparse",
+        "f = open('/work/huge', 'wb')\nf.truncate(4 * 1024 ** 2 + 1)\nf.close()\nprint('RAN-SPARSE', flush=True)",
+    );
+    assert!(stdout(&sparse).contains("RAN-SPARSE"), "{sparse}");
+    assert_eq!(sparse["status"], "output_rejected", "{sparse}");
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    assert_eq!(e.session(&sid)["workspace_sha256"], head.as_str());
+    let many = e.cell(
+        &sid,
+        "many",
+        "import os\nos.mkdir('/work/many')\nfor i in range(10001):\n    open('/work/many/%d' % i, 'w').close()\nprint('RAN-MANY', flush=True)",
+    );
+    assert!(stdout(&many).contains("RAN-MANY"), "{many}");
+    assert_eq!(many["status"], "output_rejected", "{many}");
+    assert_eq!(e.session(&sid)["workspace_sha256"], head.as_str());
+    let probe = e.cell(
+        &sid,
+        "probe",
+        "import os\nprint('RAN-PROBE', sorted(os.listdir('/work')))",
+    );
+    assert!(stdout(&probe).contains("RAN-PROBE ['base.txt']"), "{probe}");
+}
+
+/// A cell is a run: another tenant cannot read, follow or cancel it by its request id; another
+/// actor of the same tenant cannot cancel it.
+#[test]
+fn a_cells_run_is_not_anothers_to_read_or_cancel() {
+    let e = start();
+    let sid = e.open(ALICE, "open-runs");
+    let (st, c0) = e.cell_raw(
+        ALICE,
+        &sid,
+        "long",
+        "print('RAN-SECRET-OUTPUT', flush=True)\nimport time\ntime.sleep(30)",
+        false,
+    );
+    assert_eq!(st, 202, "{c0}");
+    let run_id = c0["request_id"].as_str().unwrap().to_string();
+    assert_eq!(run_id, format!("{sid}-0"));
+    e.api.wait_status(ALICE, &run_id, "running", 30);
+    for path in [
+        format!("/v1/runs/{run_id}"),
+        format!("/v1/runs/{run_id}/logs?stream=stdout"),
+        format!("/v1/runs/{run_id}/events"),
+        format!("/v1/runs/{run_id}/receipt"),
+    ] {
+        let (s, v) = e.send(reqwest::Method::GET, BOB, &path, None);
+        assert_eq!(s, 404, "{path}: {v}");
+    }
+    let (s, v) = e.send(
+        reqwest::Method::POST,
+        BOB,
+        &format!("/v1/runs/{run_id}/cancel"),
+        None,
+    );
+    assert_eq!(s, 404, "{v}");
+    let (s, v) = e.send(
+        reqwest::Method::POST,
+        CAROL,
+        &format!("/v1/runs/{run_id}/cancel"),
+        None,
+    );
+    assert!(s == 403 || s == 404, "{s} {v}");
+    // Neither can start a run under the cell's request id, nor a session cell through it.
+    let (s, v) = e.send(
+        reqwest::Method::POST,
+        BOB,
+        "/v1/runs",
+        Some(json!({"request_id": format!("{sid}-1"), "task": "py", "code": "print(1)"})),
+    );
+    assert_eq!(s, 400, "{v}");
+    let (s, v) = e.cell_raw(CAROL, &sid, "steal", "print('RAN-STOLEN')", true);
+    assert_eq!(s, 404, "{v}");
+    // The run is still alive (nobody else cancelled it).
+    assert_eq!(e.api.status_of(ALICE, &run_id)["status"], "running");
+    let (s, v) = e.send(
+        reqwest::Method::DELETE,
+        ALICE,
+        &format!("/v1/sessions/{sid}"),
+        None,
+    );
+    assert_eq!(s, 200, "{v}");
+    e.api.wait_status(ALICE, &run_id, "cancelled", 30);
+}
+
+/// `DELETE` racing a cell's submission: once the session answers `closed`, no cell of it may
+/// still be running a moment later (the close cancels whatever cell got in before it).
+#[test]
+fn a_cell_submitted_as_the_session_closes_does_not_run_on() {
+    let e = start();
+    for round in 0..40u64 {
+        let sid = e.open(ALICE, &format!("open-close-race-{round}"));
+        let barrier = std::sync::Barrier::new(2);
+        let (cell, closed) = std::thread::scope(|s| {
+            let c = s.spawn(|| {
+                barrier.wait();
+                e.cell_raw(
+                    ALICE,
+                    &sid,
+                    "late",
+                    "print('RAN-LATE', flush=True)\nimport time\ntime.sleep(25)",
+                    false,
+                )
+            });
+            let d = s.spawn(|| {
+                barrier.wait();
+                std::thread::sleep(Duration::from_micros(250 * (round % 20)));
+                e.send(
+                    reqwest::Method::DELETE,
+                    ALICE,
+                    &format!("/v1/sessions/{sid}"),
+                    None,
+                )
+            });
+            (c.join().unwrap(), d.join().unwrap())
+        });
+        eprintln!("round {round}: cell {} {}", cell.0, cell.1["type"]);
+        assert_eq!(closed.0, 200, "{closed:?}");
+        assert_eq!(closed.1["state"], "closed");
+        if cell.0 == 202 {
+            let run_id = cell.1["request_id"].as_str().unwrap().to_string();
+            let ended = e.api.wait_status(ALICE, &run_id, "cancelled", 20);
+            assert_eq!(ended["status"], "cancelled", "round {round}: {ended}");
+        } else {
+            assert_eq!(cell.0, 409, "{cell:?}");
+        }
+    }
+}
