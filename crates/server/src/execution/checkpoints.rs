@@ -183,6 +183,20 @@ pub async fn cell_end(
     }
 }
 
+/// Whether the session of `cell` was ended (`DELETE`), read once the cell's execution is
+/// registered: a close racing the cell's submission that could not cancel it yet (it was not
+/// registered) still stops it before it starts.
+pub async fn session_closed(state: &crate::app::AppState, cell: &CellJob) -> bool {
+    let Some(db) = state.store().sqlite() else {
+        return false;
+    };
+    let id = cell.session_id.clone();
+    let s = db
+        .call(move |c| crate::storage::sessions::get_session(c, &id))
+        .await;
+    matches!(s, Ok(Some(s)) if s.closed_at.is_some())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
