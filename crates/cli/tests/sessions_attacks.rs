@@ -459,3 +459,51 @@ fn a_cell_submitted_as_the_session_closes_does_not_run_on() {
         }
     }
 }
+
+/// Bytes of the files in `dir` (not recursive).
+fn dir_bytes(dir: &std::path::Path) -> (u64, usize) {
+    let mut n = (0, 0);
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        n.0 += e.metadata().map(|m| m.len()).unwrap_or(0);
+        n.1 += 1;
+    }
+    n
+}
+
+/// A measurement, not a check (run with `--ignored --nocapture`): each cell that leaves a
+/// distinct 1 MB `/work` stores another 1 MB checkpoint under DATA/checkpoints, and nothing
+/// deletes one (not the session's end, not a later cell). One session may so store
+/// `max_cells` × `max_mb` (default 1000 × 64 MB), and a tenant may open any number of sessions.
+#[test]
+#[ignore = "a measurement of the checkpoint store's growth, for the report"]
+fn checkpoint_storage_grows_with_every_distinct_cell() {
+    let e = start();
+    let cells = 30;
+    let mut per_session = Vec::new();
+    for s in 0..2 {
+        let sid = e.open(ALICE, &format!("open-disk-{s}"));
+        for i in 0..cells {
+            let c = e.cell(
+                &sid,
+                &format!("fill-{i}"),
+                "import os\nopen('/work/r.bin', 'wb').write(os.urandom(1024 * 1024))\nprint('RAN-FILL')",
+            );
+            assert_eq!(c["status"], "ok", "{c}");
+        }
+        let (st, v) = e.send(
+            reqwest::Method::DELETE,
+            ALICE,
+            &format!("/v1/sessions/{sid}"),
+            None,
+        );
+        assert_eq!(st, 200, "{v}");
+        per_session.push(dir_bytes(&e.data.join("checkpoints")));
+    }
+    let (bytes, files) = dir_bytes(&e.data.join("checkpoints"));
+    eprintln!(
+        "MEASURED: {} sessions x {cells} cells of a distinct 1 MiB /work, every session closed: DATA/checkpoints holds {files} files, {bytes} bytes ({:.1} MiB); after each session: {per_session:?}",
+        2,
+        bytes as f64 / 1048576.0
+    );
+    assert!(bytes >= 2 * cells as u64 * 1024 * 1024, "{bytes}");
+}
