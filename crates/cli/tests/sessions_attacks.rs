@@ -47,7 +47,7 @@ max_cells = 100
 struct Env {
     dir: tempfile::TempDir,
     data: PathBuf,
-    _serve: Serve,
+    serve: Serve,
     api: Api,
 }
 
@@ -60,7 +60,7 @@ fn start() -> Env {
     Env {
         dir,
         data,
-        _serve: serve,
+        serve,
         api,
     }
 }
@@ -506,4 +506,159 @@ fn checkpoint_storage_grows_with_every_distinct_cell() {
         bytes as f64 / 1048576.0
     );
     assert!(bytes >= 2 * cells as u64 * 1024 * 1024, "{bytes}");
+}
+
+/// Follows `request_id` from its start until `ended` (or the stream ends): the stdout text put
+/// together (offsets checked: nothing lost or sent twice) and the last event's kind and data.
+fn follow(e: &Env, token: &str, request_id: &str) -> (String, String, Value) {
+    let r = e
+        .api
+        .http
+        .get(e.api.url(&format!("/v1/runs/{request_id}/events")))
+        .bearer_auth(token)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (mut text, mut at, mut last) = (String::new(), 0u64, (String::new(), Value::Null));
+    common::serve::read_sse(r, |ev| {
+        let d: Value = serde_json::from_str(&ev.data).unwrap_or(Value::Null);
+        if ev.event == "stdout" {
+            assert_eq!(d["offset"].as_u64(), Some(at), "a chunk lost or repeated");
+            at += d["bytes"].as_u64().unwrap();
+            text.push_str(d["text"].as_str().unwrap());
+        }
+        last = (ev.event.clone(), d);
+        ev.event != "ended"
+    });
+    (text, last.0, last.1)
+}
+
+/// The service's CPU time so far (user + system, in clock ticks) and resident memory (kB).
+fn cpu_and_rss(pid: u32) -> (u64, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    let cpu = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let rss = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    (cpu, rss)
+}
+
+/// A run that prints and exits at once, followed from the moment it is submitted: 200 times,
+/// every byte and `ended` arrive (the end comes right after the last write, the wake-up of
+/// the write and the end of the news racing the follower's look).
+#[test]
+fn a_follower_gets_every_byte_and_the_end_of_runs_that_end_right_after_writing() {
+    let e = start();
+    let rounds = 200;
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            let e = &e;
+            s.spawn(move || {
+                for i in (t..rounds).step_by(2) {
+                    let rid = format!("short-{i}");
+                    let want = format!("{}END-{i}\n", "x".repeat(i * 37 % 5000));
+                    let body = format!(
+                        "import json, os, sys\njson.dump({{'ok': 1}}, open('/output/o.json', 'w'))\nsys.stdout.write({want:?})\nsys.stdout.flush()\nos._exit(0)\n"
+                    );
+                    let r = e.api.run(
+                        ALICE,
+                        &json!({"request_id": rid, "task": "py", "code": body}),
+                        "?wait=false",
+                    );
+                    assert_eq!(r.status(), 202);
+                    let (text, last, data) = follow(e, ALICE, &rid);
+                    assert_eq!(last, "ended", "round {i}: {data}");
+                    assert_eq!(data["status"], "ok", "round {i}: {data}");
+                    assert_eq!(text, want, "round {i}");
+                }
+            });
+        }
+    });
+}
+
+/// A run printing a byte at a time, followed by 20 clients and by one that never reads: the
+/// service does not spin (its CPU over the run is measured), nor holds memory per byte, and
+/// every reading follower gets every byte and the end.
+#[test]
+fn a_chatty_run_with_many_followers_does_not_make_the_service_spin() {
+    let e = start();
+    let n = 3000;
+    let body = format!(
+        "import json, os, time\njson.dump({{'ok': 1}}, open('/output/o.json', 'w'))\nt = time.time()\nfor i in range({n}):\n    os.write(1, b'.')\n    time.sleep(0.001)\nprint('RAN-CHATTY %.2f' % (time.time() - t), flush=True)\n"
+    );
+    let pid = e.serve.child.id();
+    let looks = || {
+        e.api
+            .metrics()
+            .lines()
+            .find(|l| l.starts_with("agentjail_follower_looks_total"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let looks_before = looks();
+    let before = cpu_and_rss(pid);
+    let r = e.api.run(
+        ALICE,
+        &json!({"request_id": "chatty", "task": "py", "code": body}),
+        "?wait=false",
+    );
+    assert_eq!(r.status(), 202);
+    let t = Instant::now();
+    // One follower that never reads: its connection is opened and left alone.
+    let stuck = e
+        .api
+        .http
+        .get(e.api.url("/v1/runs/chatty/events"))
+        .bearer_auth(ALICE)
+        .send()
+        .unwrap();
+    let texts: Vec<(String, String)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..20)
+            .map(|_| {
+                let e = &e;
+                s.spawn(move || {
+                    let (text, last, _) = follow(e, ALICE, "chatty");
+                    (text, last)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let wall = t.elapsed();
+    let after = cpu_and_rss(pid);
+    drop(stuck);
+    let looked = looks() - looks_before;
+    let tick = 100.0; // USER_HZ
+    let cpu_s = (after.0 - before.0) as f64 / tick;
+    eprintln!(
+        "MEASURED: {n} one-byte writes, 20 followers + 1 stuck: service CPU {cpu_s:.2} s over {:.2} s wall, {looked} looks; RSS {} kB -> {} kB",
+        wall.as_secs_f64(),
+        before.1,
+        after.1
+    );
+    for (text, last) in &texts {
+        assert_eq!(last, "ended");
+        assert!(text.starts_with(&".".repeat(n)), "{}", text.len());
+        assert!(text.contains("RAN-CHATTY"), "{text}");
+    }
+    // 20 followers at one look each 20 ms at most: a bounded cost, not a spin (two cores).
+    assert!(
+        cpu_s < wall.as_secs_f64() * 1.0,
+        "the service spun: {cpu_s:.2} s of CPU in {wall:?}"
+    );
+    assert!(
+        after.1 < before.1 + 64 * 1024,
+        "memory grew: {before:?} -> {after:?}"
+    );
 }
