@@ -36,11 +36,23 @@ processes = 32
 max_mb = 2
 max_files = 2000
 max_cells = 100
+
+[tasks.big]
+description = "Model-proposed Python with a 64 MB workspace"
+code = "allowed"
+command = ["/usr/bin/python3", "/input/code.py"]
+allowed_actors = ["alice"]
+{big_output}[tasks.big.limits]
+seconds = 60
+memory_mb = 512
+[tasks.big.session]
+max_mb = 64
 "#,
         alice = actor("alice", "acme", ALICE, false),
         carol = actor("carol", "acme", CAROL, false),
         bob = actor("bob", "beta", BOB, false),
         output = json_output("py", "o.json", 1000),
+        big_output = json_output("big", "o.json", 1000),
     )
 }
 
@@ -661,4 +673,83 @@ fn a_chatty_run_with_many_followers_does_not_make_the_service_spin() {
         after.1 < before.1 + 64 * 1024,
         "memory grew: {before:?} -> {after:?}"
     );
+}
+
+/// The service's peak resident memory so far (kB).
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+/// A client sends many cells at once to a session whose head is a 60 MB checkpoint (while a
+/// cell runs, so that every one of them is refused): the head is checked before each is
+/// refused, but the service must not hold a copy of the checkpoint per request.
+#[test]
+fn cells_sent_at_once_do_not_each_hold_the_checkpoint_in_the_services_memory() {
+    let e = start();
+    let (st, v) = e.send(
+        reqwest::Method::POST,
+        ALICE,
+        "/v1/sessions",
+        Some(json!({"request_id": "open-big", "task": "big"})),
+    );
+    assert_eq!(st, 201, "{v}");
+    let sid = v["session_id"].as_str().unwrap().to_string();
+    let fill = "import os\nfor i in range(15):\n    open('/work/f%d' % i, 'wb').write(os.urandom(4 * 1024 * 1024))\nprint('RAN-FILL')";
+    let c0 = e.cell(&sid, "fill", fill);
+    assert_eq!(c0["status"], "ok", "{c0}");
+    let head = c0["workspace"]["after"].as_str().unwrap().to_string();
+    assert!(std::fs::metadata(e.checkpoint_file(&head)).unwrap().len() > 60_000_000);
+    let (st, v) = e.cell_raw(
+        ALICE,
+        &sid,
+        "busy",
+        "import time\nprint('RAN-BUSY', flush=True)\ntime.sleep(40)",
+        false,
+    );
+    assert_eq!(st, 202, "{v}");
+    let busy = v["request_id"].as_str().unwrap().to_string();
+    e.api.wait_status(ALICE, &busy, "running", 30);
+    let pid = e.serve.child.id();
+    let before = peak_rss(pid);
+    let answers: Vec<u16> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..16)
+            .map(|i| {
+                let (e, sid) = (&e, &sid);
+                s.spawn(move || {
+                    e.cell_raw(
+                        ALICE,
+                        sid,
+                        &format!("flood-{i}"),
+                        "print('RAN-FLOOD')",
+                        false,
+                    )
+                    .0
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let after = peak_rss(pid);
+    eprintln!(
+        "MEASURED: 16 cells at once against a 60 MB head: peak RSS {before} kB -> {after} kB"
+    );
+    assert!(answers.iter().all(|s| *s == 409), "{answers:?}");
+    assert!(
+        after < before + 200 * 1024,
+        "the service's peak memory grew by {} MB",
+        (after - before) / 1024
+    );
+    let (st, v) = e.send(
+        reqwest::Method::DELETE,
+        ALICE,
+        &format!("/v1/sessions/{sid}"),
+        None,
+    );
+    assert_eq!(st, 200, "{v}");
 }
