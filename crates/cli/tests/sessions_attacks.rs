@@ -753,3 +753,193 @@ fn cells_sent_at_once_do_not_each_hold_the_checkpoint_in_the_services_memory() {
     );
     assert_eq!(st, 200, "{v}");
 }
+
+/// The same cell request id from six clients at once (same code): it runs once, and every
+/// client gets that one cell; a retry after it ended (`output_rejected`: over the bound) is the
+/// recorded cell, not a new run; other code under the id is a conflict.
+#[test]
+fn one_cell_request_id_from_many_clients_runs_once() {
+    let e = start();
+    let sid = e.open(ALICE, "open-same-id");
+    let body = "open('/work/count', 'a').write('x')\nopen('/work/big', 'wb').write(b'0' * (3 * 1024 * 1024))\nimport time\ntime.sleep(1)\nprint('RAN-SAME')";
+    let barrier = std::sync::Barrier::new(6);
+    let answers: Vec<(u16, Value)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..6)
+            .map(|_| {
+                let (e, sid, barrier) = (&e, &sid, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    e.cell_raw(ALICE, sid, "same", body, true)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (s, v) in &answers {
+        assert_eq!(*s, 200, "{answers:?}");
+        assert_eq!(v["cell"], 0, "{v}");
+        assert_eq!(v["status"], "output_rejected", "{v}");
+        assert_eq!(v["job_id"], answers[0].1["job_id"], "{answers:?}");
+    }
+    let (s, again) = e.cell_raw(ALICE, &sid, "same", body, true);
+    assert_eq!(s, 200, "{again}");
+    assert_eq!(again["job_id"], answers[0].1["job_id"]);
+    let (s, other) = e.cell_raw(ALICE, &sid, "same", "print('RAN-OTHER')", true);
+    assert_eq!(s, 409, "{other}");
+    let next = e.cell(
+        &sid,
+        "next",
+        "import os\nprint('RAN-NEXT', os.path.exists('/work/count'))",
+    );
+    assert!(stdout(&next).contains("RAN-NEXT False"), "{next}");
+    assert_eq!(next["cell"], 1);
+    assert_eq!(e.session(&sid)["cells"], 2);
+}
+
+/// The checkpoint store is out of every cell's reach: a cell of another session (or the same
+/// one) cannot read or list DATA/checkpoints by its host path, nor find it under /proc.
+#[test]
+fn a_cell_cannot_reach_the_checkpoint_store() {
+    let e = start();
+    let a = e.open(ALICE, "open-store-a");
+    let c0 = e.cell(
+        &a,
+        "secret",
+        "open('/work/secret.txt', 'w').write('SECRET-OF-A')\nprint('RAN-A')",
+    );
+    let head = c0["workspace"]["after"].as_str().unwrap().to_string();
+    let stored = e.checkpoint_file(&head);
+    assert!(stored.exists());
+    let b = e.open(ALICE, "open-store-b");
+    let probe = format!(
+        r#"
+import os
+found = []
+for p in ({stored:?}, {dir:?}, {data:?}, '/proc/1/root' + {stored:?}):
+    try:
+        if os.path.isdir(p):
+            found.append(('LISTED', p, os.listdir(p)))
+        else:
+            found.append(('READ', p, open(p, 'rb').read()[:64]))
+    except OSError as err:
+        pass
+print('FOUND', found)
+print('RAN-PROBE', flush=True)
+"#,
+        stored = stored.display().to_string(),
+        dir = e.data.join("checkpoints").display().to_string(),
+        data = e.data.display().to_string(),
+    );
+    let c = e.cell(&b, "probe", &probe);
+    let out = stdout(&c);
+    assert!(out.contains("RAN-PROBE"), "{c}");
+    assert!(out.contains("FOUND []"), "{out}");
+    assert!(!out.contains("SECRET-OF-A"), "{out}");
+}
+
+/// Two cells' stored checkpoints swapped in DATA/checkpoints (each file under the other's
+/// name): the next cell is refused before it runs, and `agentjail receipt verify --workspace`
+/// does not accept the other cell's checkpoint for a receipt.
+#[test]
+fn swapped_checkpoints_are_refused_and_do_not_verify() {
+    let e = start();
+    let sid = e.open(ALICE, "open-swap");
+    let c0 = e.cell(
+        &sid,
+        "one",
+        "open('/work/a', 'w').write('one')\nprint('RAN-ONE')",
+    );
+    let c1 = e.cell(
+        &sid,
+        "two",
+        "open('/work/a', 'w').write('two')\nprint('RAN-TWO')",
+    );
+    let (s0, s1) = (
+        c0["workspace"]["after"].as_str().unwrap().to_string(),
+        c1["workspace"]["after"].as_str().unwrap().to_string(),
+    );
+    assert_ne!(s0, s1);
+    let (p0, p1) = (e.checkpoint_file(&s0), e.checkpoint_file(&s1));
+    let tmp = p0.with_extension("swap");
+    std::fs::rename(&p0, &tmp).unwrap();
+    std::fs::rename(&p1, &p0).unwrap();
+    std::fs::rename(&tmp, &p1).unwrap();
+    let (st, v) = e.cell_raw(ALICE, &sid, "three", "print('RAN-THREE')", true);
+    assert_eq!(st, 409, "{v}");
+    assert!(
+        v["type"].as_str().unwrap().ends_with("/checkpoint-invalid"),
+        "{v}"
+    );
+    assert_eq!(e.session(&sid)["cells"], 2);
+    let dir = common::tmp();
+    let key = e.data.join("private").join("receipt-key.pem");
+    let pubkey = common::agentjail(&["receipt", "pubkey", "--key", key.to_str().unwrap()]);
+    assert_eq!(pubkey.code, 0, "{}", pubkey.dump());
+    let pem = dir.path().join("pub.pem");
+    std::fs::write(&pem, &pubkey.stdout).unwrap();
+    let rc = dir.path().join("receipt.json");
+    std::fs::write(&rc, serde_json::to_vec(&c1["receipt"]).unwrap()).unwrap();
+    let verify = |ck: &std::path::Path| {
+        common::agentjail(&[
+            "receipt",
+            "verify",
+            rc.to_str().unwrap(),
+            "--pubkey",
+            pem.to_str().unwrap(),
+            "--workspace",
+            ck.to_str().unwrap(),
+        ])
+    };
+    // Cell 1's receipt with the file now under its checkpoint's name (cell 0's bytes): refused.
+    let v = verify(&p1);
+    assert_ne!(v.code, 0, "{}", v.dump());
+    // With its own bytes (now under the other name): accepted, whatever the file is called.
+    let v = verify(&p0);
+    assert_eq!(v.code, 0, "{}", v.dump());
+}
+
+/// A client cancels a run it has just submitted (the request id is its own, so it can send the
+/// cancel at once): the cancel must not be lost between the run's record and its execution's
+/// registration (the run then ran to its end although the cancel was answered).
+#[test]
+fn a_cancel_sent_with_the_submission_is_not_lost() {
+    let e = start();
+    for round in 0..30u64 {
+        let rid = format!("cancel-race-{round}");
+        let barrier = std::sync::Barrier::new(2);
+        let (sub, can) = std::thread::scope(|s| {
+            let a = s.spawn(|| {
+                barrier.wait();
+                let body = json!({"request_id": rid, "task": "py", "code": "print('RAN-RACE', flush=True)\nimport time\ntime.sleep(25)"});
+                e.api.run(ALICE, &body, "?wait=false").status().as_u16()
+            });
+            let b = s.spawn(|| {
+                barrier.wait();
+                std::thread::sleep(Duration::from_micros(200 * (round % 15)));
+                e.send(
+                    reqwest::Method::POST,
+                    ALICE,
+                    &format!("/v1/runs/{rid}/cancel"),
+                    None,
+                )
+            });
+            (a.join().unwrap(), b.join().unwrap())
+        });
+        assert_eq!(sub, 202);
+        if can.0 == 404 {
+            // Before the record: nothing to cancel; cancel it now.
+            let (s, v) = e.send(
+                reqwest::Method::POST,
+                ALICE,
+                &format!("/v1/runs/{rid}/cancel"),
+                None,
+            );
+            assert_eq!(s, 200, "{v}");
+        }
+        let ended = e.api.wait_status(ALICE, &rid, "cancelled", 20);
+        assert_eq!(
+            ended["status"], "cancelled",
+            "round {round}: cancel answered {can:?}"
+        );
+    }
+}
