@@ -896,6 +896,31 @@ fn swapped_checkpoints_are_refused_and_do_not_verify() {
     // With its own bytes (now under the other name): accepted, whatever the file is called.
     let v = verify(&p0);
     assert_eq!(v.code, 0, "{}", v.dump());
+    // The head replaced by a symlink to a host file, then truncated: refused each time, and
+    // nothing ran (the session's cell count does not move).
+    let head = e.session(&sid)["workspace_sha256"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ph = e.checkpoint_file(&head);
+    let bytes = std::fs::read(&p0).unwrap();
+    std::fs::remove_file(&ph).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", &ph).unwrap();
+    let (st, v) = e.cell_raw(ALICE, &sid, "four", "print('RAN-FOUR')", true);
+    assert_eq!(st, 409, "{v}");
+    assert!(
+        v["type"].as_str().unwrap().ends_with("/checkpoint-invalid"),
+        "{v}"
+    );
+    std::fs::remove_file(&ph).unwrap();
+    std::fs::write(&ph, &bytes[..bytes.len() / 2]).unwrap();
+    let (st, v) = e.cell_raw(ALICE, &sid, "five", "print('RAN-FIVE')", true);
+    assert_eq!(st, 409, "{v}");
+    assert!(
+        v["type"].as_str().unwrap().ends_with("/checkpoint-invalid"),
+        "{v}"
+    );
+    assert_eq!(e.session(&sid)["cells"], 2);
 }
 
 /// A client cancels a run it has just submitted (the request id is its own, so it can send the
