@@ -81,11 +81,26 @@ pub fn receipt_digest(receipt: &str) -> Option<String> {
 pub fn verify_stored(data_dir: &Path, sha256: &str) -> Result<(), String> {
     let p = path(data_dir, sha256)
         .ok_or_else(|| "the session's checkpoint digest is malformed".to_string())?;
-    let bytes = std::fs::read(&p).map_err(|e| {
+    // Hashed as it is read, a buffer at a time: a checkpoint can be a gigabyte, and every cell
+    // request checks it (even one refused as busy), so no request holds a copy of it.
+    let hashed = std::fs::File::open(&p).and_then(|mut f| {
+        use sha2::{Digest, Sha256};
+        use std::io::Read;
+        let (mut h, mut buf) = (Sha256::new(), vec![0u8; 1 << 16]);
+        loop {
+            match f.read(&mut buf) {
+                Ok(0) => return Ok(agentjail_manifest::hex(&h.finalize())),
+                Ok(n) => h.update(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    });
+    let hex = hashed.map_err(|e| {
         tracing::error!(path = %p.display(), error = %e, "reading a stored checkpoint failed");
         format!("the session's checkpoint {sha256} is missing from the store; refused, nothing ran")
     })?;
-    let got = format!("sha256:{}", crate::config::sha256_hex(&bytes));
+    let got = format!("sha256:{hex}");
     if got != sha256 {
         tracing::error!(path = %p.display(), expected = sha256, got = %got, "a stored checkpoint no longer matches its name");
         return Err(format!(
@@ -181,6 +196,20 @@ pub async fn cell_end(
         checkpoint,
         receipt_sha256: receipt.as_deref().and_then(receipt_digest),
     }
+}
+
+/// Whether the session of `cell` was ended (`DELETE`), read once the cell's execution is
+/// registered: a close racing the cell's submission that could not cancel it yet (it was not
+/// registered) still stops it before it starts.
+pub async fn session_closed(state: &crate::app::AppState, cell: &CellJob) -> bool {
+    let Some(db) = state.store().sqlite() else {
+        return false;
+    };
+    let id = cell.session_id.clone();
+    let s = db
+        .call(move |c| crate::storage::sessions::get_session(c, &id))
+        .await;
+    matches!(s, Ok(Some(s)) if s.closed_at.is_some())
 }
 
 #[cfg(test)]

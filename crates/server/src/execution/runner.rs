@@ -1212,7 +1212,14 @@ async fn execute_registered(
         }
         return;
     };
+    // A session's cell whose session was ended before this execution was registered (and so
+    // could not be cancelled by the close): it never starts.
+    let closed = match &job.session {
+        Some(c) => super::checkpoints::session_closed(&state, c).await,
+        None => false,
+    };
     let permit = match slot {
+        _ if closed => None,
         Some(p) => Some(Ok(p)),
         None => tokio::select! {
             p = state.inner.run_slots.clone().acquire_owned() => Some(p),

@@ -650,9 +650,20 @@ pub(super) async fn stop(state: &AppState, r: &RunRow, reason: &str) -> Result<(
         queue
             .cancel(&r.tenant, &r.request_id, now(), reason, &end)
             .await?;
+        // This node may hold it: no need to wait for a lease renewal.
+        let _ = runner::cancel_here(state, &r.job_id);
+        return Ok(());
     }
-    // This node may hold it (without a queue: it does, unless it ended between the read and
-    // now): no need to wait for a lease renewal.
-    let _ = runner::cancel_here(state, &r.job_id);
+    // Without a queue this node executes it, but its execution registers only once spawned,
+    // just after the run is recorded: a cancel that comes in between (the client knows its
+    // request id before the submission is answered) waits for it to register, or to end.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !runner::cancel_here(state, &r.job_id) && std::time::Instant::now() < deadline {
+        match state.store().get_run(&r.tenant, &r.request_id).await? {
+            Some(now) if now.job_id == r.job_id && !now.status.is_terminal() => {}
+            _ => break,
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     Ok(())
 }

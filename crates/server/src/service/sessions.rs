@@ -229,6 +229,14 @@ async fn owned(
     }
 }
 
+/// The session `id` as it stands (known to exist).
+async fn session_row(db: &Db, id: &str) -> Result<SessionRow, Failure> {
+    let key = id.to_owned();
+    let s = db.call(move |c| store::get_session(c, &key)).await;
+    s.map_err(crate::storage::store::StoreError::from)?
+        .ok_or(Failure::Internal)
+}
+
 /// The record of `tenant`'s run `request_id`.
 async fn run_of(state: &AppState, tenant: &str, request_id: &str) -> Result<RunRow, Failure> {
     state
@@ -681,6 +689,9 @@ pub(crate) async fn close(
             })
             .await;
     }
+    // The session as closed: a cell that got in before the close counts (not the row read
+    // before it), and its execution, if not yet registered, sees the close and never starts.
+    let s = session_row(&db, &s.session_id).await?;
     if s.cells > 0 {
         let last = store::run_request_id(&s.session_id, s.cells - 1);
         if let Ok(r) = run_of(state, &s.tenant, &last).await
@@ -688,14 +699,9 @@ pub(crate) async fn close(
         {
             // Its end is recorded by its execution; the close stands whatever it says.
             let _ = super::cancel::cancel(state, caller, &last).await;
+            return Ok(session_view(state, &session_row(&db, &s.session_id).await?));
         }
     }
-    let sid = s.session_id.clone();
-    let s = db
-        .call(move |c| store::get_session(c, &sid))
-        .await
-        .map_err(crate::storage::store::StoreError::from)?
-        .ok_or(Failure::Internal)?;
     Ok(session_view(state, &s))
 }
 
