@@ -19,6 +19,8 @@ from ._errors import (
     AgentjailError,
     APIError,
     BadRequest,
+    CellInProgress,
+    CheckpointInvalid,
     Conflict,
     Forbidden,
     Gone,
@@ -28,6 +30,10 @@ from ._errors import (
     Refused,
     RunFailed,
     ServerError,
+    SessionCellLimit,
+    SessionClosed,
+    SessionExpired,
+    SessionsUnsupported,
     StreamError,
     Timeout,
     TooLarge,
@@ -37,8 +43,16 @@ from ._errors import (
     Unavailable,
     WaitTimeout,
 )
-from ._run import Event, Input, Log, Run, RunPage
-from ._verify import VerificationError, VerifiedReceipt, verify
+from ._run import Cell, CellPage, Event, Input, Log, Run, RunPage
+from ._session import AsyncSession, Session
+from ._verify import (
+    VerificationError,
+    VerifiedReceipt,
+    canonical_json,
+    receipt_digest,
+    verify,
+    verify_session,
+)
 
 __version__ = "0.1.0"
 
@@ -50,13 +64,26 @@ __all__ = [
     "Log",
     "Run",
     "RunPage",
+    "Cell",
+    "CellPage",
+    "Session",
+    "AsyncSession",
     "verify",
+    "verify_session",
+    "receipt_digest",
+    "canonical_json",
     "VerifiedReceipt",
     "VerificationError",
     "AgentjailError",
     "APIError",
     "BadRequest",
     "Conflict",
+    "CellInProgress",
+    "SessionClosed",
+    "SessionExpired",
+    "SessionCellLimit",
+    "CheckpointInvalid",
+    "SessionsUnsupported",
     "Forbidden",
     "Gone",
     "InputMismatch",
