@@ -3,13 +3,16 @@
 //! upload and the csv-summary example, a failing import as a typed result, a denial, execute-
 //! once, live events with resume across a dropped connection, cancel, pagination, typed
 //! errors, 429 and its retry (on a second service with one run slot), offline receipt
-//! verification, the async client, and the generated models against this server's
+//! verification, the async client, sessions and cells with their receipt chain, the smolagents
+//! executor driven by a scripted `CodeAgent`, and the generated models against this server's
 //! `/openapi.json`), the ```` ```python ```` blocks of docs/client-python.md run in order, `mypy --strict` on the package, and packaging: `python3 -m build` makes a wheel and
 //! an sdist, and the wheel installs into a fresh venv (no system site-packages) where
 //! `import agentjail` works. The suite runs twice: on SQLite, and on PostgreSQL (a throwaway
-//! cluster, as tests/postgres.rs starts one). Needs python3 with httpx, pytest, mypy, build and cryptography
+//! cluster, as tests/postgres.rs starts one, where every session call must fail typed:
+//! `501 sessions-unsupported`). Needs python3 with httpx, pytest, mypy, build and cryptography
 //! (`.ci/run` installs them) and, for the venv, the package registry or pip's cache. Without
-//! them the tests print SKIP and pass; under CI (`CI` set) they fail.
+//! them the tests print SKIP and pass; under CI (`CI` set) they fail. smolagents (pinned by
+//! `.ci/run`) is needed under CI; elsewhere, without it, its test and guide block are left out.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -95,7 +98,13 @@ fn config(server: &str) -> String {
             "allowed_tenants = [\"acme\"]",
             60
         ),
-        agent = agent_task() + &python_code_task("tiny", "Two cells a session", "allowed_tenants = [\"acme\"]", 30)
+        agent = agent_task()
+            + &python_code_task(
+                "tiny",
+                "Two cells a session",
+                "allowed_tenants = [\"acme\"]",
+                30
+            )
             + "[tasks.tiny.session]\nmax_cells = 2\n",
     )
 }
@@ -119,13 +128,7 @@ struct Env {
 /// The environment of the suite against the service at `base` whose data folder is `data`
 /// (`primary`: what keeps it running), with a second, SQLite service of one run slot and no
 /// queue (429 while a run runs) for the rate-limit test.
-fn env(
-    dir: &Path,
-    primary: Box<dyn std::any::Any>,
-    base: &str,
-    data: &Path,
-    store: &str,
-) -> Env {
+fn env(dir: &Path, primary: Box<dyn std::any::Any>, base: &str, data: &Path, store: &str) -> Env {
     let busy_dir = dir.join("busy");
     std::fs::create_dir_all(&busy_dir).unwrap();
     let busy_cfg = write_config(

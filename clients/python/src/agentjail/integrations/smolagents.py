@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from smolagents.local_python_executor import CodeOutput
 from smolagents.monitoring import AgentLogger, LogLevel
@@ -96,6 +96,8 @@ class AgentjailExecutor(RemotePythonExecutor):  # type: ignore[misc]
         ]
         #: Every cell this executor ran, in order.
         self.cells: List[Cell] = []
+        #: The last step's ``(program, request_id)``: sent again, it returns the recorded cell.
+        self.last_step: Optional[Tuple[str, str]] = None
         self.logger.log(
             "agentjail session %s (task %s)" % (self.session.session_id, self.session.task),
             level=LogLevel.INFO,
@@ -113,7 +115,18 @@ class AgentjailExecutor(RemotePythonExecutor):  # type: ignore[misc]
             for pkg in tool.to_dict().get("requirements", []):
                 if pkg != "smolagents" and pkg not in self._pending_imports:
                     self._pending_imports.append(pkg)
-        self._pending_tools = get_tools_definition_code(tools) or None
+        code = get_tools_definition_code(tools) or None
+        if code is not None:
+            # smolagents hoists every import of the tools' code (numpy and PIL for
+            # final_answer's serializer, which imports them lazily) ahead of their
+            # definitions; one the sandbox's Python lacks must not stop every step.
+            code = "".join(
+                "try:\n    %sexcept ImportError:\n    pass\n" % line
+                if line.startswith("import ") and "\\" not in line
+                else line
+                for line in code.splitlines(True)
+            )
+        self._pending_tools = code
 
     def send_variables(self, variables: Dict[str, Any]) -> None:
         """Sends the agent's variables (``additional_args``) as smolagents' remote executors
@@ -152,6 +165,7 @@ class AgentjailExecutor(RemotePythonExecutor):  # type: ignore[misc]
         )
         digest = hashlib.sha256(program.encode()).hexdigest()[:16]
         request_id = "smolagents-step-%d-%s" % (self._steps, digest)
+        self.last_step = (program, request_id)
         cell = self._run_cell(program, request_id)
         self.cells.append(cell)
         self._pending_tools = self._pending_variables = None
