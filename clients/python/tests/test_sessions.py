@@ -59,6 +59,7 @@ def test_rfc8785_canonical_json() -> None:
         b'{"a":"\xe2\x80\xa8\\u0001\\"\\\\","b":[1,2.5,null,true]}'
     )
     assert agentjail.canonical_json(1e21) == b"1e+21" and agentjail.canonical_json(4.0) == b"4"
+    assert agentjail.canonical_json([1e-5, 1e-7, 0.1]) == b"[0.00001,1e-7,0.1]"
 
 
 def test_cells_share_work_retry_safely_and_chain_their_receipts(
@@ -125,6 +126,7 @@ def test_cells_share_work_retry_safely_and_chain_their_receipts(
     }
     f0 = forked.run("print(open('/work/rows.txt').read())\n" + OUT)
     assert f0.ok and f0.stdout.strip() == c1.stdout.strip() and f0.cell == 0
+    assert receipts[0] is not None
     forked.verify_chain(pubkey, previous=agentjail.receipt_digest(receipts[0]))
     forked.close()
 

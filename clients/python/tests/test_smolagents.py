@@ -59,6 +59,7 @@ STEP_3 = """Thought: use the variable, the function and the file of step 1.
 regions = open('/work/regions.txt').read().split(',')
 top = best(revenue)
 print('regions:', regions, 'rows again:', len(rows), 'top:', top, round(revenue[top], 2))
+print('above:', sorted(k for k, v in revenue.items() if v > threshold))
 len(regions)
 </code>"""
 
@@ -109,7 +110,10 @@ def test_a_code_agent_solves_a_multi_step_task_in_one_session(
     )
     model = ScriptedModel([STEP_1, STEP_2_FAILS, STEP_3, STEP_4])
     with CodeAgent(tools=[], model=model, executor=executor, max_steps=6) as agent:
-        answer = agent.run("Which region has the most revenue?")
+        # `threshold` reaches the sandbox through send_variables (smolagents' additional_args).
+        answer = agent.run(
+            "Which region has the most revenue?", additional_args={"threshold": 100.0}
+        )
         steps = [s for s in agent.memory.steps if isinstance(s, ActionStep)]
         session_id = executor.session.session_id
 
@@ -129,6 +133,7 @@ def test_a_code_agent_solves_a_multi_step_task_in_one_session(
         obs3 = steps[2].observations or ""
         assert "regions: ['east', 'north', 'south', 'west']" in obs3
         assert "rows again: 8" in obs3 and "top: west 198.0" in obs3
+        assert "above: ['east', 'south', 'west']" in obs3
         assert steps[2].action_output == "4"
         assert steps[3].is_final_answer
 

@@ -7,7 +7,8 @@
 >>> run.raise_for_status().artifact      # doctest: +SKIP
 
 :class:`Client` and :class:`AsyncClient` cover the API (inputs, runs, live events, logs,
-artifacts, receipts, tasks); :func:`verify` checks a receipt offline. Errors are typed
+artifacts, receipts, tasks, sessions and their cells); :func:`verify` checks a receipt
+offline, :func:`verify_session` a session's receipt chain. Errors are typed
 (:class:`APIError` and its subclasses, carrying the problem-details body); a run that ended
 badly is a :class:`Run` whose ``ok`` is false. The data models (``agentjail.models``) are
 generated from the service's OpenAPI document. docs/client-python.md is the guide.

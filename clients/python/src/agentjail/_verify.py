@@ -324,10 +324,13 @@ def _jcs(v: Any) -> str:
             raise ValueError("RFC 8785 has no form for %r" % v)
         if v.is_integer() and abs(v) < 1e21:
             return str(int(v))
-        r = repr(v)
+        r = repr(v)  # the shortest digits that round-trip, as ECMAScript's
         if "e" in r:
             mant, exp = r.split("e")
             e = int(exp)
+            if -7 < e < 0:  # ECMAScript writes 1e-6 ..< 1e-4 in full; Python does not
+                sign, digits = ("-", mant[1:]) if mant.startswith("-") else ("", mant)
+                return "%s0.%s%s" % (sign, "0" * (-e - 1), digits.replace(".", ""))
             r = "%se%s%d" % (mant, "+" if e > 0 else "-", abs(e))
         return r
     if isinstance(v, str):
