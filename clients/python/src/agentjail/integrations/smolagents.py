@@ -78,7 +78,12 @@ class AgentjailExecutor(RemotePythonExecutor):  # type: ignore[misc]
         if session is None:
             if task is None:
                 raise ValueError("AgentjailExecutor needs task= (or an open session=)")
-            session = self.client.session(task, inputs)
+            try:
+                session = self.client.session(task, inputs)
+            except BaseException:
+                if self._owns_client:
+                    self.client.close()
+                raise
             self._owns_session = True
         else:
             self._owns_session = False
