@@ -3,19 +3,23 @@
 //! upload and the csv-summary example, a failing import as a typed result, a denial, execute-
 //! once, live events with resume across a dropped connection, cancel, pagination, typed
 //! errors, 429 and its retry (on a second service with one run slot), offline receipt
-//! verification, the async client, and the generated models against this server's
+//! verification, the async client, sessions and cells with their receipt chain, the smolagents
+//! executor driven by a scripted `CodeAgent`, and the generated models against this server's
 //! `/openapi.json`), the ```` ```python ```` blocks of docs/client-python.md run in order, `mypy --strict` on the package, and packaging: `python3 -m build` makes a wheel and
 //! an sdist, and the wheel installs into a fresh venv (no system site-packages) where
 //! `import agentjail` works. The suite runs twice: on SQLite, and on PostgreSQL (a throwaway
-//! cluster, as tests/postgres.rs starts one). Needs python3 with httpx, pytest, mypy, build and cryptography
+//! cluster, as tests/postgres.rs starts one, where every session call must fail typed:
+//! `501 sessions-unsupported`). Needs python3 with httpx, pytest, mypy, build and cryptography
 //! (`.ci/run` installs them) and, for the venv, the package registry or pip's cache. Without
-//! them the tests print SKIP and pass; under CI (`CI` set) they fail.
+//! them the tests print SKIP and pass; under CI (`CI` set) they fail. smolagents (pinned by
+//! `.ci/run`) is needed under CI; elsewhere, without it, its test and guide block are left out.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 use common::serve::{
-    Serve, actor, example_schema, python_code_task, summarize_csv_task, write_config,
+    Serve, actor, csv_input, example_schema, json_output, python_code_task, summarize_csv_task,
+    write_config,
 };
 use common::skip;
 
@@ -62,10 +66,24 @@ fn have(needed: &[&str]) -> bool {
     false
 }
 
+/// `[tasks.agent]`: what an agent framework's executor runs its steps in (the smolagents
+/// executor's test, and the sessions' tests): model-proposed Python with one CSV input at
+/// `/input/data.csv`, an `o.json` output of at most 100 kB with no schema (the executor writes
+/// the step's result there), and sessions of at most 50 cells and 8 MiB of `/work`.
+fn agent_task() -> String {
+    format!(
+        "\n[tasks.agent]\ndescription = \"An agent's Python steps over one CSV\"\ncode = \"allowed\"\n\
+         command = [\"/usr/bin/python3\", \"/input/code.py\"]\nallowed_tenants = [\"acme\"]\n\
+         {}{}[tasks.agent.limits]\nseconds = 60\n[tasks.agent.session]\nmax_cells = 50\nmax_mb = 8\n",
+        csv_input("agent", 100_000),
+        json_output("agent", "o.json", 100_000),
+    )
+}
+
 /// The service's configuration; `server` is its `[server]` table's lines.
 fn config(server: &str) -> String {
     format!(
-        "[server]\n{server}\n[tenants.acme]\n{alice}{ops}{summarize}{py}",
+        "[server]\n{server}\n[tenants.acme]\n{alice}{ops}{summarize}{py}{agent}",
         alice = actor("alice", "acme", ALICE, false),
         ops = actor("ops", "acme", OPS, true),
         summarize = summarize_csv_task(
@@ -80,6 +98,14 @@ fn config(server: &str) -> String {
             "allowed_tenants = [\"acme\"]",
             60
         ),
+        agent = agent_task()
+            + &python_code_task(
+                "tiny",
+                "Two cells a session",
+                "allowed_tenants = [\"acme\"]",
+                30
+            )
+            + "[tasks.tiny.session]\nmax_cells = 2\n",
     )
 }
 
@@ -102,7 +128,7 @@ struct Env {
 /// The environment of the suite against the service at `base` whose data folder is `data`
 /// (`primary`: what keeps it running), with a second, SQLite service of one run slot and no
 /// queue (429 while a run runs) for the rate-limit test.
-fn env(dir: &Path, primary: Box<dyn std::any::Any>, base: &str, data: &Path) -> Env {
+fn env(dir: &Path, primary: Box<dyn std::any::Any>, base: &str, data: &Path, store: &str) -> Env {
     let busy_dir = dir.join("busy");
     std::fs::create_dir_all(&busy_dir).unwrap();
     let busy_cfg = write_config(
@@ -131,6 +157,8 @@ fn env(dir: &Path, primary: Box<dyn std::any::Any>, base: &str, data: &Path) -> 
         ("AGENTJAIL_VERSION".into(), env!("CARGO_PKG_VERSION").into()),
         ("AGENTJAIL_BIN".into(), common::bin_str()),
         ("AGENTJAIL_BUSY_URL".into(), busy.base.clone()),
+        // `sqlite` or `postgres`: sessions need SQLite (PostgreSQL answers 501).
+        ("AGENTJAIL_STORE".into(), store.into()),
         (
             "PYTHONPATH".into(),
             client_dir().join("src").to_str().unwrap().into(),
@@ -144,18 +172,29 @@ fn env(dir: &Path, primary: Box<dyn std::any::Any>, base: &str, data: &Path) -> 
     }
 }
 
+/// Whether `python3` can import smolagents (the executor's test and the guide's smolagents
+/// block need it). Under CI it must (`.ci/run` pins it): a missing one fails the test.
+fn have_smolagents() -> bool {
+    if missing_modules(&["smolagents"]).is_empty() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "python3 cannot import smolagents under CI (.ci/run installs it)"
+    );
+    skip("python3 cannot import smolagents: its executor's test and guide block are left out");
+    false
+}
+
 /// Runs the client's pytest suite in `env`; every test must run and pass.
 fn pytest(env: &Env, dir: &Path) {
+    let mut args = vec!["-m", "pytest", "-q", "-p", "no:cacheprovider", "-ra"];
+    if !have_smolagents() {
+        args.push("--ignore=tests/test_smolagents.py");
+    }
+    args.push("tests");
     let out = Command::new("python3")
-        .args([
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-ra",
-            "tests",
-        ])
+        .args(&args)
         .current_dir(client_dir())
         .envs(env.vars.iter().map(|(k, v)| (k, v)))
         .env("TMPDIR", dir)
@@ -178,12 +217,12 @@ fn the_python_client_passes_its_tests_against_a_real_service() {
     let data = dir.path().join("data");
     let serve = Serve::start(&cfg, &data, &[]);
     let base = serve.base.clone();
-    let env = env(dir.path(), Box::new(serve), &base, &data);
+    let env = env(dir.path(), Box::new(serve), &base, &data, "sqlite");
     pytest(&env, dir.path());
 
     // The guide's Python blocks, in order, as one program, from the checkout's folder.
     let page = std::fs::read_to_string(repo().join("docs/client-python.md")).unwrap();
-    let code = python_blocks(&page);
+    let code = python_blocks(&page, have_smolagents());
     assert!(
         code.contains("agentjail.Client"),
         "no quick start in the guide"
@@ -232,20 +271,27 @@ fn the_python_client_passes_its_tests_on_postgres() {
         Box::new((node, pg)),
         &base,
         &node_dir.join("data"),
+        "postgres",
     );
     pytest(&env, dir.path());
 }
 
-/// The ```` ```python ```` blocks of a Markdown page, joined.
-fn python_blocks(md: &str) -> String {
+/// The ```` ```python ```` blocks of a Markdown page, joined; without `smolagents`, those
+/// that import it are left out.
+fn python_blocks(md: &str, smolagents: bool) -> String {
     let mut code = String::new();
+    let mut block = String::new();
     let mut inside = false;
     for line in md.lines() {
         if inside && line.trim_start().starts_with("```") {
             inside = false;
+            if smolagents || !block.contains("smolagents") {
+                code.push_str(&block);
+            }
+            block.clear();
         } else if inside {
-            code.push_str(line);
-            code.push('\n');
+            block.push_str(line);
+            block.push('\n');
         } else if line.trim() == "```python" {
             inside = true;
         }

@@ -7,7 +7,8 @@
 >>> run.raise_for_status().artifact      # doctest: +SKIP
 
 :class:`Client` and :class:`AsyncClient` cover the API (inputs, runs, live events, logs,
-artifacts, receipts, tasks); :func:`verify` checks a receipt offline. Errors are typed
+artifacts, receipts, tasks, sessions and their cells); :func:`verify` checks a receipt
+offline, :func:`verify_session` a session's receipt chain. Errors are typed
 (:class:`APIError` and its subclasses, carrying the problem-details body); a run that ended
 badly is a :class:`Run` whose ``ok`` is false. The data models (``agentjail.models``) are
 generated from the service's OpenAPI document. docs/client-python.md is the guide.
@@ -19,6 +20,8 @@ from ._errors import (
     AgentjailError,
     APIError,
     BadRequest,
+    CellInProgress,
+    CheckpointInvalid,
     Conflict,
     Forbidden,
     Gone,
@@ -28,6 +31,10 @@ from ._errors import (
     Refused,
     RunFailed,
     ServerError,
+    SessionCellLimit,
+    SessionClosed,
+    SessionExpired,
+    SessionsUnsupported,
     StreamError,
     Timeout,
     TooLarge,
@@ -37,8 +44,16 @@ from ._errors import (
     Unavailable,
     WaitTimeout,
 )
-from ._run import Event, Input, Log, Run, RunPage
-from ._verify import VerificationError, VerifiedReceipt, verify
+from ._run import Cell, CellPage, Event, Input, Log, Run, RunPage
+from ._session import AsyncSession, Session
+from ._verify import (
+    VerificationError,
+    VerifiedReceipt,
+    canonical_json,
+    receipt_digest,
+    verify,
+    verify_session,
+)
 
 __version__ = "0.1.0"
 
@@ -50,13 +65,26 @@ __all__ = [
     "Log",
     "Run",
     "RunPage",
+    "Cell",
+    "CellPage",
+    "Session",
+    "AsyncSession",
     "verify",
+    "verify_session",
+    "receipt_digest",
+    "canonical_json",
     "VerifiedReceipt",
     "VerificationError",
     "AgentjailError",
     "APIError",
     "BadRequest",
     "Conflict",
+    "CellInProgress",
+    "SessionClosed",
+    "SessionExpired",
+    "SessionCellLimit",
+    "CheckpointInvalid",
+    "SessionsUnsupported",
     "Forbidden",
     "Gone",
     "InputMismatch",

@@ -14,6 +14,7 @@ from typing import (
     Awaitable,
     Callable,
     Dict,
+    Generator,
     List,
     Mapping,
     Optional,
@@ -28,7 +29,8 @@ from . import _core as core
 from ._core import Call, Follower, InputRef, Op, Sleep, Source
 from ._http import Config, TimeoutArg, answer, translate
 from ._models import RunSummary, TaskView
-from ._run import Event, Input, Log, Run, RunPage
+from ._run import Cell, CellPage, Event, Input, Log, Run, RunPage
+from ._session import AsyncSession
 
 T = TypeVar("T")
 
@@ -38,7 +40,7 @@ class AsyncClient:
     arguments and methods as :class:`agentjail.Client`, awaited (``events`` is an async
     iterator, ``follow``'s callback may be a coroutine function).
 
-    Sessions and cells are not part of the service's API yet; they will be methods here too.
+    ``session(...)`` is awaited (``await client.session(...)``) or used as ``async with``.
     """
 
     def __init__(
@@ -198,6 +200,71 @@ class AsyncClient:
         """Operators: ``retry`` or ``abandon`` an ``unknown`` run."""
         return await self._drive(core.op_reconcile(request_id, action))
 
+    def session(
+        self,
+        task: str,
+        inputs: Sequence[InputRef] = (),
+        *,
+        request_id: Optional[str] = None,
+    ) -> "_Opening":
+        """Opens a session; await it, or ``async with client.session(...) as s`` (ended at
+        exit)."""
+        return _Opening(self, task, inputs, request_id or core.new_request_id())
+
+    async def open_session(
+        self, task: str, inputs: Sequence[InputRef] = (), *, request_id: Optional[str] = None
+    ) -> AsyncSession:
+        """Opens a session of ``task`` (execute-once by ``request_id``)."""
+        rid = request_id or core.new_request_id()
+        return AsyncSession(self, await self._drive(core.op_open_session(task, inputs, rid)))
+
+    async def get_session(self, session_id: str) -> AsyncSession:
+        """The session now."""
+        return AsyncSession(self, await self._drive(core.op_get_session(session_id)))
+
+    async def run_cell(
+        self,
+        session_id: str,
+        code: str,
+        *,
+        request_id: Optional[str] = None,
+        wait: bool = True,
+        timeout: Optional[float] = None,
+    ) -> Cell:
+        """Runs the session's next cell."""
+        rid = request_id or core.new_request_id()
+        return await self._drive(core.op_cell(session_id, code, rid, wait, timeout))
+
+    async def cells_page(
+        self, session_id: str, *, limit: Optional[int] = None, cursor: Optional[str] = None
+    ) -> CellPage:
+        """One page of the session's cells."""
+        return await self._drive(core.op_cells_page(session_id, limit, cursor))
+
+    async def cells(
+        self, session_id: str, *, page_size: Optional[int] = None
+    ) -> AsyncIterator[Cell]:
+        """Every cell of the session, in order."""
+        cursor: Optional[str] = None
+        while True:
+            page = await self._drive(core.op_cells_page(session_id, page_size, cursor))
+            for c in page.cells:
+                yield c
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    async def fork_session(
+        self, session_id: str, *, cell: Optional[int] = None, request_id: Optional[str] = None
+    ) -> AsyncSession:
+        """A new session from a checkpoint of this one."""
+        rid = request_id or core.new_request_id()
+        return AsyncSession(self, await self._drive(core.op_fork_session(session_id, cell, rid)))
+
+    async def close_session(self, session_id: str) -> AsyncSession:
+        """Ends the session (idempotent)."""
+        return AsyncSession(self, await self._drive(core.op_close_session(session_id)))
+
     async def events(
         self, request_id: str, *, last_event_id: Optional[str] = None, max_reconnects: int = 5
     ) -> AsyncIterator[Event]:
@@ -259,3 +326,29 @@ class AsyncClient:
     async def metrics(self) -> str:
         """``GET /metrics``."""
         return await self._drive(core.op_text("/metrics"))
+
+
+class _Opening:
+    """``AsyncClient.session(...)``: awaitable (the session) and an async context manager
+    (the session, ended at exit)."""
+
+    def __init__(
+        self, client: AsyncClient, task: str, inputs: Sequence[InputRef], request_id: str
+    ) -> None:
+        self._args = (client, task, inputs, request_id)
+        self._session: Optional[AsyncSession] = None
+
+    async def _open(self) -> AsyncSession:
+        client, task, inputs, rid = self._args
+        return await client.open_session(task, inputs, request_id=rid)
+
+    def __await__(self) -> Generator[Any, None, AsyncSession]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> AsyncSession:
+        self._session = await self._open()
+        return self._session
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()

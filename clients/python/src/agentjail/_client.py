@@ -12,7 +12,8 @@ from . import _core as core
 from ._core import Call, Follower, InputRef, Op, Sleep, Source
 from ._http import Config, TimeoutArg, answer, translate
 from ._models import RunSummary, TaskView
-from ._run import Event, Input, Log, Run, RunPage
+from ._run import Cell, CellPage, Event, Input, Log, Run, RunPage
+from ._session import Session
 
 T = TypeVar("T")
 
@@ -30,8 +31,7 @@ class Client:
     :meth:`close`. ``http_client`` is an ``httpx.Client`` of your own (proxies, TLS, event
     hooks); the URL, token and timeouts are still set per request.
 
-    Sessions and cells (a stateful interpreter across runs) are not part of the service's API
-    yet; they will be methods of this class.
+    Sessions (cells sharing a persistent ``/work``): :meth:`session`.
     """
 
     def __init__(
@@ -211,6 +211,68 @@ class Client:
     def reconcile(self, request_id: str, action: str) -> Run:
         """Operators: decides an ``unknown`` run, ``action`` ``retry`` or ``abandon``."""
         return self._drive(core.op_reconcile(request_id, action))
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def session(
+        self,
+        task: str,
+        inputs: Sequence[InputRef] = (),
+        *,
+        request_id: Optional[str] = None,
+    ) -> Session:
+        """Opens a session of ``task`` (a task with ``code = "allowed"``): cells that share a
+        persistent ``/work``, each with ``inputs``. Execute-once by ``request_id`` (a fresh
+        UUID4 when not given): the same id again returns the same session. Use it as a
+        context manager to end it at exit. With PostgreSQL: :class:`SessionsUnsupported`."""
+        rid = request_id or core.new_request_id()
+        return Session(self, self._drive(core.op_open_session(task, inputs, rid)))
+
+    open_session = session
+
+    def get_session(self, session_id: str) -> Session:
+        """The session now (another tenant's or actor's is :class:`NotFound`)."""
+        return Session(self, self._drive(core.op_get_session(session_id)))
+
+    def run_cell(
+        self,
+        session_id: str,
+        code: str,
+        *,
+        request_id: Optional[str] = None,
+        wait: bool = True,
+        timeout: Optional[float] = None,
+    ) -> Cell:
+        """Runs the session's next cell; see :meth:`Session.run`."""
+        rid = request_id or core.new_request_id()
+        return self._drive(core.op_cell(session_id, code, rid, wait, timeout))
+
+    def cells_page(
+        self, session_id: str, *, limit: Optional[int] = None, cursor: Optional[str] = None
+    ) -> CellPage:
+        """One page of the session's cells, in order."""
+        return self._drive(core.op_cells_page(session_id, limit, cursor))
+
+    def cells(self, session_id: str, *, page_size: Optional[int] = None) -> Iterator[Cell]:
+        """Every cell of the session, in order, fetching pages as it goes."""
+        cursor: Optional[str] = None
+        while True:
+            page = self._drive(core.op_cells_page(session_id, page_size, cursor))
+            yield from page.cells
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def fork_session(
+        self, session_id: str, *, cell: Optional[int] = None, request_id: Optional[str] = None
+    ) -> Session:
+        """A new session from the workspace as ``cell`` left it (default: the head)."""
+        rid = request_id or core.new_request_id()
+        return Session(self, self._drive(core.op_fork_session(session_id, cell, rid)))
+
+    def close_session(self, session_id: str) -> Session:
+        """Ends the session (idempotent); returns it, ``closed``."""
+        return Session(self, self._drive(core.op_close_session(session_id)))
 
     # -- live events ---------------------------------------------------------------------
 

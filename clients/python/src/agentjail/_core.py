@@ -32,8 +32,8 @@ from typing import (
 from urllib.parse import quote
 
 from ._errors import APIError, StreamError, WaitTimeout, error_for
-from ._models import InputCreated, RunList, RunView, TaskList
-from ._run import Event, Input, Log, Run, RunPage
+from ._models import CellList, InputCreated, RunList, RunView, SessionView, TaskList
+from ._run import Cell, CellPage, Event, Input, Log, Run, RunPage
 
 T = TypeVar("T")
 
@@ -327,6 +327,78 @@ def op_json(path: str) -> Op[Dict[str, Any]]:
 def op_text(path: str) -> Op[str]:
     a = check((yield Call("GET", path)))
     return a.content.decode("utf-8", "replace")
+
+
+# ---------------------------------------------------------------------------------------------
+# Sessions
+
+
+def session_path(session_id: str, *rest: str) -> str:
+    return "/".join(["/v1/sessions", seg(session_id), *rest])
+
+
+def op_open_session(task: str, inputs: Sequence[InputRef], request_id: str) -> Op[SessionView]:
+    body = run_request(task, inputs, None, None, request_id)
+    a = check((yield Call("POST", "/v1/sessions", json=body)))
+    return cast(SessionView, a.json())
+
+
+def op_get_session(session_id: str) -> Op[SessionView]:
+    a = check((yield Call("GET", session_path(session_id))))
+    return cast(SessionView, a.json())
+
+
+def op_close_session(session_id: str) -> Op[SessionView]:
+    a = check((yield Call("DELETE", session_path(session_id), long=True)))
+    return cast(SessionView, a.json())
+
+
+def op_fork_session(session_id: str, cell: Optional[int], request_id: str) -> Op[SessionView]:
+    body: Dict[str, Any] = {"request_id": request_id}
+    if cell is not None:
+        body["cell"] = cell
+    a = check((yield Call("POST", session_path(session_id, "fork"), json=body)))
+    return cast(SessionView, a.json())
+
+
+def op_cell(
+    session_id: str, code: str, request_id: str, wait: bool, timeout: Optional[float]
+) -> Op[Cell]:
+    """Runs the session's next cell. As for a run: without a deadline the service holds the
+    answer until the cell ends; with one, the cell is submitted ``?wait=false``, its run is
+    polled until it ends, and the cell is then asked for again under the same request id
+    (execute-once: that returns the recorded cell, it runs nothing)."""
+    t0 = now()
+    held = wait and timeout is None
+    body = {"request_id": request_id, "code": code}
+    path = session_path(session_id, "cells")
+    a = check(
+        (
+            yield Call(
+                "POST", path, params={"wait": "true" if held else "false"}, json=body, long=held
+            )
+        )
+    )
+    cell = Cell(cast(RunView, a.json()))
+    if wait and not cell.finished:
+        yield from op_wait(cell.request_id, timeout, started=t0)
+        a = check((yield Call("POST", path, params={"wait": "false"}, json=body)))
+        cell = Cell(cast(RunView, a.json()))
+    return cell
+
+
+def op_cells_page(session_id: str, limit: Optional[int], cursor: Optional[str]) -> Op[CellPage]:
+    q: Dict[str, str] = {}
+    if limit is not None:
+        q["limit"] = str(limit)
+    if cursor is not None:
+        q["cursor"] = cursor
+    a = check((yield Call("GET", session_path(session_id, "cells"), params=q)))
+    body = cast(CellList, a.json())
+    return CellPage(
+        cells=[Cell(cast(RunView, c)) for c in body["cells"]],
+        next_cursor=body.get("next_cursor"),
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,6 +35,12 @@ __all__ = [
     "TransportError",
     "RunFailed",
     "StreamError",
+    "CellInProgress",
+    "SessionClosed",
+    "SessionExpired",
+    "SessionCellLimit",
+    "CheckpointInvalid",
+    "SessionsUnsupported",
     "VerificationError",
 ]
 
@@ -98,6 +104,28 @@ class Conflict(APIError):
     which."""
 
 
+class CellInProgress(Conflict):
+    """409 ``cell-in-progress``: the session's previous cell is still queued or running;
+    nothing was queued behind it. Wait for it, then submit again (same request id: safe)."""
+
+
+class SessionClosed(Conflict):
+    """409 ``session-closed``: the session was ended (``DELETE``); it takes no cell."""
+
+
+class SessionExpired(Conflict):
+    """409 ``session-expired``: the session's lifetime passed; it takes no cell."""
+
+
+class SessionCellLimit(Conflict):
+    """409 ``session-cell-limit``: the session ran its task's ``session.max_cells``."""
+
+
+class CheckpointInvalid(Conflict):
+    """409 ``checkpoint-invalid``: the session's checkpoint no longer matches its stored bytes
+    (or is gone); nothing ran, nothing was restored."""
+
+
 class Gone(APIError):
     """410: outputs or logs deleted by retention."""
 
@@ -131,6 +159,11 @@ class Unavailable(APIError):
 
 class ServerError(APIError):
     """500 and any other status: an internal error (the detail is in the service's log)."""
+
+
+class SessionsUnsupported(ServerError):
+    """501 ``sessions-unsupported``: the service's store has no sessions in this version
+    (PostgreSQL)."""
 
 
 def _retry_after(headers: Mapping[str, str]) -> Optional[float]:
@@ -199,8 +232,23 @@ _BY_STATUS: Dict[int, Type[APIError]] = {
 }
 
 
+_BY_SLUG: Dict[str, Type[APIError]] = {
+    "cell-in-progress": CellInProgress,
+    "session-closed": SessionClosed,
+    "session-expired": SessionExpired,
+    "session-cell-limit": SessionCellLimit,
+    "checkpoint-invalid": CheckpointInvalid,
+    "sessions-unsupported": SessionsUnsupported,
+}
+
+
 def error_for(status: int, problem: Mapping[str, Any], headers: Mapping[str, str]) -> APIError:
-    """The exception for an error answer."""
+    """The exception for an error answer: by its problem type when it has its own class (a
+    subclass of the status's), else by its status."""
+    t = str(problem.get("type", ""))
+    by_slug = _BY_SLUG.get(t[len(PROBLEM_BASE) :]) if t.startswith(PROBLEM_BASE) else None
+    if by_slug is not None:
+        return by_slug(status, problem, headers)
     cls = _BY_STATUS.get(status)
     if cls is None:
         cls = ServerError if status >= 500 else APIError

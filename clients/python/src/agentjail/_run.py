@@ -213,3 +213,63 @@ class RunPage:
 
     runs: List[RunSummary]
     next_cursor: Optional[str]
+
+
+class Cell(Run):
+    """One cell of a session (``POST /v1/sessions/{session_id}/cells``): a run in its own
+    right (its ``request_id`` is ``<session_id>-<cell>``, with its record, logs, events and
+    receipt) and its place in the session. As for a run, a cell that ended badly is a result:
+    check ``ok``, ``status``, ``stderr_tail``."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "Cell(session_id=%r, cell=%r, status=%r)" % (
+            self.session_id,
+            self.cell,
+            self.status,
+        )
+
+    @property
+    def session_id(self) -> str:
+        return str(self._raw.get("session_id", ""))
+
+    @property
+    def cell(self) -> int:
+        """Its index in the session, from 0."""
+        v = self._raw.get("cell")
+        return v if isinstance(v, int) else -1
+
+    @property
+    def cell_request_id(self) -> str:
+        """The step's request id (execute-once within the session)."""
+        return str(self._raw.get("cell_request_id", ""))
+
+    @property
+    def workspace(self) -> Dict[str, Optional[str]]:
+        """``{before, after}``: the checkpoints (``sha256:…``) restored into ``/work`` and
+        collected after it (``None``: empty, or none kept)."""
+        w = self._raw.get("workspace")
+        if not isinstance(w, dict):
+            return {"before": None, "after": None}
+        return {"before": w.get("before"), "after": w.get("after")}
+
+    @property
+    def workspace_before(self) -> Optional[str]:
+        return self.workspace["before"]
+
+    @property
+    def workspace_after(self) -> Optional[str]:
+        return self.workspace["after"]
+
+    @property
+    def _raw(self) -> Dict[str, Any]:
+        return cast(Dict[str, Any], self.record)
+
+
+@dataclass(frozen=True)
+class CellPage:
+    """One page of ``GET /v1/sessions/{session_id}/cells``, in order."""
+
+    cells: List[Cell]
+    next_cursor: Optional[str]

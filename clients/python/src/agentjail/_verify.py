@@ -298,3 +298,97 @@ def verify(
         if content is not None:
             _check_digest(predicate, which, content)
     return VerifiedReceipt(statement=statement, keyid=keyid)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sessions: the receipt chain
+
+
+def canonical_json(value: Any) -> bytes:
+    """RFC 8785 (JCS) canonical JSON of ``value``: object members sorted by their UTF-16
+    code units, no whitespace, strings escaped minimally, numbers as ECMAScript prints them."""
+    return _jcs(value).encode("utf-8")
+
+
+def _jcs(v: Any) -> str:
+    if v is None:
+        return "null"
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if v != v or v in (float("inf"), float("-inf")):
+            raise ValueError("RFC 8785 has no form for %r" % v)
+        if v.is_integer() and abs(v) < 1e21:
+            return str(int(v))
+        r = repr(v)  # the shortest digits that round-trip, as ECMAScript's
+        if "e" in r:
+            mant, exp = r.split("e")
+            e = int(exp)
+            if -7 < e < 0:  # ECMAScript writes 1e-6 ..< 1e-4 in full; Python does not
+                sign, digits = ("-", mant[1:]) if mant.startswith("-") else ("", mant)
+                return "%s0.%s%s" % (sign, "0" * (-e - 1), digits.replace(".", ""))
+            r = "%se%s%d" % (mant, "+" if e > 0 else "-", abs(e))
+        return r
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_jcs(x) for x in v) + "]"
+    if isinstance(v, Mapping):
+        items = sorted(v.items(), key=lambda kv: str(kv[0]).encode("utf-16-be"))
+        return "{" + ",".join(_jcs(str(k)) + ":" + _jcs(x) for k, x in items) + "}"
+    raise ValueError("RFC 8785: cannot canonicalise a %s" % type(v).__name__)
+
+
+def receipt_digest(receipt: ReceiptArg) -> str:
+    """``sha256:`` over the RFC 8785 canonical JSON of a receipt (its DSSE envelope, as
+    ``GET /v1/runs/{request_id}/receipt`` returns it): what the next cell's receipt names as
+    ``predicate.session.previous_receipt_sha256``."""
+    return "sha256:" + hashlib.sha256(canonical_json(_envelope(receipt))).hexdigest()
+
+
+def verify_session(
+    receipts: Sequence[Optional[ReceiptArg]],
+    *,
+    public_key: KeyArg,
+    session_id: Optional[str] = None,
+    previous: Optional[str] = None,
+) -> List[VerifiedReceipt]:
+    """Verifies a session's receipt chain offline: ``receipts`` are its cells' receipts in
+    order (``None`` for a cell without one: it never started or could not be set up). Each
+    receipt must verify on its own (:func:`verify`), name the session (``session_id``, or the
+    first receipt's) and its own index, and name in ``previous_receipt_sha256`` the digest
+    (:func:`receipt_digest`) of the latest earlier receipt; the first receipt names
+    ``previous`` (``None`` for a session that was not forked; a fork's first cell names the
+    receipt of the cell it was forked from). Returns the verified receipts (those present);
+    raises :class:`VerificationError` at the first broken link."""
+    out: List[VerifiedReceipt] = []
+    expected_previous = previous
+    for index, receipt in enumerate(receipts):
+        if receipt is None:
+            continue
+        v = verify(receipt, public_key=public_key)
+        s = v.predicate.get("session")
+        if not isinstance(s, dict):
+            raise VerificationError("cell %d: the receipt names no session" % index)
+        if session_id is None:
+            session_id = str(s.get("id"))
+        if s.get("id") != session_id:
+            raise VerificationError(
+                "cell %d: the receipt names session %r, not %r" % (index, s.get("id"), session_id)
+            )
+        if s.get("cell") != index:
+            raise VerificationError(
+                "cell %d: the receipt names cell %r" % (index, s.get("cell"))
+            )
+        if s.get("previous_receipt_sha256") != expected_previous:
+            raise VerificationError(
+                "cell %d: the receipt names the previous receipt %r, expected %r"
+                % (index, s.get("previous_receipt_sha256"), expected_previous)
+            )
+        expected_previous = receipt_digest(receipt)
+        out.append(v)
+    return out
