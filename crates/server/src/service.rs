@@ -8,7 +8,7 @@
 //! and nothing here knows a transport.
 //!
 //! The parts, each a file under `service/`: [`failure`], [`startup`], [`auth`], [`inputs`],
-//! [`runs`], [`sessions`], [`listing`], [`logs`], [`events`], [`cancel`], [`reconcile`] and [`catalogue`]. This file only names them and what the front
+//! [`runs`], [`sessions`] (and [`session_steps`]), [`listing`], [`logs`], [`events`], [`cancel`], [`reconcile`] and [`catalogue`]. This file only names them and what the front
 //! doors use; none of them uses it.
 
 mod auth;
@@ -21,6 +21,7 @@ mod listing;
 mod logs;
 mod reconcile;
 mod runs;
+mod session_steps;
 mod sessions;
 mod startup;
 
@@ -40,6 +41,7 @@ pub use reconcile::ReconcileAction;
 pub(crate) use reconcile::reconcile;
 pub use runs::{Artifact, ArtifactView, RunInput, RunView};
 pub(crate) use runs::{CALLER_GONE, artifact, get, receipt, submit, view};
+pub(crate) use session_steps::plan_cell as plan_session_cell;
 pub use sessions::{
     CellList, CellRequest, CellView, CellWorkspace, ForkRequest, ForkedFrom, SessionRequest,
     SessionView,
