@@ -61,7 +61,7 @@ fn session_output_schema() -> Value {
         "properties": {
             "session_id": {"type": "string"}, "task": {"type": "string"}, "state": {"type": "string"},
             "cells": {"type": "integer"}, "max_cells": {"type": "integer"},
-            "workspace_sha256": {"type": ["string", "null"]}, "expires_at": {"type": "string"},
+            "expires_at": {"type": "string"},
             "inputs": {"type": "array", "items": {"type": "string"}}, "usage": {"type": "string"}
         }
     })

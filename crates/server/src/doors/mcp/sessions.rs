@@ -190,7 +190,7 @@ impl McpServer {
         }
         let c = match r {
             Ok(c) => c,
-            Err(e) => return refused(e, Some(plan.run_request_id), Some(plan.task)),
+            Err(e) => return refused(e, None, Some(plan.task)),
         };
         let (mut result, outcome) = run_result(&self.state, &c.run, false);
         let cell = json!({
