@@ -4,8 +4,8 @@
 //! with their input schemas; `/work` persists from one cell to the next and variables do not;
 //! a repeated call (with the same step id, or with none) runs once; a closed session refuses
 //! a cell with an error the model can read; another actor's session id is refused exactly as
-//! a missing one. The calls are the HTTP routes' service functions: the cells are audited as
-//! theirs are. Without `import mcp` the test prints SKIP and passes outside CI; under CI
+//! a missing one; on PostgreSQL each tool answers `sessions-unsupported`. The calls are the
+//! HTTP routes' service functions: the cells are audited as theirs are. Without `import mcp` the test prints SKIP and passes outside CI; under CI
 //! (`CI` set) it fails.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -209,4 +209,57 @@ fn sessions_over_mcp_http_are_the_actors_own() {
         && v["tool"] == "session_run"
         && v["decision"] == "deny"
         && v["reason"].as_str().unwrap_or("").starts_with("not-found")));
+}
+
+/// On PostgreSQL (no sessions in this version) the session tools are still listed and each
+/// answers the HTTP routes' refusal, `sessions-unsupported`, as a tool error the model reads.
+#[test]
+fn on_postgresql_the_session_tools_answer_sessions_unsupported() {
+    if !python_has_mcp() {
+        skip("python3 cannot `import mcp` (.ci/run installs it: python3 -m pip install mcp)");
+        return;
+    }
+    let Some(pg) = common::pg::Pg::start() else {
+        return;
+    };
+    let dir = common::pg::tempdir("mcp-sessions-pg");
+    let alice = write_token(dir.path(), "alice.token", ALICE);
+    let (_node, line) = common::pg::Node::start(
+        dir.path(),
+        &pg.url(),
+        &config(),
+        &["serve", "--listen", "127.0.0.1:0"],
+        "listening on ",
+    );
+    let base = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    let base = if base.starts_with("http") {
+        base
+    } else {
+        format!("http://{base}")
+    };
+    let r = run(
+        &[
+            "--transport",
+            "http",
+            "--url",
+            &format!("{base}/mcp"),
+            "--token-file",
+            alice.to_str().unwrap(),
+            "--expect-unsupported",
+        ],
+        &dir.path().join("pg.txt"),
+    );
+    assert_eq!(
+        r["unsupported"],
+        serde_json::json!({
+            "session_open": "sessions-unsupported",
+            "session_run": "sessions-unsupported",
+            "session_close": "sessions-unsupported"
+        })
+    );
 }

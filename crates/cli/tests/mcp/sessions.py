@@ -10,7 +10,9 @@ schemas; a session is opened; cell 0 writes /work/x (live progress received), ce
 back, a variable of cell 0 is gone in cell 2 (NameError in the untrusted stderr); a repeated
 call with the same step_id runs once, and so does a repeated call without one (the derived
 step id); after session_close a cell is refused with a readable error; over HTTP, the other
-actor's call with this session id is refused exactly as one with a missing id.
+actor's call with this session id is refused exactly as one with a missing id. With
+--expect-unsupported (a server on PostgreSQL): each session tool answers `sessions-unsupported`
+as a tool error.
 """
 
 import argparse
@@ -186,6 +188,21 @@ async def other_actor(client, sid, out):
     out["other_actor"] = results
 
 
+async def unsupported(client, out):
+    """On PostgreSQL (no sessions in this version) each session tool is a readable refusal."""
+    none = "ses_" + "0" * 32
+    got = {}
+    for name, args in [
+        ("session_open", {"task": "py", "request_id": "pg-open"}),
+        ("session_run", {"session_id": none, "code": code("print(1)")}),
+        ("session_close", {"session_id": none}),
+    ]:
+        r = await call(client, name, args)
+        check(r.is_error and "sessions-unsupported" in texts(r), f"{name}: refused readably: {texts(r)}")
+        got[name] = error_of(r)["error"]
+    out["unsupported"] = got
+
+
 def connect(a, token_file):
     if a.transport == "stdio":
         log(f"# stdio: {a.bin} mcp --config CONFIG --data-dir DIR --tenant acme --actor alice --token-file FILE")
@@ -209,13 +226,18 @@ async def main():
     ap.add_argument("--other-token-file")
     ap.add_argument("--url")
     ap.add_argument("--transcript")
+    ap.add_argument("--expect-unsupported", action="store_true")
     a = ap.parse_args()
     out = {"transport": a.transport}
     try:
         async with Client(connect(a, a.token_file)) as client:
             await tools_listed(client, out)
-            sid = await persists_and_runs_once(client, out)
-        if a.other_token_file:
+            if a.expect_unsupported:
+                await unsupported(client, out)
+                sid = None
+            else:
+                sid = await persists_and_runs_once(client, out)
+        if a.other_token_file and sid:
             async with Client(connect(a, a.other_token_file)) as client:
                 await other_actor(client, sid, out)
     finally:
