@@ -8,8 +8,10 @@
 //! and nothing here knows a transport.
 //!
 //! The parts, each a file under `service/`: [`failure`], [`startup`], [`auth`], [`inputs`],
-//! [`runs`], [`sessions`] (and [`session_steps`]), [`listing`], [`logs`], [`events`], [`cancel`], [`reconcile`] and [`catalogue`]. This file only names them and what the front
-//! doors use; none of them uses it.
+//! [`runs`], [`sessions`] (and [`session_steps`]: where a cell request will land, with a step id
+//! derived for a caller that gives none), [`listing`], [`logs`], [`events`], [`cancel`],
+//! [`reconcile`] and [`catalogue`]. This file only names them and what the front doors use; none
+//! of them uses it.
 
 mod auth;
 mod cancel;

@@ -4,8 +4,9 @@
 //!
 //! Tools come from the task catalogue as the calling actor sees it (`GET /v1/tasks`): one tool
 //! per task type, plus `upload_input` and `get_run`, and the session tools (`session_open`,
-//! `session_run`, `session_close`) for an actor who may open a session of some task. Every call goes through the functions the
-//! HTTP handlers call ([`service::upload`], [`service::submit`], [`service::get`]), so policy,
+//! `session_run`, `session_close`) for an actor who may open a session of some task. Every
+//! call goes through the functions the HTTP handlers call ([`service::upload`],
+//! [`service::submit`], [`service::get`], the sessions' functions), so policy,
 //! the input store, execute-once, the runner, the audit log and the metrics are the same code.
 //! Each call is also audited as `mcp_tool_call` and counted in `agentjail_mcp_tool_calls_total`.
 //!
