@@ -152,11 +152,13 @@ async def persists_and_runs_once(client, out):
     a2 = await call(client, "session_run", {"session_id": sid, "step_id": "append", "code": append})
     check(not a1.is_error and not a2.is_error, "append ok")
     check(cell_meta(a1)["cell"] == cell_meta(a2)["cell"] == 3 and cell_meta(a1)["job_id"] == cell_meta(a2)["job_id"], "a repeated step_id runs once")
+    check(cell_meta(a1)["replayed"] is False and cell_meta(a2)["replayed"] is True and "nothing ran again" in texts(a2), "a repeat says so")
     # No step_id: the derived one makes a repeat of the same call a replay too.
     d1 = await call(client, "session_run", {"session_id": sid, "code": append})
     d2 = await call(client, "session_run", {"session_id": sid, "code": append})
     check(cell_meta(d1)["step_id_derived"] is True and cell_meta(d1)["step_id"].startswith("auto-"), f"derived {cell_meta(d1)}")
     check(cell_meta(d1)["cell"] == cell_meta(d2)["cell"] == 4 and cell_meta(d1)["job_id"] == cell_meta(d2)["job_id"], "a repeat without step_id runs once")
+    check(cell_meta(d2)["replayed"] is True, "the derived repeat says so")
     n = await call(client, "session_run", {"session_id": sid, "step_id": "count", "code": code("print(len(open('/work/log').readlines()))")})
     check(cell_meta(n)["stdout"]["head"].strip() == "2", f"two appends ran, not four: {cell_meta(n)}")
     out["appended"] = int(cell_meta(n)["stdout"]["head"].strip())

@@ -22,6 +22,8 @@ pub(crate) struct PlannedCell {
     pub(crate) run_request_id: String,
     /// The session's task.
     pub(crate) task: String,
+    /// Whether the step id names a recorded cell (the request will be a replay).
+    pub(crate) recorded: bool,
 }
 
 /// The step id derived for `code` as the session's cell `n`.
@@ -71,11 +73,13 @@ pub(crate) async fn plan_cell(
         .call(move |c| store::get_cell_by_request(c, &key, &rid))
         .await
         .map_err(crate::storage::store::StoreError::from)?;
+    let recorded = known.is_some();
     let cell = known.map_or(s.cells, |c| c.cell);
     Ok(PlannedCell {
         run_request_id: store::run_request_id(&sid, cell),
         request_id,
         derived: derived_id,
         task: s.task,
+        recorded,
     })
 }

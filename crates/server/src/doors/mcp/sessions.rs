@@ -195,14 +195,19 @@ impl McpServer {
         let (mut result, outcome) = run_result(&self.state, &c.run, false);
         let cell = json!({
             "session_id": c.session_id, "cell": c.cell, "step_id": c.cell_request_id,
-            "step_id_derived": plan.derived,
+            "step_id_derived": plan.derived, "replayed": plan.recorded,
             "workspace": {"before": c.workspace.before, "after": c.workspace.after},
         });
         let head = format!(
-            "Cell {} of session {} (step_id {}): {}; /work before: {}, after: {}.",
+            "Cell {} of session {} (step_id {}{}): {}; /work before: {}, after: {}.",
             c.cell,
             c.session_id,
             c.cell_request_id,
+            if plan.recorded {
+                "; a repeat of a recorded step: its result, nothing ran again"
+            } else {
+                ""
+            },
             c.run.status,
             c.workspace.before.as_deref().unwrap_or("empty"),
             c.workspace.after.as_deref().unwrap_or("none kept")
