@@ -70,7 +70,15 @@ fn run_session(args: &[&str], transcript: &Path) -> serde_json::Value {
 fn check_result(r: &serde_json::Value) {
     assert_eq!(
         r["tools"],
-        serde_json::json!(["get_run", "sleepy", "summarize_csv", "upload_input"])
+        serde_json::json!([
+            "get_run",
+            "session_close",
+            "session_open",
+            "session_run",
+            "sleepy",
+            "summarize_csv",
+            "upload_input"
+        ])
     );
     assert_eq!(r["summary"]["rows"], 3);
     assert_eq!(r["invalid_params"], true);

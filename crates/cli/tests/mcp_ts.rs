@@ -136,7 +136,15 @@ fn run_ts_client(args: &[&str]) -> Value {
 fn check_ts_result(r: &Value) {
     assert_eq!(
         r["tools"],
-        serde_json::json!(["get_run", "sleepy", "summarize_csv", "upload_input"])
+        serde_json::json!([
+            "get_run",
+            "session_close",
+            "session_open",
+            "session_run",
+            "sleepy",
+            "summarize_csv",
+            "upload_input"
+        ])
     );
     assert_eq!(r["summary"]["rows"], 3);
     assert_eq!(r["summary"]["numeric"]["units"]["sum"], 19);
@@ -267,7 +275,15 @@ fn check_strict_tools_list(how: &str, (code, v, stderr): (i32, Value, String)) {
     names.sort_unstable();
     assert_eq!(
         names,
-        ["get_run", "sleepy", "summarize_csv", "upload_input"],
+        [
+            "get_run",
+            "session_close",
+            "session_open",
+            "session_run",
+            "sleepy",
+            "summarize_csv",
+            "upload_input"
+        ],
         "{how}"
     );
 }

@@ -8,8 +8,10 @@
 //! and nothing here knows a transport.
 //!
 //! The parts, each a file under `service/`: [`failure`], [`startup`], [`auth`], [`inputs`],
-//! [`runs`], [`sessions`], [`listing`], [`logs`], [`events`], [`cancel`], [`reconcile`] and [`catalogue`]. This file only names them and what the front
-//! doors use; none of them uses it.
+//! [`runs`], [`sessions`] (and [`session_steps`]: where a cell request will land, with a step id
+//! derived for a caller that gives none), [`listing`], [`logs`], [`events`], [`cancel`],
+//! [`reconcile`] and [`catalogue`]. This file only names them and what the front doors use; none
+//! of them uses it.
 
 mod auth;
 mod cancel;
@@ -21,6 +23,7 @@ mod listing;
 mod logs;
 mod reconcile;
 mod runs;
+mod session_steps;
 mod sessions;
 mod startup;
 
@@ -40,6 +43,7 @@ pub use reconcile::ReconcileAction;
 pub(crate) use reconcile::reconcile;
 pub use runs::{Artifact, ArtifactView, RunInput, RunView};
 pub(crate) use runs::{CALLER_GONE, artifact, get, receipt, submit, view};
+pub(crate) use session_steps::plan_cell as plan_session_cell;
 pub use sessions::{
     CellList, CellRequest, CellView, CellWorkspace, ForkRequest, ForkedFrom, SessionRequest,
     SessionView,

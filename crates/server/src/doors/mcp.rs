@@ -3,8 +3,10 @@
 //! `/mcp` on `agentjail serve` (the bearer token of each request names the actor).
 //!
 //! Tools come from the task catalogue as the calling actor sees it (`GET /v1/tasks`): one tool
-//! per task type, plus `upload_input` and `get_run`. Every call goes through the functions the
-//! HTTP handlers call ([`service::upload`], [`service::submit`], [`service::get`]), so policy,
+//! per task type, plus `upload_input` and `get_run`, and the session tools (`session_open`,
+//! `session_run`, `session_close`) for an actor who may open a session of some task. Every
+//! call goes through the functions the HTTP handlers call ([`service::upload`],
+//! [`service::submit`], [`service::get`], the sessions' functions), so policy,
 //! the input store, execute-once, the runner, the audit log and the metrics are the same code.
 //! Each call is also audited as `mcp_tool_call` and counted in `agentjail_mcp_tool_calls_total`.
 //!
@@ -15,7 +17,8 @@
 //! The parts, each a file under `mcp/`: [`catalogue`] (the tools, their schemas and
 //! descriptions), [`results`] (a call's result as MCP content), [`roots`] (the
 //! input roots of stdio), [`server`] (the handler: the
-//! tools' calls through the service) and [`transport`] (stdio and `/mcp`). This file only
+//! tools' calls through the service), [`session_tools`] and [`sessions`] (the session tools
+//! and their calls), [`progress`] and [`transport`] (stdio and `/mcp`). This file only
 //! names them and what the rest of the crate (and `crates/cli`) uses; none of them uses it.
 
 mod catalogue;
@@ -23,6 +26,8 @@ mod progress;
 mod results;
 mod roots;
 mod server;
+mod session_tools;
+mod sessions;
 mod transport;
 
 pub use catalogue::{
@@ -31,6 +36,7 @@ pub use catalogue::{
 };
 pub use roots::{InputRoot, read_beneath};
 pub use server::McpServer;
+pub use session_tools::{SESSION_CLOSE, SESSION_OPEN, SESSION_RUN};
 pub(crate) use transport::http_router;
 pub use transport::{McpOptions, serve_stdio_blocking};
 

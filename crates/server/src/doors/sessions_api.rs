@@ -193,7 +193,7 @@ async fn run_cell(
         }
     };
     let req = body(&state, &caller, ev, req).await?;
-    let v = service::session_cell(&state, &caller, &id, req, wait).await?;
+    let v = service::session_cell(&state, &caller, &id, req, wait, None).await?;
     Ok(cell_response(v))
 }
 

@@ -149,7 +149,7 @@ pub struct CellList {
 }
 
 /// The SQLite database, or the refusal of a store without sessions.
-async fn db(state: &AppState, caller: &Caller, ev: &Event) -> Result<Db, Failure> {
+pub(super) async fn db(state: &AppState, caller: &Caller, ev: &Event) -> Result<Db, Failure> {
     match state.store().sqlite() {
         Some(d) => Ok(d.clone()),
         None => Err(deny(state, caller, ev.clone(), Refusal::SessionsUnsupported).await),
@@ -211,7 +211,7 @@ pub(crate) fn cell_view(state: &AppState, c: &CellRow, run: &RunRow) -> CellView
 
 /// The session `id` if the caller owns it (its tenant and its actor); anything else is the
 /// same `not-found` as a missing session.
-async fn owned(
+pub(super) async fn owned(
     state: &AppState,
     caller: &Caller,
     db: &Db,
@@ -412,12 +412,15 @@ pub(crate) async fn get(
 }
 
 /// Runs the session's next cell (or answers the recorded one for a known request id).
+/// `cancel`, when given (an MCP call's), cancels the cell's run when it fires and ends the
+/// wait; without it, an HTTP client's departure ([`CALLER_GONE`]) ends only the wait.
 pub(crate) async fn cell(
     state: &AppState,
     caller: &Caller,
     id: &str,
     req: CellRequest,
     wait: bool,
+    cancel: Option<CancellationToken>,
 ) -> Result<CellView, Failure> {
     let mut ev = caller.event("session_cell");
     ev.session_id = Some(id.to_owned());
@@ -435,7 +438,7 @@ pub(crate) async fn cell(
         .await
         .map_err(crate::storage::store::StoreError::from)?;
     if let Some(c) = known {
-        return replay_cell(state, caller, c, &body_sha, ev, wait).await;
+        return replay_cell(state, caller, c, &body_sha, ev, wait, cancel.as_ref()).await;
     }
     if s.closed_at.is_some() {
         return Err(deny(state, caller, ev, Refusal::SessionClosed).await);
@@ -498,7 +501,7 @@ pub(crate) async fn cell(
         ) => (cell, before, previous_receipt, run),
         (Begin::Exists(c), _) => {
             drop(admission);
-            return replay_cell(state, caller, *c, &body_sha, ev, wait).await;
+            return replay_cell(state, caller, *c, &body_sha, ev, wait, cancel.as_ref()).await;
         }
         (b, _) => {
             let r = match b {
@@ -536,7 +539,7 @@ pub(crate) async fn cell(
         inputs: admitted.inputs,
         code: admitted.code,
         args: admitted.args,
-        cancel: None,
+        cancel,
         lease: None,
         session: Some(CellJob {
             session_id: s.session_id.clone(),
@@ -590,6 +593,7 @@ async fn replay_cell(
     body_sha: &str,
     ev: Event,
     wait: bool,
+    cancel: Option<&CancellationToken>,
 ) -> Result<CellView, Failure> {
     if let Err(r) = policy::check_replay(&c.body_sha256, body_sha) {
         return Err(deny(state, caller, ev, r).await);
@@ -606,7 +610,7 @@ async fn replay_cell(
         .await;
     let run = run_of(state, &c.tenant, &c.run_request_id).await?;
     let run = if wait && !run.status.is_terminal() {
-        wait_for(state, &c.tenant, &c.run_request_id, None).await?
+        wait_for(state, &c.tenant, &c.run_request_id, cancel).await?
     } else {
         run
     };

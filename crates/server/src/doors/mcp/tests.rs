@@ -24,8 +24,26 @@ fn tools_come_from_the_catalogue_with_truthful_annotations() {
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
     assert_eq!(
         names,
-        ["csv_line_count", "summarize_csv", "upload_input", "get_run"]
+        [
+            "csv_line_count",
+            "summarize_csv",
+            "upload_input",
+            "get_run",
+            "session_open",
+            "session_run",
+            "session_close"
+        ]
     );
+    // Sessions: of the code tasks only; a cell's step id is optional.
+    assert_eq!(
+        tools[4].input_schema["properties"]["task"]["enum"],
+        json!(["summarize_csv"])
+    );
+    assert_eq!(
+        tools[5].input_schema["required"],
+        json!(["session_id", "code"])
+    );
+    assert!(tools[5].input_schema["properties"].get("step_id").is_some());
     let s = &tools[1];
     assert_eq!(s.input_schema["required"], json!(["input_id", "code"]));
     assert_eq!(s.input_schema["additionalProperties"], json!(false));
