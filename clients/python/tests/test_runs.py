@@ -179,7 +179,7 @@ def test_a_denial_is_in_the_result(client: agentjail.Client) -> None:
     assert run.artifact == {"done": True}
     # The same denial as a live event (here replayed from the start of the ended run).
     live = [e.data for e in client.events(run.request_id) if e.event == "denial"]
-    assert live == [{"kind": "syscall", "detail": "ptrace"}], live
+    assert live == [{"kind": "syscall", "detail": "ptrace", "untrusted": True}], live
 
 
 def test_execute_once(client: agentjail.Client) -> None:

@@ -291,7 +291,7 @@ fn a_run_on_a_worker_is_followed_live_through_a_replica() {
     assert_eq!(ended["status"], "ok", "{ended}");
     assert_eq!(
         denials,
-        [json!({"kind": "syscall", "detail": "ptrace"})],
+        [json!({"kind": "syscall", "detail": "ptrace", "untrusted": true})],
         "{kinds:?}"
     );
     assert!(

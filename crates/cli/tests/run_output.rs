@@ -680,7 +680,7 @@ json.dump({}, open("/output/o.json", "w"))
     let live: Value = serde_json::from_str(&denials[0].data).unwrap();
     assert_eq!(
         live,
-        json!({"kind": "syscall", "detail": "ptrace"}),
+        json!({"kind": "syscall", "detail": "ptrace", "untrusted": true}),
         "{live}"
     );
     let recorded = ended["report"]["denials"].as_array().unwrap();

@@ -486,7 +486,7 @@ fn event_stream(follow: service::Follow, permit: tokio::sync::OwnedSemaphorePerm
                     ),
                     RunEvent::Denial { kind, detail } => ev
                         .event("denial")
-                        .data(serde_json::json!({"kind": kind, "detail": detail}).to_string()),
+                        .data(serde_json::json!({"kind": kind, "detail": detail, "untrusted": true}).to_string()),
                     RunEvent::Ended(v) => ev
                         .event("ended")
                         .data(serde_json::to_string(&*v).unwrap_or_default()),
