@@ -7,8 +7,10 @@ import asyncio
 from pathlib import Path
 from typing import List
 
+import httpx
+
 import agentjail
-from conftest import CuttingProxy
+from conftest import CuttingProxy, rid
 
 # Prints numbered lines over ~3 s, on stdout and stderr, then writes its output.
 TALKS = """
@@ -46,6 +48,39 @@ def test_the_iterator_gets_chunks_before_ended(client: agentjail.Client) -> None
     final = events[-1].run
     assert final is not None and final.ok and final.artifact == {"lines": 30}
     assert client.logs(run.request_id).text == EXPECTED
+
+
+def test_run_with_a_callback_submits_and_follows_in_one_request() -> None:
+    # Every request the client makes, seen by httpx's hook: one POST, no GET of the events.
+    requests: List[str] = []
+    http = httpx.Client(
+        event_hooks={"request": [lambda r: requests.append(r.method + " " + r.url.path)]}
+    )
+    with agentjail.Client(http_client=http) as client:
+        seen: List[agentjail.Event] = []
+        request_id = rid("one-call")
+        final = client.run("py", code=TALKS, request_id=request_id, on_event=seen.append)
+        assert final.ok and final.request_id == request_id and final.artifact == {"lines": 30}
+        kinds = [e.event for e in seen]
+        assert kinds[0] == "queued" and kinds[-1] == "ended", kinds
+        assert kinds.index("stdout") < kinds.index("ended")
+        assert text_of(seen, "stdout") == EXPECTED and text_of(seen, "stderr") == EXPECTED_ERR
+        assert requests == ["POST /v1/runs"], requests
+        # The same request again is a replay: the recorded run's events, nothing ran twice.
+        again = client.run("py", code=TALKS, request_id=request_id, on_event=lambda e: None)
+        assert again.record["report"] == final.record["report"]
+    http.close()
+
+
+async def _async_run_with_a_callback() -> None:
+    async with agentjail.AsyncClient() as client:
+        seen: List[agentjail.Event] = []
+        final = await client.run("py", code=TALKS, on_event=seen.append)
+        assert final.ok and text_of(seen, "stdout") == EXPECTED and seen[-1].event == "ended"
+
+
+def test_the_async_run_with_a_callback() -> None:
+    asyncio.run(_async_run_with_a_callback())
 
 
 def test_a_callback_follows_to_the_end(client: agentjail.Client) -> None:

@@ -55,7 +55,7 @@ def test_rfc8785_canonical_json() -> None:
     v = {"\u20ac": 1, "\r": 2, "\ufb33": 3, "1": 4, "\U0001f600": 5, "\u0080": 6, "\u00f6": 7}
     keys = [k for k in json.loads(agentjail.canonical_json(v))]
     assert keys == ["\r", "1", "\u0080", "\u00f6", "\u20ac", "\U0001f600", "\ufb33"]
-    assert agentjail.canonical_json({"b": [1, 2.5, None, True], "a": "\u2028\x01\"\\"}) == (
+    assert agentjail.canonical_json({"b": [1, 2.5, None, True], "a": '\u2028\x01"\\'}) == (
         b'{"a":"\xe2\x80\xa8\\u0001\\"\\\\","b":[1,2.5,null,true]}'
     )
     assert agentjail.canonical_json(1e21) == b"1e+21" and agentjail.canonical_json(4.0) == b"4"
@@ -172,6 +172,7 @@ def test_async_sessions(client: agentjail.Client, example: Path) -> None:
 
         asyncio.run(refused())
         return
+
     async def main() -> List[int]:
         async with agentjail.AsyncClient() as c:
             data = await c.upload(example / "report.csv")

@@ -168,4 +168,3 @@ def test_a_retried_step_runs_once(client: agentjail.Client, example: Path) -> No
         assert s.refresh().view["cells"] == 1
         executor.cleanup()  # an open session given is not closed by the executor
         assert s.refresh().state == "open"
-

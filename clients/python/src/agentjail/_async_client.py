@@ -27,6 +27,7 @@ import httpx
 
 from . import _core as core
 from ._core import Call, Follower, InputRef, Op, Sleep, Source
+from ._errors import StreamError
 from ._http import Config, TimeoutArg, answer, translate
 from ._models import RunSummary, TaskView
 from ._run import Cell, CellPage, Event, Input, Log, Run, RunPage
@@ -109,9 +110,17 @@ class AsyncClient:
         args: Optional[Sequence[str]] = None,
         request_id: Optional[str] = None,
         timeout: Optional[float] = None,
+        on_event: Optional[Callable[[Event], Union[None, Awaitable[None]]]] = None,
     ) -> Run:
-        """Runs ``task`` once (execute-once by ``request_id``) and waits for its end."""
+        """Runs ``task`` once (execute-once by ``request_id``) and waits for its end; with
+        ``on_event``, submitted and followed in one request, ``on_event`` called (or
+        awaited) with each event (not with ``timeout``)."""
         body = core.run_request(task, inputs, code, args, request_id or core.new_request_id())
+        if on_event is not None:
+            if timeout is not None:
+                raise ValueError("a run followed with on_event takes no timeout")
+            f = Follower(body["request_id"], None, 5, submit=body)
+            return await self._final_run(self._stream(f), on_event)
         return await self._drive(core.op_submit(body, True, timeout))
 
     async def submit(
@@ -269,7 +278,10 @@ class AsyncClient:
         self, request_id: str, *, last_event_id: Optional[str] = None, max_reconnects: int = 5
     ) -> AsyncIterator[Event]:
         """The run's live events until ``ended``, resumed across dropped connections."""
-        f = Follower(request_id, last_event_id, max_reconnects)
+        async for ev in self._stream(Follower(request_id, last_event_id, max_reconnects)):
+            yield ev
+
+    async def _stream(self, f: Follower) -> AsyncIterator[Event]:
         while not f.ended:
             call = f.call()
             progress = False
@@ -300,15 +312,23 @@ class AsyncClient:
     ) -> Run:
         """Follows the run's events, calling (or awaiting) ``on_event`` for each; returns
         the final run."""
+        return await self._final_run(self.events(request_id, last_event_id=last_event_id), on_event)
+
+    @staticmethod
+    async def _final_run(
+        events: AsyncIterator[Event],
+        on_event: Optional[Callable[[Event], Union[None, Awaitable[None]]]],
+    ) -> Run:
         final: Optional[Run] = None
-        async for ev in self.events(request_id, last_event_id=last_event_id):
+        async for ev in events:
             if on_event is not None:
                 r = on_event(ev)
                 if r is not None:
                     await r
             if ev.run is not None:
                 final = ev.run
-        assert final is not None
+        if final is None:
+            raise StreamError("the event stream ended without `ended`")
         return final
 
     async def tasks(self) -> List[TaskView]:

@@ -112,14 +112,22 @@ class Client:
         args: Optional[Sequence[str]] = None,
         request_id: Optional[str] = None,
         timeout: Optional[float] = None,
+        on_event: Optional[Callable[[Event], None]] = None,
     ) -> Run:
         """Runs ``task`` once and waits for its end; returns the :class:`Run` whatever its
         status (check ``run.ok`` or call ``run.raise_for_status()``).
 
         ``request_id`` makes it execute-once: a run submitted again with the same id and body
         is not run again, its record is returned (a fresh UUID4 when not given). ``timeout``
-        bounds the wait in seconds (:class:`WaitTimeout`; the run goes on)."""
+        bounds the wait in seconds (:class:`WaitTimeout`; the run goes on). With
+        ``on_event``, the run is submitted and followed in one request (its events as they
+        happen, :meth:`events`), and ``on_event`` is called with each; not with ``timeout``."""
         body = core.run_request(task, inputs, code, args, request_id or core.new_request_id())
+        if on_event is not None:
+            if timeout is not None:
+                raise ValueError("a run followed with on_event takes no timeout")
+            f = Follower(body["request_id"], None, 5, submit=body)
+            return core.final_run(self._stream(f), on_event)
         return self._drive(core.op_submit(body, True, timeout))
 
     def submit(
@@ -288,7 +296,9 @@ class Client:
         A dropped connection is resumed with ``Last-Event-ID`` (up to ``max_reconnects``
         times in a row without progress): no chunk is lost or repeated. ``last_event_id``
         resumes after an event of an earlier stream."""
-        f = Follower(request_id, last_event_id, max_reconnects)
+        return self._stream(Follower(request_id, last_event_id, max_reconnects))
+
+    def _stream(self, f: Follower) -> Iterator[Event]:
         while not f.ended:
             call = f.call()
             progress = False
@@ -319,14 +329,7 @@ class Client:
     ) -> Run:
         """Follows the run's events, calling ``on_event`` for each; returns the final
         :class:`Run` (from ``ended``)."""
-        final: Optional[Run] = None
-        for ev in self.events(request_id, last_event_id=last_event_id):
-            if on_event is not None:
-                on_event(ev)
-            if ev.run is not None:
-                final = ev.run
-        assert final is not None
-        return final
+        return core.final_run(self.events(request_id, last_event_id=last_event_id), on_event)
 
     # -- the service ---------------------------------------------------------------------
 

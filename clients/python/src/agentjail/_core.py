@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from typing import (
     IO,
     Any,
+    Callable,
     Dict,
     Generator,
+    Iterator,
     List,
     Mapping,
     Optional,
@@ -438,13 +440,36 @@ class SSEDecoder:
         return None
 
 
+def final_run(events: Iterator[Event], on_event: Optional[Callable[[Event], None]]) -> Run:
+    """Hands each of ``events`` to ``on_event``; the run of ``ended``."""
+    final: Optional[Run] = None
+    for ev in events:
+        if on_event is not None:
+            on_event(ev)
+        if ev.run is not None:
+            final = ev.run
+    if final is None:
+        raise StreamError("the event stream ended without `ended`")
+    return final
+
+
 class Follower:
     """The state of following one run's events across connections: the last event id (sent
     back as ``Last-Event-ID`` on a reconnect), the offset reached in each stream (a chunk
     already seen is dropped, a gap is an error), and whether ``ended`` came."""
 
-    def __init__(self, request_id: str, last_event_id: Optional[str], max_reconnects: int) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        last_event_id: Optional[str],
+        max_reconnects: int,
+        submit: Optional[Dict[str, Any]] = None,
+    ) -> None:
         self.request_id = request_id
+        #: A run request to submit and follow in one call (``POST /v1/runs`` asking for
+        #: ``text/event-stream``), made again after a drop until a first event came (safe: a
+        #: request id runs once); then the follow goes on with ``GET …/events``.
+        self.submit = submit
         self.last_event_id = last_event_id
         self.max_reconnects = max_reconnects
         self.reconnects = 0
@@ -463,6 +488,8 @@ class Follower:
         self.decoder = SSEDecoder()
         # Not `long`: the service sends a keep-alive comment every 15 s, so the client's read
         # timeout (60 s by default) notices a connection that died silently.
+        if self.submit is not None and self.last_event_id is None:
+            return Call("POST", "/v1/runs", headers=headers, json=self.submit)
         return Call("GET", "/v1/runs/" + seg(self.request_id) + "/events", headers=headers)
 
     def line(self, line: str) -> Optional[Event]:

@@ -381,9 +381,7 @@ def verify_session(
                 "cell %d: the receipt names session %r, not %r" % (index, s.get("id"), session_id)
             )
         if s.get("cell") != index:
-            raise VerificationError(
-                "cell %d: the receipt names cell %r" % (index, s.get("cell"))
-            )
+            raise VerificationError("cell %d: the receipt names cell %r" % (index, s.get("cell")))
         if s.get("previous_receipt_sha256") != expected_previous:
             raise VerificationError(
                 "cell %d: the receipt names the previous receipt %r, expected %r"

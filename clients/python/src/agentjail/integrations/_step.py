@@ -1,7 +1,7 @@
 """The program each smolagents step runs as in the sandbox (``TEMPLATE``; see its comments).
 Kept as text: it runs in the sandbox's Python, not in the client's."""
 
-TEMPLATE = r'''# The program each smolagents step runs as, in the sandbox (a cell of the executor's
+TEMPLATE = r"""# The program each smolagents step runs as, in the sandbox (a cell of the executor's
 # session). The executor fills in the JSON literal `__AGENTJAIL_STEP__` (this file is a
 # template: it is read as text, never imported). Everything it keeps between steps lives in
 # the session's /work, bounded by the task's `session.max_mb`:
@@ -179,4 +179,4 @@ with open(_aj_step["output"], "w") as _aj_f:
     _aj_json.dump(_aj_report, _aj_f)
 _aj_sys.stdout.flush()
 _aj_sys.exit(_aj_status)
-'''
+"""

@@ -126,9 +126,11 @@ class AgentjailExecutor(RemotePythonExecutor):  # type: ignore[misc]
             # final_answer's serializer, which imports them lazily) ahead of their
             # definitions; one the sandbox's Python lacks must not stop every step.
             code = "".join(
-                "try:\n    %sexcept ImportError:\n    pass\n" % line
-                if line.startswith("import ") and "\\" not in line
-                else line
+                (
+                    "try:\n    %sexcept ImportError:\n    pass\n" % line
+                    if line.startswith("import ") and "\\" not in line
+                    else line
+                )
                 for line in code.splitlines(True)
             )
         self._pending_tools = code
