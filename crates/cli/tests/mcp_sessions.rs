@@ -67,25 +67,12 @@ fn script() -> PathBuf {
 
 /// Runs the Python scenarios; returns their RESULT object.
 fn run(args: &[&str], transcript: &Path) -> serde_json::Value {
-    let out = Command::new("python3")
-        .arg(script())
+    let mut cmd = Command::new("python3");
+    cmd.arg(script())
         .args(args)
         .arg("--transcript")
-        .arg(transcript)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "python scenarios failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
-    );
-    let line = stdout
-        .lines()
-        .rev()
-        .find_map(|l| l.strip_prefix("RESULT "))
-        .unwrap_or_else(|| panic!("no RESULT line\n{stdout}\n{stderr}"));
-    serde_json::from_str(line).unwrap()
+        .arg(transcript);
+    common::result_of(cmd, "python scenarios")
 }
 
 fn check(r: &serde_json::Value) {

@@ -114,23 +114,9 @@ fn serve(cfg: &Path, data: &Path) -> Serve {
 
 /// Runs `node client.mjs ARGS` (the TypeScript SDK); returns its RESULT object.
 fn run_ts_client(args: &[&str]) -> Value {
-    let out = Command::new("node")
-        .arg(ts_dir().join("client.mjs"))
-        .args(args)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "TypeScript SDK session failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
-    );
-    let line = stdout
-        .lines()
-        .rev()
-        .find_map(|l| l.strip_prefix("RESULT "))
-        .unwrap_or_else(|| panic!("no RESULT line\n{stdout}\n{stderr}"));
-    serde_json::from_str(line).unwrap()
+    let mut cmd = Command::new("node");
+    cmd.arg(ts_dir().join("client.mjs")).args(args);
+    common::result_of(cmd, "TypeScript SDK session")
 }
 
 fn check_ts_result(r: &Value) {

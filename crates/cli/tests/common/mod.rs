@@ -152,3 +152,21 @@ pub fn wait_payloads(marker: &str, n: usize, secs: u64) {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// Runs a client scenario (`cmd`: a Python or Node script of the tests) and returns the JSON
+/// object of its last `RESULT {…}` line; fails, with both streams, when it fails or prints none.
+pub fn result_of(mut cmd: std::process::Command, what: &str) -> serde_json::Value {
+    let out = cmd.output().expect("the scenario starts");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{what} failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    let line = stdout
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .unwrap_or_else(|| panic!("{what}: no RESULT line\n{stdout}\n{stderr}"));
+    serde_json::from_str(line).expect("the RESULT line is JSON")
+}
