@@ -181,7 +181,8 @@ pub(crate) fn session_view(state: &AppState, s: &SessionRow) -> SessionView {
         actor: s.actor.clone(),
         state: state_name.into(),
         cells: s.cells,
-        max_cells: settings(state, &s.task).map_or(0, |t| t.max_cells),
+        max_cells: settings(state, &s.task)
+            .map_or(0, |t| t.max_cells.saturating_sub(s.cells_before)),
         workspace_sha256: s.head_sha256.clone(),
         last_receipt_sha256: s.last_receipt_sha256.clone(),
         inputs: serde_json::from_str(&s.inputs).unwrap_or_default(),
@@ -310,6 +311,7 @@ pub(crate) async fn open(
         cells: 0,
         forked_from: None,
         forked_cell: None,
+        cells_before: 0,
     };
     insert(state, caller, &db, row, &body_sha, ev, "session_open").await
 }
@@ -481,7 +483,7 @@ pub(crate) async fn cell(
         session_id: s.session_id.clone(),
         request_id: req.request_id.clone(),
         body_sha256: body_sha.clone(),
-        max_cells: settings.max_cells,
+        max_cells: settings.max_cells.saturating_sub(s.cells_before),
         expected_cell: s.cells,
         now: now(),
         run,
@@ -511,7 +513,7 @@ pub(crate) async fn cell(
                 Begin::Closed => Refusal::SessionClosed,
                 Begin::Expired => Refusal::SessionExpired,
                 Begin::Full => Refusal::SessionFull {
-                    max: settings.max_cells,
+                    max: settings.max_cells.saturating_sub(s.cells_before),
                 },
                 _ => Refusal::NoSuchSession,
             };
@@ -735,9 +737,16 @@ pub(crate) async fn fork(
     if let Some(e) = existing {
         return replay_open(state, caller, &db, &e, &body_sha, ev).await;
     }
-    let Some(settings) = settings(state, &s.task).cloned() else {
+    // A fork continues its source: never from an ended one, and within its limits.
+    if s.closed_at.is_some() {
+        return Err(deny(state, caller, ev, Refusal::SessionClosed).await);
+    }
+    if now() >= s.expires_at {
+        return Err(deny(state, caller, ev, Refusal::SessionExpired).await);
+    }
+    if settings(state, &s.task).is_none() {
         return Err(deny(state, caller, ev, Refusal::TaskGone).await);
-    };
+    }
     let at = match req.cell {
         Some(n) => Some(n),
         None => s.cells.checked_sub(1),
@@ -774,13 +783,16 @@ pub(crate) async fn fork(
         task: s.task.clone(),
         inputs: s.inputs.clone(),
         created_at: t,
-        expires_at: t + settings.lifetime_seconds as i64,
+        // The source's end, never later: forking does not extend a session's lifetime.
+        expires_at: s.expires_at,
         closed_at: None,
         head_sha256: head,
         last_receipt_sha256: receipt,
         cells: 0,
         forked_from: Some(s.session_id.clone()),
         forked_cell: at,
+        // The cells the source had run up to the forked one count toward the fork's limit.
+        cells_before: s.cells_before + at.map_or(0, |n| n + 1),
     };
     insert(state, caller, &db, row, &body_sha, ev, "session_fork").await
 }

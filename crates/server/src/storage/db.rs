@@ -94,6 +94,9 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (session_id, cell),
         UNIQUE (session_id, request_id)
     );",
+    // 6: the cells a forked session inherits from its ancestors (counted toward the task's
+    // `max_cells`: a fork never has more cells left than its source had).
+    "ALTER TABLE sessions ADD COLUMN cells_before INTEGER NOT NULL DEFAULT 0;",
 ];
 
 /// Shared handle to the database.
