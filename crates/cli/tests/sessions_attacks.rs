@@ -16,13 +16,14 @@ use serde_json::{Value, json};
 const ALICE: &str = "tok-alice-sessions-attacks-41c2";
 const CAROL: &str = "tok-carol-sessions-attacks-88d0";
 const BOB: &str = "tok-bob-sessions-attacks-7e19";
+const OPS: &str = "tok-ops-sessions-attacks-5b3a";
 
 fn config() -> String {
     format!(
         r#"
 [tenants.acme]
 [tenants.beta]
-{alice}{carol}{bob}
+{alice}{carol}{bob}{ops}
 [tasks.py]
 description = "Model-proposed Python"
 code = "allowed"
@@ -51,6 +52,7 @@ max_mb = 64
         alice = actor("alice", "acme", ALICE, false),
         carol = actor("carol", "acme", CAROL, false),
         bob = actor("bob", "beta", BOB, false),
+        ops = actor("ops", "acme", OPS, true),
         output = json_output("py", "o.json", 1000),
         big_output = json_output("big", "o.json", 1000),
     )
@@ -967,4 +969,70 @@ fn a_cancel_sent_with_the_submission_is_not_lost() {
             "round {round}: cancel answered {can:?}"
         );
     }
+}
+
+/// A cell's run belongs to the session's owner: another actor of the same tenant gets, on every
+/// run endpoint, exactly the 404 of a missing run, and does not see the cells in the listing;
+/// the owner and an operator do.
+#[test]
+fn a_cells_run_is_the_session_owners_alone_within_the_tenant() {
+    let e = start();
+    let sid = e.open(ALICE, "open-own");
+    let c0 = e.cell(&sid, "c0", "print('RAN-SECRET-CELL')");
+    assert_eq!(c0["status"], "ok", "{c0}");
+    let run_id = c0["request_id"].as_str().unwrap().to_string();
+    let missing = format!("{sid}-7");
+    let get = |token: &str, path: &str| e.send(reqwest::Method::GET, token, path, None);
+    for (path, gone) in [
+        (format!("/v1/runs/{run_id}"), format!("/v1/runs/{missing}")),
+        (
+            format!("/v1/runs/{run_id}/artifact"),
+            format!("/v1/runs/{missing}/artifact"),
+        ),
+        (
+            format!("/v1/runs/{run_id}/receipt"),
+            format!("/v1/runs/{missing}/receipt"),
+        ),
+        (
+            format!("/v1/runs/{run_id}/logs?stream=stdout"),
+            format!("/v1/runs/{missing}/logs?stream=stdout"),
+        ),
+        (
+            format!("/v1/runs/{run_id}/events"),
+            format!("/v1/runs/{missing}/events"),
+        ),
+    ] {
+        let (s, v) = get(CAROL, &path);
+        let (ms, mv) = get(CAROL, &gone);
+        assert_eq!((s, ms), (404, 404), "{path}: {v} / {mv}");
+        assert_eq!(v, mv, "{path}: not the 404 of a missing run");
+        assert!(!v.to_string().contains("RAN-SECRET"), "{v}");
+        let (s, v) = get(ALICE, &path);
+        assert_eq!(s, 200, "{path}: {v}");
+        let (s, v) = get(OPS, &path);
+        assert_eq!(s, 200, "operator {path}: {v}");
+    }
+    let (s, v) = e.send(
+        reqwest::Method::POST,
+        CAROL,
+        &format!("/v1/runs/{run_id}/cancel"),
+        None,
+    );
+    let (ms, mv) = e.send(
+        reqwest::Method::POST,
+        CAROL,
+        &format!("/v1/runs/{missing}/cancel"),
+        None,
+    );
+    assert_eq!((s, ms), (404, 404), "{v} / {mv}");
+    assert_eq!(v, mv);
+    // The listing: carol's has no cell of alice's session; alice's and the operator's do.
+    let listed = |token: &str| {
+        let (s, v) = get(token, "/v1/runs?limit=100");
+        assert_eq!(s, 200, "{v}");
+        v.to_string().contains(&sid)
+    };
+    assert!(!listed(CAROL), "carol's listing names alice's session");
+    assert!(listed(ALICE));
+    assert!(listed(OPS));
 }

@@ -835,6 +835,7 @@ impl Store for PgStore {
             // The shared query with PostgreSQL's numbered parameters, each typed (a NULL
             // parameter has no type to infer).
             let sql = crate::storage::db::list_runs_sql(&f)
+                .replace("?11", "$11::text")
                 .replace("?10", "$10::text")
                 .replace("?1", "$1::text")
                 .replace("?2", "$2::text")
@@ -865,6 +866,7 @@ impl Store for PgStore {
                         &rid,
                         &limit,
                         &f.request_id,
+                        &f.viewer,
                     ],
                 )
                 .await
