@@ -484,16 +484,39 @@ fn dir_bytes(dir: &std::path::Path) -> (u64, usize) {
     n
 }
 
-/// A measurement, not a check (run with `--ignored --nocapture`): each cell that leaves a
-/// distinct 1 MB `/work` stores another 1 MB checkpoint under DATA/checkpoints, and nothing
-/// deletes one (not the session's end, not a later cell). One session may so store
-/// `max_cells` × `max_mb` (default 1000 × 64 MB), and a tenant may open any number of sessions.
+/// The checkpoint store is bounded: while a session is open only its head and its most recent
+/// `keep_checkpoints` (default 8) cells' checkpoints are kept (a fork from an older cell is
+/// `410 checkpoint-gone`), and once it is closed the retention sweep deletes its checkpoints,
+/// except one a live session (a fork) still starts from. Two sessions of 30 cells, each
+/// leaving a distinct 1 MiB `/work` (formerly 60 files that were never deleted).
 #[test]
-#[ignore = "a measurement of the checkpoint store's growth, for the report"]
 fn checkpoint_storage_grows_with_every_distinct_cell() {
-    let e = start();
+    // The retention sweep every second.
+    let dir = common::tmp();
+    let cfg = write_config(
+        dir.path(),
+        &format!("[server]\nsweep_interval_seconds = 1\n{}", config()),
+    );
+    let data = dir.path().join("data");
+    let serve = Serve::start(&cfg, &data, &[]);
+    let api = Api::new(&serve.base);
+    let e = Env {
+        dir,
+        data,
+        serve,
+        api,
+    };
+    let files = || dir_bytes(&e.data.join("checkpoints")).1;
+    // Waits for a sweep to bring the store down to `most` files.
+    let settle = |most: usize| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while files() > most && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        files()
+    };
     let cells = 30;
-    let mut per_session = Vec::new();
+    let mut forks = Vec::new();
     for s in 0..2 {
         let sid = e.open(ALICE, &format!("open-disk-{s}"));
         for i in 0..cells {
@@ -504,6 +527,26 @@ fn checkpoint_storage_grows_with_every_distinct_cell() {
             );
             assert_eq!(c["status"], "ok", "{c}");
         }
+        // Open: the head and the 8 most recent cells' checkpoints (the head is the last one's).
+        let n = settle(8 + 2 * forks.len());
+        assert!(n <= 8 + 2 * forks.len(), "{n} checkpoint files while open");
+        let fork = |rid: &str, cell: u64| {
+            e.send(
+                reqwest::Method::POST,
+                ALICE,
+                &format!("/v1/sessions/{sid}/fork"),
+                Some(json!({"request_id": rid, "cell": cell})),
+            )
+        };
+        let (st, v) = fork(&format!("fork-old-{s}"), 0);
+        assert_eq!(st, 410, "{v}");
+        assert!(
+            v["type"].as_str().unwrap().ends_with("/checkpoint-gone"),
+            "{v}"
+        );
+        let (st, v) = fork(&format!("fork-recent-{s}"), cells - 3);
+        assert_eq!(st, 201, "{v}");
+        forks.push(v["session_id"].as_str().unwrap().to_string());
         let (st, v) = e.send(
             reqwest::Method::DELETE,
             ALICE,
@@ -511,15 +554,31 @@ fn checkpoint_storage_grows_with_every_distinct_cell() {
             None,
         );
         assert_eq!(st, 200, "{v}");
-        per_session.push(dir_bytes(&e.data.join("checkpoints")));
+        // Closed: only what the forks (live) start from is left.
+        let n = settle(forks.len());
+        assert_eq!(
+            n,
+            forks.len(),
+            "{n} checkpoint files after the close and a sweep"
+        );
     }
-    let (bytes, files) = dir_bytes(&e.data.join("checkpoints"));
-    eprintln!(
-        "MEASURED: {} sessions x {cells} cells of a distinct 1 MiB /work, every session closed: DATA/checkpoints holds {files} files, {bytes} bytes ({:.1} MiB); after each session: {per_session:?}",
-        2,
-        bytes as f64 / 1048576.0
-    );
-    assert!(bytes >= 2 * cells as u64 * 1024 * 1024, "{bytes}");
+    // The forks still start from their checkpoints (nothing they need was deleted).
+    for f in &forks {
+        let c = e.cell(
+            f,
+            "probe",
+            "print('RAN-PROBE', len(open('/work/r.bin', 'rb').read()))",
+        );
+        assert!(stdout(&c).contains("RAN-PROBE 1048576"), "{c}");
+        let (st, v) = e.send(
+            reqwest::Method::DELETE,
+            ALICE,
+            &format!("/v1/sessions/{f}"),
+            None,
+        );
+        assert_eq!(st, 200, "{v}");
+    }
+    assert_eq!(settle(0), 0, "every session closed: no checkpoint is left");
 }
 
 /// Follows `request_id` from its start until `ended` (or the stream ends): the stdout text put

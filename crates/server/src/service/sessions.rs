@@ -156,12 +156,15 @@ pub(super) async fn db(state: &AppState, caller: &Caller, ev: &Event) -> Result<
     }
 }
 
-fn sha_of(v: &impl Serialize) -> String {
+pub(super) fn sha_of(v: &impl Serialize) -> String {
     let bytes = serde_jcs::to_vec(v).unwrap_or_default();
     crate::config::sha256_hex(&bytes)
 }
 
-fn settings<'a>(state: &'a AppState, task: &str) -> Option<&'a crate::config::SessionSettings> {
+pub(super) fn settings<'a>(
+    state: &'a AppState,
+    task: &str,
+) -> Option<&'a crate::config::SessionSettings> {
     state.inner.config.tasks.get(task).map(|t| &t.session)
 }
 
@@ -239,7 +242,11 @@ async fn session_row(db: &Db, id: &str) -> Result<SessionRow, Failure> {
 }
 
 /// The record of `tenant`'s run `request_id`.
-async fn run_of(state: &AppState, tenant: &str, request_id: &str) -> Result<RunRow, Failure> {
+pub(super) async fn run_of(
+    state: &AppState,
+    tenant: &str,
+    request_id: &str,
+) -> Result<RunRow, Failure> {
     state
         .store()
         .get_run(tenant, request_id)
@@ -312,13 +319,14 @@ pub(crate) async fn open(
         forked_from: None,
         forked_cell: None,
         cells_before: 0,
+        keep_checkpoints: settings.keep_checkpoints,
     };
     insert(state, caller, &db, row, &body_sha, ev, "session_open").await
 }
 
 /// Records a new session (open or fork) and audits it; a racing duplicate's request id finds
 /// the other's session.
-async fn insert(
+pub(super) async fn insert(
     state: &AppState,
     caller: &Caller,
     db: &Db,
@@ -350,7 +358,7 @@ async fn insert(
 }
 
 /// A repeated opening request id: the same session for the same body and owner.
-async fn replay_open(
+pub(super) async fn replay_open(
     state: &AppState,
     caller: &Caller,
     db: &Db,
@@ -709,90 +717,4 @@ pub(crate) async fn close(
         }
     }
     Ok(session_view(state, &s))
-}
-
-/// `POST /v1/sessions/{id}/fork`: a new session of the same owner, task and inputs, starting
-/// from the workspace the given cell (default: the last) left.
-pub(crate) async fn fork(
-    state: &AppState,
-    caller: &Caller,
-    id: &str,
-    req: ForkRequest,
-) -> Result<(SessionView, bool), Failure> {
-    let mut ev = caller.event("session_fork");
-    ev.session_id = Some(id.to_owned());
-    let db = db(state, caller, &ev).await?;
-    let s = owned(state, caller, &db, id, &ev).await?;
-    if let Err(r) = policy::check_request_id(&req.request_id) {
-        return Err(deny(state, caller, ev, r).await);
-    }
-    ev.request_id = Some(req.request_id.clone());
-    ev.task = Some(s.task.clone());
-    let body_sha = sha_of(&serde_json::json!({"fork": s.session_id, "cell": req.cell}));
-    let (tenant, rid) = (caller.tenant.clone(), req.request_id.clone());
-    let existing = db
-        .call(move |c| store::session_for_request(c, &tenant, &rid))
-        .await
-        .map_err(crate::storage::store::StoreError::from)?;
-    if let Some(e) = existing {
-        return replay_open(state, caller, &db, &e, &body_sha, ev).await;
-    }
-    // A fork continues its source: never from an ended one, and within its limits.
-    if s.closed_at.is_some() {
-        return Err(deny(state, caller, ev, Refusal::SessionClosed).await);
-    }
-    if now() >= s.expires_at {
-        return Err(deny(state, caller, ev, Refusal::SessionExpired).await);
-    }
-    if settings(state, &s.task).is_none() {
-        return Err(deny(state, caller, ev, Refusal::TaskGone).await);
-    }
-    let at = match req.cell {
-        Some(n) => Some(n),
-        None => s.cells.checked_sub(1),
-    };
-    let (head, receipt) = match at {
-        None => (s.head_sha256.clone(), s.last_receipt_sha256.clone()),
-        Some(n) => {
-            let sid = s.session_id.clone();
-            let c = db
-                .call(move |c| store::get_cell(c, &sid, n))
-                .await
-                .map_err(crate::storage::store::StoreError::from)?;
-            let Some(c) = c else {
-                return Err(deny(state, caller, ev, Refusal::NoSuchCell).await);
-            };
-            let run = run_of(state, &c.tenant, &c.run_request_id).await?;
-            if !run.status.is_terminal() {
-                return Err(deny(state, caller, ev, Refusal::CellInProgress { cell: n }).await);
-            }
-            (c.head_after.clone(), c.chain_after.clone())
-        }
-    };
-    let t = now();
-    let row = SessionRow {
-        session_id: format!(
-            "{}{}",
-            store::SESSION_ID_PREFIX,
-            random_hex(16).map_err(|_| Failure::Internal)?
-        ),
-        tenant: caller.tenant.clone(),
-        actor: caller.actor.clone(),
-        request_id: req.request_id.clone(),
-        body_sha256: body_sha.clone(),
-        task: s.task.clone(),
-        inputs: s.inputs.clone(),
-        created_at: t,
-        // The source's end, never later: forking does not extend a session's lifetime.
-        expires_at: s.expires_at,
-        closed_at: None,
-        head_sha256: head,
-        last_receipt_sha256: receipt,
-        cells: 0,
-        forked_from: Some(s.session_id.clone()),
-        forked_cell: at,
-        // The cells the source had run up to the forked one count toward the fork's limit.
-        cells_before: s.cells_before + at.map_or(0, |n| n + 1),
-    };
-    insert(state, caller, &db, row, &body_sha, ev, "session_fork").await
 }

@@ -97,6 +97,9 @@ const MIGRATIONS: &[&str] = &[
     // 6: the cells a forked session inherits from its ancestors (counted toward the task's
     // `max_cells`: a fork never has more cells left than its source had).
     "ALTER TABLE sessions ADD COLUMN cells_before INTEGER NOT NULL DEFAULT 0;",
+    // 7: how many of a session's most recent cells keep their checkpoints for a fork (the
+    // task's `session.keep_checkpoints` when it was opened).
+    "ALTER TABLE sessions ADD COLUMN keep_checkpoints INTEGER NOT NULL DEFAULT 8;",
 ];
 
 /// Shared handle to the database.

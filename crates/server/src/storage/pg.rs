@@ -677,6 +677,8 @@ impl PgStore {
             outputs,
             job_folders,
             objects,
+            // No sessions (and so no checkpoints) on PostgreSQL in this version.
+            checkpoints: 0,
         })
     }
 
