@@ -8,6 +8,7 @@ use super::sessions::{
     ForkRequest, SessionView, db, insert, owned, replay_open, run_of, settings, sha_of,
 };
 use crate::app::AppState;
+use crate::execution::checkpoints;
 use crate::policy::{self, Caller, Refusal};
 use crate::storage::sessions::{self as store, SessionRow};
 use crate::util::{now, random_hex};
@@ -103,5 +104,18 @@ pub(crate) async fn fork(
         cells_before: s.cells_before + at.map_or(0, |n| n + 1),
         keep_checkpoints: settings.keep_checkpoints,
     };
-    insert(state, caller, &db, row, &body_sha, ev, "session_fork").await
+    // The checkpoint it starts from must still be stored as the fork is recorded (a later
+    // cell of the source may have moved it out of the kept ones, and a sweep deleted it).
+    let start = row
+        .head_sha256
+        .as_deref()
+        .and_then(|h| checkpoints::path(&state.inner.data_dir, h))
+        .map(|p| {
+            let gone = Refusal::CheckpointGone {
+                cell: at.unwrap_or(0),
+                keep: s.keep_checkpoints,
+            };
+            (p, gone)
+        });
+    insert(state, caller, &db, row, &body_sha, ev, start).await
 }

@@ -321,11 +321,13 @@ pub(crate) async fn open(
         cells_before: 0,
         keep_checkpoints: settings.keep_checkpoints,
     };
-    insert(state, caller, &db, row, &body_sha, ev, "session_open").await
+    insert(state, caller, &db, row, &body_sha, ev, None).await
 }
 
 /// Records a new session (open or fork) and audits it; a racing duplicate's request id finds
-/// the other's session.
+/// the other's session. A fork names the file of the checkpoint it starts from (`start`) and
+/// the refusal if it is gone: it is checked under the database's lock, which the retention
+/// sweep holds while it deletes checkpoints, so a fork never records a head already deleted.
 pub(super) async fn insert(
     state: &AppState,
     caller: &Caller,
@@ -333,13 +335,27 @@ pub(super) async fn insert(
     row: SessionRow,
     body_sha: &str,
     ev: Event,
-    event: &'static str,
+    start: Option<(std::path::PathBuf, Refusal)>,
 ) -> Result<(SessionView, bool), Failure> {
+    // `session_open` or `session_fork`, as the caller's audit record names it.
+    let event = ev.event;
     let r = row.clone();
+    let (file, gone) = match start {
+        Some((f, g)) => (Some(f), Some(g)),
+        None => (None, None),
+    };
     let existing = db
-        .call(move |c| store::open_session(c, &r))
+        .call(move |c| match file {
+            Some(f) if !f.is_file() => Ok(Err(())),
+            _ => store::open_session(c, &r).map(Ok),
+        })
         .await
         .map_err(crate::storage::store::StoreError::from)?;
+    let existing = match (existing, gone) {
+        (Ok(e), _) => e,
+        (Err(()), Some(g)) => return Err(deny(state, caller, ev, g).await),
+        (Err(()), None) => return Err(Failure::Internal),
+    };
     if let Some(e) = existing {
         return replay_open(state, caller, db, &e.session_id, body_sha, ev).await;
     }
