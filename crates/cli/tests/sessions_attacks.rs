@@ -1094,4 +1094,52 @@ fn a_cells_run_is_the_session_owners_alone_within_the_tenant() {
     assert!(!listed(CAROL), "carol's listing names alice's session");
     assert!(listed(ALICE));
     assert!(listed(OPS));
+    // MCP's `get_run`: carol's answer is the one for a missing run; alice's is the cell.
+    let carol = mcp_get_run(&e, CAROL, &run_id);
+    assert!(!carol.contains("RAN-SECRET"), "{carol}");
+    assert!(carol.contains("not-found"), "{carol}");
+    assert_eq!(
+        carol.replace(&run_id, "ID"),
+        mcp_get_run(&e, CAROL, &missing).replace(&missing, "ID")
+    );
+    assert!(mcp_get_run(&e, ALICE, &run_id).contains("RAN-SECRET-CELL"));
+}
+
+/// MCP's `get_run` of `request_id` as `token` (Streamable HTTP): the answer's body.
+fn mcp_get_run(e: &Env, token: &str, request_id: &str) -> String {
+    let post = |session: Option<&str>, msg: Value| {
+        let mut rq = e
+            .api
+            .http
+            .post(e.api.url("/mcp"))
+            .bearer_auth(token)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25")
+            .header("content-type", "application/json")
+            .body(msg.to_string());
+        if let Some(s) = session {
+            rq = rq.header("mcp-session-id", s);
+        }
+        let r = rq.send().unwrap();
+        let sid = r
+            .headers()
+            .get("mcp-session-id")
+            .map(|v| v.to_str().unwrap().to_string());
+        (r.status().as_u16(), sid, r.text().unwrap_or_default())
+    };
+    let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{
+        "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"attacks","version":"1"}}});
+    let (code, sid, body) = post(None, init);
+    assert_eq!(code, 200, "{body}");
+    let sid = sid.expect("no Mcp-Session-Id");
+    let (code, _, body) = post(
+        Some(&sid),
+        json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
+    );
+    assert_eq!(code, 202, "{body}");
+    let call = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{
+        "name":"get_run","arguments":{"request_id": request_id}}});
+    let (code, _, body) = post(Some(&sid), call);
+    assert_eq!(code, 200, "{body}");
+    body
 }
