@@ -46,6 +46,8 @@ def test_the_session_problems_are_typed() -> None:
     ]:
         e = _errors.error_for(409, {"type": base + slug, "detail": "d"}, {})
         assert type(e) is cls and isinstance(e, agentjail.Conflict) and e.slug == slug
+    e = _errors.error_for(410, {"type": base + "checkpoint-gone", "detail": "d"}, {})
+    assert type(e) is agentjail.CheckpointGone and isinstance(e, agentjail.Gone)
     e = _errors.error_for(501, {"type": base + "sessions-unsupported"}, {})
     assert isinstance(e, agentjail.SessionsUnsupported) and isinstance(e, agentjail.ServerError)
 

@@ -821,3 +821,101 @@ fn of_cells_submitted_at_once_exactly_one_runs() {
     assert!(stdout(&check).contains("COUNT=1"), "{check}");
     assert_eq!(check["cell"], 1);
 }
+
+/// A fork counts toward its source's limits: it ends when its source would (`expires_at`
+/// inherited, never later), its `max_cells` is what the source had left at the forked cell,
+/// and a closed or expired session cannot be forked (the same 409s as a cell).
+#[test]
+fn a_fork_inherits_its_sources_limits_and_an_ended_session_cannot_be_forked() {
+    let e = start();
+    let fork = |sid: &str, rid: &str, cell: Option<u64>| {
+        let mut body = json!({"request_id": rid});
+        if let Some(c) = cell {
+            body["cell"] = json!(c);
+        }
+        e.send(
+            reqwest::Method::POST,
+            ALICE,
+            &format!("/v1/sessions/{sid}/fork"),
+            Some(body),
+        )
+    };
+    // The cell limit: a `once` session that ran its cell forks into one with none left.
+    let once = e.open_task(ALICE, "open-once-f", "once")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    e.cell(&once, "only", "open('/work/a', 'w').write('a')");
+    let (st, f) = fork(&once, "fork-once", None);
+    assert_eq!(st, 201, "{f}");
+    assert_eq!(f["max_cells"], 0, "{f}");
+    assert_eq!(f["cells"], 0, "{f}");
+    let fid = f["session_id"].as_str().unwrap().to_string();
+    let (st, v) = e.cell_raw(ALICE, &fid, "more", "open('/work/SENTINEL', 'w')", true);
+    assert_eq!(st, 409, "{v}");
+    assert!(
+        v["type"].as_str().unwrap().ends_with("/session-cell-limit"),
+        "{v}"
+    );
+    // A fork of a fork counts its ancestors' cells too; the py task allows 50.
+    let sid = e.open(ALICE, "open-f")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    e.cell(&sid, "c0", "print(0)");
+    e.cell(&sid, "c1", "print(1)");
+    let (st, f1) = fork(&sid, "fork-1", Some(0));
+    assert_eq!(st, 201, "{f1}");
+    assert_eq!(f1["max_cells"], 49, "{f1}");
+    let f1id = f1["session_id"].as_str().unwrap().to_string();
+    e.cell(&f1id, "d0", "print(2)");
+    let (st, f2) = fork(&f1id, "fork-2", None);
+    assert_eq!(st, 201, "{f2}");
+    assert_eq!(f2["max_cells"], 48, "{f2}");
+    // The lifetime: the fork ends when its source does.
+    let db = rusqlite::Connection::open(e.data.join("private").join("agentjail.db")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(10)).unwrap();
+    let soon = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+        + 120;
+    db.execute(
+        "UPDATE sessions SET expires_at = ?2 WHERE session_id = ?1",
+        rusqlite::params![sid, soon],
+    )
+    .unwrap();
+    let src = e.session(&sid);
+    let (st, f3) = fork(&sid, "fork-3", None);
+    assert_eq!(st, 201, "{f3}");
+    assert_eq!(f3["expires_at"], src["expires_at"], "{f3} {src}");
+    // An expired session cannot be forked, nor a closed one.
+    db.execute(
+        "UPDATE sessions SET expires_at = 1 WHERE session_id = ?1",
+        [&sid],
+    )
+    .unwrap();
+    let (st, v) = fork(&sid, "fork-expired", None);
+    assert_eq!(st, 409, "{v}");
+    assert!(
+        v["type"].as_str().unwrap().ends_with("/session-expired"),
+        "{v}"
+    );
+    let (st, v) = e.send(
+        reqwest::Method::DELETE,
+        ALICE,
+        &format!("/v1/sessions/{f1id}"),
+        None,
+    );
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = fork(&f1id, "fork-closed", Some(0));
+    assert_eq!(st, 409, "{v}");
+    assert!(
+        v["type"].as_str().unwrap().ends_with("/session-closed"),
+        "{v}"
+    );
+    // A retried fork request still answers the recorded fork.
+    let (st, again) = fork(&sid, "fork-3", None);
+    assert_eq!(st, 200, "{again}");
+    assert_eq!(again["session_id"], f3["session_id"]);
+}

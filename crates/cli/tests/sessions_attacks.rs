@@ -16,13 +16,14 @@ use serde_json::{Value, json};
 const ALICE: &str = "tok-alice-sessions-attacks-41c2";
 const CAROL: &str = "tok-carol-sessions-attacks-88d0";
 const BOB: &str = "tok-bob-sessions-attacks-7e19";
+const OPS: &str = "tok-ops-sessions-attacks-5b3a";
 
 fn config() -> String {
     format!(
         r#"
 [tenants.acme]
 [tenants.beta]
-{alice}{carol}{bob}
+{alice}{carol}{bob}{ops}
 [tasks.py]
 description = "Model-proposed Python"
 code = "allowed"
@@ -51,6 +52,7 @@ max_mb = 64
         alice = actor("alice", "acme", ALICE, false),
         carol = actor("carol", "acme", CAROL, false),
         bob = actor("bob", "beta", BOB, false),
+        ops = actor("ops", "acme", OPS, true),
         output = json_output("py", "o.json", 1000),
         big_output = json_output("big", "o.json", 1000),
     )
@@ -482,16 +484,39 @@ fn dir_bytes(dir: &std::path::Path) -> (u64, usize) {
     n
 }
 
-/// A measurement, not a check (run with `--ignored --nocapture`): each cell that leaves a
-/// distinct 1 MB `/work` stores another 1 MB checkpoint under DATA/checkpoints, and nothing
-/// deletes one (not the session's end, not a later cell). One session may so store
-/// `max_cells` × `max_mb` (default 1000 × 64 MB), and a tenant may open any number of sessions.
+/// The checkpoint store is bounded: while a session is open only its head and its most recent
+/// `keep_checkpoints` (default 8) cells' checkpoints are kept (a fork from an older cell is
+/// `410 checkpoint-gone`), and once it is closed the retention sweep deletes its checkpoints,
+/// except one a live session (a fork) still starts from. Two sessions of 30 cells, each
+/// leaving a distinct 1 MiB `/work` (formerly 60 files that were never deleted).
 #[test]
-#[ignore = "a measurement of the checkpoint store's growth, for the report"]
 fn checkpoint_storage_grows_with_every_distinct_cell() {
-    let e = start();
+    // The retention sweep every second.
+    let dir = common::tmp();
+    let cfg = write_config(
+        dir.path(),
+        &format!("[server]\nsweep_interval_seconds = 1\n{}", config()),
+    );
+    let data = dir.path().join("data");
+    let serve = Serve::start(&cfg, &data, &[]);
+    let api = Api::new(&serve.base);
+    let e = Env {
+        dir,
+        data,
+        serve,
+        api,
+    };
+    let files = || dir_bytes(&e.data.join("checkpoints")).1;
+    // Waits for a sweep to bring the store down to `most` files.
+    let settle = |most: usize| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while files() > most && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        files()
+    };
     let cells = 30;
-    let mut per_session = Vec::new();
+    let mut forks = Vec::new();
     for s in 0..2 {
         let sid = e.open(ALICE, &format!("open-disk-{s}"));
         for i in 0..cells {
@@ -502,6 +527,26 @@ fn checkpoint_storage_grows_with_every_distinct_cell() {
             );
             assert_eq!(c["status"], "ok", "{c}");
         }
+        // Open: the head and the 8 most recent cells' checkpoints (the head is the last one's).
+        let n = settle(8 + 2 * forks.len());
+        assert!(n <= 8 + 2 * forks.len(), "{n} checkpoint files while open");
+        let fork = |rid: &str, cell: u64| {
+            e.send(
+                reqwest::Method::POST,
+                ALICE,
+                &format!("/v1/sessions/{sid}/fork"),
+                Some(json!({"request_id": rid, "cell": cell})),
+            )
+        };
+        let (st, v) = fork(&format!("fork-old-{s}"), 0);
+        assert_eq!(st, 410, "{v}");
+        assert!(
+            v["type"].as_str().unwrap().ends_with("/checkpoint-gone"),
+            "{v}"
+        );
+        let (st, v) = fork(&format!("fork-recent-{s}"), cells - 3);
+        assert_eq!(st, 201, "{v}");
+        forks.push(v["session_id"].as_str().unwrap().to_string());
         let (st, v) = e.send(
             reqwest::Method::DELETE,
             ALICE,
@@ -509,15 +554,31 @@ fn checkpoint_storage_grows_with_every_distinct_cell() {
             None,
         );
         assert_eq!(st, 200, "{v}");
-        per_session.push(dir_bytes(&e.data.join("checkpoints")));
+        // Closed: only what the forks (live) start from is left.
+        let n = settle(forks.len());
+        assert_eq!(
+            n,
+            forks.len(),
+            "{n} checkpoint files after the close and a sweep"
+        );
     }
-    let (bytes, files) = dir_bytes(&e.data.join("checkpoints"));
-    eprintln!(
-        "MEASURED: {} sessions x {cells} cells of a distinct 1 MiB /work, every session closed: DATA/checkpoints holds {files} files, {bytes} bytes ({:.1} MiB); after each session: {per_session:?}",
-        2,
-        bytes as f64 / 1048576.0
-    );
-    assert!(bytes >= 2 * cells as u64 * 1024 * 1024, "{bytes}");
+    // The forks still start from their checkpoints (nothing they need was deleted).
+    for f in &forks {
+        let c = e.cell(
+            f,
+            "probe",
+            "print('RAN-PROBE', len(open('/work/r.bin', 'rb').read()))",
+        );
+        assert!(stdout(&c).contains("RAN-PROBE 1048576"), "{c}");
+        let (st, v) = e.send(
+            reqwest::Method::DELETE,
+            ALICE,
+            &format!("/v1/sessions/{f}"),
+            None,
+        );
+        assert_eq!(st, 200, "{v}");
+    }
+    assert_eq!(settle(0), 0, "every session closed: no checkpoint is left");
 }
 
 /// Follows `request_id` from its start until `ended` (or the stream ends): the stdout text put
@@ -967,4 +1028,118 @@ fn a_cancel_sent_with_the_submission_is_not_lost() {
             "round {round}: cancel answered {can:?}"
         );
     }
+}
+
+/// A cell's run belongs to the session's owner: another actor of the same tenant gets, on every
+/// run endpoint, exactly the 404 of a missing run, and does not see the cells in the listing;
+/// the owner and an operator do.
+#[test]
+fn a_cells_run_is_the_session_owners_alone_within_the_tenant() {
+    let e = start();
+    let sid = e.open(ALICE, "open-own");
+    let c0 = e.cell(&sid, "c0", "print('RAN-SECRET-CELL')");
+    assert_eq!(c0["status"], "ok", "{c0}");
+    let run_id = c0["request_id"].as_str().unwrap().to_string();
+    let missing = format!("{sid}-7");
+    let get = |token: &str, path: &str| e.send(reqwest::Method::GET, token, path, None);
+    for (path, gone) in [
+        (format!("/v1/runs/{run_id}"), format!("/v1/runs/{missing}")),
+        (
+            format!("/v1/runs/{run_id}/artifact"),
+            format!("/v1/runs/{missing}/artifact"),
+        ),
+        (
+            format!("/v1/runs/{run_id}/receipt"),
+            format!("/v1/runs/{missing}/receipt"),
+        ),
+        (
+            format!("/v1/runs/{run_id}/logs?stream=stdout"),
+            format!("/v1/runs/{missing}/logs?stream=stdout"),
+        ),
+        (
+            format!("/v1/runs/{run_id}/events"),
+            format!("/v1/runs/{missing}/events"),
+        ),
+    ] {
+        let (s, v) = get(CAROL, &path);
+        let (ms, mv) = get(CAROL, &gone);
+        assert_eq!((s, ms), (404, 404), "{path}: {v} / {mv}");
+        assert_eq!(v, mv, "{path}: not the 404 of a missing run");
+        assert!(!v.to_string().contains("RAN-SECRET"), "{v}");
+        let (s, v) = get(ALICE, &path);
+        assert_eq!(s, 200, "{path}: {v}");
+        let (s, v) = get(OPS, &path);
+        assert_eq!(s, 200, "operator {path}: {v}");
+    }
+    let (s, v) = e.send(
+        reqwest::Method::POST,
+        CAROL,
+        &format!("/v1/runs/{run_id}/cancel"),
+        None,
+    );
+    let (ms, mv) = e.send(
+        reqwest::Method::POST,
+        CAROL,
+        &format!("/v1/runs/{missing}/cancel"),
+        None,
+    );
+    assert_eq!((s, ms), (404, 404), "{v} / {mv}");
+    assert_eq!(v, mv);
+    // The listing: carol's has no cell of alice's session; alice's and the operator's do.
+    let listed = |token: &str| {
+        let (s, v) = get(token, "/v1/runs?limit=100");
+        assert_eq!(s, 200, "{v}");
+        v.to_string().contains(&sid)
+    };
+    assert!(!listed(CAROL), "carol's listing names alice's session");
+    assert!(listed(ALICE));
+    assert!(listed(OPS));
+    // MCP's `get_run`: carol's answer is the one for a missing run; alice's is the cell.
+    let carol = mcp_get_run(&e, CAROL, &run_id);
+    assert!(!carol.contains("RAN-SECRET"), "{carol}");
+    assert!(carol.contains("not-found"), "{carol}");
+    assert_eq!(
+        carol.replace(&run_id, "ID"),
+        mcp_get_run(&e, CAROL, &missing).replace(&missing, "ID")
+    );
+    assert!(mcp_get_run(&e, ALICE, &run_id).contains("RAN-SECRET-CELL"));
+}
+
+/// MCP's `get_run` of `request_id` as `token` (Streamable HTTP): the answer's body.
+fn mcp_get_run(e: &Env, token: &str, request_id: &str) -> String {
+    let post = |session: Option<&str>, msg: Value| {
+        let mut rq = e
+            .api
+            .http
+            .post(e.api.url("/mcp"))
+            .bearer_auth(token)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25")
+            .header("content-type", "application/json")
+            .body(msg.to_string());
+        if let Some(s) = session {
+            rq = rq.header("mcp-session-id", s);
+        }
+        let r = rq.send().unwrap();
+        let sid = r
+            .headers()
+            .get("mcp-session-id")
+            .map(|v| v.to_str().unwrap().to_string());
+        (r.status().as_u16(), sid, r.text().unwrap_or_default())
+    };
+    let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{
+        "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"attacks","version":"1"}}});
+    let (code, sid, body) = post(None, init);
+    assert_eq!(code, 200, "{body}");
+    let sid = sid.expect("no Mcp-Session-Id");
+    let (code, _, body) = post(
+        Some(&sid),
+        json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
+    );
+    assert_eq!(code, 202, "{body}");
+    let call = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{
+        "name":"get_run","arguments":{"request_id": request_id}}});
+    let (code, _, body) = post(Some(&sid), call);
+    assert_eq!(code, 200, "{body}");
+    body
 }

@@ -26,6 +26,15 @@ pub struct SessionSettings {
     /// session takes no more cells.
     #[serde(default = "d_day")]
     pub lifetime_seconds: u64,
+    /// Cells of an open session whose checkpoints are kept for a fork: the most recent ones
+    /// (default 8, 1-1000); older ones are deleted (a fork from one is `410 checkpoint-gone`),
+    /// and all of a closed or expired session's by the retention sweep.
+    #[serde(default = "d_keep")]
+    pub keep_checkpoints: u64,
+}
+
+fn d_keep() -> u64 {
+    8
 }
 
 fn d_true() -> bool {
@@ -49,6 +58,7 @@ impl Default for SessionSettings {
             max_files: d_session_files(),
             max_cells: d_session_cells(),
             lifetime_seconds: d_day(),
+            keep_checkpoints: d_keep(),
         }
     }
 }
@@ -71,6 +81,9 @@ impl SessionSettings {
         }
         if !(60..=2_592_000).contains(&self.lifetime_seconds) {
             return Err(("session.lifetime_seconds", "must be 60-2592000"));
+        }
+        if !(1..=1000).contains(&self.keep_checkpoints) {
+            return Err(("session.keep_checkpoints", "must be 1-1000"));
         }
         Ok(())
     }

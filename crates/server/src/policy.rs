@@ -200,6 +200,9 @@ pub enum Refusal {
     SessionFull { max: u64 },
     /// The session's checkpoint no longer matches its stored bytes, or is missing.
     CheckpointInvalid(String),
+    /// A fork from a cell whose checkpoint is no longer kept (not one of the session's most
+    /// recent `keep` cells).
+    CheckpointGone { cell: u64, keep: u64 },
     /// Sessions need the SQLite store in this version.
     SessionsUnsupported,
 }
@@ -253,6 +256,7 @@ impl Refusal {
             SessionExpired => "session-expired",
             SessionFull { .. } => "session-cell-limit",
             CheckpointInvalid(_) => "checkpoint-invalid",
+            CheckpointGone { .. } => "checkpoint-gone",
             SessionsUnsupported => "sessions-unsupported",
         }
     }
@@ -348,6 +352,9 @@ impl Refusal {
             SessionExpired => "the session's lifetime has passed; it takes no more cells".into(),
             SessionFull { max } => format!("the session ran its {max} cells, the task's limit"),
             CheckpointInvalid(d) => d.clone(),
+            CheckpointGone { cell, keep } => format!(
+                "cell {cell}'s checkpoint is no longer kept (a session keeps those of its {keep} most recent cells); fork from a later cell"
+            ),
             SessionsUnsupported => "sessions need the SQLite store in this version; this service uses PostgreSQL".into(),
         }
     }

@@ -23,6 +23,7 @@ mod listing;
 mod logs;
 mod reconcile;
 mod runs;
+mod session_fork;
 mod session_steps;
 mod sessions;
 mod startup;
@@ -43,12 +44,13 @@ pub use reconcile::ReconcileAction;
 pub(crate) use reconcile::reconcile;
 pub use runs::{Artifact, ArtifactView, RunInput, RunView};
 pub(crate) use runs::{CALLER_GONE, artifact, get, receipt, submit, view};
+pub(crate) use session_fork::fork as fork_session;
 pub(crate) use session_steps::plan_cell as plan_session_cell;
 pub use sessions::{
     CellList, CellRequest, CellView, CellWorkspace, ForkRequest, ForkedFrom, SessionRequest,
     SessionView,
 };
 pub(crate) use sessions::{
-    cell as session_cell, close as close_session, fork as fork_session, get as get_session,
+    cell as session_cell, close as close_session, get as get_session,
     list_cells as list_session_cells, open as open_session,
 };

@@ -40,6 +40,7 @@ __all__ = [
     "SessionExpired",
     "SessionCellLimit",
     "CheckpointInvalid",
+    "CheckpointGone",
     "SessionsUnsupported",
     "VerificationError",
 ]
@@ -128,6 +129,11 @@ class CheckpointInvalid(Conflict):
 
 class Gone(APIError):
     """410: outputs or logs deleted by retention."""
+
+
+class CheckpointGone(Gone):
+    """410 ``checkpoint-gone``: a fork from a cell whose checkpoint is no longer kept (only a
+    session's most recent ``session.keep_checkpoints`` cells keep theirs)."""
 
 
 class TooLarge(APIError):
@@ -238,6 +244,7 @@ _BY_SLUG: Dict[str, Type[APIError]] = {
     "session-expired": SessionExpired,
     "session-cell-limit": SessionCellLimit,
     "checkpoint-invalid": CheckpointInvalid,
+    "checkpoint-gone": CheckpointGone,
     "sessions-unsupported": SessionsUnsupported,
 }
 

@@ -181,6 +181,7 @@ fn http_status(r: &Refusal) -> (StatusCode, &'static str) {
         SessionExpired => (StatusCode::CONFLICT, "Session expired"),
         SessionFull { .. } => (StatusCode::CONFLICT, "Session cell limit"),
         CheckpointInvalid(_) => (StatusCode::CONFLICT, "Checkpoint refused"),
+        CheckpointGone { .. } => (StatusCode::GONE, "Checkpoint deleted"),
         SessionsUnsupported => (StatusCode::NOT_IMPLEMENTED, "Not implemented"),
     }
 }

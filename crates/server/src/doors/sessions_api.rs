@@ -265,7 +265,8 @@ async fn list_cells(
         (status = 200, description = "A retry: the session this request_id made", body = SessionView),
         (status = 400, description = "Malformed request, unknown field, bad id", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such session of the caller's, or no such cell in it", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The cell is still running, or the request_id was used with a different body", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The cell is still running (`cell-in-progress`), the session was ended (`session-closed`) or expired (`session-expired`), or the request_id was used with a different body", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "The cell's checkpoint is no longer kept: only the session's most recent `session.keep_checkpoints` cells keep theirs (`checkpoint-gone`)", body = Problem, content_type = "application/problem+json"),
         (status = 501, description = "Sessions need the SQLite store in this version", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))

@@ -76,6 +76,23 @@ pub fn receipt_digest(receipt: &str) -> Option<String> {
     Some(format!("sha256:{}", crate::config::sha256_hex(&bytes)))
 }
 
+/// The stored checkpoints (files named by a 64-digit hex digest; temporary files are not):
+/// each one's digest and modification time (Unix seconds).
+pub fn stored(data_dir: &Path) -> Vec<(String, i64)> {
+    let Ok(rd) = std::fs::read_dir(dir(data_dir)) else {
+        return Vec::new();
+    };
+    rd.filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let hex = name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit());
+            let mtime = e.metadata().ok()?.modified().ok()?;
+            let secs = mtime.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs() as i64;
+            hex.then_some((name, secs))
+        })
+        .collect()
+}
+
 /// Checks that the stored checkpoint `sha256` is there and that its bytes still hash to its
 /// name. The error is one line for the caller (no path).
 pub fn verify_stored(data_dir: &Path, sha256: &str) -> Result<(), String> {
@@ -190,10 +207,14 @@ pub async fn cell_end(
             .flatten(),
         None => None,
     };
+    let checkpoint_path = checkpoint
+        .as_deref()
+        .and_then(|c| path(&state.inner.data_dir, c));
     crate::storage::sessions::CellEnd {
         session_id: cell.session_id.clone(),
         cell: cell.cell,
         checkpoint,
+        checkpoint_path,
         receipt_sha256: receipt.as_deref().and_then(receipt_digest),
     }
 }

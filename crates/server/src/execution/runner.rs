@@ -1550,15 +1550,15 @@ pub async fn sweep(state: &AppState) {
         .store()
         .sweep(now(), files)
         .await
-        .map(|w| (w.outputs, w.job_folders, w.objects));
+        .map(|w| (w.outputs, w.job_folders, w.objects, w.checkpoints));
     match r {
-        Ok((outputs, logs, objects)) if outputs + logs + objects > 0 => {
+        Ok((outputs, logs, objects, checkpoints)) if outputs + logs + objects + checkpoints > 0 => {
             state
         .store()
         .audit(Event {
                     event: "retention_sweep",
                     reason: Some(format!(
-                        "deleted outputs of {outputs} run(s), {logs} job folder(s), {objects} input object(s)"
+                        "deleted outputs of {outputs} run(s), {logs} job folder(s), {objects} input object(s), {checkpoints} session checkpoint(s)"
                     )),
                     ..Default::default()
                 })
@@ -1587,6 +1587,13 @@ impl RetentionFiles for JobFiles {
     }
     fn drop_object(&self, sha256: &str) -> bool {
         std::fs::remove_file(self.0.join("objects").join(sha256)).is_ok()
+    }
+    fn checkpoints(&self) -> Vec<(String, i64)> {
+        crate::execution::checkpoints::stored(&self.0)
+    }
+    fn drop_checkpoint(&self, hex: &str) -> bool {
+        crate::execution::checkpoints::path(&self.0, &format!("sha256:{hex}"))
+            .is_some_and(|p| std::fs::remove_file(p).is_ok())
     }
 }
 

@@ -169,6 +169,8 @@ fn filter(caller: &Caller, q: &ListQuery) -> Result<RunFilter, Refusal> {
         after,
         limit,
         request_id: None,
+        // Sessions' cells are their owner's (and operators') alone.
+        viewer: (!caller.operator).then(|| caller.actor.clone()),
     })
 }
 

@@ -560,6 +560,17 @@ pub(crate) async fn get(
     get_checked(state, caller, request_id, event, |_| Ok(())).await
 }
 
+/// Whether `caller` may see the run `r` of its tenant: any run, except a session's cell
+/// (request id `ses_…`), which only the session's owner (the actor that ran it) and operators
+/// may see.
+pub(crate) fn visible(caller: &Caller, r: &RunRow) -> bool {
+    caller.operator
+        || r.actor == caller.actor
+        || !r
+            .request_id
+            .starts_with(crate::storage::sessions::SESSION_ID_PREFIX)
+}
+
 /// [`get`], with a check of the record: a refusal by `check` is audited as a denial (not as
 /// an allowed read).
 pub(super) async fn get_checked(
@@ -576,6 +587,9 @@ pub(super) async fn get_checked(
     ev.request_id = Some(request_id.to_string());
     let row = state.store().get_run(&caller.tenant, request_id).await?;
     match row {
+        // A session's cell is its owner's alone (and operators'): anyone else of the tenant
+        // gets exactly the answer of a missing run.
+        Some(r) if !visible(caller, &r) => Err(deny(state, caller, ev, Refusal::NoSuchRun).await),
         Some(r) => {
             if let Err(e) = check(&r) {
                 ev.task = Some(r.task.clone());

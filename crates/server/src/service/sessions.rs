@@ -156,12 +156,15 @@ pub(super) async fn db(state: &AppState, caller: &Caller, ev: &Event) -> Result<
     }
 }
 
-fn sha_of(v: &impl Serialize) -> String {
+pub(super) fn sha_of(v: &impl Serialize) -> String {
     let bytes = serde_jcs::to_vec(v).unwrap_or_default();
     crate::config::sha256_hex(&bytes)
 }
 
-fn settings<'a>(state: &'a AppState, task: &str) -> Option<&'a crate::config::SessionSettings> {
+pub(super) fn settings<'a>(
+    state: &'a AppState,
+    task: &str,
+) -> Option<&'a crate::config::SessionSettings> {
     state.inner.config.tasks.get(task).map(|t| &t.session)
 }
 
@@ -181,7 +184,8 @@ pub(crate) fn session_view(state: &AppState, s: &SessionRow) -> SessionView {
         actor: s.actor.clone(),
         state: state_name.into(),
         cells: s.cells,
-        max_cells: settings(state, &s.task).map_or(0, |t| t.max_cells),
+        max_cells: settings(state, &s.task)
+            .map_or(0, |t| t.max_cells.saturating_sub(s.cells_before)),
         workspace_sha256: s.head_sha256.clone(),
         last_receipt_sha256: s.last_receipt_sha256.clone(),
         inputs: serde_json::from_str(&s.inputs).unwrap_or_default(),
@@ -238,7 +242,11 @@ async fn session_row(db: &Db, id: &str) -> Result<SessionRow, Failure> {
 }
 
 /// The record of `tenant`'s run `request_id`.
-async fn run_of(state: &AppState, tenant: &str, request_id: &str) -> Result<RunRow, Failure> {
+pub(super) async fn run_of(
+    state: &AppState,
+    tenant: &str,
+    request_id: &str,
+) -> Result<RunRow, Failure> {
     state
         .store()
         .get_run(tenant, request_id)
@@ -310,26 +318,44 @@ pub(crate) async fn open(
         cells: 0,
         forked_from: None,
         forked_cell: None,
+        cells_before: 0,
+        keep_checkpoints: settings.keep_checkpoints,
     };
-    insert(state, caller, &db, row, &body_sha, ev, "session_open").await
+    insert(state, caller, &db, row, &body_sha, ev, None).await
 }
 
 /// Records a new session (open or fork) and audits it; a racing duplicate's request id finds
-/// the other's session.
-async fn insert(
+/// the other's session. A fork names the file of the checkpoint it starts from (`start`) and
+/// the refusal if it is gone: it is checked under the database's lock, which the retention
+/// sweep holds while it deletes checkpoints, so a fork never records a head already deleted.
+pub(super) async fn insert(
     state: &AppState,
     caller: &Caller,
     db: &Db,
     row: SessionRow,
     body_sha: &str,
     ev: Event,
-    event: &'static str,
+    start: Option<(std::path::PathBuf, Refusal)>,
 ) -> Result<(SessionView, bool), Failure> {
+    // `session_open` or `session_fork`, as the caller's audit record names it.
+    let event = ev.event;
     let r = row.clone();
+    let (file, gone) = match start {
+        Some((f, g)) => (Some(f), Some(g)),
+        None => (None, None),
+    };
     let existing = db
-        .call(move |c| store::open_session(c, &r))
+        .call(move |c| match file {
+            Some(f) if !f.is_file() => Ok(Err(())),
+            _ => store::open_session(c, &r).map(Ok),
+        })
         .await
         .map_err(crate::storage::store::StoreError::from)?;
+    let existing = match (existing, gone) {
+        (Ok(e), _) => e,
+        (Err(()), Some(g)) => return Err(deny(state, caller, ev, g).await),
+        (Err(()), None) => return Err(Failure::Internal),
+    };
     if let Some(e) = existing {
         return replay_open(state, caller, db, &e.session_id, body_sha, ev).await;
     }
@@ -348,7 +374,7 @@ async fn insert(
 }
 
 /// A repeated opening request id: the same session for the same body and owner.
-async fn replay_open(
+pub(super) async fn replay_open(
     state: &AppState,
     caller: &Caller,
     db: &Db,
@@ -481,7 +507,7 @@ pub(crate) async fn cell(
         session_id: s.session_id.clone(),
         request_id: req.request_id.clone(),
         body_sha256: body_sha.clone(),
-        max_cells: settings.max_cells,
+        max_cells: settings.max_cells.saturating_sub(s.cells_before),
         expected_cell: s.cells,
         now: now(),
         run,
@@ -511,7 +537,7 @@ pub(crate) async fn cell(
                 Begin::Closed => Refusal::SessionClosed,
                 Begin::Expired => Refusal::SessionExpired,
                 Begin::Full => Refusal::SessionFull {
-                    max: settings.max_cells,
+                    max: settings.max_cells.saturating_sub(s.cells_before),
                 },
                 _ => Refusal::NoSuchSession,
             };
@@ -707,80 +733,4 @@ pub(crate) async fn close(
         }
     }
     Ok(session_view(state, &s))
-}
-
-/// `POST /v1/sessions/{id}/fork`: a new session of the same owner, task and inputs, starting
-/// from the workspace the given cell (default: the last) left.
-pub(crate) async fn fork(
-    state: &AppState,
-    caller: &Caller,
-    id: &str,
-    req: ForkRequest,
-) -> Result<(SessionView, bool), Failure> {
-    let mut ev = caller.event("session_fork");
-    ev.session_id = Some(id.to_owned());
-    let db = db(state, caller, &ev).await?;
-    let s = owned(state, caller, &db, id, &ev).await?;
-    if let Err(r) = policy::check_request_id(&req.request_id) {
-        return Err(deny(state, caller, ev, r).await);
-    }
-    ev.request_id = Some(req.request_id.clone());
-    ev.task = Some(s.task.clone());
-    let body_sha = sha_of(&serde_json::json!({"fork": s.session_id, "cell": req.cell}));
-    let (tenant, rid) = (caller.tenant.clone(), req.request_id.clone());
-    let existing = db
-        .call(move |c| store::session_for_request(c, &tenant, &rid))
-        .await
-        .map_err(crate::storage::store::StoreError::from)?;
-    if let Some(e) = existing {
-        return replay_open(state, caller, &db, &e, &body_sha, ev).await;
-    }
-    let Some(settings) = settings(state, &s.task).cloned() else {
-        return Err(deny(state, caller, ev, Refusal::TaskGone).await);
-    };
-    let at = match req.cell {
-        Some(n) => Some(n),
-        None => s.cells.checked_sub(1),
-    };
-    let (head, receipt) = match at {
-        None => (s.head_sha256.clone(), s.last_receipt_sha256.clone()),
-        Some(n) => {
-            let sid = s.session_id.clone();
-            let c = db
-                .call(move |c| store::get_cell(c, &sid, n))
-                .await
-                .map_err(crate::storage::store::StoreError::from)?;
-            let Some(c) = c else {
-                return Err(deny(state, caller, ev, Refusal::NoSuchCell).await);
-            };
-            let run = run_of(state, &c.tenant, &c.run_request_id).await?;
-            if !run.status.is_terminal() {
-                return Err(deny(state, caller, ev, Refusal::CellInProgress { cell: n }).await);
-            }
-            (c.head_after.clone(), c.chain_after.clone())
-        }
-    };
-    let t = now();
-    let row = SessionRow {
-        session_id: format!(
-            "{}{}",
-            store::SESSION_ID_PREFIX,
-            random_hex(16).map_err(|_| Failure::Internal)?
-        ),
-        tenant: caller.tenant.clone(),
-        actor: caller.actor.clone(),
-        request_id: req.request_id.clone(),
-        body_sha256: body_sha.clone(),
-        task: s.task.clone(),
-        inputs: s.inputs.clone(),
-        created_at: t,
-        expires_at: t + settings.lifetime_seconds as i64,
-        closed_at: None,
-        head_sha256: head,
-        last_receipt_sha256: receipt,
-        cells: 0,
-        forked_from: Some(s.session_id.clone()),
-        forked_cell: at,
-    };
-    insert(state, caller, &db, row, &body_sha, ev, "session_fork").await
 }

@@ -94,6 +94,12 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (session_id, cell),
         UNIQUE (session_id, request_id)
     );",
+    // 6: the cells a forked session inherits from its ancestors (counted toward the task's
+    // `max_cells`: a fork never has more cells left than its source had).
+    "ALTER TABLE sessions ADD COLUMN cells_before INTEGER NOT NULL DEFAULT 0;",
+    // 7: how many of a session's most recent cells keep their checkpoints for a fork (the
+    // task's `session.keep_checkpoints` when it was opened).
+    "ALTER TABLE sessions ADD COLUMN keep_checkpoints INTEGER NOT NULL DEFAULT 8;",
 ];
 
 /// Shared handle to the database.
@@ -172,6 +178,9 @@ pub struct RunFilter {
     pub limit: u32,
     /// One run only (a follower's poll: its state without its outputs).
     pub request_id: Option<String>,
+    /// The actor listing, when not an operator: the runs of sessions' cells (request ids
+    /// `ses_…`) of other actors are left out (a session and its cells are its owner's alone).
+    pub viewer: Option<String>,
 }
 
 /// A run as listed: who, what, and how it stands; no outputs.
@@ -196,6 +205,7 @@ pub const LIST_RUNS_SQL: &str = "SELECT tenant, request_id, task, actor, status,
      WHERE (?1 IS NULL OR tenant = ?1) AND (?10 IS NULL OR request_id = ?10) AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR task = ?3)
        AND (?4 IS NULL OR created_at >= ?4) AND (?5 IS NULL OR created_at < ?5)
        AND (?6 IS NULL OR (created_at, tenant, request_id) < (?6, ?7, ?8))
+       AND (?11 IS NULL OR actor = ?11 OR substr(request_id, 1, 4) <> 'ses_')
      ORDER BY created_at DESC, tenant DESC, request_id DESC LIMIT ?9";
 
 /// [`LIST_RUNS_SQL`] for one run of one tenant (a follower's poll, five times a second): the
@@ -206,6 +216,7 @@ pub const LIST_ONE_RUN_SQL: &str = "SELECT tenant, request_id, task, actor, stat
      WHERE tenant = ?1 AND request_id = ?10 AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR task = ?3)
        AND (?4 IS NULL OR created_at >= ?4) AND (?5 IS NULL OR created_at < ?5)
        AND (?6 IS NULL OR (created_at, tenant, request_id) < (?6, ?7, ?8))
+       AND (?11 IS NULL OR actor = ?11 OR substr(request_id, 1, 4) <> 'ses_')
      LIMIT ?9";
 
 /// The query for `f`: [`LIST_ONE_RUN_SQL`] when it names a tenant and a request id.
@@ -418,7 +429,8 @@ pub fn list_runs(c: &Connection, f: &RunFilter) -> Result<Vec<RunListRow>, DbErr
             tenant,
             rid,
             f.limit,
-            f.request_id
+            f.request_id,
+            f.viewer
         ],
         |r| {
             Ok(RunListRow {
@@ -639,7 +651,8 @@ mod tests {
                         None::<String>,
                         None::<String>,
                         1,
-                        "r1"
+                        "r1",
+                        None::<String>
                     ],
                     |r| r.get::<_, String>(3),
                 )?;

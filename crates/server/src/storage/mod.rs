@@ -5,7 +5,8 @@
 //! - [`pg`]: the shared PostgreSQL store of a fleet (schema migrations, the run queue, leases
 //!   with fencing tokens, the audit chain in a table).
 //! - [`sessions`]: sessions and their cells (SQLite only in this version), each cell's end and
-//!   the session's new head in one transaction.
+//!   the session's new head in one transaction; [`checkpoint_refs`]: the checkpoints they still
+//!   refer to, which the retention sweep keeps.
 //! - [`audit`]: the hash-chained, append-only audit log and its verifier (both stores build
 //!   their records with it).
 //!
@@ -13,6 +14,7 @@
 //! never on policy, the shared state, execution, the service or a front door.
 
 pub mod audit;
+pub mod checkpoint_refs;
 pub mod db;
 pub mod pg;
 pub mod sessions;

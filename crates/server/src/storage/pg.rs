@@ -677,6 +677,8 @@ impl PgStore {
             outputs,
             job_folders,
             objects,
+            // No sessions (and so no checkpoints) on PostgreSQL in this version.
+            checkpoints: 0,
         })
     }
 
@@ -835,6 +837,7 @@ impl Store for PgStore {
             // The shared query with PostgreSQL's numbered parameters, each typed (a NULL
             // parameter has no type to infer).
             let sql = crate::storage::db::list_runs_sql(&f)
+                .replace("?11", "$11::text")
                 .replace("?10", "$10::text")
                 .replace("?1", "$1::text")
                 .replace("?2", "$2::text")
@@ -865,6 +868,7 @@ impl Store for PgStore {
                         &rid,
                         &limit,
                         &f.request_id,
+                        &f.viewer,
                     ],
                 )
                 .await

@@ -34,6 +34,19 @@ pub struct SessionRow {
     pub cells: u64,
     pub forked_from: Option<String>,
     pub forked_cell: Option<u64>,
+    /// Cells run by the ancestors of a fork up to the cell it was forked at (0 for a session
+    /// opened afresh): the session may run `max_cells - cells_before` cells.
+    pub cells_before: u64,
+    /// How many of its most recent cells keep their checkpoints for a fork.
+    pub keep_checkpoints: u64,
+}
+
+impl SessionRow {
+    /// Whether cell `cell`'s checkpoint is still kept for a fork (one of the most recent
+    /// `keep_checkpoints` cells; older ones are deleted by the retention sweep).
+    pub fn keeps(&self, cell: u64) -> bool {
+        cell + self.keep_checkpoints >= self.cells
+    }
 }
 
 /// One cell.
@@ -58,7 +71,7 @@ pub struct CellRow {
     pub created_at: i64,
 }
 
-const SESSION_COLS: &str = "session_id, tenant, actor, request_id, body_sha256, task, inputs, created_at, expires_at, closed_at, head_sha256, last_receipt_sha256, cells, forked_from, forked_cell";
+const SESSION_COLS: &str = "session_id, tenant, actor, request_id, body_sha256, task, inputs, created_at, expires_at, closed_at, head_sha256, last_receipt_sha256, cells, forked_from, forked_cell, cells_before, keep_checkpoints";
 const CELL_COLS: &str = "session_id, cell, request_id, body_sha256, tenant, run_request_id, before_sha256, after_sha256, head_after, receipt_sha256, chain_after, created_at";
 
 fn session_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
@@ -78,6 +91,8 @@ fn session_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
         cells: r.get::<_, i64>(12)?.max(0) as u64,
         forked_from: r.get(13)?,
         forked_cell: r.get::<_, Option<i64>>(14)?.map(|c| c.max(0) as u64),
+        cells_before: r.get::<_, i64>(15)?.max(0) as u64,
+        keep_checkpoints: r.get::<_, i64>(16)?.max(0) as u64,
     })
 }
 
@@ -133,12 +148,13 @@ pub fn open_session(c: &mut Connection, row: &SessionRow) -> Result<Option<Sessi
         return Ok(existing);
     }
     tx.execute(
-        &format!("INSERT INTO sessions ({SESSION_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"),
+        &format!("INSERT INTO sessions ({SESSION_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"),
         params![
             row.session_id, row.tenant, row.actor, row.request_id, row.body_sha256, row.task,
             row.inputs, row.created_at, row.expires_at, row.closed_at, row.head_sha256,
             row.last_receipt_sha256, row.cells as i64, row.forked_from,
-            row.forked_cell.map(|c| c as i64)
+            row.forked_cell.map(|c| c as i64), row.cells_before as i64,
+            row.keep_checkpoints as i64
         ],
     )?;
     tx.commit()?;
@@ -302,10 +318,21 @@ pub struct CellEnd {
     pub cell: u64,
     pub checkpoint: Option<String>,
     pub receipt_sha256: Option<String>,
+    /// Where `checkpoint` is stored: checked under the database's lock as the end is recorded,
+    /// so that a head never names a file the retention sweep deleted meanwhile.
+    pub checkpoint_path: Option<std::path::PathBuf>,
 }
 
 fn finish_cell_sync(c: &mut Connection, f: &FinishRun, end: &CellEnd) -> Result<(), DbError> {
     let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    // The sweep deletes unreferenced checkpoints under this same lock: a checkpoint stored
+    // before its cell's end is recorded, and swept meanwhile, is not made the head.
+    let kept = end.checkpoint_path.as_ref().is_none_or(|p| p.is_file());
+    let checkpoint = if kept { end.checkpoint.clone() } else { None };
+    let end = &CellEnd {
+        checkpoint,
+        ..end.clone()
+    };
     finish_run(
         &tx,
         &super::db::Finish {

@@ -137,6 +137,15 @@ pub trait RetentionFiles: Send + Sync {
     fn drop_job(&self, job_id: &str) -> bool;
     /// Deletes an input object no input refers to any more; true if one was deleted.
     fn drop_object(&self, sha256: &str) -> bool;
+    /// The stored session checkpoints: each one's hex digest and modification time (Unix
+    /// seconds).
+    fn checkpoints(&self) -> Vec<(String, i64)> {
+        Vec::new()
+    }
+    /// Deletes the stored checkpoint `hex`; true if one was deleted.
+    fn drop_checkpoint(&self, _hex: &str) -> bool {
+        false
+    }
 }
 
 /// What a sweep deleted.
@@ -145,6 +154,8 @@ pub struct Swept {
     pub outputs: usize,
     pub job_folders: usize,
     pub objects: usize,
+    /// Session checkpoints no live session refers to any more.
+    pub checkpoints: usize,
 }
 
 /// Writes an input's object (content-addressed) before its record is inserted.
@@ -450,10 +461,25 @@ impl Store for SqliteStore {
                             objects += 1;
                         }
                     }
+                    // Under the database lock: no cell can begin from, nor a fork or a
+                    // cell's end name, a checkpoint while the references are checked and the
+                    // unreferenced files deleted.
+                    let live = super::checkpoint_refs::live_checkpoints(c, now)?;
+                    let since = super::checkpoint_refs::cells_in_flight_since(c)?;
+                    let mut checkpoints = 0;
+                    for (hex, mtime) in files.checkpoints() {
+                        if !live.contains(&format!("sha256:{hex}"))
+                            && since.is_none_or(|t| mtime < t)
+                            && files.drop_checkpoint(&hex)
+                        {
+                            checkpoints += 1;
+                        }
+                    }
                     Ok(Swept {
                         outputs,
                         job_folders,
                         objects,
+                        checkpoints,
                     })
                 })
                 .await?)
