@@ -348,7 +348,7 @@ impl Refusal {
             CellInProgress { cell } => format!(
                 "cell {cell} of this session is still queued or running; cells run one at a time: wait for its end and submit again"
             ),
-            SessionClosed => "the session was ended; it takes no more cells (fork it into a new session to go on)".into(),
+            SessionClosed => "the session was ended; it takes no more cells (open a new session to go on)".into(),
             SessionExpired => "the session's lifetime has passed; it takes no more cells".into(),
             SessionFull { max } => format!("the session ran its {max} cells, the task's limit"),
             CheckpointInvalid(d) => d.clone(),
