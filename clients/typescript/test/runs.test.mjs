@@ -133,3 +133,29 @@ test("errors are typed and carry the problem", live, async () => {
   await assert.rejects(c.submit("py", [], { code: "1", requestId: ".." }), aj.BadRequest);
   await assert.rejects(new aj.Client({ baseUrl: "http://127.0.0.1:9" }).get("x"), aj.TransportError);
 });
+
+test("a full service is rate limited, then retried after Retry-After", live, async (t) => {
+  const busy = process.env.AGENTJAIL_BUSY_URL;
+  if (!busy) {
+    if (process.env.CI) throw new Error("AGENTJAIL_BUSY_URL unset under CI");
+    t.skip("no AGENTJAIL_BUSY_URL");
+    return;
+  }
+  // The second service: one run slot, no queue.
+  const c = new aj.Client({ baseUrl: busy, retries: 0 });
+  const first = await c.submit("py", [], { code: SLEEPS });
+  for await (const ev of c.events(first.requestId)) if (ev.event === "stdout") break;
+  await assert.rejects(c.submit("py", [], { code: OUT }), (e) => {
+    assert.ok(e instanceof aj.RateLimited);
+    assert.equal(e.status, 429);
+    assert.equal(e.slug, "overloaded");
+    assert.equal(e.retryAfter, 5);
+    return true;
+  });
+  // With retries, the same call waits for the slot (freed here after a second).
+  setTimeout(() => { c.cancel(first.requestId).catch(() => undefined); }, 1000);
+  const t0 = Date.now();
+  const run = await new aj.Client({ baseUrl: busy, retries: 2 }).run("py", [], { code: OUT });
+  assert.ok(run.ok, run.status);
+  assert.ok(Date.now() - t0 >= 4000);
+});

@@ -2,7 +2,8 @@
 //! a real `agentjail serve` (SQLite) that this test starts: `npm run build` (tsc, strict), then
 //! its `node --test` suite (`clients/typescript/test`: the csv-summary example with offline
 //! receipt verification, a failing run as a typed result, execute-once, cancel, pagination,
-//! typed errors, live events with resume by `Last-Event-ID` and across connections a loopback
+//! typed errors, 429 and its retry after `Retry-After` (on a second service of one run slot),
+//! live events with resume by `Last-Event-ID` and across connections a loopback
 //! proxy cuts, the one-request submit-and-follow, sessions and their receipt chain, and the
 //! committed `src/models.ts` against what the pinned openapi-typescript makes of this
 //! service's `/openapi.json`), the ```` ```js ```` blocks of docs/client-typescript.md run in
@@ -119,6 +120,18 @@ fn the_typescript_client_passes_its_tests_against_a_real_service() {
     let cfg = write_config(dir.path(), &config());
     let data = dir.path().join("data");
     let serve = Serve::start(&cfg, &data, &[]);
+    // A second service of one run slot and no queue: 429 while a run runs.
+    let busy_dir = dir.path().join("busy");
+    std::fs::create_dir_all(&busy_dir).unwrap();
+    let busy_cfg = write_config(
+        &busy_dir,
+        &config().replacen(
+            "[server]\n",
+            "[server]\nmax_concurrent_runs = 1\nmax_queued_runs = 0\n",
+            1,
+        ),
+    );
+    let busy = Serve::start(&busy_cfg, &busy_dir.join("data"), &[]);
     let out = common::agentjail(&[
         "receipt",
         "pubkey",
@@ -138,6 +151,7 @@ fn the_typescript_client_passes_its_tests_against_a_real_service() {
             repo().join("examples/csv-summary").to_str().unwrap().into(),
         ),
         ("AGENTJAIL_BIN", common::bin_str()),
+        ("AGENTJAIL_BUSY_URL", busy.base.clone()),
         ("TMPDIR", dir.path().to_str().unwrap().into()),
     ];
 
