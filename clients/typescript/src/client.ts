@@ -63,11 +63,9 @@ export class Run {
   get stdout(): string { return this.stream("stdout"); }
   /** What the command wrote on stderr, as the record shows it (untrusted text). */
   get stderr(): string { return this.stream("stderr"); }
-  /** The end of stderr: where a traceback is. */
+  /** The end of stderr (where a traceback is), at most 4000 characters; untrusted. */
   get stderrTail(): string {
-    const s = this.record.stderr as StreamView | null | undefined;
-    if (!s) return "";
-    return s.tail || s.head;
+    return this.stderr.slice(-4000);
   }
   /** The verified artifact: parsed JSON, else its bytes (status `ok` only). */
   get artifact(): unknown {
@@ -416,7 +414,6 @@ export class Client {
         const res = connect
           ? await connect()
           : await this.send({ method: "GET", path: `/v1/runs/${seg(follower.requestId)}/events`, headers: follower.headers(), signal });
-        connect = undefined;
         if (!res.body) throw new StreamError("the event stream has no body");
         for await (const line of lines(res.body)) {
           const ev = follower.line(line);
@@ -431,7 +428,9 @@ export class Client {
         if (e instanceof AgentjailError && !(e instanceof APIError) && !(e instanceof TransportError)) throw e;
         error = e;
       }
-      connect = undefined;
+      // A submit-and-follow that broke before its first event is sent again (the request id
+      // runs once): the run may not exist yet, so `GET …/events` could not find it.
+      connect = first !== undefined && follower.lastEventId === undefined && !(error instanceof APIError) ? first : undefined;
       follower.dropped(error);
       if (!follower.ended) await sleep(Math.min(0.2 * follower.reconnects, 2), signal);
     }

@@ -143,3 +143,26 @@ test("events of an unknown run is NotFound", live, async () => {
   const c = new aj.Client();
   await assert.rejects(async () => { for await (const _ of c.events(rid("no-such-run"))) { /* nothing */ } }, aj.NotFound);
 });
+
+test("a one-request submit whose connection is cut is resumed, and runs once", live, async () => {
+  const c = new aj.Client();
+  // Cut before the first event (the submit is sent again: a replay), then mid-stream (resumed
+  // with `GET …/events` and the last id).
+  for (const after of [0, 600]) {
+    const proxy = await cuttingProxy(c.baseUrl, 1, after);
+    try {
+      const requestId = rid(`cut-${after}`);
+      const seen = [];
+      const run = await new aj.Client({ baseUrl: proxy.url }).run("py", [], { code: TALKS, requestId, onEvent: (e) => { seen.push(e); } });
+      assert.ok(proxy.state.connections >= 2, "no connection was cut");
+      assert.ok(run.ok, run.status);
+      assert.equal(textOf(seen, "stdout"), EXPECTED);
+      assert.equal(seen.filter((e) => e.event === "ended").length, 1);
+      const runs = [];
+      for await (const r of c.list({ task: "py", limit: 100 })) if (r.request_id === requestId) runs.push(r);
+      assert.equal(runs.length, 1);
+    } finally {
+      proxy.close();
+    }
+  }
+});
