@@ -159,3 +159,54 @@ test("a full service is rate limited, then retried after Retry-After", live, asy
   assert.ok(run.ok, run.status);
   assert.ok(Date.now() - t0 >= 4000);
 });
+
+test("the same verdicts as `agentjail receipt verify`, case by case", live, async (t) => {
+  const bin = process.env.AGENTJAIL_BIN;
+  if (!bin) {
+    if (process.env.CI) throw new Error("AGENTJAIL_BIN unset under CI");
+    t.skip("no AGENTJAIL_BIN");
+    return;
+  }
+  const { execFileSync } = await import("node:child_process");
+  const { mkdtempSync, writeFileSync, mkdirSync } = await import("node:fs");
+  const { tmpdir } = await import("node:os");
+  const c = client();
+  const [, , run] = await summarize(c);
+  const receipt = await c.receipt(run.requestId);
+  const artifact = await c.artifact(run.requestId);
+  const stdout = (await c.logs(run.requestId, "stdout")).bytes;
+  const pem = await text(process.env.AGENTJAIL_PUBKEY);
+  const dir = mkdtempSync(join(tmpdir(), "verdicts-"));
+  const put = (name, data) => { const p = join(dir, name); writeFileSync(p, data); return p; };
+  mkdirSync(join(dir, "bad"));
+  const bad = artifact.slice();
+  bad[2] ^= 1;
+  const other = generateKeyPairSync("ed25519").publicKey.export({ type: "spki", format: "pem" });
+  const p = receipt.payload;
+  const i = p.length >> 1;
+  const tampered = { ...receipt, payload: p.slice(0, i) + (p[i] === "A" ? "B" : "A") + p.slice(i + 1) };
+  const cases = [
+    ["good", receipt, artifact, "summary.json", pem, stdout],
+    ["a changed artifact", receipt, bad, "bad/summary.json", pem, undefined],
+    ["another key", receipt, artifact, "summary.json", other, undefined],
+    ["a changed payload", tampered, undefined, undefined, pem, undefined],
+    ["a changed log", receipt, undefined, undefined, pem, new Uint8Array([...stdout, 0x78])],
+  ];
+  for (const [what, r, art, artName, key, log] of cases) {
+    const args = ["receipt", "verify", put(`${what}.json`, JSON.stringify(r)), "--pubkey", put(`${what}.pem`, key)];
+    const ours = { publicKey: key };
+    if (art) {
+      args.push("--artifact", put(artName, art));
+      ours.artifact = new File([art], "summary.json");
+    }
+    if (log) {
+      args.push("--stdout", put(`${what}.log`, log));
+      ours.stdout = log;
+    }
+    let cli = true;
+    try { execFileSync(bin, args, { stdio: "pipe" }); } catch { cli = false; }
+    const mine = await aj.verify(r, ours).then(() => true, () => false);
+    assert.equal(mine, cli, `${what}: verify says ${mine}, the CLI ${cli}`);
+    assert.equal(mine, what === "good", what);
+  }
+});
