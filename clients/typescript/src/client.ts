@@ -284,11 +284,21 @@ export class Client {
     const t0 = Date.now();
     if (options.onEvent) {
       const follower = new Follower(requestId, undefined, this.maxReconnects);
+      // The deadline aborts the stream wherever it is (reading, or between reconnects).
+      const deadline = options.timeout === undefined ? undefined : AbortSignal.timeout(options.timeout * 1000);
+      const signal = deadline && options.signal ? AbortSignal.any([options.signal, deadline]) : (deadline ?? options.signal);
       const first = (): Promise<Response> =>
-        this.send({ method: "POST", path: "/v1/runs", json: body, headers: follower.headers(), signal: options.signal });
-      for await (const ev of this.stream(follower, first, options.signal, options.timeout)) {
-        await options.onEvent(ev);
-        if (ev.event === "ended") return new Run(ev.data as RunRecord);
+        this.send({ method: "POST", path: "/v1/runs", json: body, headers: follower.headers(), signal });
+      try {
+        for await (const ev of this.stream(follower, first, signal)) {
+          await options.onEvent(ev);
+          if (ev.event === "ended") return new Run(ev.data as RunRecord);
+        }
+      } catch (e) {
+        if (deadline?.aborted && !options.signal?.aborted) {
+          throw new WaitTimeout(`run ${requestId} did not end within ${options.timeout} s`, { cause: e });
+        }
+        throw e;
       }
       throw new StreamError(`the event stream of run ${requestId} ended without \`ended\``);
     }
@@ -390,7 +400,7 @@ export class Client {
    */
   events(requestId: string, options: { lastEventId?: string; signal?: AbortSignal } = {}): AsyncGenerator<RunEvent> {
     const follower = new Follower(requestId, options.lastEventId, this.maxReconnects);
-    return this.stream(follower, undefined, options.signal, undefined);
+    return this.stream(follower, undefined, options.signal);
   }
 
   /** Follows the run, calling `onEvent` for each event; resolves to the final run. */
@@ -402,13 +412,9 @@ export class Client {
     throw new StreamError(`the event stream of run ${requestId} ended without \`ended\``);
   }
 
-  private async *stream(follower: Follower, first: (() => Promise<Response>) | undefined, signal: AbortSignal | undefined, timeout: number | undefined): AsyncGenerator<RunEvent> {
-    const t0 = Date.now();
+  private async *stream(follower: Follower, first: (() => Promise<Response>) | undefined, signal: AbortSignal | undefined): AsyncGenerator<RunEvent> {
     let connect = first;
     while (!follower.ended) {
-      if (timeout !== undefined && (Date.now() - t0) / 1000 >= timeout) {
-        throw new WaitTimeout(`run ${follower.requestId} did not end within ${timeout} s`);
-      }
       let error: unknown;
       try {
         const res = connect

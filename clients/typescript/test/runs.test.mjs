@@ -92,6 +92,12 @@ test("wait times out; cancel ends a running run", live, async () => {
   const run = await c.submit("py", [], { code: SLEEPS });
   assert.ok(!run.finished);
   await assert.rejects(c.wait(run.requestId, { timeout: 0.5 }), aj.WaitTimeout);
+  // A deadline on run, waiting or following (onEvent): WaitTimeout; the run goes on.
+  for (const onEvent of [undefined, () => {}]) {
+    const requestId = rid("deadline");
+    await assert.rejects(c.run("py", [], { code: SLEEPS, requestId, timeout: 0.5, onEvent }), aj.WaitTimeout);
+    assert.equal((await c.cancel(requestId)).status, "cancelled");
+  }
   for await (const ev of c.events(run.requestId)) if (ev.event === "stdout") break;
   assert.equal((await c.get(run.requestId)).status, "running");
   const cancelled = await c.cancel(run.requestId);
