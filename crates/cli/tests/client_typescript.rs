@@ -8,7 +8,8 @@
 //! committed `src/models.ts` against what the pinned openapi-typescript makes of this
 //! service's `/openapi.json`), the ```` ```js ```` blocks of docs/client-typescript.md run in
 //! order as one module, and packaging: `npm pack` makes a tarball that installs offline into a
-//! fresh folder (no runtime dependencies) where `import('agentjail')` works. Needs `node` ≥ 20
+//! fresh folder (no runtime dependencies) where `import('agentjail')` works and a strict
+//! TypeScript consumer (`test/consumer.ts`) type-checks. Needs `node` ≥ 20
 //! and `npm`, and `clients/typescript/node_modules` (`npm ci`, which `.ci/run` runs: this test
 //! fetches nothing). Without them the tests print SKIP and pass; under CI (`CI` set) they fail.
 
@@ -297,4 +298,31 @@ fn the_typescript_client_packs_into_a_tarball_that_installs_offline() {
         dump("import('agentjail')", &out)
     );
     assert!(String::from_utf8_lossy(&out.stdout).starts_with(env!("CARGO_PKG_VERSION")));
+
+    // Its types, as a strict TypeScript consumer of the installed package sees them
+    // (test/consumer.ts: `await using` a session, typed records and events, typed errors).
+    std::fs::copy(
+        client_dir().join("test/consumer.ts"),
+        app.join("consumer.ts"),
+    )
+    .unwrap();
+    let out = Command::new(client_dir().join("node_modules/.bin/tsc"))
+        .args([
+            "--noEmit",
+            "--strict",
+            "--module",
+            "nodenext",
+            "--moduleResolution",
+            "nodenext",
+            "--target",
+            "es2022",
+            "--lib",
+            "es2022,dom,esnext.disposable",
+            "consumer.ts",
+        ])
+        .current_dir(&app)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", dump("tsc consumer.ts", &out));
 }
