@@ -2364,8 +2364,17 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description The cell is still running, or the request_id was used with a different body */
+            /** @description The cell is still running (`cell-in-progress`), the session was ended (`session-closed`) or expired (`session-expired`), or the request_id was used with a different body */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The cell's checkpoint is no longer kept: only the session's most recent `session.keep_checkpoints` cells keep theirs (`checkpoint-gone`) */
+            410: {
                 headers: {
                     [name: string]: unknown;
                 };
