@@ -11,7 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-use common::serve::{Api, Serve, actor, json_output, sha256_hex, write_config};
+use common::serve::{Api, Serve, actor, cell_code as code, json_output, sha256_hex, write_config};
 
 use std::path::PathBuf;
 
@@ -83,11 +83,6 @@ fn start() -> Env {
     }
 }
 
-/// `body` as a cell's code, which also writes the task's output (so that the cell ends `ok`).
-fn code(body: &str) -> String {
-    format!("{body}\nimport json as _j\n_j.dump({{'ok': 1}}, open('/output/o.json', 'w'))\n")
-}
-
 impl Env {
     fn send(
         &self,
@@ -96,21 +91,7 @@ impl Env {
         path: &str,
         body: Option<Value>,
     ) -> (u16, Value) {
-        let mut rq = self
-            .api
-            .http
-            .request(method, self.api.url(path))
-            .bearer_auth(token);
-        if let Some(b) = body {
-            rq = rq.json(&b);
-        }
-        let r = rq.send().expect("answered");
-        let status = r.status().as_u16();
-        let text = r.text().unwrap_or_default();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        self.api.send(method, token, path, body)
     }
 
     fn open(&self, token: &str, request_id: &str) -> Value {
@@ -136,12 +117,7 @@ impl Env {
         body: &str,
         wait: bool,
     ) -> (u16, Value) {
-        self.send(
-            reqwest::Method::POST,
-            token,
-            &format!("/v1/sessions/{sid}/cells?wait={wait}"),
-            Some(json!({"request_id": request_id, "code": code(body)})),
-        )
+        self.api.cell_raw(token, sid, request_id, body, wait)
     }
 
     /// A cell that must finish `ok`.

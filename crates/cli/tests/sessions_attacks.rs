@@ -79,11 +79,6 @@ fn start() -> Env {
     }
 }
 
-/// `body` as a cell's code, which also writes the task's output (so that the cell ends `ok`).
-fn code(body: &str) -> String {
-    format!("{body}\nimport json as _j\n_j.dump({{'ok': 1}}, open('/output/o.json', 'w'))\n")
-}
-
 fn stdout(v: &Value) -> String {
     format!(
         "{}{}",
@@ -100,21 +95,7 @@ impl Env {
         path: &str,
         body: Option<Value>,
     ) -> (u16, Value) {
-        let mut rq = self
-            .api
-            .http
-            .request(method, self.api.url(path))
-            .bearer_auth(token);
-        if let Some(b) = body {
-            rq = rq.json(&b);
-        }
-        let r = rq.send().expect("answered");
-        let status = r.status().as_u16();
-        let text = r.text().unwrap_or_default();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        self.api.send(method, token, path, body)
     }
 
     fn open(&self, token: &str, request_id: &str) -> String {
@@ -136,12 +117,7 @@ impl Env {
         body: &str,
         wait: bool,
     ) -> (u16, Value) {
-        self.send(
-            reqwest::Method::POST,
-            token,
-            &format!("/v1/sessions/{sid}/cells?wait={wait}"),
-            Some(json!({"request_id": request_id, "code": code(body)})),
-        )
+        self.api.cell_raw(token, sid, request_id, body, wait)
     }
 
     /// A cell that must be answered 200 after it ran (whatever its status).

@@ -244,6 +244,46 @@ pub struct Api {
 }
 
 impl Api {
+    /// `method path` with `token` and an optional JSON body: the status and the JSON answer
+    /// (the text as a JSON string when it is not JSON).
+    pub fn send(
+        &self,
+        method: reqwest::Method,
+        token: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (u16, serde_json::Value) {
+        let mut rq = self.http.request(method, self.url(path)).bearer_auth(token);
+        if let Some(b) = body {
+            rq = rq.json(&b);
+        }
+        let r = rq.send().expect("answered");
+        let status = r.status().as_u16();
+        let text = r.text().unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+        )
+    }
+
+    /// A session's cell (`POST /v1/sessions/{sid}/cells?wait=…`) running `body` followed by
+    /// the write of the sessions' tests' task output ([`cell_code`]).
+    pub fn cell_raw(
+        &self,
+        token: &str,
+        sid: &str,
+        request_id: &str,
+        body: &str,
+        wait: bool,
+    ) -> (u16, serde_json::Value) {
+        self.send(
+            reqwest::Method::POST,
+            token,
+            &format!("/v1/sessions/{sid}/cells?wait={wait}"),
+            Some(serde_json::json!({"request_id": request_id, "code": cell_code(body)})),
+        )
+    }
+
     pub fn new(base: &str) -> Api {
         Api {
             base: base.to_string(),
@@ -363,4 +403,10 @@ pub fn read_sse(r: impl std::io::Read, mut each: impl FnMut(&SseEvent) -> bool) 
             cur.data.push_str(v.strip_prefix(' ').unwrap_or(v));
         }
     }
+}
+
+/// `body` as a session cell's code in the sessions' tests, which also writes their task's
+/// output (`/output/o.json`), so that the cell ends `ok`.
+pub fn cell_code(body: &str) -> String {
+    format!("{body}\nimport json as _j\n_j.dump({{'ok': 1}}, open('/output/o.json', 'w'))\n")
 }
