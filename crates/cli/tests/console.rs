@@ -1,0 +1,257 @@
+//! The operator console (`/console`, docs/console.md) in a real browser: a real `agentjail
+//! serve`, runs whose stdout, stderr, output file names and denials carry HTML/JS payloads,
+//! an `unknown` run (the service killed mid-run and restarted), then
+//! `tests/console/console.py` (Playwright for Python driving Debian's Chromium, axe-core from
+//! `tests/console/package.json`, installed with `npm ci`) logs in, sees a run appear live,
+//! opens the payloads' run, finds its denials, checks that nothing executed, abandons the
+//! `unknown` run and finds its audit record, and attacks the console's session, CSRF and
+//! tenant checks and its headers. Without Chromium, Playwright or axe-core the test prints
+//! SKIP outside CI and fails under CI.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::serve::*;
+use serde_json::{Value, json};
+
+const OPS: &str = "tok-ops-console-3f9a1c";
+const ALICE: &str = "tok-alice-console-8b2d07";
+const GINA: &str = "tok-gina-console-51c0e4";
+
+/// Model-proposed Python whose every visible trace is a payload.
+const XSS_CODE: &str = r#"
+import json, os, sys
+print('<img src=x onerror="window.__pwned=1;alert(1)"> <script>window.__pwned=2</script> <a href="javascript:alert(3)">x</a>')
+sys.stderr.write('<script>window.__pwned=3;alert(4)</script><img src=x onerror=alert(5)>\n')
+open('/output/<img src=x onerror=alert(6)>', 'w').write('x')
+os.symlink('/etc/passwd', '/output/<script>alert(7)<img src=x onerror=alert(8)>')
+json.dump({'ok': True}, open('/output/o.json', 'w'))
+"#;
+
+fn console_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/console")
+}
+
+fn chromium() -> PathBuf {
+    std::env::var_os("CHROMIUM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"))
+}
+
+/// Why the browser test cannot run here, if it cannot.
+fn missing() -> Option<String> {
+    if !chromium().exists() {
+        return Some(format!(
+            "{} is missing (apt-get install chromium)",
+            chromium().display()
+        ));
+    }
+    let ok = Command::new("python3")
+        .args(["-c", "import playwright.sync_api"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        return Some("Python's playwright is missing (pip install playwright==1.65.2)".into());
+    }
+    let axe = console_dir().join("node_modules/axe-core/axe.min.js");
+    if !axe.exists() {
+        return Some(format!(
+            "{} is missing (run `npm ci` in {})",
+            axe.display(),
+            console_dir().display()
+        ));
+    }
+    None
+}
+
+fn config(marker: &str) -> String {
+    format!(
+        "[tenants.acme]\n[tenants.globex]\n{}{}{}{}{}",
+        actor("ops", "acme", OPS, true),
+        actor("alice", "acme", ALICE, false),
+        actor("gina", "globex", GINA, false),
+        python_code_task(
+            "xss",
+            "Writes payloads everywhere",
+            r#"allowed_tenants = ["acme", "globex"]"#,
+            20
+        ),
+        sleeper_task(marker, 60),
+    )
+}
+
+fn status_of(api: &Api, id: &str) -> Value {
+    let (code, v) = api.send(reqwest::Method::GET, OPS, &format!("/v1/runs/{id}"), None);
+    assert!(code == 200 || code == 202, "{code} {v}");
+    v
+}
+
+/// Submits `id`, a `sleeper` run of 30 s, and waits until it runs.
+fn start_sleeper(api: &Api, id: &str) {
+    let body = json!({"request_id": id, "task": "sleeper", "inputs": [], "args": ["30"]});
+    assert_eq!(api.run(ALICE, &body, "?wait=false").status(), 202);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while status_of(api, id)["status"] != "running" {
+        assert!(Instant::now() < deadline, "the sleeper never started");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn the_console_in_a_browser_shows_untrusted_output_as_text_and_only_to_operators() {
+    if let Some(why) = missing() {
+        common::skip(&why);
+        return;
+    }
+    let dir = common::tmp();
+    let marker = format!(
+        "console-sleeper-{}",
+        dir.path().file_name().unwrap().to_string_lossy()
+    );
+    let cfg = write_config(dir.path(), &config(&marker));
+    let data = dir.path().join("data");
+
+    // An `unknown` run: the service killed while the run runs, then started again.
+    let mut first = Serve::start(&cfg, &data, &[]);
+    let api = Api::new(&first.base);
+    start_sleeper(&api, "lost-1");
+    first.kill();
+    let serve = Serve::start(&cfg, &data, &[]);
+    let api = Api::new(&serve.base);
+    assert_eq!(status_of(&api, "lost-1")["status"], "unknown");
+
+    // The payloads' run.
+    let body = json!({"request_id": "xss-1", "task": "xss", "inputs": [], "code": XSS_CODE});
+    let r = api.run(ALICE, &body, "?wait=true");
+    let v: Value = r.json().unwrap();
+    assert!(v["receipt"].is_object(), "{v}");
+    let denials = v["report"]["denials"].to_string();
+    assert!(denials.contains("<img src=x onerror="), "{v}");
+
+    // Another tenant's run: listed to the operator, but neither read nor reconciled by it.
+    let body = json!({"request_id": "other-1", "task": "xss", "inputs": [], "code": "print(1)"});
+    let r = api.run(GINA, &body, "?wait=true");
+    assert!(r.status().is_success(), "{}", r.text().unwrap());
+
+    let shots = std::env::var_os("CONSOLE_SHOTS").map(PathBuf::from);
+    let out = Command::new("python3")
+        .arg(console_dir().join("console.py"))
+        .env("BASE", &serve.base)
+        .env("OPS_TOKEN", OPS)
+        .env("TENANT_TOKEN", ALICE)
+        .env("XSS_RUN", "xss-1")
+        .env("UNKNOWN_RUN", "lost-1")
+        .env("CHROMIUM", chromium())
+        .env(
+            "AXE",
+            console_dir().join("node_modules/axe-core/axe.min.js"),
+        )
+        .envs(shots.map(|s| ("SHOTS", s)))
+        .output()
+        .expect("run console.py");
+    assert!(
+        out.status.success(),
+        "console.py failed:\n{}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        serve.log()
+    );
+    // The console's decision is the service's: the run is abandoned, and audited so.
+    assert_eq!(status_of(&api, "lost-1")["status"], "abandoned");
+    let log = std::fs::read_to_string(data.join("private/audit.jsonl")).unwrap();
+    let rec: Vec<Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|r| r["event"] == "reconcile" && r["request_id"] == "lost-1")
+        .collect();
+    assert_eq!(rec.len(), 1, "{log}");
+    assert_eq!(rec[0]["actor"], "ops");
+    assert_eq!(rec[0]["reason"], "abandon");
+    assert!(log.contains("\"console_login\""), "{log}");
+    agentjail_server::audit::verify_chain(&data.join("private/audit.jsonl")).unwrap();
+}
+
+/// Logs in to the console at `base` with `token` over HTTP: the session cookie (`name=value`).
+fn console_login(http: &reqwest::blocking::Client, base: &str, token: &str) -> String {
+    let r = http
+        .post(format!("{base}/console/login"))
+        .header("Origin", base)
+        .json(&json!({ "token": token }))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let cookie = r.headers()["set-cookie"].to_str().unwrap().to_string();
+    cookie.split(';').next().unwrap().to_string()
+}
+
+/// The Fleet page's data on PostgreSQL: every executor the store knows (its slots, a recent
+/// heartbeat, the runs it holds) and the leases held, for an operator's session only.
+#[test]
+fn the_fleet_page_shows_the_executors_and_leases_a_postgresql_store_knows() {
+    let Some(pg) = common::pg::Pg::start() else {
+        return;
+    };
+    let dir = common::pg::tempdir("console-fleet");
+    let marker = format!(
+        "console-fleet-{}",
+        dir.path().file_name().unwrap().to_string_lossy()
+    );
+    let cfg = format!(
+        "[server]\nnode_id = \"node-a\"\nmax_concurrent_runs = 2\n{}",
+        config(&marker)
+    );
+    let args = ["serve", "--listen", "127.0.0.1:0"];
+    let (mut node, line) =
+        common::pg::Node::spawn(dir.path(), &pg.url(), &cfg, &args, "listening on ");
+    let base = line
+        .and_then(|l| {
+            l.split("listening on ")
+                .nth(1)
+                .and_then(|r| r.split_whitespace().next())
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| panic!("serve did not start:\n{}", node.log()));
+    let api = Api::new(&base);
+    start_sleeper(&api, "held-1");
+    let r = api
+        .http
+        .get(format!("{base}/console/api/fleet"))
+        .bearer_auth(OPS)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 401, "the fleet without a console session");
+    let cookie = console_login(&api.http, &base, OPS);
+    let v: Value = api
+        .http
+        .get(format!("{base}/console/api/fleet"))
+        .header("Cookie", &cookie)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(v["store"], "postgresql", "{v}");
+    assert_eq!(v["node"], "node-a", "{v}");
+    let w = &v["workers"][0];
+    assert_eq!(w["node_id"], "node-a", "{v}");
+    assert_eq!(w["slots"], 2, "{v}");
+    assert_eq!(w["live"], true, "{v}");
+    assert_eq!(w["runs_held"], 1, "{v}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!(
+        (now - w["heartbeat_at"].as_i64().unwrap()).abs() < 60,
+        "{v}"
+    );
+    let l = &v["leases"][0];
+    assert_eq!(l["request_id"], "held-1", "{v}");
+    assert_eq!(l["owner"], "node-a", "{v}");
+    assert!(l["lease_expires_at"].as_i64().unwrap() > now - 5, "{v}");
+    node.kill();
+}
