@@ -10,38 +10,13 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-const PY: &str = "/usr/bin/python3";
+use pyimage::PY;
 
 mod common;
-use common::{Out, agentjail};
+use common::{Out, agentjail, pyimage};
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/csv-summary")
-}
-
-/// Copies a host file to the same absolute path below `root`, resolving symlinks in the
-/// file's own name into a copy (and keeping a symlink named like the original when its target
-/// is in the same folder).
-fn copy_in(root: &Path, host: &Path) {
-    let dest = root.join(host.strip_prefix("/").unwrap());
-    if dest.exists() {
-        return;
-    }
-    std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
-    let real = std::fs::canonicalize(host).unwrap();
-    std::fs::copy(&real, &dest).unwrap();
-}
-
-fn ldd(bin: &Path) -> Vec<PathBuf> {
-    let o = Command::new("ldd").arg(bin).output().unwrap();
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .filter_map(|l| {
-            l.split_whitespace()
-                .find(|w| w.starts_with('/'))
-                .map(PathBuf::from)
-        })
-        .collect()
 }
 
 /// A root file system with python3, the libraries it links and the stdlib modules that the
@@ -53,60 +28,21 @@ fn python_rootfs() -> &'static Path {
         // dropped, so a temporary folder here was left in /tmp by every test process. Each
         // process starts it afresh.
         let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pyroot");
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        let root = d.join("rootfs");
-        std::fs::create_dir_all(&root).unwrap();
         // The modules the example loads, as the host's python3 sees them.
         let ex = examples();
         let script = format!(
-            "import runpy, sys\nsys.argv = ['summarize.py', {csv:?}, {out:?}]\ntry:\n    runpy.run_path({py:?}, run_name='__main__')\nexcept SystemExit:\n    pass\nfor m in list(sys.modules.values()):\n    f = getattr(m, '__file__', None)\n    if f: print(f)\n",
+            "import runpy, sys\nsys.argv = ['summarize.py', {csv:?}, {out:?}]\ntry:\n    runpy.run_path({py:?}, run_name='__main__')\nexcept SystemExit:\n    pass\n",
             csv = ex.join("report.csv").display().to_string(),
-            out = d.join("probe.json").display().to_string(),
+            out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pyroot-probe.json").display().to_string(),
             py = ex.join("summarize.py").display().to_string(),
         );
-        let o = Command::new(PY).args(["-c", &script]).output().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let mut files: Vec<PathBuf> = vec![PathBuf::from(PY)];
-        for l in String::from_utf8_lossy(&o.stdout).lines() {
-            let p = PathBuf::from(l);
-            if p.is_absolute() && p.exists() {
-                files.push(p);
-            }
-        }
-        let mut bins = vec![PathBuf::from(PY)];
-        if let Ok(sh) = std::fs::canonicalize("/bin/sh") {
-            bins.push(sh);
-        }
-        for f in files.iter().filter(|f| f.extension().map(|e| e == "so").unwrap_or(false)) {
-            bins.push(f.clone());
-        }
-        for b in &bins {
-            copy_in(&root, b);
-            for lib in ldd(b) {
-                copy_in(&root, &lib);
-            }
-        }
-        for f in &files {
-            copy_in(&root, f);
-        }
-        // python3 is a symlink on the host; the copy is the real binary under the same name.
-        if let Ok(sh) = std::fs::canonicalize("/bin/sh") {
-            let dest = root.join("bin");
-            std::fs::create_dir_all(&dest).unwrap();
-            std::fs::copy(sh, dest.join("sh")).unwrap();
-        }
-        // The landmark python uses to find its prefix.
-        assert!(root.join("usr/lib/python3.11/os.py").exists() || std::fs::read_dir(root.join("usr/lib")).is_ok());
-        root
+        pyimage::python_rootfs(&d, &script)
     })
 }
 
 /// Packs the python rootfs as a one-layer OCI layout in `dir`; returns the image digest.
 fn python_layout(dir: &Path) -> String {
-    let layer = agentjail_image::layout::tar_dir(python_rootfs()).unwrap();
-    let gz = agentjail_image::layout::gzip(&layer).unwrap();
-    agentjail_image::layout::write_oci_layout(dir, &[gz]).unwrap()
+    pyimage::oci_layout(python_rootfs(), dir)
 }
 
 fn import(store: &Path, src: &Path, extra: &[&str]) -> Out {

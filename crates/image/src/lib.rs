@@ -77,6 +77,10 @@ pub struct ImageRecord {
     /// Layer digests, in order (OCI only).
     #[serde(default)]
     pub layers: Vec<String>,
+    /// The image it was made from, where known: an OCI manifest's
+    /// `org.opencontainers.image.base.digest` (as `NAME@DIGEST` with `….base.name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
     /// What the import did not reproduce (devices, FIFOs, setuid bits, xattrs), first 100.
     #[serde(default)]
     pub dropped: Vec<String>,
@@ -278,10 +282,16 @@ impl Store {
         mkdir(&rootfs)?;
         let mut ex = extract::Extractor::new(open(&rootfs)?, limits, true);
         let (kind, oci_digest, layers);
+        let mut base = None;
+        let mut oci = |dir: &Path, ex: &mut extract::Extractor<'_>| {
+            import_layout(dir, work, ex, limits).map(|l| {
+                base = l.base;
+                (Some(l.digest), l.layers)
+            })
+        };
         if meta.is_dir() && src.join("oci-layout").is_file() && src.join("index.json").is_file() {
             kind = "oci";
-            (oci_digest, layers) =
-                import_layout(src, work, &mut ex, limits).map(|(d, l)| (Some(d), l))?;
+            (oci_digest, layers) = oci(src, &mut ex)?;
         } else if meta.is_dir() {
             // A directory is packed into a tar (symlinks kept as symlinks, never followed) and
             // goes through the same extractor as any archive.
@@ -311,8 +321,7 @@ impl Store {
             plain.finish()?;
             if input.join("oci-layout").is_file() && input.join("index.json").is_file() {
                 kind = "oci";
-                (oci_digest, layers) =
-                    import_layout(&input, work, &mut ex, limits).map(|(d, l)| (Some(d), l))?;
+                (oci_digest, layers) = oci(&input, &mut ex)?;
             } else {
                 kind = "rootfs-tar";
                 std::fs::remove_dir(&rootfs).map_err(io_err("staging"))?;
@@ -348,6 +357,7 @@ impl Store {
             entries: sum.entries,
             bytes: sum.bytes,
             layers,
+            base,
             dropped: ex.dropped.clone(),
             dropped_count: ex.dropped_count,
         };
@@ -492,6 +502,31 @@ impl Store {
             }));
         }
         Ok(out)
+    }
+
+    /// Records that a run used the image now (`images/<hex>/used`, an RFC 3339 instant,
+    /// replaced atomically; outside `rootfs`, so the fingerprint does not cover it). What
+    /// `agentjail image gc` keeps recent images by. Best effort: a store this user cannot write
+    /// keeps its older stamp.
+    pub fn mark_used(&self, digest: &str) -> Result<(), ImageError> {
+        let dir = self.entry_dir(parse_digest(digest)?);
+        let tmp = dir.join(format!("used.tmp{}", std::process::id()));
+        std::fs::write(&tmp, jiff::Timestamp::now().to_string())
+            .and_then(|()| std::fs::rename(&tmp, dir.join("used")))
+            .map_err(|e| {
+                let _ = std::fs::remove_file(&tmp);
+                ImageError::Io(format!("{}: {e}", dir.display()))
+            })
+    }
+
+    /// When a run last used the image ([`Store::mark_used`]); None if never.
+    pub fn last_used(&self, digest: &str) -> Option<jiff::Timestamp> {
+        let dir = self.entry_dir(parse_digest(digest).ok()?);
+        std::fs::read_to_string(dir.join("used"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     }
 
     /// Removes a stored image.

@@ -43,6 +43,29 @@ struct ImageManifest {
     schema_version: u32,
     config: Descriptor,
     layers: Vec<Descriptor>,
+    #[serde(default)]
+    annotations: std::collections::BTreeMap<String, String>,
+}
+
+/// What an imported OCI layout is: its manifest digest, its layer digests, and the base image
+/// its manifest names (`org.opencontainers.image.base.digest`, with `….base.name` if given).
+pub(crate) struct LayoutImage {
+    pub digest: String,
+    pub layers: Vec<String>,
+    pub base: Option<String>,
+}
+
+/// The base image named by the manifest's annotations: `NAME@DIGEST` or `DIGEST`; None unless
+/// the digest is `sha256:<64 hex>` and the name printable and short.
+pub(crate) fn base_of(a: &std::collections::BTreeMap<String, String>) -> Option<String> {
+    let d = a.get("org.opencontainers.image.base.digest")?;
+    crate::parse_digest(d).ok()?;
+    match a.get("org.opencontainers.image.base.name") {
+        Some(n) if n.len() <= 256 && n.chars().all(|c| c.is_ascii_graphic()) => {
+            Some(format!("{n}@{d}"))
+        }
+        _ => Some(d.clone()),
+    }
 }
 
 const MT_MANIFEST: &[&str] = &[
@@ -187,13 +210,13 @@ fn pick_manifest(layout: BorrowedFd<'_>, idx: Index, depth: u32) -> Result<Descr
     Err(refused("the index names no image manifest".into()))
 }
 
-/// Verifies and unpacks an OCI layout; returns the image manifest digest and layer digests.
+/// Verifies and unpacks an OCI layout.
 pub(crate) fn import_layout(
     dir: &Path,
     work: &Path,
     ex: &mut extract::Extractor<'_>,
     limits: &Limits,
-) -> Result<(String, Vec<String>), ImageError> {
+) -> Result<LayoutImage, ImageError> {
     let layout = open(dir)?;
     let lfd = layout.as_fd();
     let index_fd = fsops::open_beneath(lfd, "index.json", OFlags::RDONLY)
@@ -246,8 +269,9 @@ pub(crate) fn import_layout(
         let f = std::fs::File::open(p).map_err(io_err("read a staged layer"))?;
         ex.extract(extract::decompress(f)?)?;
     }
-    Ok((
-        mdesc.digest,
-        m.layers.iter().map(|l| l.digest.clone()).collect(),
-    ))
+    Ok(LayoutImage {
+        digest: mdesc.digest,
+        layers: m.layers.iter().map(|l| l.digest.clone()).collect(),
+        base: base_of(&m.annotations),
+    })
 }

@@ -509,3 +509,29 @@ fn wrong_digest_and_truncated_blobs_are_refused() {
     assert!(matches!(fx.import(&dir), Err(ImageError::Refused(_))));
     fx.assert_clean();
 }
+
+#[test]
+fn the_base_is_taken_from_the_manifest_annotations_only_when_it_is_a_digest() {
+    use std::collections::BTreeMap;
+    let d = format!("sha256:{}", "1f".repeat(32));
+    let a = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let bd = "org.opencontainers.image.base.digest";
+    let bn = "org.opencontainers.image.base.name";
+    assert_eq!(crate::oci::base_of(&a(&[(bd, &d)])), Some(d.clone()));
+    assert_eq!(
+        crate::oci::base_of(&a(&[(bd, &d), (bn, "docker.io/library/python:3.12-slim")])),
+        Some(format!("docker.io/library/python:3.12-slim@{d}"))
+    );
+    // A name with a control character or space is left out; a non-digest is no base.
+    assert_eq!(
+        crate::oci::base_of(&a(&[(bd, &d), (bn, "x\x1b[2J y")])),
+        Some(d.clone())
+    );
+    assert_eq!(crate::oci::base_of(&a(&[(bd, "latest")])), None);
+    assert_eq!(crate::oci::base_of(&a(&[(bn, "python")])), None);
+}

@@ -108,6 +108,11 @@ pub struct RunPredicate {
     pub manifest_digest: Option<String>,
     /// Identity of the root filesystem image.
     pub image: Option<String>,
+    /// True when `image` is a digest-pinned image from the content-addressed store (its
+    /// content checked); false for the host image, which is identified but not pinned
+    /// (absent in receipts of versions before it: false).
+    #[serde(default)]
+    pub image_pinned: bool,
     pub inputs: Vec<InputDigest>,
     pub limits: Limits,
     pub isolation: Isolation,
@@ -244,6 +249,7 @@ pub fn statement(
             request_id: report.request_id.clone(),
             manifest_digest: report.manifest_digest.clone(),
             image: report.image.clone(),
+            image_pinned: report.image_pinned,
             inputs: inputs
                 .iter()
                 .map(|(mount, sha256)| InputDigest {

@@ -42,6 +42,23 @@ pub enum ImageCmd {
         #[command(flatten)]
         store: StoreArg,
     },
+    /// Remove the images that no task type of the given service configurations names and no
+    /// run used (nor import added) within the retention window; prints each removal.
+    Gc {
+        /// A service configuration whose task types' `image` digests are kept (repeatable).
+        /// Its image store (`server.image_store`, else `<data_dir>/images`) is the default store.
+        #[arg(long, value_name = "FILE", required = true)]
+        config: Vec<PathBuf>,
+        /// Image store directory [default: the first configuration's].
+        #[arg(long, value_name = "DIR")]
+        store: Option<PathBuf>,
+        /// Keep images a run used, or that were imported, within this many days [default: 7].
+        #[arg(long, value_name = "DAYS", default_value_t = 7)]
+        keep_days: u64,
+        /// Print what would be removed; remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Re-hash a stored image's every file against its record; exit 1 and list what changed.
     Verify {
         digest: String,
@@ -95,11 +112,18 @@ pub fn dispatch(c: ImageCmd) -> Result<u8, String> {
         ImageCmd::Ls { store, json } => {
             let s = Store::at(store.store.as_deref());
             let all = s.list().map_err(|e| e.to_string())?;
+            let now = jiff::Timestamp::now();
             if json {
                 let v: Vec<serde_json::Value> = all
                     .iter()
                     .map(|r| match r {
-                        Ok(r) => serde_json::to_value(r).unwrap_or_default(),
+                        Ok(r) => {
+                            let mut v = serde_json::to_value(r).unwrap_or_default();
+                            v["age_seconds"] = serde_json::json!(age(r, now));
+                            v["last_used"] =
+                                serde_json::json!(s.last_used(&r.digest).map(|t| t.to_string()));
+                            v
+                        }
                         Err(e) => serde_json::json!({ "error": e.to_string() }),
                     })
                     .collect();
@@ -110,15 +134,28 @@ pub fn dispatch(c: ImageCmd) -> Result<u8, String> {
                     s.root().display()
                 );
             } else {
+                outln!(
+                    "{:<71}  {:<10} {:>9} {:>8}  {:>6}  {:>9}  BASE / SOURCE",
+                    "DIGEST",
+                    "KIND",
+                    "SIZE",
+                    "FILES",
+                    "AGE",
+                    "USED"
+                );
                 for r in all {
                     match r {
                         Ok(r) => outln!(
-                            "{}  {:<10} {:>8} files {:>12} bytes  {}  {}",
+                            "{:<71}  {:<10} {:>9} {:>8}  {:>6}  {:>9}  base {}, from {}",
                             r.digest,
                             r.kind,
+                            human_bytes(r.bytes),
                             r.entries,
-                            r.bytes,
-                            r.created,
+                            human_age(age(&r, now)),
+                            s.last_used(&r.digest)
+                                .map(|t| human_age(secs_between(t, now)) + " ago")
+                                .unwrap_or_else(|| "never".into()),
+                            r.base.as_deref().unwrap_or("unknown"),
                             r.source
                         ),
                         Err(e) => outln!("{e}"),
@@ -127,6 +164,12 @@ pub fn dispatch(c: ImageCmd) -> Result<u8, String> {
             }
             Ok(0)
         }
+        ImageCmd::Gc {
+            config,
+            store,
+            keep_days,
+            dry_run,
+        } => gc(&config, store, keep_days, dry_run),
         ImageCmd::Rm { digest, store } => {
             Store::at(store.store.as_deref())
                 .remove(&digest)
@@ -155,4 +198,118 @@ pub fn dispatch(c: ImageCmd) -> Result<u8, String> {
             Ok(if v.ok { 0 } else { 1 })
         }
     }
+}
+
+/// Seconds from `a` to `b` (0 if `b` is earlier).
+fn secs_between(a: jiff::Timestamp, b: jiff::Timestamp) -> u64 {
+    u64::try_from(b.as_second() - a.as_second()).unwrap_or(0)
+}
+
+/// Seconds since the image was imported (0 if its record's instant is unreadable).
+fn age(r: &agentjail_image::ImageRecord, now: jiff::Timestamp) -> u64 {
+    r.created
+        .parse::<jiff::Timestamp>()
+        .map(|t| secs_between(t, now))
+        .unwrap_or(0)
+}
+
+fn human_age(s: u64) -> String {
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86_400 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
+fn human_bytes(b: u64) -> String {
+    match b {
+        0..1024 => format!("{b} B"),
+        1024..1_048_576 => format!("{:.1} KiB", b as f64 / 1024.0),
+        1_048_576..1_073_741_824 => format!("{:.1} MiB", b as f64 / 1_048_576.0),
+        _ => format!("{:.1} GiB", b as f64 / 1_073_741_824.0),
+    }
+}
+
+/// `agentjail image gc`: keeps what a task type of `configs` names, and what a run used (or an
+/// import added) within `keep_days`; removes the rest (or, with `dry_run`, says it would).
+fn gc(
+    configs: &[PathBuf],
+    store: Option<PathBuf>,
+    keep_days: u64,
+    dry_run: bool,
+) -> Result<u8, String> {
+    use std::collections::BTreeMap;
+    let mut named: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut default_store = None;
+    for p in configs {
+        let c = agentjail_server::Config::load(p).map_err(|e| e.to_string())?;
+        default_store.get_or_insert_with(|| {
+            let data = c
+                .server
+                .data_dir
+                .clone()
+                .unwrap_or_else(agentjail_server::default_data_dir);
+            agentjail_server::images::store_dir(&c.server, &data)
+        });
+        for (name, t) in &c.tasks {
+            if let Some(d) = &t.image {
+                named
+                    .entry(d.clone())
+                    .or_default()
+                    .push(format!("{}: task `{name}`", p.display()));
+            }
+        }
+    }
+    let s = Store::at(store.or(default_store).as_deref());
+    let now = jiff::Timestamp::now();
+    let window = keep_days.saturating_mul(86_400);
+    let (mut removed, mut kept) = (0usize, 0usize);
+    for r in s.list().map_err(|e| e.to_string())? {
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => {
+                errln!("agentjail image gc: skipped {e} (remove it with `agentjail image rm`)");
+                continue;
+            }
+        };
+        if let Some(by) = named.get(&r.digest) {
+            kept += 1;
+            errln!("kept {} (named by {})", r.digest, by.join(", "));
+            continue;
+        }
+        let used = s.last_used(&r.digest).map(|t| secs_between(t, now));
+        let recent = used.unwrap_or_else(|| age(&r, now));
+        if recent < window {
+            kept += 1;
+            errln!(
+                "kept {} ({} {} ago, within {keep_days} days)",
+                r.digest,
+                if used.is_some() { "used" } else { "imported" },
+                human_age(recent)
+            );
+            continue;
+        }
+        let what = format!(
+            "{} ({}, {}, {})",
+            r.digest,
+            r.kind,
+            human_bytes(r.bytes),
+            used.map(|u| format!("last used {} ago", human_age(u)))
+                .unwrap_or_else(|| "never used".into())
+        );
+        if dry_run {
+            outln!("would remove {what}");
+        } else {
+            s.remove(&r.digest).map_err(|e| e.to_string())?;
+            outln!("removed {what}");
+        }
+        removed += 1;
+    }
+    errln!(
+        "agentjail image gc: {} {removed}, kept {kept} (store {})",
+        if dry_run { "would remove" } else { "removed" },
+        s.root().display()
+    );
+    Ok(0)
 }
