@@ -10,7 +10,8 @@ crates/cli/tests/client_python.rs, which sets:
   queue (429 as soon as a run is running).
 
 Its tasks: `summarize_csv` (the seed's), `py` (model-proposed Python at /input/code.py, an
-`o.json` output, 60 s). Without these variables the tests are skipped, except under CI (`CI`
+`o.json` output, 60 s), `agent` (the agent frameworks' tasks: model-proposed Python over one
+CSV at /input/data.csv, sessions of 50 cells), `tiny` (two cells a session). Without these variables the tests are skipped, except under CI (`CI`
 set), where that is a failure.
 """
 
@@ -72,6 +73,18 @@ def example() -> Path:
 @pytest.fixture
 def pubkey() -> Path:
     return Path(os.environ["AGENTJAIL_PUBKEY"])
+
+
+# The first step of the agent frameworks' tool tests (test_langchain.py, test_openai_agents.py):
+# revenue by region from the CSV, kept in /work/revenue.json (the cell's working directory).
+READ_REVENUE = """import csv, json
+rows = list(csv.DictReader(open('/input/data.csv')))
+revenue = {}
+for r in rows:
+    if r['revenue']:
+        revenue[r['region']] = revenue.get(r['region'], 0.0) + float(r['revenue'])
+json.dump(revenue, open('revenue.json', 'w'))
+"""
 
 
 def rid(prefix: str) -> str:

@@ -1,6 +1,5 @@
 """Sessions and cells with the sync and async clients against a real service (see
-conftest.py). Sessions need the SQLite store: on the PostgreSQL pass (``AGENTJAIL_STORE`` is
-``postgres``) every session call must raise the typed ``SessionsUnsupported``."""
+conftest.py), on SQLite and on PostgreSQL (``AGENTJAIL_STORE``) alike."""
 
 from __future__ import annotations
 
@@ -18,20 +17,6 @@ from conftest import rid
 
 #: Every cell of the `agent` and `tiny` tasks writes their JSON output.
 OUT = "import json\njson.dump({}, open('/output/o.json', 'w'))\n"
-POSTGRES = os.environ.get("AGENTJAIL_STORE") == "postgres"
-
-
-def unsupported_on_postgres(client: agentjail.Client) -> bool:
-    """On the PostgreSQL pass: asserts that sessions fail typed (501 ``sessions-unsupported``)
-    and returns True (the test has nothing more to check); False on SQLite."""
-    if not POSTGRES:
-        return False
-    with pytest.raises(agentjail.SessionsUnsupported) as e:
-        client.session("agent", [client.upload(b"a\n1\n", name="d.csv")])
-    assert e.value.status == 501 and e.value.slug == "sessions-unsupported"
-    with pytest.raises(agentjail.SessionsUnsupported):
-        client.run_cell("ses_00000000000000000000000000000000", OUT)
-    return True
 
 
 def test_the_session_problems_are_typed() -> None:
@@ -67,8 +52,6 @@ def test_rfc8785_canonical_json() -> None:
 def test_cells_share_work_retry_safely_and_chain_their_receipts(
     client: agentjail.Client, example: Path, pubkey: Path
 ) -> None:
-    if unsupported_on_postgres(client):
-        return
     data = client.upload(example / "report.csv")
     opened = rid("sess")
     s = client.session("agent", [data], request_id=opened)
@@ -144,8 +127,6 @@ def test_cells_share_work_retry_safely_and_chain_their_receipts(
 def test_the_context_manager_closes_and_limits_are_typed(
     client: agentjail.Client, ops: agentjail.Client
 ) -> None:
-    if unsupported_on_postgres(client):
-        return
     with client.session("tiny") as s:
         assert s.run(OUT).ok
         # Another actor of the same tenant gets the 404 of a missing session.
@@ -164,17 +145,6 @@ def test_the_context_manager_closes_and_limits_are_typed(
 
 
 def test_async_sessions(client: agentjail.Client, example: Path) -> None:
-    if POSTGRES:
-
-        async def refused() -> None:
-            async with agentjail.AsyncClient() as c:
-                with pytest.raises(agentjail.SessionsUnsupported):
-                    async with c.session("agent", [await c.upload(b"a\n", name="d.csv")]):
-                        pass
-
-        asyncio.run(refused())
-        return
-
     async def main() -> List[int]:
         async with agentjail.AsyncClient() as c:
             data = await c.upload(example / "report.csv")

@@ -2,7 +2,7 @@
 model and no network: a scripted ``Model`` returns a fixed sequence of code steps, and a
 ``CodeAgent`` runs them through ``AgentjailExecutor``, each as one cell of one session.
 
-Sessions need the SQLite store (on the PostgreSQL pass the executor must fail typed). Under CI
+It runs on the SQLite and the PostgreSQL pass alike. Under CI
 (``CI`` set) smolagents must be importable (``.ci/run`` pins it); elsewhere, without it, this
 module is skipped (crates/cli/tests/client_python.rs leaves it out and says so).
 """
@@ -29,7 +29,6 @@ from smolagents.monitoring import TokenUsage
 import agentjail
 from agentjail.integrations.smolagents import STATE_FILE, AgentjailExecutor
 
-POSTGRES = os.environ.get("AGENTJAIL_STORE") == "postgres"
 
 STEP_1 = """Thought: read the CSV into a variable, keep the regions in a file of /work.
 <code>
@@ -97,10 +96,6 @@ class ScriptedModel(Model):  # type: ignore[misc]
 def test_a_code_agent_solves_a_multi_step_task_in_one_session(
     client: agentjail.Client, example: Path
 ) -> None:
-    if POSTGRES:  # sessions need the SQLite store: the executor fails typed
-        with pytest.raises(agentjail.SessionsUnsupported):
-            AgentjailExecutor(task="agent", inputs=[client.upload(example / "report.csv")])
-        return
     data = client.upload(example / "report.csv", name="report.csv")
     executor = AgentjailExecutor(
         additional_imports=["csv", "agentjail_no_such_package"],
@@ -152,8 +147,6 @@ def test_a_code_agent_solves_a_multi_step_task_in_one_session(
 
 
 def test_a_retried_step_runs_once(client: agentjail.Client, example: Path) -> None:
-    if POSTGRES:
-        return  # (the test above checks the PostgreSQL answer)
     data = client.upload(example / "report.csv", name="report.csv")
     with client.session("agent", [data]) as s:
         executor = AgentjailExecutor(session=s)
@@ -168,3 +161,62 @@ def test_a_retried_step_runs_once(client: agentjail.Client, example: Path) -> No
         assert s.refresh().view["cells"] == 1
         executor.cleanup()  # an open session given is not closed by the executor
         assert s.refresh().state == "open"
+
+
+LIVE_STEP_1 = """Thought: keep what a pickling executor could not: a generator, a lambda, a module.
+<code>
+import csv, itertools
+with open('/input/data.csv') as f:
+    rows = list(csv.DictReader(f))
+counter = itertools.count(1)
+squares = (i * i for i in range(10))
+rev = lambda r: float(r['revenue'] or 0)
+print('rows:', len(rows), 'first square:', next(squares), 'tick:', next(counter))
+</code>"""
+
+LIVE_STEP_2 = """Thought: the same objects, where the last step left them.
+<code>
+import os
+print('next square:', next(squares), 'tick:', next(counter))
+print('state files:', sorted(n for n in os.listdir('/work') if n.startswith('.agentjail')))
+best = max(rows, key=rev)
+best['region']
+</code>"""
+
+LIVE_STEP_3 = """Thought: done.
+<code>
+final_answer({'top_row_region': best['region'], 'tick': next(counter)})
+</code>"""
+
+
+def test_a_code_agent_keeps_its_objects_in_a_live_session_without_pickling(
+    client: agentjail.Client, example: Path
+) -> None:
+    data = client.upload(example / "report.csv", name="report.csv")
+    if os.environ.get("AGENTJAIL_STORE") == "postgres":
+        # Live sessions are held by one node and need the SQLite store in this version.
+        with pytest.raises(agentjail.SessionsUnsupported):
+            AgentjailExecutor(task="agent_live", inputs=[data])
+        return
+    executor = AgentjailExecutor(task="agent_live", inputs=[data], timeout=120)
+    assert executor.live
+    model = ScriptedModel([LIVE_STEP_1, LIVE_STEP_2, LIVE_STEP_3])
+    with CodeAgent(tools=[], model=model, executor=executor, max_steps=4) as agent:
+        answer = agent.run("Which row has the most revenue?")
+        steps = [s for s in agent.memory.steps if isinstance(s, ActionStep)]
+        session_id = executor.session.session_id
+        assert model.calls == 3 and len(steps) == 3
+        obs1 = steps[0].observations or ""
+        assert "rows: 8 first square: 0 tick: 1" in obs1, obs1
+        assert "agentjail-step" not in obs1 and "not kept" not in obs1
+        # The generator and the counter went on from where step 1 left them: nothing was
+        # pickled (a generator cannot be), nothing replayed, no state file was written.
+        obs2 = steps[1].observations or ""
+        assert "next square: 1 tick: 2" in obs2, obs2
+        assert "state files: []" in obs2, obs2
+        assert steps[1].action_output == "'west'"
+        assert steps[2].is_final_answer
+        assert answer == {"top_row_region": "west", "tick": 3}
+    cells = list(client.cells(session_id))
+    assert [c.status for c in cells] == ["ok", "ok", "ok"]
+    assert client.get_session(session_id).state == "closed"

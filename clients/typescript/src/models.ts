@@ -356,6 +356,13 @@ export interface components {
             cell: number;
             /** @description The cell's own request id (execute-once within the session). */
             cell_request_id: string;
+            /**
+             * @description A live session's cell (`session.interpreter`): what became of the resident
+             *     interpreter: `started` (the session's first), `kept` (its state survived),
+             *     `restarted` (a fresh one from the last checkpoint: the earlier one ended idle, was
+             *     lost or killed) or `lost` (this cell ended it). Absent for other sessions.
+             */
+            interpreter?: string | null;
             session_id: string;
             workspace: components["schemas"]["CellWorkspace"];
         };
@@ -632,7 +639,16 @@ export interface components {
             code: string;
             code_mount?: string | null;
             description: string;
+            /** @description The pinned image (`sha256:…`) the task's runs use; absent: the host image. */
+            image?: string | null;
             inputs: components["schemas"]["TaskInputView"][];
+            /**
+             * @description The resident interpreter of the task's sessions (`python`: a live session keeps its
+             *     variables, imports and definitions between cells); absent: each cell is a fresh
+             *     process and only `/work` carries over (docs/api.md, "Live sessions").
+             * @example python
+             */
+            interpreter?: string | null;
             limits: Record<string, never>;
             max_args: number;
             max_code_bytes?: number | null;

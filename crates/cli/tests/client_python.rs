@@ -4,15 +4,16 @@
 //! once, live events with resume across a dropped connection, cancel, pagination, typed
 //! errors, 429 and its retry (on a second service with one run slot), offline receipt
 //! verification, the async client, sessions and cells with their receipt chain, the smolagents
-//! executor driven by a scripted `CodeAgent`, and the generated models against this server's
+//! executor driven by a scripted `CodeAgent`, the LangChain tool in a LangGraph graph driven by
+//! a scripted chat model, the OpenAI Agents SDK tool driven by a scripted `Model`, and the generated models against this server's
 //! `/openapi.json`), the ```` ```python ```` blocks of docs/client-python.md run in order, `mypy --strict` on the package, and packaging: `python3 -m build` makes a wheel and
 //! an sdist, and the wheel installs into a fresh venv (no system site-packages) where
 //! `import agentjail` works. The suite runs twice: on SQLite, and on PostgreSQL (a throwaway
-//! cluster, as tests/postgres.rs starts one, where every session call must fail typed:
-//! `501 sessions-unsupported`). Needs python3 with httpx, pytest, mypy, build and cryptography
+//! cluster, as tests/postgres.rs starts one, where sessions work as on SQLite). Needs python3 with httpx, pytest, mypy, build and cryptography
 //! (`.ci/run` installs them) and, for the venv, the package registry or pip's cache. Without
-//! them the tests print SKIP and pass; under CI (`CI` set) they fail. smolagents (pinned by
-//! `.ci/run`) is needed under CI; elsewhere, without it, its test and guide block are left out.
+//! them the tests print SKIP and pass; under CI (`CI` set) they fail. The frameworks
+//! (smolagents, langchain-core and langgraph, openai-agents; pinned by `.ci/run`) are needed
+//! under CI; elsewhere, without one, its test and guide blocks are left out.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -71,12 +72,21 @@ fn have(needed: &[&str]) -> bool {
 /// `/input/data.csv`, an `o.json` output of at most 100 kB with no schema (the executor writes
 /// the step's result there), and sessions of at most 50 cells and 8 MiB of `/work`.
 fn agent_task() -> String {
+    agent_task_named("agent", "")
+}
+
+/// `[tasks.agent_live]`: the same, with live sessions (a resident Python interpreter).
+fn agent_live_task() -> String {
+    agent_task_named("agent_live", "interpreter = \"python\"\n")
+}
+
+fn agent_task_named(name: &str, session: &str) -> String {
     format!(
-        "\n[tasks.agent]\ndescription = \"An agent's Python steps over one CSV\"\ncode = \"allowed\"\n\
+        "\n[tasks.{name}]\ndescription = \"An agent's Python steps over one CSV\"\ncode = \"allowed\"\n\
          command = [\"/usr/bin/python3\", \"/input/code.py\"]\nallowed_tenants = [\"acme\"]\n\
-         {}{}[tasks.agent.limits]\nseconds = 60\n[tasks.agent.session]\nmax_cells = 50\nmax_mb = 8\n",
-        csv_input("agent", 100_000),
-        json_output("agent", "o.json", 100_000),
+         {}{}[tasks.{name}.limits]\nseconds = 60\n[tasks.{name}.session]\nmax_cells = 50\nmax_mb = 8\n{session}",
+        csv_input(name, 100_000),
+        json_output(name, "o.json", 100_000),
     )
 }
 
@@ -99,6 +109,7 @@ fn config(server: &str) -> String {
             60
         ),
         agent = agent_task()
+            + &agent_live_task()
             + &python_code_task(
                 "tiny",
                 "Two cells a session",
@@ -157,7 +168,7 @@ fn env(dir: &Path, primary: Box<dyn std::any::Any>, base: &str, data: &Path, sto
         ("AGENTJAIL_VERSION".into(), env!("CARGO_PKG_VERSION").into()),
         ("AGENTJAIL_BIN".into(), common::bin_str()),
         ("AGENTJAIL_BUSY_URL".into(), busy.base.clone()),
-        // `sqlite` or `postgres`: sessions need SQLite (PostgreSQL answers 501).
+        // `sqlite` or `postgres`.
         ("AGENTJAIL_STORE".into(), store.into()),
         (
             "PYTHONPATH".into(),
@@ -172,26 +183,64 @@ fn env(dir: &Path, primary: Box<dyn std::any::Any>, base: &str, data: &Path, sto
     }
 }
 
-/// Whether `python3` can import smolagents (the executor's test and the guide's smolagents
-/// block need it). Under CI it must (`.ci/run` pins it): a missing one fails the test.
-fn have_smolagents() -> bool {
-    if missing_modules(&["smolagents"]).is_empty() {
-        return true;
+/// An agent framework the client integrates with (`agentjail.integrations`): the modules
+/// `python3` must import for its test, that test's file, and the text that marks the guide's
+/// blocks that use it.
+struct Framework {
+    modules: &'static [&'static str],
+    test: &'static str,
+    marker: &'static str,
+}
+
+/// The frameworks, each pinned by `.ci/run`.
+const FRAMEWORKS: &[Framework] = &[
+    Framework {
+        modules: &["smolagents"],
+        test: "tests/test_smolagents.py",
+        marker: "smolagents",
+    },
+    Framework {
+        modules: &["langchain_core", "langgraph"],
+        test: "tests/test_langchain.py",
+        marker: "agentjail.integrations.langchain",
+    },
+    Framework {
+        modules: &["agents"],
+        test: "tests/test_openai_agents.py",
+        marker: "agentjail.integrations.openai_agents",
+    },
+];
+
+/// The frameworks `python3` cannot import (their test and guide blocks are left out). Under
+/// CI every one must import (`.ci/run` pins them): a missing one fails the test.
+fn missing_frameworks() -> Vec<&'static Framework> {
+    let missing: Vec<&Framework> = FRAMEWORKS
+        .iter()
+        .filter(|f| !missing_modules(f.modules).is_empty())
+        .collect();
+    for f in &missing {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "python3 cannot import {} under CI (.ci/run installs it)",
+            f.modules.join(", ")
+        );
+        skip(&format!(
+            "python3 cannot import {}: {} and its guide blocks are left out",
+            f.modules.join(", "),
+            f.test
+        ));
     }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "python3 cannot import smolagents under CI (.ci/run installs it)"
-    );
-    skip("python3 cannot import smolagents: its executor's test and guide block are left out");
-    false
+    missing
 }
 
 /// Runs the client's pytest suite in `env`; every test must run and pass.
 fn pytest(env: &Env, dir: &Path) {
     let mut args = vec!["-m", "pytest", "-q", "-p", "no:cacheprovider", "-ra"];
-    if !have_smolagents() {
-        args.push("--ignore=tests/test_smolagents.py");
-    }
+    let ignored: Vec<String> = missing_frameworks()
+        .iter()
+        .map(|f| format!("--ignore={}", f.test))
+        .collect();
+    args.extend(ignored.iter().map(String::as_str));
     args.push("tests");
     let out = Command::new("python3")
         .args(&args)
@@ -222,7 +271,8 @@ fn the_python_client_passes_its_tests_against_a_real_service() {
 
     // The guide's Python blocks, in order, as one program, from the checkout's folder.
     let page = std::fs::read_to_string(repo().join("docs/client-python.md")).unwrap();
-    let code = python_blocks(&page, have_smolagents());
+    let left_out: Vec<&str> = missing_frameworks().iter().map(|f| f.marker).collect();
+    let code = python_blocks(&page, &left_out);
     assert!(
         code.contains("agentjail.Client"),
         "no quick start in the guide"
@@ -253,19 +303,8 @@ fn the_python_client_passes_its_tests_on_postgres() {
     };
     let dir = common::tmp();
     let node_dir = dir.path().join("node");
-    let (node, line) = common::pg::Node::start(
-        &node_dir,
-        &pg.url(),
-        &config("node_id = \"pyclient-a\""),
-        &["serve", "--listen", "127.0.0.1:0"],
-        "listening on ",
-    );
-    let base = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap()
-        .to_string();
+    let (node, base) =
+        common::pg::Node::serve(&node_dir, &pg.url(), &config("node_id = \"pyclient-a\""));
     let env = env(
         dir.path(),
         Box::new((node, pg)),
@@ -276,16 +315,16 @@ fn the_python_client_passes_its_tests_on_postgres() {
     pytest(&env, dir.path());
 }
 
-/// The ```` ```python ```` blocks of a Markdown page, joined; without `smolagents`, those
-/// that import it are left out.
-fn python_blocks(md: &str, smolagents: bool) -> String {
+/// The ```` ```python ```` blocks of a Markdown page, joined, but for those that contain one
+/// of `left_out` (a framework `python3` cannot import).
+fn python_blocks(md: &str, left_out: &[&str]) -> String {
     let mut code = String::new();
     let mut block = String::new();
     let mut inside = false;
     for line in md.lines() {
         if inside && line.trim_start().starts_with("```") {
             inside = false;
-            if smolagents || !block.contains("smolagents") {
+            if !left_out.iter().any(|m| block.contains(m)) {
                 code.push_str(&block);
             }
             block.clear();

@@ -1,5 +1,5 @@
 //! The TypeScript client (`clients/typescript`, the `agentjail` npm package; issue #35) against
-//! a real `agentjail serve` (SQLite) that this test starts: `npm run build` (tsc, strict), then
+//! a real `agentjail serve` (SQLite, and once on PostgreSQL) that this test starts: `npm run build` (tsc, strict), then
 //! its `node --test` suite (`clients/typescript/test`: the csv-summary example with offline
 //! receipt verification, a failing run as a typed result, execute-once, cancel, pagination,
 //! typed errors, 429 and its retry after `Retry-After` (on a second service of one run slot),
@@ -121,8 +121,37 @@ fn the_typescript_client_passes_its_tests_against_a_real_service() {
     let cfg = write_config(dir.path(), &config());
     let data = dir.path().join("data");
     let serve = Serve::start(&cfg, &data, &[]);
+    let vars = suite(dir.path(), &serve.base, &data, "sqlite");
+    guide(dir.path(), &vars);
+}
+
+/// The same suite against the PostgreSQL topology: `serve` on a throwaway cluster (runs,
+/// their output, denials, events, sessions and their checkpoints go through the database).
+#[test]
+fn the_typescript_client_passes_its_tests_on_postgres() {
+    if !ready() {
+        return;
+    }
+    let Some(pg) = common::pg::Pg::start() else {
+        return;
+    };
+    build();
+    let dir = common::tmp();
+    let node_dir = dir.path().join("node");
+    let (_node, base) = common::pg::Node::serve(
+        &node_dir,
+        &pg.url(),
+        &config().replacen("[server]\n", "[server]\nnode_id = \"tsclient-a\"\n", 1),
+    );
+    suite(dir.path(), &base, &node_dir.join("data"), "postgres");
+}
+
+/// Runs the `node --test` suite against the service at `base` whose data folder is `data`
+/// (`store`: `sqlite` or `postgres`, for the session tests), with a second, SQLite service of
+/// one run slot (429); returns the suite's environment.
+fn suite(dir: &Path, base: &str, data: &Path, store: &str) -> Vec<(&'static str, String)> {
     // A second service of one run slot and no queue: 429 while a run runs.
-    let busy_dir = dir.path().join("busy");
+    let busy_dir = dir.join("busy");
     std::fs::create_dir_all(&busy_dir).unwrap();
     let busy_cfg = write_config(
         &busy_dir,
@@ -140,10 +169,10 @@ fn the_typescript_client_passes_its_tests_against_a_real_service() {
         data.join("private/receipt-key.pem").to_str().unwrap(),
     ]);
     assert_eq!(out.code, 0, "{}", out.dump());
-    let pubkey = dir.path().join("pubkey.pem");
+    let pubkey = dir.join("pubkey.pem");
     std::fs::write(&pubkey, &out.stdout).unwrap();
-    let vars: Vec<(&str, String)> = vec![
-        ("AGENTJAIL_URL", serve.base.clone()),
+    let vars: Vec<(&'static str, String)> = vec![
+        ("AGENTJAIL_URL", base.to_string()),
         ("AGENTJAIL_TOKEN", ALICE.into()),
         ("AGENTJAIL_OPS_TOKEN", OPS.into()),
         ("AGENTJAIL_PUBKEY", pubkey.to_str().unwrap().into()),
@@ -153,7 +182,8 @@ fn the_typescript_client_passes_its_tests_against_a_real_service() {
         ),
         ("AGENTJAIL_BIN", common::bin_str()),
         ("AGENTJAIL_BUSY_URL", busy.base.clone()),
-        ("TMPDIR", dir.path().to_str().unwrap().into()),
+        ("TMPDIR", dir.to_str().unwrap().into()),
+        ("AGENTJAIL_STORE", store.into()),
     ];
 
     // The suite: every test file, every test run and passed (none skipped).
@@ -180,13 +210,19 @@ fn the_typescript_client_passes_its_tests_against_a_real_service() {
         text.contains("# skipped 0"),
         "a client test skipped: {text}"
     );
+    // The busy service is stopped here; the suite is done with it.
+    drop(busy);
+    vars
+}
 
+/// The guide's JavaScript blocks, run against the suite's service (`vars`).
+fn guide(dir: &Path, vars: &[(&str, String)]) {
     // The guide's JavaScript blocks, in order, as one module importing the package by its
     // name (a `node_modules/agentjail` link to the client), from the checkout's folder.
     let page = std::fs::read_to_string(repo().join("docs/client-typescript.md")).unwrap();
     let code = js_blocks(&page);
     assert!(code.contains("new Client("), "no quick start in the guide");
-    let guide = dir.path().join("guide");
+    let guide = dir.join("guide");
     std::fs::create_dir_all(guide.join("node_modules")).unwrap();
     std::os::unix::fs::symlink(client_dir(), guide.join("node_modules/agentjail")).unwrap();
     std::fs::write(guide.join("guide.mjs"), &code).unwrap();

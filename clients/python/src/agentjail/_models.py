@@ -367,6 +367,13 @@ class TaskView(_TaskViewRequired, total=False):
     """A task type, as an agent needs it."""
 
     code_mount: Optional[str]
+    image: Optional[str]
+    """The pinned image (`sha256:…`) the task's runs use; absent: the host image."""
+    interpreter: Optional[str]
+    """The resident interpreter of the task's sessions (`python`: a live session keeps its
+    variables, imports and definitions between cells); absent: each cell is a fresh
+    process and only `/work` carries over (docs/api.md, "Live sessions").
+    """
     max_code_bytes: Optional[int]
     output_schema: Optional[Dict[str, Any]]
     """JSON Schema the artifact satisfies."""

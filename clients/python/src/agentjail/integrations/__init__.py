@@ -1,2 +1,5 @@
-"""Executors for agent frameworks, each in its own module, each importing its framework only
-when imported: ``agentjail.integrations.smolagents`` (``AgentjailExecutor``)."""
+"""Executors and tools for agent frameworks, each in its own module, each importing its
+framework only when imported: ``agentjail.integrations.smolagents`` (``AgentjailExecutor``, a
+``CodeAgent`` executor), ``agentjail.integrations.langchain`` (``AgentjailCodeTool``, a LangChain
+tool for LangGraph's ``ToolNode`` or ``bind_tools``) and ``agentjail.integrations.openai_agents``
+(``AgentjailPython``, a function tool of the OpenAI Agents SDK)."""

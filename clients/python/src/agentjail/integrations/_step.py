@@ -180,3 +180,71 @@ with open(_aj_step["output"], "w") as _aj_f:
 _aj_sys.stdout.flush()
 _aj_sys.exit(_aj_status)
 """
+
+#: The marker of the report line a live step prints last on its stdout.
+LIVE_MARKER = "\x1eagentjail-step "
+
+LIVE_TEMPLATE = r"""# The program each smolagents step runs as in a LIVE session (a task with
+# `session.interpreter = "python"`: docs/api.md, "Live sessions"). The session's resident
+# interpreter executes it in the globals it keeps between cells, so nothing is pickled,
+# replayed or defined again: variables, imports, functions, lambdas and generators of earlier
+# steps are simply there. The executor fills in the JSON literal `__AGENTJAIL_STEP__`. A live
+# cell has no output file: the report (the final answer, the last expression's value, the
+# imports this Python lacks) is the last line of the step's stdout, after a marker; an error
+# in the agent's code prints its traceback to stderr and ends the cell with status 1.
+import json as _aj_json
+
+_aj_step = _aj_json.loads(__AGENTJAIL_STEP__)  # noqa: F821 (filled in by the executor)
+_aj_report = {"final_answer": None, "output": None, "error": None, "missing_imports": []}
+
+# 1. The tools (smolagents' `send_tools`) and the agent's variables (`send_variables`), once:
+# they stay in the interpreter's globals.
+if _aj_step["tools"] is not None:
+    exec(compile(_aj_step["tools"], "<tools>", "exec"), globals())
+if _aj_step["variables"] is not None:
+    _aj_ns = {}
+    exec(_aj_step["variables"], _aj_ns)
+    globals().update(_aj_ns["vars_dict"])
+
+# 2. What the agent may import, checked against this Python (nothing is installed).
+if _aj_step["imports"]:
+    import importlib.util as _aj_iu
+
+    for _aj_n in _aj_step["imports"]:
+        try:
+            _aj_found = _aj_iu.find_spec(_aj_n.split(".")[0]) is not None
+        except (ImportError, ValueError):
+            _aj_found = False
+        if not _aj_found:
+            _aj_report["missing_imports"].append(_aj_n)
+
+# 3. The agent's code; the value of a last expression is the step's output.
+import ast as _aj_ast
+import sys as _aj_sys
+import traceback as _aj_tb
+
+_aj_status = 0
+try:
+    _aj_tree = _aj_ast.parse(_aj_step["code"], "<agent step>")
+    _aj_last = None
+    if _aj_tree.body and isinstance(_aj_tree.body[-1], _aj_ast.Expr):
+        _aj_last = _aj_ast.Expression(_aj_tree.body.pop().value)
+    exec(compile(_aj_tree, "<agent step>", "exec"), globals())
+    if _aj_last is not None:
+        _aj_value = eval(compile(_aj_last, "<agent step>", "eval"), globals())
+        if _aj_value is not None:
+            _aj_report["output"] = repr(_aj_value)[:4000]
+except KeyboardInterrupt:
+    raise  # the cell's time limit: the interpreter says `interrupted`
+except BaseException as _aj_e:  # noqa: B036 (the agent's code may raise anything)
+    if type(_aj_e).__name__ == "FinalAnswerException":
+        _aj_report["final_answer"] = _aj_e.value
+    else:
+        _aj_status = 1
+        _aj_report["error"] = ("%s: %s" % (type(_aj_e).__name__, _aj_e))[:2000]
+        _aj_tb.print_exception(type(_aj_e), _aj_e, _aj_e.__traceback__.tb_next)
+_aj_sys.stdout.flush()
+print("\n" + __AGENTJAIL_MARKER__ + _aj_json.dumps(_aj_report))  # noqa: F821
+if _aj_status:
+    raise SystemExit(_aj_status)
+""".replace("__AGENTJAIL_MARKER__", repr(LIVE_MARKER))

@@ -6,6 +6,11 @@ agentjail session (``pip install smolagents``; tested with the version ``.ci/run
 >>> executor = AgentjailExecutor(task="agent", inputs=[client.upload("data.csv")])  # doctest: +SKIP
 >>> agent = CodeAgent(tools=[], model=model, executor=executor)                    # doctest: +SKIP
 
+On a task whose sessions are live (``session.interpreter = "python"``: docs/api.md, "Live
+sessions"), each step runs in the session's resident interpreter: variables, imports,
+functions, lambdas and generators stay as they are between steps, and nothing is pickled or
+defined again (the step's report comes back as the last line of its stdout). Otherwise:
+
 State between steps lives in the session's ``/work``, bounded by the task's
 ``session.max_mb``: the step's picklable globals (dill when the sandbox's Python has it, else
 pickle; what cannot be kept is named in the logs the agent sees), the source of its ``def``
@@ -36,10 +41,11 @@ from smolagents.utils import AgentError
 
 from .._client import Client
 from .._core import InputRef
-from .._errors import APIError, TransportError, TransportTimeout
+from .._errors import APIError
 from .._run import Cell
 from .._session import Session
-from ._step import TEMPLATE
+from . import _cell
+from ._step import LIVE_MARKER, LIVE_TEMPLATE, TEMPLATE
 
 __all__ = ["AgentjailExecutor"]
 
@@ -93,6 +99,9 @@ class AgentjailExecutor(RemotePythonExecutor):  # type: ignore[misc]
         if not found:
             raise ValueError("the task %r is not one the caller may use" % self.session.task)
         self._output_path = found[0]["output_path"]
+        #: The session keeps a resident interpreter (the task's ``session.interpreter``): each
+        #: step runs in its globals, and nothing is pickled or defined again.
+        self.live: bool = found[0].get("interpreter") is not None
         self._steps = 0
         self._pending_tools: Optional[str] = None
         self._pending_variables: Optional[str] = None
@@ -167,7 +176,7 @@ class AgentjailExecutor(RemotePythonExecutor):  # type: ignore[misc]
             "variables": self._pending_variables,
             "imports": self._pending_imports,
         }
-        program = TEMPLATE.replace(
+        program = (LIVE_TEMPLATE if self.live else TEMPLATE).replace(
             "_aj_json.loads(__AGENTJAIL_STEP__)", "_aj_json.loads(%r)" % json.dumps(step), 1
         )
         digest = hashlib.sha256(program.encode()).hexdigest()[:16]
@@ -192,14 +201,10 @@ class AgentjailExecutor(RemotePythonExecutor):  # type: ignore[misc]
     # -- the cell ------------------------------------------------------------------------
 
     def _run_cell(self, program: str, request_id: str) -> Cell:
-        for attempt in range(3):
-            try:
-                return self.session.run(program, request_id=request_id, timeout=self.timeout)
-            except (TransportError, TransportTimeout):
-                # Execute-once: the same step again returns the recorded cell.
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
+        # Execute-once: the same step again after a transport failure returns the recorded cell.
+        return _cell.retrying(
+            lambda: self.session.run(program, request_id=request_id, timeout=self.timeout)
+        )
 
     def _logs(self, cell: Cell) -> str:
         try:
@@ -209,10 +214,24 @@ class AgentjailExecutor(RemotePythonExecutor):  # type: ignore[misc]
 
     def _result(self, cell: Cell) -> CodeOutput:
         report: Dict[str, Any] = {}
-        artifact = cell.artifact if cell.ok else None
-        if isinstance(artifact, dict):
-            report = artifact
         logs = self._logs(cell)
+        if self.live:
+            # A live cell has no output file: the step's report is its stdout's last line.
+            at = logs.rfind(LIVE_MARKER)
+            if at >= 0:
+                line = logs[at + len(LIVE_MARKER) :].split("\n", 1)[0]
+                logs = logs[:at]
+                logs = logs[:-1] if logs.endswith("\n") else logs
+                try:
+                    parsed = json.loads(line)
+                except ValueError:
+                    parsed = None
+                if isinstance(parsed, dict):
+                    report = parsed
+        else:
+            artifact = cell.artifact if cell.ok else None
+            if isinstance(artifact, dict):
+                report = artifact
         notes = []
         if report.get("missing_imports"):
             notes.append(
