@@ -72,6 +72,10 @@ pub enum Command {
     /// Serve the orchestrator's tools over MCP on stdin/stdout (docs/mcp.md) as one actor. The
     /// token comes from --token-file or $AGENTJAIL_TOKEN, never from the command line.
     Mcp(cmd::mcp::McpArgs),
+    /// Sessions for local use (docs/sessions-cli.md): cells sharing a persistent /work, served
+    /// by a per-user background daemon reachable by its owner only.
+    #[command(subcommand)]
+    Session(cmd::session::SessionCmd),
     /// Claim and execute runs from the shared PostgreSQL queue, without the HTTP API
     /// (docs/deploy.md, "The fleet"); stops claiming on SIGTERM and finishes the runs it holds.
     Worker(cmd::worker::WorkerArgs),

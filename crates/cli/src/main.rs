@@ -119,6 +119,7 @@ fn dispatch(cli: Cli) -> Result<u8, String> {
         Command::Report { .. } => cmd::report::run(),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Mcp(a) => cmd::mcp::run(a),
+        Command::Session(c) => cmd::session::run(c),
         Command::Worker(a) => cmd::worker::run(a),
         Command::Selftest(a) => cmd::selftest::run(a),
         Command::Audit(c) => cmd::audit::dispatch(c),

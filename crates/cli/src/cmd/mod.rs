@@ -16,4 +16,5 @@ pub mod report;
 pub mod run;
 pub mod selftest;
 pub mod serve;
+pub mod session;
 pub mod worker;
