@@ -478,6 +478,19 @@ impl Node {
         Node::start_on(&[], dir, url, cfg, args, ready)
     }
 
+    /// `agentjail serve --listen 127.0.0.1:0` as a [`Node::start`] in `dir` on `url` with the
+    /// configuration `cfg`; returns it and its base URL (`http://127.0.0.1:PORT`).
+    pub fn serve(dir: &Path, url: &str, cfg: &str) -> (Node, String) {
+        let (node, line) = Node::start(
+            dir,
+            url,
+            cfg,
+            &["serve", "--listen", "127.0.0.1:0"],
+            "listening on ",
+        );
+        (node, base_of(&line))
+    }
+
     /// [`Node::start`] behind the command prefix `wrap` (see [`Node::spawn_on`]).
     pub fn start_on(
         wrap: &[String],
@@ -544,5 +557,101 @@ impl Drop for Node {
             .stderr(std::process::Stdio::null())
             .status();
         self.kill();
+    }
+}
+
+/// The base URL a node logged in its "listening on" line.
+pub fn base_of(line: &str) -> String {
+    let base = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    if base.starts_with("http") {
+        base
+    } else {
+        format!("http://{base}")
+    }
+}
+
+/// A throwaway cluster with `serve` replicas (each with `slots` run slots; the first one's
+/// data directory is [`Fleet::data`]) and `worker`s, all on one configuration (a 3-second
+/// lease prepended to `cfg`, which must have no `[server]` table of its own).
+pub struct Fleet {
+    /// The replicas, then the workers (dropped, and so killed, before the cluster).
+    pub nodes: Vec<Node>,
+    /// A client of each replica, in order.
+    pub apis: Vec<super::serve::Api>,
+    pub data: PathBuf,
+    pub pg: Pg,
+    /// The workers' configuration.
+    cfg: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    /// None when PostgreSQL is missing (after [`super::skip`], which fails under CI).
+    pub fn start(cfg: &str, slots: &str, replicas: usize, workers: usize) -> Option<Fleet> {
+        let pg = Pg::start()?;
+        let dir = tempdir("fleet-sessions");
+        let server = |id: &str| format!("[server]\nnode_id = \"{id}\"\nlease_seconds = 3\n{cfg}");
+        let (mut nodes, mut apis) = (Vec::new(), Vec::new());
+        for i in 0..replicas.max(1) {
+            let name = format!("serve{i}");
+            let (node, line) = Node::start(
+                &dir.path().join(&name),
+                &pg.url(),
+                &server(&name),
+                &["serve", "--listen", "127.0.0.1:0", "--slots", slots],
+                "listening on ",
+            );
+            apis.push(super::serve::Api::new(&base_of(&line)));
+            nodes.push(node);
+        }
+        let mut f = Fleet {
+            nodes,
+            apis,
+            data: dir.path().join("serve0").join("data"),
+            pg,
+            cfg: server("api"),
+            _dir: dir,
+        };
+        for i in 0..workers {
+            f.add_worker(&format!("w{i}"));
+        }
+        Some(f)
+    }
+
+    /// Starts one more `worker --slots 1 --node-id ID`.
+    pub fn add_worker(&mut self, id: &str) {
+        let (w, _) = Node::start(
+            &self._dir.path().join(id),
+            &self.pg.url(),
+            &self.cfg,
+            &["worker", "--slots", "1", "--node-id", id],
+            "claiming runs",
+        );
+        self.nodes.push(w);
+    }
+
+    /// The stored bytes of session checkpoint `sha` (its row in `checkpoints`).
+    pub fn checkpoint(&self, sha: &str) -> Vec<u8> {
+        let hex = self.pg.psql(&format!(
+            "SELECT encode(bytes, 'hex') FROM checkpoints WHERE sha256 = '{sha}'"
+        ));
+        assert!(!hex.is_empty(), "checkpoint {sha} is not in the database");
+        (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// Overwrites the stored bytes of checkpoint `sha` (a tampering with the store).
+    pub fn set_checkpoint(&self, sha: &str, bytes: &[u8]) {
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        self.pg.psql(&format!(
+            "UPDATE checkpoints SET bytes = decode('{hex}', 'hex') WHERE sha256 = '{sha}'"
+        ));
     }
 }

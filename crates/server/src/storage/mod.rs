@@ -4,9 +4,10 @@
 //!   [`db`] (the SQLite schema and queries).
 //! - [`pg`]: the shared PostgreSQL store of a fleet (schema migrations, the run queue, leases
 //!   with fencing tokens, the audit chain in a table).
-//! - [`sessions`]: sessions and their cells (SQLite only in this version), each cell's end and
-//!   the session's new head in one transaction; [`checkpoint_refs`]: the checkpoints they still
-//!   refer to, which the retention sweep keeps.
+//! - [`sessions`]: sessions and their cells on SQLite, each cell's end and the session's new
+//!   head in one transaction (on PostgreSQL: `pg::sessions`, the checkpoints in the database);
+//!   [`session_store`]: either store behind one interface; [`checkpoint_refs`]: the
+//!   checkpoints they still refer to, which the retention sweep keeps.
 //! - [`audit`]: the hash-chained, append-only audit log and its verifier (both stores build
 //!   their records with it).
 //!
@@ -17,5 +18,6 @@ pub mod audit;
 pub mod checkpoint_refs;
 pub mod db;
 pub mod pg;
+pub mod session_store;
 pub mod sessions;
 pub mod store;

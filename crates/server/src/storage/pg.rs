@@ -48,6 +48,7 @@ use crate::storage::store::{
 };
 
 mod migrations;
+pub mod sessions;
 use migrations::MIGRATIONS;
 
 /// Advisory lock keys (arbitrary constants, fixed forever).
@@ -673,12 +674,38 @@ impl PgStore {
                 }
             }
         }
+        // Session checkpoints nothing refers to any more (any replica), then this node's
+        // local copies of checkpoints the database no longer holds, unless written since the
+        // oldest cell in flight began (a cell's checkpoint is written here before its end is
+        // recorded).
+        let checkpoints = self.sweep_checkpoints(&c, now).await?.len();
+        let kept: std::collections::HashSet<String> = c
+            .query("SELECT substr(sha256, 8) FROM checkpoints", &[])
+            .await
+            .map_err(pg_err)?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let since: Option<i64> = c
+            .query_one(
+                "SELECT MIN(r.created_at) FROM session_cells c
+                 JOIN runs r ON r.tenant = c.tenant AND r.request_id = c.run_request_id
+                 WHERE r.status IN ('queued', 'running')",
+                &[],
+            )
+            .await
+            .map_err(pg_err)?
+            .get(0);
+        for (hex, mtime) in files.checkpoints() {
+            if !kept.contains(&hex) && since.is_none_or(|t| mtime < t) {
+                files.drop_checkpoint(&hex);
+            }
+        }
         Ok(Swept {
             outputs,
             job_folders,
             objects,
-            // No sessions (and so no checkpoints) on PostgreSQL in this version.
-            checkpoints: 0,
+            checkpoints,
         })
     }
 
@@ -1276,6 +1303,9 @@ pub enum Cancel {
 pub struct JobSpec {
     pub inputs: Vec<InputRow>,
     pub code: Option<String>,
+    /// A session's cell: its place in the session and the checkpoint it starts from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<crate::storage::sessions::CellJob>,
 }
 
 /// A run this node claimed: its record, its spec and its fencing token.
@@ -1333,24 +1363,7 @@ impl PgStore {
         let labels = labels.to_vec();
         let mut c = self.client().await?;
         let tx = read_committed(&mut c).await?;
-        let status = row.status.as_str();
-        let n = tx
-            .execute(
-                // The job id's expiry: the time to live the replica gave it, from the
-                // database's clock (executors compare it with that clock, never their own).
-                &format!("INSERT INTO runs ({RUN_COLS}, node_id, spec, labels) VALUES ($1, $2, $3, $4, $5, $6, EXTRACT(EPOCH FROM clock_timestamp())::bigint + $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25)
-                 ON CONFLICT (tenant, request_id) DO NOTHING"),
-                &[
-                    &row.tenant, &row.request_id, &row.body_sha256, &row.task, &row.actor,
-                    &row.job_id, &(row.job_expires_at - row.created_at), &status, &row.reason, &row.created_at,
-                    &row.started_at, &row.finished_at, &row.inputs, &row.report, &row.receipt,
-                    &row.artifact, &row.artifact_sha256, &row.outputs_expire_at,
-                    &row.logs_expire_at, &row.outputs_deleted, &row.args, &row.manifest_digest,
-                    &self.node, &spec, &labels,
-                ],
-            )
-            .await
-            .map_err(pg_err)?;
+        let n = self.insert_queued(&tx, &row, &spec, &labels).await?;
         if n == 1 {
             append_audit_in(&tx, &self.node, accepted).await?;
         }
@@ -1365,6 +1378,35 @@ impl PgStore {
                 "a conflicting run vanished after its insert".into(),
             )),
         }
+    }
+
+    /// In `tx`: inserts `row` as a queued run with its `spec` (JSON) and `labels` unless one
+    /// with its (tenant, request_id) exists; the rows inserted (0 or 1).
+    async fn insert_queued(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        row: &RunRow,
+        spec: &str,
+        labels: &[String],
+    ) -> Result<u64, StoreError> {
+        let status = row.status.as_str();
+        let labels = labels.to_vec();
+        tx.execute(
+            // The job id's expiry: the time to live the replica gave it, from the
+            // database's clock (executors compare it with that clock, never their own).
+            &format!("INSERT INTO runs ({RUN_COLS}, node_id, spec, labels) VALUES ($1, $2, $3, $4, $5, $6, EXTRACT(EPOCH FROM clock_timestamp())::bigint + $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25)
+             ON CONFLICT (tenant, request_id) DO NOTHING"),
+            &[
+                &row.tenant, &row.request_id, &row.body_sha256, &row.task, &row.actor,
+                &row.job_id, &(row.job_expires_at - row.created_at), &status, &row.reason, &row.created_at,
+                &row.started_at, &row.finished_at, &row.inputs, &row.report, &row.receipt,
+                &row.artifact, &row.artifact_sha256, &row.outputs_expire_at,
+                &row.logs_expire_at, &row.outputs_deleted, &row.args, &row.manifest_digest,
+                &self.node, &spec, &labels,
+            ],
+        )
+        .await
+        .map_err(pg_err)
     }
 
     /// Runs waiting for an executor (queued, unclaimed).
@@ -1631,6 +1673,19 @@ impl PgStore {
         fence: i64,
         audit: Option<&Event>,
     ) -> Result<(), StoreError> {
+        self.finish_fenced_cell(f, fence, audit, None).await
+    }
+
+    /// [`PgStore::finish_fenced`], and for a session's cell its end (`cell`: its checkpoint,
+    /// the cell's record, the session's new head) in the same fenced transaction
+    /// (crate::storage::pg::sessions).
+    pub async fn finish_fenced_cell(
+        &self,
+        f: FinishRun,
+        fence: i64,
+        audit: Option<&Event>,
+        cell: Option<&crate::storage::sessions::CellEnd>,
+    ) -> Result<(), StoreError> {
         self.persist("finish_run", || {
             let f = f.clone();
             async move {
@@ -1663,6 +1718,9 @@ impl PgStore {
                         Some(_) => Ok(()),
                         None => Err(StoreError::Fenced(fence)),
                     };
+                }
+                if let Some(end) = cell {
+                    Self::finish_cell_in(&tx, end, f.now).await?;
                 }
                 if let Some(ev) = audit {
                     append_audit_in(&tx, &self.node, ev).await?;
@@ -1786,6 +1844,58 @@ impl PgStore {
             .await
             .map_err(pg_err)?;
         Ok(())
+    }
+
+    /// What the store knows of the fleet, for the operator console: each executor (slots,
+    /// labels, start, last heartbeat, whether it is live: a heartbeat younger than `live`, and
+    /// the runs it holds) and the leases held (the 200 nearest their end).
+    pub async fn fleet(&self, live: Duration) -> Result<serde_json::Value, StoreError> {
+        let c = self.client().await?;
+        let workers = c
+            .query(
+                "SELECT w.node_id, w.slots, w.labels,
+                        EXTRACT(EPOCH FROM w.started_at)::bigint,
+                        EXTRACT(EPOCH FROM w.heartbeat_at)::bigint,
+                        w.heartbeat_at > now() - make_interval(secs => $1),
+                        (SELECT count(*) FROM runs r WHERE r.owner = w.node_id
+                            AND r.status IN ('queued', 'running'))
+                 FROM workers w ORDER BY w.node_id",
+                &[&live.as_secs_f64()],
+            )
+            .await
+            .map_err(pg_err)?;
+        let leases = c
+            .query(
+                "SELECT tenant, request_id, task, owner, status,
+                        EXTRACT(EPOCH FROM lease_expires_at)::bigint
+                 FROM runs WHERE owner IS NOT NULL AND status IN ('queued', 'running')
+                 ORDER BY lease_expires_at LIMIT 200",
+                &[],
+            )
+            .await
+            .map_err(pg_err)?;
+        // Times as Unix seconds.
+        let ts = |s: Option<i64>| s;
+        Ok(serde_json::json!({
+            "node": self.node,
+            "workers": workers.iter().map(|r| serde_json::json!({
+                "node_id": r.get::<_, String>(0),
+                "slots": r.get::<_, i32>(1),
+                "labels": r.get::<_, Vec<String>>(2),
+                "started_at": ts(r.get(3)),
+                "heartbeat_at": ts(r.get(4)),
+                "live": r.get::<_, bool>(5),
+                "runs_held": r.get::<_, i64>(6),
+            })).collect::<Vec<_>>(),
+            "leases": leases.iter().map(|r| serde_json::json!({
+                "tenant": r.get::<_, String>(0),
+                "request_id": r.get::<_, String>(1),
+                "task": r.get::<_, String>(2),
+                "owner": r.get::<_, String>(3),
+                "status": r.get::<_, String>(4),
+                "lease_expires_at": ts(r.get(5)),
+            })).collect::<Vec<_>>(),
+        }))
     }
 
     /// The cluster's gauges; a worker is live when its heartbeat is younger than `live`.

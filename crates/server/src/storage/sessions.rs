@@ -246,12 +246,49 @@ pub struct NewCell {
     pub run: RunRow,
 }
 
+/// What a session's cell adds to its job (crate::execution::checkpoints); on PostgreSQL it
+/// travels in the queued run's spec to whichever executor claims the cell.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct CellJob {
+    pub session_id: String,
+    pub cell: u64,
+    /// The checkpoint the cell starts from (`sha256:<hex>`), None for an empty `/work`.
+    pub restore: Option<String>,
+    /// The previous cell's receipt digest (`sha256:<hex>`).
+    pub previous_receipt_sha256: Option<String>,
+    pub max_mb: u64,
+    pub max_files: u64,
+    /// The run is a live session's resident interpreter (`execution::live`): its runner gets
+    /// the control socket, and its end moves the session's head, not a cell's record. Never
+    /// on a queued run's spec (live sessions run on the node that holds them).
+    #[serde(default)]
+    pub interpreter: bool,
+}
+
 /// How every session id starts (`ses_` and 32 hex digits); run request ids cannot.
 pub const SESSION_ID_PREFIX: &str = "ses_";
 
 /// The request id of cell `cell`'s run.
 pub fn run_request_id(session_id: &str, cell: u64) -> String {
     format!("{session_id}-{cell}")
+}
+
+/// Why the session `s` (as locked for the reservation) takes no new cell `n`, its last cell
+/// still in flight when `busy`; None: it takes cell `s.cells`. Both stores' reservations.
+pub fn refusal(s: &SessionRow, busy: bool, n: &NewCell) -> Option<Begin> {
+    if s.closed_at.is_some() {
+        Some(Begin::Closed)
+    } else if n.now >= s.expires_at {
+        Some(Begin::Expired)
+    } else if busy {
+        Some(Begin::Busy)
+    } else if s.cells >= n.max_cells {
+        Some(Begin::Full)
+    } else if s.cells != n.expected_cell {
+        Some(Begin::Busy)
+    } else {
+        None
+    }
 }
 
 /// Reserves the session's next cell and records its run (`queued`), in one transaction: or
@@ -264,22 +301,10 @@ pub fn begin_cell(c: &mut Connection, n: NewCell) -> Result<(Begin, Option<RunRo
     let Some(s) = get_session(&tx, &n.session_id)? else {
         return Ok((Begin::Missing, None));
     };
-    if s.closed_at.is_some() {
-        return Ok((Begin::Closed, None));
-    }
-    if n.now >= s.expires_at {
-        return Ok((Begin::Expired, None));
-    }
-    if busy(&tx, &n.session_id)? {
-        return Ok((Begin::Busy, None));
-    }
-    if s.cells >= n.max_cells {
-        return Ok((Begin::Full, None));
+    if let Some(no) = refusal(&s, busy(&tx, &n.session_id)?, &n) {
+        return Ok((no, None));
     }
     let cell = s.cells;
-    if cell != n.expected_cell {
-        return Ok((Begin::Busy, None));
-    }
     let mut run = n.run;
     run.request_id = run_request_id(&n.session_id, cell);
     insert_run_in(&tx, &run)?;
@@ -321,6 +346,12 @@ pub struct CellEnd {
     /// Where `checkpoint` is stored: checked under the database's lock as the end is recorded,
     /// so that a head never names a file the retention sweep deleted meanwhile.
     pub checkpoint_path: Option<std::path::PathBuf>,
+    /// The checkpoint's bytes (already checked against `checkpoint`), for a store shared by
+    /// several nodes, which keeps them itself (PostgreSQL's `checkpoints`).
+    pub bytes: Option<std::sync::Arc<[u8]>>,
+    /// A live session's interpreter run: it moves the session's head and chain, and no
+    /// cell's record (its cells were recorded as they answered).
+    pub interpreter: bool,
 }
 
 fn finish_cell_sync(c: &mut Connection, f: &FinishRun, end: &CellEnd) -> Result<(), DbError> {
@@ -351,6 +382,10 @@ fn finish_cell_sync(c: &mut Connection, f: &FinishRun, end: &CellEnd) -> Result<
         "UPDATE sessions SET head_sha256 = COALESCE(?2, head_sha256), last_receipt_sha256 = COALESCE(?3, last_receipt_sha256) WHERE session_id = ?1",
         params![end.session_id, end.checkpoint, end.receipt_sha256],
     )?;
+    if end.interpreter {
+        tx.commit()?;
+        return Ok(());
+    }
     tx.execute(
         "UPDATE session_cells SET after_sha256 = ?3, receipt_sha256 = ?4,
             head_after = (SELECT head_sha256 FROM sessions WHERE session_id = ?1),
@@ -372,7 +407,8 @@ fn finish_cell_sync(c: &mut Connection, f: &FinishRun, end: &CellEnd) -> Result<
 pub async fn finish_cell(store: &dyn Store, f: FinishRun, end: CellEnd) -> Result<(), StoreError> {
     let Some(db) = store.sqlite() else {
         return Err(StoreError::Database(
-            "sessions need the SQLite store in this version".into(),
+            "this is the SQLite store's cell end; PostgreSQL ends a cell in its fenced run end"
+                .into(),
         ));
     };
     Ok(db.call(move |c| finish_cell_sync(c, &f, &end)).await?)

@@ -98,4 +98,49 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // the executor's job folder while the run goes on, whole at its end), for followers on
     // any replica; cleared with the logs.
     "ALTER TABLE runs ADD COLUMN denials_log BYTEA;",
+    // 6: sessions and their cells (crate::storage::pg::sessions, the twins of SQLite's
+    // migration 5), and the session checkpoints every node reads (`checkpoints`: the
+    // workspace archives, content-addressed by the sha256 of `bytes`, hashed again before a
+    // cell restores one; deleted by the retention sweep once nothing refers to them).
+    "CREATE TABLE sessions (
+        session_id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        actor TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        body_sha256 TEXT NOT NULL,
+        task TEXT NOT NULL,
+        inputs TEXT NOT NULL,
+        created_at BIGINT NOT NULL,
+        expires_at BIGINT NOT NULL,
+        closed_at BIGINT,
+        head_sha256 TEXT,
+        last_receipt_sha256 TEXT,
+        cells BIGINT NOT NULL DEFAULT 0,
+        forked_from TEXT,
+        forked_cell BIGINT,
+        cells_before BIGINT NOT NULL DEFAULT 0,
+        keep_checkpoints BIGINT NOT NULL,
+        UNIQUE (tenant, request_id)
+    );
+    CREATE TABLE session_cells (
+        session_id TEXT NOT NULL REFERENCES sessions(session_id),
+        cell BIGINT NOT NULL,
+        request_id TEXT NOT NULL,
+        body_sha256 TEXT NOT NULL,
+        tenant TEXT NOT NULL,
+        run_request_id TEXT NOT NULL,
+        before_sha256 TEXT,
+        after_sha256 TEXT,
+        head_after TEXT,
+        receipt_sha256 TEXT,
+        chain_after TEXT,
+        created_at BIGINT NOT NULL,
+        PRIMARY KEY (session_id, cell),
+        UNIQUE (session_id, request_id)
+    );
+    CREATE TABLE checkpoints (
+        sha256 TEXT PRIMARY KEY,
+        bytes BYTEA NOT NULL,
+        created_at BIGINT NOT NULL
+    );",
 ];
