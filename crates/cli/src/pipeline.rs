@@ -182,6 +182,10 @@ pub fn execute_in(
     };
     timing::mark("pipeline: key, schema");
     let selected = select_root(vm, store);
+    if let Ok((d, agentjail_engine::RootImage::Stored { .. })) = &selected {
+        // What `image gc` keeps recently used images by; best effort.
+        let _ = agentjail_image::Store::at(store).mark_used(d);
+    }
     timing::mark("pipeline: root selected");
     let (image, root) = match &selected {
         Ok((d, r)) => (Some(d.clone()), Some(r.clone())),

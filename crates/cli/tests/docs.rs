@@ -577,6 +577,10 @@ const PROSE_SKIP: &[(&str, &str)] = &[
         "needs an imported image (image.rs)",
     ),
     (
+        "agentjail image rm",
+        "needs an imported image (image.rs removes one)",
+    ),
+    (
         "agentjail run --isolation gvisor -- /bin/true",
         "needs runsc (gvisor_edges.rs)",
     ),

@@ -123,6 +123,36 @@ fn cases() -> Vec<Vec<&'static str>> {
         &["image", "import", "rootfs", "--store", "store"],
         &["image", "verify", "--store", "store", "sha256:0000"],
         &["image", "rm", "--store", "store", "sha256:0000"],
+        &[
+            "image",
+            "gc",
+            "--config",
+            "service.toml",
+            "--store",
+            "store",
+            "--dry-run",
+        ],
+        &[
+            "image",
+            "gc",
+            "--config",
+            "missing.toml",
+            "--store",
+            "store",
+        ],
+        // A daemon starts with the first; the last case stops it (and every session).
+        &["session", "start", "--state-dir", "sess"],
+        &["session", "ls", "--state-dir", "sess"],
+        &[
+            "session",
+            "exec",
+            "--state-dir",
+            "sess",
+            "ses_00000000000000000000000000000000",
+            "-c",
+            "print(1)",
+        ],
+        &["session", "stop", "--state-dir", "sess", "--all"],
         &["manifest", "--schema"],
         &["manifest", "--print", "--", "/bin/echo", "hi"],
         &["check"],
@@ -176,6 +206,11 @@ fn scratch() -> tempfile::TempDir {
     std::fs::create_dir(p.join("rootfs")).unwrap();
     std::fs::write(p.join("rootfs/hello"), "hi\n").unwrap();
     std::fs::write(p.join("audit.jsonl"), "").unwrap();
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/server/config.toml"),
+        p.join("service.toml"),
+    )
+    .unwrap();
     let o = Command::new(bin())
         .current_dir(p)
         .env("HOME", p)

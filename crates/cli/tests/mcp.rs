@@ -60,6 +60,8 @@ fn check_result(r: &serde_json::Value) {
         serde_json::json!([
             "get_run",
             "session_close",
+            "session_fork",
+            "session_get",
             "session_open",
             "session_run",
             "sleepy",

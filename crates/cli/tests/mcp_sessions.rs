@@ -1,10 +1,13 @@
-//! Sessions over MCP (issue #34: `session_open`, `session_run`, `session_close`), driven by the
+//! Sessions over MCP (issue #34: `session_open`, `session_run`, `session_get`,
+//! `session_fork`, `session_close`), driven by the
 //! official Python MCP SDK (`tests/mcp/sessions.py`) over stdio (`agentjail mcp`) and over
 //! Streamable HTTP (`/mcp` of `agentjail serve`, two actors' tokens): the tools are listed
 //! with their input schemas; `/work` persists from one cell to the next and variables do not;
-//! a repeated call (with the same step id, or with none) runs once; a closed session refuses
+//! a repeated call (with the same step id, or with none) runs once; `session_get` lists the
+//! cells and their status; `session_fork` from a cell starts a new session from the `/work` that
+//! cell left (and from the head, all of it) without changing the original; a closed session refuses
 //! a cell with an error the model can read; another actor's session id is refused exactly as
-//! a missing one; on PostgreSQL each tool answers `sessions-unsupported`. The calls are the
+//! a missing one; the same on PostgreSQL. The calls are the
 //! HTTP routes' service functions: the cells are audited as theirs are. Without `import mcp` the test prints SKIP and passes outside CI; under CI
 //! (`CI` set) it fails.
 
@@ -48,6 +51,16 @@ seconds = 20
 max_mb = 2
 max_cells = 50
 
+[tasks.live]
+description = "Python in a live session"
+code = "allowed"
+command = ["/usr/bin/python3", "/input/code.py"]
+allowed_actors = ["alice", "carol"]
+{live_output}[tasks.live.limits]
+seconds = 20
+[tasks.live.session]
+interpreter = "python"
+
 [tasks.fixed]
 description = "A fixed program"
 code = "forbidden"
@@ -58,6 +71,7 @@ allowed_actors = ["alice", "carol"]
         carol = actor("carol", "acme", CAROL, false),
         output = json_output("py", "o.json", 1000),
         fixed_output = json_output("fixed", "o.json", 1000),
+        live_output = json_output("live", "o.json", 1000),
     )
 }
 
@@ -81,8 +95,11 @@ fn check(r: &serde_json::Value) {
         serde_json::json!([
             "fixed",
             "get_run",
+            "live",
             "py",
             "session_close",
+            "session_fork",
+            "session_get",
             "session_open",
             "session_run",
             "upload_input"
@@ -91,12 +108,30 @@ fn check(r: &serde_json::Value) {
     assert_eq!(r["read_back"], "forty-two");
     assert_eq!(r["appended"], 2);
     assert_eq!(r["after_close"], "session-closed");
+    assert_eq!(r["fork_after_close"], "session-closed");
+    assert_eq!(
+        r["get_statuses"],
+        serde_json::json!(["ok", "ok", "exit_nonzero", "ok", "ok", "ok"])
+    );
+    assert_eq!(
+        r["forked"],
+        serde_json::json!({"from_cell_1": "forty-two False", "from_head": "2", "original": "forty-two"})
+    );
     assert!(r["progress"].as_u64().unwrap() >= 1, "{r}");
+}
+
+/// The live session scenario (`--live`): both cells successes, the variable kept.
+fn check_live(r: &serde_json::Value) {
+    assert_eq!(
+        r["live"],
+        serde_json::json!({"set_is_error": false, "use_is_error": false, "use_prints_42": true}),
+        "{r}"
+    );
 }
 
 /// The audit records of the session tools' calls: each cell is audited as the HTTP route's
 /// (`session_cell`), and as an `mcp_tool_call` by `actor` over `route`.
-fn check_audit(data: &Path, route: &str) -> Vec<serde_json::Value> {
+fn check_audit(data: &Path, route: &str, live_cells: usize) -> Vec<serde_json::Value> {
     let p = data.join("private/audit.jsonl");
     agentjail_server::audit::verify_chain(&p).unwrap();
     let log: Vec<serde_json::Value> = std::fs::read_to_string(&p)
@@ -115,12 +150,21 @@ fn check_audit(data: &Path, route: &str) -> Vec<serde_json::Value> {
             .filter(|v| v["event"] == "mcp_tool_call")
             .all(|v| v["route"] == route)
     );
-    // Six cells ran (0-5); the repeats were replays.
+    // Six cells ran (0-5) in the session, one in each of its two forks and one more in it
+    // after the forks (the repeats were replays), and `live_cells` of the live scenario.
     let cells = log
         .iter()
         .filter(|v| v["event"] == "session_cell" && v["decision"] == "allow")
         .count();
-    assert_eq!(cells, 6, "cells run");
+    assert_eq!(cells, 9 + live_cells, "cells run");
+    assert!(
+        log.iter()
+            .any(|v| v["event"] == "mcp_tool_call" && v["tool"] == "session_fork")
+    );
+    assert!(
+        log.iter()
+            .any(|v| v["event"] == "mcp_tool_call" && v["tool"] == "session_get")
+    );
     assert!(
         log.iter()
             .any(|v| v["event"] == "session_cell_replay" && v["decision"] == "allow")
@@ -150,11 +194,13 @@ fn sessions_over_mcp_stdio_with_the_python_sdk() {
             data.to_str().unwrap(),
             "--token-file",
             tok.to_str().unwrap(),
+            "--live",
         ],
         &dir.path().join("stdio.txt"),
     );
     check(&r);
-    check_audit(&data, "mcp stdio");
+    check_live(&r);
+    check_audit(&data, "mcp stdio", 2);
 }
 
 #[test]
@@ -186,10 +232,10 @@ fn sessions_over_mcp_http_are_the_actors_own() {
     check(&r);
     assert_eq!(
         r["other_actor"],
-        serde_json::json!({"run": "not-found", "close": "not-found"})
+        serde_json::json!({"run": "not-found", "get": "not-found", "fork": "not-found", "close": "not-found"})
     );
     drop(s);
-    let log = check_audit(&data, "mcp http");
+    let log = check_audit(&data, "mcp http", 0);
     // Carol's calls were refused as `not-found`, and audited as hers.
     assert!(log.iter().any(|v| v["event"] == "mcp_tool_call"
         && v["actor"] == "carol"
@@ -198,10 +244,11 @@ fn sessions_over_mcp_http_are_the_actors_own() {
         && v["reason"].as_str().unwrap_or("").starts_with("not-found")));
 }
 
-/// On PostgreSQL (no sessions in this version) the session tools are still listed and each
-/// answers the HTTP routes' refusal, `sessions-unsupported`, as a tool error the model reads.
+/// On PostgreSQL the same scenarios over `/mcp` of a replica whose cells run from the
+/// database's queue (checkpoints in the database): `/work` persists, a repeated call runs
+/// once, a closed session refuses a cell, another actor's session is `not-found`.
 #[test]
-fn on_postgresql_the_session_tools_answer_sessions_unsupported() {
+fn sessions_over_mcp_on_postgresql() {
     if !python_has_mcp() {
         skip("python3 cannot `import mcp` (.ci/run installs it: python3 -m pip install mcp)");
         return;
@@ -211,24 +258,8 @@ fn on_postgresql_the_session_tools_answer_sessions_unsupported() {
     };
     let dir = common::pg::tempdir("mcp-sessions-pg");
     let alice = write_token(dir.path(), "alice.token", ALICE);
-    let (_node, line) = common::pg::Node::start(
-        dir.path(),
-        &pg.url(),
-        &config(),
-        &["serve", "--listen", "127.0.0.1:0"],
-        "listening on ",
-    );
-    let base = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap()
-        .to_string();
-    let base = if base.starts_with("http") {
-        base
-    } else {
-        format!("http://{base}")
-    };
+    let carol = write_token(dir.path(), "carol.token", CAROL);
+    let (_node, base) = common::pg::Node::serve(dir.path(), &pg.url(), &config());
     let r = run(
         &[
             "--transport",
@@ -237,16 +268,20 @@ fn on_postgresql_the_session_tools_answer_sessions_unsupported() {
             &format!("{base}/mcp"),
             "--token-file",
             alice.to_str().unwrap(),
-            "--expect-unsupported",
+            "--other-token-file",
+            carol.to_str().unwrap(),
         ],
         &dir.path().join("pg.txt"),
     );
+    check(&r);
     assert_eq!(
-        r["unsupported"],
-        serde_json::json!({
-            "session_open": "sessions-unsupported",
-            "session_run": "sessions-unsupported",
-            "session_close": "sessions-unsupported"
-        })
+        r["other_actor"],
+        serde_json::json!({"run": "not-found", "get": "not-found", "fork": "not-found", "close": "not-found"})
+    );
+    // Nine cells ran (0-5 in the session, one in each of its two forks, one more after them),
+    // each audited once in the database's chain.
+    assert_eq!(
+        pg.psql("SELECT count(*) FROM audit_log WHERE record::jsonb->>'event' = 'session_cell' AND record::jsonb->>'decision' = 'allow'"),
+        "9"
     );
 }

@@ -125,6 +125,8 @@ fn check_ts_result(r: &Value) {
         serde_json::json!([
             "get_run",
             "session_close",
+            "session_fork",
+            "session_get",
             "session_open",
             "session_run",
             "sleepy",
@@ -264,6 +266,8 @@ fn check_strict_tools_list(how: &str, (code, v, stderr): (i32, Value, String)) {
         [
             "get_run",
             "session_close",
+            "session_fork",
+            "session_get",
             "session_open",
             "session_run",
             "sleepy",

@@ -113,13 +113,16 @@ fn man_pages_for_every_visible_subcommand() {
         "agentjail-image-import.1",
         "agentjail-receipt-verify.1",
         "agentjail-completions.1",
+        "agentjail-session-start.1",
+        "agentjail-session-exec.1",
+        "agentjail-session-stop.1",
     ] {
         assert!(names.iter().any(|n| n == want), "no {want} in {names:?}");
     }
     assert!(
-        !names
-            .iter()
-            .any(|n| n == "agentjail-man.1" || n == "agentjail-help.1"),
+        !names.iter().any(|n| n == "agentjail-man.1"
+            || n == "agentjail-help.1"
+            || n == "agentjail-session-daemon.1"),
         "{names:?}"
     );
     let top = std::fs::read_to_string(dir.path().join("man/agentjail.1")).unwrap();

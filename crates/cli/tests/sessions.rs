@@ -10,6 +10,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[macro_use]
 mod common;
 use common::serve::{Api, Serve, actor, cell_code as code, json_output, sha256_hex, write_config};
 
@@ -62,10 +63,13 @@ allowed_actors = ["alice"]
     )
 }
 
-struct Env {
-    _dir: tempfile::TempDir,
+/// A service with sessions: `agentjail serve` on SQLite, or a fleet on a throwaway PostgreSQL
+/// cluster (cells claimed from the database's queue, checkpoints in the database).
+pub(crate) struct Env {
+    _serve: Option<Serve>,
+    fleet: Option<common::pg::Fleet>,
+    _dir: Option<tempfile::TempDir>,
     data: PathBuf,
-    _serve: Serve,
     api: Api,
 }
 
@@ -76,14 +80,71 @@ fn start() -> Env {
     let serve = Serve::start(&cfg, &data, &[]);
     let api = Api::new(&serve.base);
     Env {
-        _dir: dir,
+        _serve: Some(serve),
+        fleet: None,
+        _dir: Some(dir),
         data,
-        _serve: serve,
         api,
     }
 }
 
+/// [`start`] on PostgreSQL: `replicas` API replicas with `slots` run slots each and
+/// `workers` workers. None when PostgreSQL is missing (fails under CI).
+fn start_pg_with(slots: &str, replicas: usize, workers: usize) -> Option<Env> {
+    let f = common::pg::Fleet::start(&config(), slots, replicas, workers)?;
+    Some(Env {
+        _serve: None,
+        data: f.data.clone(),
+        api: f.apis[0].clone(),
+        fleet: Some(f),
+        _dir: None,
+    })
+}
+
+fn start_pg() -> Option<Env> {
+    start_pg_with("2", 1, 0)
+}
+
+on_both_stores!(
+    work_persists_a_retried_cell_runs_once_and_the_receipts_chain,
+    a_second_cell_while_one_runs_is_refused_and_an_ended_session_takes_none,
+    another_tenants_or_actors_session_is_the_same_404_as_a_missing_one,
+    a_cell_never_sees_another_sessions_workspace,
+    a_tampered_checkpoint_is_refused_before_anything_runs,
+    a_fork_starts_from_the_cell_it_names,
+    the_workspace_bound_holds_across_cells,
+    ending_a_session_cancels_its_running_cell,
+    of_cells_submitted_at_once_exactly_one_runs,
+);
+
 impl Env {
+    /// The stored bytes of checkpoint `sha` (its file on SQLite, its row on PostgreSQL).
+    fn checkpoint(&self, sha: &str) -> Vec<u8> {
+        match &self.fleet {
+            None => std::fs::read(
+                self.data
+                    .join("checkpoints")
+                    .join(sha.trim_start_matches("sha256:")),
+            )
+            .expect("the checkpoint is stored under its digest"),
+            Some(f) => f.checkpoint(sha),
+        }
+    }
+
+    /// Overwrites the stored bytes of checkpoint `sha` (a tampering with the store).
+    fn set_checkpoint(&self, sha: &str, bytes: &[u8]) {
+        match &self.fleet {
+            None => std::fs::write(
+                self.data
+                    .join("checkpoints")
+                    .join(sha.trim_start_matches("sha256:")),
+                bytes,
+            )
+            .unwrap(),
+            Some(f) => f.set_checkpoint(sha, bytes),
+        }
+    }
+
     fn send(
         &self,
         method: reqwest::Method,
@@ -148,9 +209,7 @@ fn stdout(v: &Value) -> String {
     )
 }
 
-#[test]
-fn work_persists_a_retried_cell_runs_once_and_the_receipts_chain() {
-    let e = start();
+fn work_persists_a_retried_cell_runs_once_and_the_receipts_chain(e: Env) {
     let s = e.open(ALICE, "open-1");
     let sid = s["session_id"].as_str().unwrap().to_string();
     assert!(sid.starts_with("ses_") && sid.len() >= 4 + 32, "{sid}");
@@ -258,10 +317,8 @@ fn work_persists_a_retried_cell_runs_once_and_the_receipts_chain() {
     assert_eq!(v.code, 0, "{}", v.dump());
     // With the stored checkpoint it left, and by the third-party verifier too.
     let after1 = c1["workspace"]["after"].as_str().unwrap();
-    let checkpoint = e
-        .data
-        .join("checkpoints")
-        .join(after1.trim_start_matches("sha256:"));
+    let checkpoint = dir.path().join("checkpoint.tar");
+    std::fs::write(&checkpoint, e.checkpoint(after1)).unwrap();
     let v = common::agentjail(&[
         "receipt",
         "verify",
@@ -321,9 +378,7 @@ fn work_persists_a_retried_cell_runs_once_and_the_receipts_chain() {
     assert!(page2.get("next_cursor").is_none(), "{page2}");
 }
 
-#[test]
-fn a_second_cell_while_one_runs_is_refused_and_an_ended_session_takes_none() {
-    let e = start();
+fn a_second_cell_while_one_runs_is_refused_and_an_ended_session_takes_none(e: Env) {
     let sid = e.open(ALICE, "open-busy")["session_id"]
         .as_str()
         .unwrap()
@@ -385,9 +440,7 @@ fn a_second_cell_while_one_runs_is_refused_and_an_ended_session_takes_none() {
     assert_eq!(e.session(&sid)["cells"], 2);
 }
 
-#[test]
-fn another_tenants_or_actors_session_is_the_same_404_as_a_missing_one() {
-    let e = start();
+fn another_tenants_or_actors_session_is_the_same_404_as_a_missing_one(e: Env) {
     let sid = e.open(ALICE, "open-owned")["session_id"]
         .as_str()
         .unwrap()
@@ -430,9 +483,7 @@ fn another_tenants_or_actors_session_is_the_same_404_as_a_missing_one() {
     assert_eq!(s["state"], "open", "{s}");
 }
 
-#[test]
-fn a_cell_never_sees_another_sessions_workspace() {
-    let e = start();
+fn a_cell_never_sees_another_sessions_workspace(e: Env) {
     let a = e.open(ALICE, "open-a")["session_id"]
         .as_str()
         .unwrap()
@@ -451,25 +502,19 @@ fn a_cell_never_sees_another_sessions_workspace() {
     assert!(stdout(&seen).contains("LIST=[]"), "{seen}");
 }
 
-#[test]
-fn a_tampered_checkpoint_is_refused_before_anything_runs() {
-    let e = start();
+fn a_tampered_checkpoint_is_refused_before_anything_runs(e: Env) {
     let sid = e.open(ALICE, "open-t")["session_id"]
         .as_str()
         .unwrap()
         .to_string();
     let c0 = e.cell(&sid, "t1", "open('/work/f', 'w').write('genuine')");
     let head = c0["workspace"]["after"].as_str().unwrap().to_string();
-    let file = e
-        .data
-        .join("checkpoints")
-        .join(head.trim_start_matches("sha256:"));
-    let mut bytes = std::fs::read(&file).expect("the checkpoint is stored under its digest");
+    let mut bytes = e.checkpoint(&head);
     assert_eq!(format!("sha256:{}", sha256_hex(&bytes)), head);
     // The content of `f` in the archive, changed in place.
     let at = bytes.windows(7).position(|w| w == b"genuine").unwrap();
     bytes[at..at + 7].copy_from_slice(b"forgery");
-    std::fs::write(&file, &bytes).unwrap();
+    e.set_checkpoint(&head, &bytes);
     let (st, refused) = e.cell_raw(
         ALICE,
         &sid,
@@ -505,9 +550,7 @@ fn a_tampered_checkpoint_is_refused_before_anything_runs() {
     );
 }
 
-#[test]
-fn a_fork_starts_from_the_cell_it_names() {
-    let e = start();
+fn a_fork_starts_from_the_cell_it_names(e: Env) {
     let sid = e.open(ALICE, "open-f")["session_id"]
         .as_str()
         .unwrap()
@@ -559,9 +602,7 @@ fn a_fork_starts_from_the_cell_it_names() {
     assert_eq!(st, 404, "{none}");
 }
 
-#[test]
-fn the_workspace_bound_holds_across_cells() {
-    let e = start();
+fn the_workspace_bound_holds_across_cells(e: Env) {
     let sid = e.open(ALICE, "open-big")["session_id"]
         .as_str()
         .unwrap()
@@ -648,80 +689,7 @@ fn an_expired_or_full_session_takes_no_cell_and_a_fixed_program_is_no_session() 
     assert_eq!(e.session(&sid)["cells"], 0);
 }
 
-/// Sessions need the SQLite store in this version: on PostgreSQL every session endpoint is a
-/// 501 problem, never a half-working session.
-#[test]
-fn on_postgresql_every_session_endpoint_is_a_501_problem() {
-    let Some(pg) = common::pg::Pg::start() else {
-        return;
-    };
-    let dir = common::pg::tempdir("sessions-pg");
-    let (_node, line) = common::pg::Node::start(
-        dir.path(),
-        &pg.url(),
-        &config(),
-        &["serve", "--listen", "127.0.0.1:0"],
-        "listening on ",
-    );
-    let base = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap()
-        .to_string();
-    let base = if base.starts_with("http") {
-        base
-    } else {
-        format!("http://{base}")
-    };
-    let api = Api::new(&base);
-    let id = "ses_00000000000000000000000000000000";
-    let calls: Vec<(reqwest::Method, String, Option<Value>)> = vec![
-        (
-            reqwest::Method::POST,
-            "/v1/sessions".into(),
-            Some(json!({"request_id": "pg-open", "task": "py"})),
-        ),
-        (reqwest::Method::GET, format!("/v1/sessions/{id}"), None),
-        (
-            reqwest::Method::GET,
-            format!("/v1/sessions/{id}/cells"),
-            None,
-        ),
-        (
-            reqwest::Method::POST,
-            format!("/v1/sessions/{id}/cells"),
-            Some(json!({"request_id": "c", "code": "print(1)"})),
-        ),
-        (
-            reqwest::Method::POST,
-            format!("/v1/sessions/{id}/fork"),
-            Some(json!({"request_id": "f"})),
-        ),
-        (reqwest::Method::DELETE, format!("/v1/sessions/{id}"), None),
-    ];
-    for (m, p, b) in calls {
-        let mut rq = api.http.request(m.clone(), api.url(&p)).bearer_auth(ALICE);
-        if let Some(b) = b {
-            rq = rq.json(&b);
-        }
-        let r = rq.send().unwrap();
-        assert_eq!(r.status().as_u16(), 501, "{m} {p}");
-        let v: Value = r.json().unwrap();
-        assert!(
-            v["type"]
-                .as_str()
-                .unwrap()
-                .ends_with("/sessions-unsupported"),
-            "{v}"
-        );
-        assert!(v["detail"].as_str().unwrap().contains("SQLite"), "{v}");
-    }
-}
-
-#[test]
-fn ending_a_session_cancels_its_running_cell() {
-    let e = start();
+fn ending_a_session_cancels_its_running_cell(e: Env) {
     let sid = e.open(ALICE, "open-cancel")["session_id"]
         .as_str()
         .unwrap()
@@ -752,21 +720,26 @@ fn ending_a_session_cancels_its_running_cell() {
     assert!(e.session(&sid)["workspace_sha256"].is_null());
 }
 
-#[test]
-fn of_cells_submitted_at_once_exactly_one_runs() {
-    let e = start();
+fn of_cells_submitted_at_once_exactly_one_runs(e: Env) {
     let sid = e.open(ALICE, "open-race")["session_id"]
         .as_str()
         .unwrap()
         .to_string();
+    race_for_the_next_cell(&e, &[&e.api], &sid);
+}
+
+/// Six requests for the next cell of `sid` at once, spread over `apis` (replicas of one
+/// service): exactly one is accepted, the others are `409 cell-in-progress`, and the cell
+/// ran once (the next cell counts one write).
+fn race_for_the_next_cell(e: &Env, apis: &[&Api], sid: &str) {
     let barrier = std::sync::Barrier::new(6);
     let answers: Vec<(u16, Value)> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..6)
             .map(|i| {
-                let (e, sid, barrier) = (&e, &sid, &barrier);
+                let (api, barrier) = (apis[i % apis.len()], &barrier);
                 s.spawn(move || {
                     barrier.wait();
-                    e.cell_raw(
+                    api.cell_raw(
                         ALICE,
                         sid,
                         &format!("racer-{i}"),
@@ -790,7 +763,7 @@ fn of_cells_submitted_at_once_exactly_one_runs() {
     let run = accepted[0].1["request_id"].as_str().unwrap();
     e.api.wait_status(ALICE, run, "ok", 60);
     let check = e.cell(
-        &sid,
+        sid,
         "count",
         "print('COUNT=%d' % len(open('/work/count').read()))",
     );
@@ -894,4 +867,219 @@ fn a_fork_inherits_its_sources_limits_and_an_ended_session_cannot_be_forked() {
     let (st, again) = fork(&sid, "fork-3", None);
     assert_eq!(st, 200, "{again}");
     assert_eq!(again["session_id"], f3["session_id"]);
+}
+
+/// On a fleet (an API replica executing nothing, two workers): a worker killed while it runs a
+/// cell leaves that cell `unknown` and moves nothing; the session's head stays at the last
+/// good checkpoint, and the next cell runs on the other worker from that checkpoint: it sees
+/// the files the last good cell left, none of the lost cell's writes, and runs once.
+#[test]
+fn a_cell_on_a_killed_worker_ends_unknown_and_the_next_resumes_elsewhere_from_the_head() {
+    let Some(mut e) = start_pg_with("0", 1, 2) else {
+        return;
+    };
+    let sid = e.open(ALICE, "open-fleet")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let c0 = e.cell(&sid, "good", "open('/work/a', 'w').write('good')");
+    let head = c0["workspace"]["after"].as_str().unwrap().to_string();
+    let (st, v) = e.cell_raw(
+        ALICE,
+        &sid,
+        "lost",
+        "open('/work/a', 'w').write('lost')\nopen('/work/b', 'w').write('lost')\nprint('started', flush=True)\nimport time\ntime.sleep(60)",
+        false,
+    );
+    assert_eq!(st, 202, "{v}");
+    let lost = format!("{sid}-1");
+    e.api.wait_status(ALICE, &lost, "running", 30);
+    // The worker that claimed it (workers are nodes 1 and 2).
+    let claimed = |n: &common::pg::Node, rid: &str| {
+        n.log()
+            .lines()
+            .any(|l| l.contains("claimed a run") && l.contains(rid))
+    };
+    let holder = (1..=2)
+        .find(|&i| claimed(&e.fleet.as_ref().unwrap().nodes[i], &lost))
+        .expect("a worker claimed the cell");
+    let other = 3 - holder;
+    e.fleet.as_mut().unwrap().nodes[holder].kill();
+    let ended = e.api.wait_status(ALICE, &lost, "unknown", 60);
+    assert_eq!(ended["status"], "unknown", "{ended}");
+    let s = e.session(&sid);
+    assert_eq!(s["workspace_sha256"].as_str(), Some(head.as_str()), "{s}");
+    assert_eq!(s["cells"], 2, "{s}");
+    let c2 = e.cell(
+        &sid,
+        "resume",
+        "import os\nprint('A=' + open('/work/a').read())\nprint('B=%s' % os.path.exists('/work/b'))",
+    );
+    let out = stdout(&c2);
+    assert!(out.contains("A=good"), "{c2}");
+    assert!(out.contains("B=False"), "{c2}");
+    assert_eq!(c2["workspace"]["before"].as_str(), Some(head.as_str()));
+    let f = e.fleet.as_ref().unwrap();
+    assert!(claimed(&f.nodes[other], &format!("{sid}-2")));
+    // The lost cell stays what it was: unknown, run once (a single start in the chain).
+    let pg = &f.pg;
+    assert_eq!(pg.audited("run_start", &lost), "1");
+    assert_eq!(
+        e.api.wait_status(ALICE, &lost, "unknown", 5)["status"],
+        "unknown"
+    );
+}
+
+/// Two API replicas receiving a session's next cell at once (three requests each): exactly one
+/// is accepted across both, the others get the same `409 cell-in-progress` as on SQLite, and
+/// the cell runs once.
+#[test]
+fn two_replicas_racing_for_a_sessions_next_cell_run_exactly_one() {
+    let Some(e) = start_pg_with("0", 2, 1) else {
+        return;
+    };
+    let sid = e.open(ALICE, "open-replicas")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    race_for_the_next_cell(&e, &[&e.api, &e.fleet.as_ref().unwrap().apis[1]], &sid);
+    let pg = &e.fleet.as_ref().unwrap().pg;
+    assert_eq!(
+        pg.psql(&format!(
+            "SELECT count(*) FROM runs WHERE request_id LIKE '{sid}-%'"
+        )),
+        "2"
+    );
+}
+
+/// A checkpoint tampered with in the database after its cell was admitted (queued, no executor
+/// yet): the executor that claims the cell hashes it before restoring anything and refuses it;
+/// the cell ends `setup_error` with the checkpoint's problem, its command never started, and
+/// the session's head stays where it was.
+#[test]
+fn a_checkpoint_tampered_in_the_database_after_admission_is_refused_by_the_executor() {
+    let Some(mut e) = start_pg_with("0", 1, 1) else {
+        return;
+    };
+    let sid = e.open(ALICE, "open-late-tamper")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let c0 = e.cell(&sid, "t1", "open('/work/f', 'w').write('genuine')");
+    let head = c0["workspace"]["after"].as_str().unwrap().to_string();
+    // The only worker goes; the next cell waits on the queue.
+    e.fleet.as_mut().unwrap().nodes[1].kill();
+    let (st, v) = e.cell_raw(
+        ALICE,
+        &sid,
+        "t2",
+        "print('SENTINEL=' + open('/work/f').read())",
+        false,
+    );
+    assert_eq!(st, 202, "{v}");
+    let mut bytes = e.checkpoint(&head);
+    let at = bytes.windows(7).position(|w| w == b"genuine").unwrap();
+    bytes[at..at + 7].copy_from_slice(b"forgery");
+    e.set_checkpoint(&head, &bytes);
+    e.fleet.as_mut().unwrap().add_worker("w-late");
+    let run = format!("{sid}-1");
+    let ended = e.api.wait_status(ALICE, &run, "setup_error", 60);
+    assert_eq!(ended["status"], "setup_error", "{ended}");
+    assert!(
+        ended["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no longer matches"),
+        "{ended}"
+    );
+    assert!(!stdout(&ended).contains("SENTINEL"), "{ended}");
+    let pg = &e.fleet.as_ref().unwrap().pg;
+    assert_eq!(pg.audited("run_start", &run), "0");
+    let s = e.session(&sid);
+    assert_eq!(s["workspace_sha256"].as_str(), Some(head.as_str()), "{s}");
+}
+
+/// The retention sweep on PostgreSQL: once a session is closed, its checkpoints' rows (and the
+/// executor's local copies) go, except those another live session still names; a live
+/// session keeps its head, and a fork from it still starts there.
+#[test]
+fn the_sweep_deletes_a_closed_sessions_checkpoints_from_the_database() {
+    let Some(f) = common::pg::Fleet::start(
+        &format!("sweep_interval_seconds = 1\n{}", config()),
+        "2",
+        1,
+        0,
+    ) else {
+        return;
+    };
+    let e = Env {
+        _serve: None,
+        data: f.data.clone(),
+        api: f.apis[0].clone(),
+        fleet: Some(f),
+        _dir: None,
+    };
+    let open = |rid: &str| {
+        e.open(ALICE, rid)["session_id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (a, b) = (open("sweep-a"), open("sweep-b"));
+    for i in 0..3 {
+        e.cell(
+            &a,
+            &format!("a{i}"),
+            &format!("open('/work/a{i}', 'w').write('{i}')"),
+        );
+    }
+    let kept = e.cell(&b, "b0", "open('/work/b', 'w').write('kept')")["workspace"]["after"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let pg = &e.fleet.as_ref().unwrap().pg;
+    let rows = || pg.psql("SELECT string_agg(sha256, ',') FROM checkpoints");
+    assert_eq!(rows().split(',').count(), 4, "{}", rows());
+    let (st, v) = e.send(
+        reqwest::Method::DELETE,
+        ALICE,
+        &format!("/v1/sessions/{a}"),
+        None,
+    );
+    assert_eq!(st, 200, "{v}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while rows() != kept {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}\n{}",
+            rows(),
+            e.fleet.as_ref().unwrap().nodes[0].log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // The local copies on the executor went too, but for the live head's.
+    let local = || {
+        std::fs::read_dir(e.data.join("checkpoints"))
+            .unwrap()
+            .flatten()
+            .map(|d| format!("sha256:{}", d.file_name().to_string_lossy()))
+            .collect::<Vec<_>>()
+    };
+    while local() != vec![kept.clone()] {
+        assert!(std::time::Instant::now() < deadline, "{:?}", local());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let (st, fork) = e.send(
+        reqwest::Method::POST,
+        ALICE,
+        &format!("/v1/sessions/{b}/fork"),
+        Some(json!({"request_id": "sweep-fork"})),
+    );
+    assert_eq!(st, 201, "{fork}");
+    let c = e.cell(
+        fork["session_id"].as_str().unwrap(),
+        "f0",
+        "print('B=' + open('/work/b').read())",
+    );
+    assert!(stdout(&c).contains("B=kept"), "{c}");
 }

@@ -3,8 +3,11 @@
 //! unknown fields are refused. [`Config::parse`] parses and validates; nothing here touches the
 //! file system.
 
+mod check;
 mod session;
-pub use session::SessionSettings;
+use check::is_sandbox_path_under;
+pub use check::{is_media_type, is_name, is_sha256_digest};
+pub use session::{Interpreter, SessionSettings};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -147,6 +150,11 @@ pub struct ServerSettings {
     /// (docs/deploy.md, "Leases and fencing").
     #[serde(default = "d_lease")]
     pub lease_seconds: u64,
+    /// The image store that task types' `image` digests are taken from (docs/images.md).
+    /// Default: `<data_dir>/images` (its fingerprint key `<data_dir>/images.key`, beside it);
+    /// fill it with `agentjail image import --store <data_dir>/images`.
+    #[serde(default)]
+    pub image_store: Option<PathBuf>,
 }
 
 fn d_lease() -> u64 {
@@ -213,6 +221,7 @@ impl Default for ServerSettings {
             database_password_file: None,
             node_id: None,
             lease_seconds: d_lease(),
+            image_store: None,
         }
     }
 }
@@ -283,6 +292,13 @@ pub struct Task {
     /// The isolation tier this task requires: `native` (default) or `gvisor`.
     #[serde(default)]
     pub isolation: agentjail_manifest::Tier,
+    /// The root file system its runs use: `sha256:<64 hex>`, an image in the service's image
+    /// store (`server.image_store`; `agentjail image import`, docs/images.md). Checked at
+    /// start-up (every file re-hashed): a missing or changed image refuses to start, naming
+    /// the task. Default: none, the host image (the host's `/usr`, `/bin`, `/lib*` read-only;
+    /// reports say `image_pinned: false`).
+    #[serde(default)]
+    pub image: Option<String>,
     /// Resource limits (the manifest's `limits`).
     #[serde(default)]
     pub limits: Limits,
@@ -430,42 +446,6 @@ pub struct ConfigError(pub String);
 
 fn err(s: impl Into<String>) -> ConfigError {
     ConfigError(s.into())
-}
-
-/// Names of tenants, actors and tasks: 1-64 of `a-z 0-9 _ -`.
-pub fn is_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 64
-        && s.chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
-}
-
-fn is_media_type(s: &str) -> bool {
-    let ok = |p: &str| {
-        !p.is_empty()
-            && p.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "!#$&-^_.+".contains(c))
-    };
-    s.len() <= 127
-        && s.split_once('/')
-            .map(|(a, b)| ok(a) && ok(b))
-            .unwrap_or(false)
-}
-
-/// `/input/x` or `/work/x`-style absolute sandbox path with no `.`/`..`/empty components.
-fn is_sandbox_path_under(p: &str, roots: &[&str]) -> bool {
-    let clean = p.starts_with('/')
-        && p.len() <= bounds::MAX_PATH
-        && p[1..]
-            .split('/')
-            .all(|c| !c.is_empty() && c != "." && c != "..")
-        && !p.chars().any(|c| c.is_control());
-    clean
-        && roots.iter().any(|r| {
-            p.strip_prefix(r)
-                .map(|rest| rest.starts_with('/'))
-                .unwrap_or(false)
-        })
 }
 
 impl Config {
@@ -659,11 +639,25 @@ impl Config {
                 .map_err(|e| at("output.schema", format!("not a valid JSON Schema: {e}")))?;
         }
         t.session.check().map_err(|(f, why)| at(f, why.into()))?;
+        if t.session.interpreter.is_some()
+            && (t.code != CodePolicy::Allowed || t.isolation != agentjail_manifest::Tier::Native)
+        {
+            let why = "a live session needs a task with code = \"allowed\" on the native tier";
+            return Err(at("session.interpreter", why.into()));
+        }
         if t.stdout_bytes.unwrap_or(0) > MAX_STREAM_BYTES {
             return Err(at("stdout_bytes", format!("at most {MAX_STREAM_BYTES}")));
         }
         if t.stderr_bytes.unwrap_or(0) > MAX_STREAM_BYTES {
             return Err(at("stderr_bytes", format!("at most {MAX_STREAM_BYTES}")));
+        }
+        if let Some(d) = &t.image
+            && !is_sha256_digest(d)
+        {
+            return Err(at(
+                "image",
+                "must be `sha256:` and 64 lower-case hex digits (a digest `agentjail image import` printed)".into(),
+            ));
         }
         if let Some(r) = &t.runtime
             && (r.len() > 300 || r.chars().any(char::is_control))

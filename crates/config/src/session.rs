@@ -31,6 +31,30 @@ pub struct SessionSettings {
     /// and all of a closed or expired session's by the retention sweep.
     #[serde(default = "d_keep")]
     pub keep_checkpoints: u64,
+    /// A resident interpreter makes the task's sessions live (docs/api.md, "Live sessions"):
+    /// the first cell starts one sandbox for the session, with the task's whole boundary,
+    /// running the interpreter, and every cell is executed in it, its variables, imports and
+    /// definitions kept between cells. Only for a task with `code = "allowed"` on the native
+    /// tier whose command runs its code file with Python 3. Default none: each cell is a run of
+    /// its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interpreter: Option<Interpreter>,
+    /// Live sessions: seconds without a cell after which the live sandbox ends, its
+    /// workspace checkpointed (default 300, 5-86400); the next cell starts a fresh one.
+    #[serde(default = "d_idle")]
+    pub idle_seconds: u64,
+}
+
+/// A resident interpreter of a live session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Interpreter {
+    /// `python3` (the task's command runs the driver given as its code).
+    Python,
+}
+
+fn d_idle() -> u64 {
+    300
 }
 
 fn d_keep() -> u64 {
@@ -59,6 +83,8 @@ impl Default for SessionSettings {
             max_cells: d_session_cells(),
             lifetime_seconds: d_day(),
             keep_checkpoints: d_keep(),
+            interpreter: None,
+            idle_seconds: d_idle(),
         }
     }
 }
@@ -81,6 +107,9 @@ impl SessionSettings {
         }
         if !(60..=2_592_000).contains(&self.lifetime_seconds) {
             return Err(("session.lifetime_seconds", "must be 60-2592000"));
+        }
+        if !(5..=86_400).contains(&self.idle_seconds) {
+            return Err(("session.idle_seconds", "must be 5-86400"));
         }
         if !(1..=1000).contains(&self.keep_checkpoints) {
             return Err(("session.keep_checkpoints", "must be 1-1000"));

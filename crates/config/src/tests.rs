@@ -180,3 +180,46 @@ fn ct_eq_works() {
     b[31] = 2;
     assert!(!ct_eq(&[1; 32], &b));
 }
+
+#[test]
+fn a_live_session_needs_a_code_task_on_the_native_tier() {
+    let live = |s: &mut String| {
+        *s = s.replacen(
+            "[tasks.summarize_csv.limits]",
+            "[tasks.summarize_csv.session]\ninterpreter = \"python\"\n[tasks.summarize_csv.limits]",
+            1,
+        )
+    };
+    assert!(with(live).is_ok());
+    let r = with(|s| {
+        live(s);
+        *s = s.replacen(
+            "network = \"deny\"\nallowed_tenants = [\"dev\"]",
+            "network = \"deny\"\nisolation = \"gvisor\"\nallowed_tenants = [\"dev\"]",
+            1,
+        );
+    });
+    let e = r
+        .err()
+        .unwrap_or_else(|| panic!("a live session on gVisor accepted"));
+    assert!(e.0.contains("session.interpreter"), "{e}");
+}
+
+#[test]
+fn a_task_image_must_be_a_sha256_digest() {
+    let mut c = example();
+    let good = format!("sha256:{}", "0a".repeat(32));
+    c.tasks.get_mut("summarize_csv").unwrap().image = Some(good);
+    c.validate().unwrap();
+    for bad in [
+        "python:3.12",
+        "sha256:abc",
+        &format!("sha256:{}", "0A".repeat(32)),
+        &format!("sha512:{}", "0a".repeat(32)),
+        &format!("sha256:{}/../x", "0a".repeat(32)),
+    ] {
+        c.tasks.get_mut("summarize_csv").unwrap().image = Some(bad.to_string());
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("tasks.summarize_csv.image"), "{bad}: {e}");
+    }
+}

@@ -39,8 +39,10 @@ use crate::sys;
 use crate::timing;
 
 mod control;
+mod rlimits;
 mod root;
 pub use control::{Applied, FromPayload, ToInit, ToSupervisor, recv, recv_fds, send, send_fds};
+use rlimits::apply_rlimits;
 use root::{Made, apply, finish_root};
 
 /// How the init was started.
@@ -67,6 +69,8 @@ pub struct InitArgs {
     pub affinity: Option<rustix::thread::CpuSet>,
     /// The sealed memfd of the workspace checkpoint to restore ([`crate::workspace`]).
     pub restore: Option<OwnedFd>,
+    /// The command's stdin when the caller gave one (a live session's control socket).
+    pub stdin: Option<OwnedFd>,
 }
 
 /// Puts `/dev/null` on stdin (the init's own, then the command's).
@@ -154,7 +158,13 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
     });
     timing::mark("init: host part of the root built");
     match step(Step::WaitForPlan, recv_fds::<ToInit>(a.ctl.as_fd()))? {
-        Some((ToInit::Go { allow_degraded }, fds)) if !fds.is_empty() => {
+        Some((
+            ToInit::Go {
+                allow_degraded,
+                stdin,
+            },
+            fds,
+        )) if !fds.is_empty() => {
             a.allow_degraded = allow_degraded;
             let mut fds = fds.into_iter();
             if let Some(plan) = fds.next() {
@@ -168,7 +178,13 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
             {
                 made.copies = fds.next();
             }
-            a.restore = fds.next();
+            if a.plan.workspace.as_ref().is_some_and(|w| w.restore) {
+                a.restore = fds.next();
+            }
+            // Last, the command's stdin.
+            if stdin {
+                a.stdin = fds.next();
+            }
         }
         None => sys::exit_now(0),
         _ => return Err(SetupError::new(Step::WaitForPlan, "unexpected message")),
@@ -533,7 +549,10 @@ fn payload(a: &InitArgs, sock: BorrowedFd<'_>) -> StepResult<String> {
             step(Step::RedirectOutput(name), sys::dup2(fd.as_raw_fd(), to))?;
         }
     }
-    stdin_from_dev_null()?;
+    match &a.stdin {
+        Some(fd) => step(Step::RedirectStdin, sys::dup2(fd.as_raw_fd(), 0))?,
+        None => stdin_from_dev_null()?,
+    }
     step(
         Step::ChdirCwd(a.plan.cwd.clone()),
         std::env::set_current_dir(&a.plan.cwd),
@@ -563,7 +582,7 @@ fn payload(a: &InitArgs, sock: BorrowedFd<'_>) -> StepResult<String> {
     crate::workspace::restore_in_payload(a.plan.workspace.as_ref(), a.restore.as_ref())?;
 
     let mut applied = Applied {
-        rlimits: apply_rlimits(a)?,
+        rlimits: apply_rlimits(&a.plan.limits, a.cgroup_applied, a.root_mode)?,
         ..Applied::default()
     };
     applied.landlock_abi = apply_landlock(a, &mut applied.degraded)?;
@@ -653,50 +672,6 @@ fn payload(a: &InitArgs, sock: BorrowedFd<'_>) -> StepResult<String> {
         Some(e) => e.to_string(),
         None => "not found".to_string(),
     })
-}
-
-fn apply_rlimits(a: &InitArgs) -> StepResult<Vec<String>> {
-    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
-    let l = &a.plan.limits;
-    let lim = |cur: u64, max: u64| Rlimit {
-        current: Some(cur),
-        maximum: Some(max),
-    };
-    // A backstop one above the cgroup's limit, so that the cgroup (which counts and reports
-    // refusals) is what stops a fork bomb when it exists. In unprivileged mode the init shares
-    // the sandbox user's uid and counts toward NPROC too.
-    let nproc = if a.cgroup_applied {
-        l.processes + 1
-    } else {
-        l.processes
-    } + if a.root_mode { 0 } else { 1 };
-    let address_space = if a.cgroup_applied {
-        (l.memory_bytes() * 4).max(1 << 30)
-    } else {
-        l.memory_bytes()
-    };
-    let nofile_max = getrlimit(Resource::Nofile)
-        .maximum
-        .unwrap_or(1024)
-        .min(1024);
-    let list: [(Resource, &str, Rlimit); 6] = [
-        (Resource::Core, "core=0", lim(0, 0)),
-        (Resource::Nproc, "nproc", lim(nproc, nproc)),
-        (Resource::Cpu, "cpu", lim(l.seconds + 1, l.seconds + 2)),
-        (
-            Resource::Fsize,
-            "fsize",
-            lim(l.memory_bytes(), l.memory_bytes()),
-        ),
-        (Resource::Nofile, "nofile", lim(nofile_max, nofile_max)),
-        (Resource::As, "as", lim(address_space, address_space)),
-    ];
-    let mut names = Vec::new();
-    for (res, name, v) in list {
-        step(Step::SetRlimit(name), setrlimit(res, v))?;
-        names.push(name.trim_end_matches("=0").to_string());
-    }
-    Ok(names)
 }
 
 /// Landlock: the payload may reach exactly the plan's mounts, with the plan's access, and no

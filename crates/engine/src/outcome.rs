@@ -52,6 +52,9 @@ pub struct RunOptions {
     /// refused syscalls and egress refusals; [`crate::live`]). The report is the same with or
     /// without it.
     pub live_denials: Option<std::sync::Arc<crate::live::LiveDenials>>,
+    /// The command's stdin instead of `/dev/null` (native tier): a live session's control
+    /// socket, over which its resident interpreter receives cells and answers them.
+    pub stdin: Option<std::sync::Arc<OwnedFd>>,
 }
 
 impl Default for RunOptions {
@@ -65,6 +68,7 @@ impl Default for RunOptions {
             lease: None,
             workspace_restore: None,
             live_denials: None,
+            stdin: None,
         }
     }
 }

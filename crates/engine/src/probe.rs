@@ -45,6 +45,7 @@ pub fn probe_run(allow_degraded: bool) -> Result<(), ProbeError> {
         lease: None,
         workspace_restore: None,
         live_denials: None,
+        stdin: None,
     };
     let out = run(&vm, &opts, None);
     match out.report.status {

@@ -153,11 +153,13 @@ pub fn run_on(
             Some(&memfd),
             copies.as_ref().map(|c| &c.fd),
             restore.as_ref(),
+            opts.stdin.as_deref(),
         ];
         send_or_died(
             &ctl_s,
             &ToInit::Go {
                 allow_degraded: opts.allow_degraded,
+                stdin: opts.stdin.is_some(),
             },
             &crate::workspace::present(&fds),
         )

@@ -79,6 +79,8 @@ pub(crate) struct Inner {
     /// The news of each run executing or waiting for a slot on this node, by job id: its
     /// followers wait for it instead of polling ([`crate::news`]).
     pub news: crate::news::Board,
+    /// The live sandboxes of live sessions on this node ([`crate::live_slots`]).
+    pub live: crate::live_slots::LiveSessions,
     /// Exclusive lock on the data directory, held for the life of the process.
     pub(crate) _lock: std::fs::File,
 }
@@ -246,6 +248,11 @@ impl Launch {
         if !allow_degraded {
             strict_preflight(&runner, command)?;
         }
+        crate::images::check_at_startup(
+            config,
+            &crate::images::store_dir(&config.server, &data_dir),
+        )
+        .map_err(ServerError::Io)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()

@@ -16,8 +16,9 @@
 //!   `/healthz`, `/readyz`); each maps the service's results to its own transport.
 //! - [`service`]: the operations the doors share (inputs, runs, reconcile, the task catalogue),
 //!   knowing no transport.
-//! - [`app`] (the shared state and the startup checks), [`selftest`] (the startup self-test)
-//!   and [`dev_token`] (the token of `serve` without `--config`, kept in the data directory).
+//! - [`app`] (the shared state and the startup checks), [`images`] (task types on pinned
+//!   images: the store, the start-up check, a probe run in a sandbox on the image),
+//!   [`selftest`] (the startup self-test) and [`dev_token`] (the token of `serve` without `--config`, kept in the data directory).
 //! - [`execution`]: admission and slots, the runner process and its lifeline, leases and
 //!   fencing ([`runner`](execution::runner)); the fleet executor
 //!   ([`fleet`](execution::fleet)).
@@ -35,6 +36,8 @@ pub mod app;
 pub mod dev_token;
 pub mod doors;
 pub mod execution;
+pub mod images;
+pub mod live_slots;
 pub mod news;
 pub mod policy;
 pub mod run_state;
@@ -65,14 +68,16 @@ use app::Launch;
 pub use app::{AppState, ServerError, default_data_dir};
 pub use config::Config;
 
-/// The HTTP application: the API ([`api`]) and the MCP endpoint ([`mcp`], behind the same
-/// bearer authentication), composed here so that neither transport depends on the other.
+/// The HTTP application: the API ([`api`]), the MCP endpoint ([`mcp`], behind the same
+/// bearer authentication) and the operator console ([`doors::console`], its own sessions),
+/// composed here so that no transport depends on another.
 pub async fn router(state: AppState) -> axum::Router {
     let mcp = mcp::http_router(&state).layer(axum::middleware::from_fn_with_state(
         state.clone(),
         api::auth,
     ));
-    api::router_with(state, mcp).await
+    let more = mcp.merge(doors::console::router(&state));
+    api::router_with(state, more).await
 }
 
 /// Options of `agentjail serve`; each overrides the configuration file.

@@ -415,16 +415,9 @@ pub fn valid_file_name(s: &str) -> bool {
 }
 
 /// A media type: `type/subtype` of RFC 6838 characters, at most 127 bytes.
+/// The same rule as the configuration's media types.
 pub fn valid_media_type(s: &str) -> bool {
-    let ok = |p: &str| {
-        !p.is_empty()
-            && p.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "!#$&-^_.+".contains(c))
-    };
-    s.len() <= 127
-        && s.split_once('/')
-            .map(|(a, b)| ok(a) && ok(b))
-            .unwrap_or(false)
+    crate::config::is_media_type(s)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -632,6 +625,7 @@ pub fn manifest(
     }
     m.network = task.network.clone();
     m.isolation = task.isolation;
+    m.image = task.image.clone();
     m.limits = task.limits;
     m.limits.output_mb = m
         .limits

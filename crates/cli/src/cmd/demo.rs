@@ -68,6 +68,7 @@ pub fn run(allow_degraded: bool, report: Option<PathBuf>) -> Result<u8, String> 
             lease: None,
             workspace_restore: None,
             live_denials: None,
+            stdin: None,
         },
         &Delivery {
             output_dir: Some(out_dir),

@@ -72,6 +72,11 @@ pub struct RunArgs {
         conflicts_with_all = ["job_dir", "output_dir", "report", "receipt", "workspace_out"]
     )]
     pub results_on_lifeline: bool,
+    /// For `agentjail serve`'s live sessions (with `--lifeline`): connect to the Unix socket
+    /// at PATH (the service listens on it, in the job folder) and give the connection to the
+    /// command as its stdin, the control channel of the session's resident interpreter.
+    #[arg(long, hide = true, value_name = "PATH", requires = "lifeline")]
+    pub live_control: Option<PathBuf>,
     /// For a fleet executor (with `--lifeline`): the run's lease ends at this time
     /// (nanoseconds of `CLOCK_BOOTTIME`) unless a renewal moves it; the executor sends
     /// renewals on the lifeline after the manifest (agentjail_manifest::results::LEASE). When
@@ -311,6 +316,17 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
         lease,
         workspace_restore: None,
         live_denials: live_denials_to(results.as_ref()),
+        stdin: match &a.live_control {
+            Some(p) => match std::os::unix::net::UnixStream::connect(p) {
+                Ok(s) => Some(std::sync::Arc::new(std::os::fd::OwnedFd::from(s))),
+                Err(e) => {
+                    return Err(format!(
+                        "cannot connect to the live session's control socket: {e}"
+                    ));
+                }
+            },
+            None => None,
+        },
     };
     let delivery = Delivery {
         output_dir: a.output_dir.clone(),

@@ -5,8 +5,26 @@
 
 use std::process::Command;
 
+/// Each test of `names` (a `fn(Env)` of the calling test file) on SQLite (its `start()`) and on
+/// PostgreSQL (its `start_pg()`; None: PostgreSQL is missing, see [`skip`]), as the modules
+/// `on_sqlite` and `on_postgresql` of that file.
+#[allow(unused_macros)]
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod on_sqlite {
+            $(#[test] fn $name() { super::$name(super::start()) })*
+        }
+        mod on_postgresql {
+            $(#[test] fn $name() {
+                if let Some(e) = super::start_pg() { super::$name(e) }
+            })*
+        }
+    };
+}
+
 pub mod netns;
 pub mod pg;
+pub mod pyimage;
 pub mod serve;
 mod skip;
 #[allow(unused_imports)]
@@ -100,6 +118,11 @@ pub fn is_root() -> bool {
 /// `agentjail` run as uid and gid 65534 with no supplementary groups (`setpriv`, util-linux):
 /// the ordinary user of the unprivileged tests.
 pub fn as_nobody() -> std::process::Command {
+    nobody_running(bin())
+}
+
+/// `program` run as uid and gid 65534 with no supplementary groups (`setpriv`, util-linux).
+pub fn nobody_running(program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
     let mut c = std::process::Command::new("setpriv");
     c.args([
         "--reuid",
@@ -109,7 +132,7 @@ pub fn as_nobody() -> std::process::Command {
         "--clear-groups",
         "--",
     ])
-    .arg(bin());
+    .arg(program);
     c
 }
 
@@ -125,6 +148,12 @@ pub fn payloads(marker: &str) -> Vec<i32> {
 /// (which hold the run's argument). Every test host is a network namespace of this machine's
 /// one pid namespace, so this sees every host's processes.
 pub fn payload_cmdlines(marker: &str) -> Vec<(i32, String)> {
+    cmdlines(|c| c.starts_with("/usr/bin/python3") && c.contains(marker))
+}
+
+/// The processes (of this machine's one pid namespace) whose command line, its arguments
+/// joined by spaces, satisfies `pick`, with that line.
+pub fn cmdlines(pick: impl Fn(&str) -> bool) -> Vec<(i32, String)> {
     let mut found = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
@@ -133,7 +162,7 @@ pub fn payload_cmdlines(marker: &str) -> Vec<(i32, String)> {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
             .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
             .unwrap_or_default();
-        if cmdline.starts_with("/usr/bin/python3") && cmdline.contains(marker) {
+        if pick(&cmdline) {
             found.push((pid, cmdline));
         }
     }

@@ -237,6 +237,7 @@ impl Drop for Serve {
 }
 
 /// A blocking client of one server's HTTP API, the bearer token given per call.
+#[derive(Clone)]
 pub struct Api {
     /// `http://127.0.0.1:PORT`.
     pub base: String,

@@ -9,10 +9,11 @@ Scenarios: tools/list has session_open, session_run and session_close with their
 schemas; a session is opened; cell 0 writes /work/x (live progress received), cell 1 reads it
 back, a variable of cell 0 is gone in cell 2 (NameError in the untrusted stderr); a repeated
 call with the same step_id runs once, and so does a repeated call without one (the derived
-step id); after session_close a cell is refused with a readable error; over HTTP, the other
-actor's call with this session id is refused exactly as one with a missing id. With
---expect-unsupported (a server on PostgreSQL): each session tool answers `sessions-unsupported`
-as a tool error.
+step id); session_get lists the cells with their status; session_fork from a given cell starts a
+new session from the /work that cell left (a later file absent), from the head with all of it,
+and the original is unchanged by what the fork writes; a repeated fork with the same request_id
+is the same session; a closed session cannot be forked; after session_close a cell is refused with a readable error; over HTTP, the other
+actor's call (run, get, fork, close) with this session id is refused exactly as one with a missing id.
 """
 
 import argparse
@@ -80,13 +81,19 @@ async def tools_listed(client, out):
     log("< tools:", sorted(tools))
     out["tools"] = sorted(tools)
     o, r, c = tools["session_open"], tools["session_run"], tools["session_close"]
+    g, f = tools["session_get"], tools["session_fork"]
+    check(g.input_schema["required"] == ["session_id"], f"session_get required: {g.input_schema}")
+    check(f.input_schema["required"] == ["session_id"], f"session_fork required: {f.input_schema}")
+    check(set(f.input_schema["properties"]) == {"session_id", "cell", "request_id"}, f"{f.input_schema}")
+    check("NEW session" in f.description and "unchanged" in f.description, "session_fork says the original stays")
+    check("status" in g.description and g.annotations.read_only_hint is True, "session_get: read-only, lists statuses")
     check(o.input_schema["required"] == ["task"], f"session_open required: {o.input_schema}")
-    check(o.input_schema["properties"]["task"]["enum"] == ["py"], f"session_open tasks: {o.input_schema}")
+    check(o.input_schema["properties"]["task"]["enum"] == ["live", "py"], f"session_open tasks: {o.input_schema}")
     check(set(o.input_schema["properties"]) == {"task", "inputs", "request_id"}, f"{o.input_schema}")
     check(r.input_schema["required"] == ["session_id", "code"], f"session_run required: {r.input_schema}")
     check(set(r.input_schema["properties"]) == {"session_id", "code", "step_id"}, f"{r.input_schema}")
     check(c.input_schema["required"] == ["session_id"], f"session_close required: {c.input_schema}")
-    for t in (o, r, c):
+    for t in (o, r, c, g, f):
         check(t.input_schema.get("additionalProperties") is False, f"{t.name}: closed input schema")
         log(f"  {t.name} inputSchema:", short(t.input_schema, 2000))
         log(f"  {t.name} description:", t.description)
@@ -163,6 +170,8 @@ async def persists_and_runs_once(client, out):
     check(cell_meta(n)["stdout"]["head"].strip() == "2", f"two appends ran, not four: {cell_meta(n)}")
     out["appended"] = int(cell_meta(n)["stdout"]["head"].strip())
 
+    await get_and_fork(client, sid, out)
+
     # Closed: a cell is refused, readably.
     cl = await call(client, "session_close", {"session_id": sid})
     check(not cl.is_error and cl.structured_content["state"] == "closed", f"closed {cl.structured_content}")
@@ -170,7 +179,46 @@ async def persists_and_runs_once(client, out):
     check(refused.is_error and error_of(refused)["error"] == "session-closed", f"refused after close: {texts(refused)}")
     check("session-closed" in texts(refused), "the refusal is in the text the model reads")
     out["after_close"] = error_of(refused)["error"]
+    nofork = await call(client, "session_fork", {"session_id": sid, "request_id": "fork-late"})
+    check(nofork.is_error and error_of(nofork)["error"] == "session-closed", f"no fork of a closed session: {texts(nofork)}")
+    out["fork_after_close"] = error_of(nofork)["error"]
     return sid
+
+
+async def get_and_fork(client, sid, out):
+    """session_get lists the six cells; forks from cell 1 and from the head."""
+    g = await call(client, "session_get", {"session_id": sid})
+    check(not g.is_error, f"session_get ok: {texts(g)}")
+    sc = g.structured_content
+    got = [(c["cell"], c["step_id"], c["status"]) for c in sc["cell_list"]]
+    check(sc["state"] == "open" and sc["cells"] == 6 and len(got) == 6, f"six cells: {sc}")
+    check(got[0] == (0, "write-x", "ok") and got[1] == (1, "read-x", "ok") and got[2][2] == "exit_nonzero", f"cells: {got}")
+    check("read-x" in texts(g), "the cells are in the text the model reads")
+    out["get_statuses"] = [c[2] for c in got]
+
+    # From cell 1: /work/x is there, /work/log (written by cells 3 and 4) is not.
+    f1 = await call(client, "session_fork", {"session_id": sid, "cell": 1, "request_id": "fork-1"})
+    check(not f1.is_error, f"fork ok: {texts(f1)}")
+    fid = f1.structured_content["session_id"]
+    check(fid != sid and fid.startswith("ses_"), f"a new session {fid}")
+    check(f1.structured_content["forked_from"] == {"session_id": sid, "cell": 1}, f"forked_from {f1.structured_content}")
+    again = await call(client, "session_fork", {"session_id": sid, "cell": 1, "request_id": "fork-1"})
+    check(again.structured_content["session_id"] == fid, "a repeated fork is the same session")
+    fc = await call(client, "session_run", {"session_id": fid, "step_id": "in-fork", "code": code(
+        "import os\nprint(open('/work/x').read(), os.path.exists('/work/log'))\nopen('/work/x', 'w').write('changed')")})
+    check(not fc.is_error and cell_meta(fc)["stdout"]["head"].strip() == "forty-two False", f"the fork's /work is cell 1's: {cell_meta(fc)}")
+    # From the head: all of /work, the two appends included.
+    f2 = await call(client, "session_fork", {"session_id": sid, "request_id": "fork-head"})
+    hid = f2.structured_content["session_id"]
+    hc = await call(client, "session_run", {"session_id": hid, "step_id": "in-head-fork", "code": code("print(len(open('/work/log').readlines()))")})
+    check(cell_meta(hc)["stdout"]["head"].strip() == "2", f"the head fork has /work/log: {cell_meta(hc)}")
+    # The original is unchanged by what the fork wrote.
+    oc = await call(client, "session_run", {"session_id": sid, "step_id": "after-fork", "code": code("print(open('/work/x').read())")})
+    check(cell_meta(oc)["stdout"]["head"].strip() == "forty-two", f"the original is unchanged: {cell_meta(oc)}")
+    for f in (fid, hid):
+        cl = await call(client, "session_close", {"session_id": f})
+        check(cl.structured_content["state"] == "closed", "fork closed")
+    out["forked"] = {"from_cell_1": cell_meta(fc)["stdout"]["head"].strip(), "from_head": cell_meta(hc)["stdout"]["head"].strip(), "original": cell_meta(oc)["stdout"]["head"].strip()}
 
 
 async def other_actor(client, sid, out):
@@ -179,6 +227,8 @@ async def other_actor(client, sid, out):
     results = {}
     for name, args in [
         ("run", lambda s: ("session_run", {"session_id": s, "step_id": "x", "code": code("print(1)")})),
+        ("get", lambda s: ("session_get", {"session_id": s})),
+        ("fork", lambda s: ("session_fork", {"session_id": s, "request_id": "carol-fork"})),
         ("close", lambda s: ("session_close", {"session_id": s})),
     ]:
         theirs = await call(client, *args(sid))
@@ -190,19 +240,23 @@ async def other_actor(client, sid, out):
     out["other_actor"] = results
 
 
-async def unsupported(client, out):
-    """On PostgreSQL (no sessions in this version) each session tool is a readable refusal."""
-    none = "ses_" + "0" * 32
-    got = {}
-    for name, args in [
-        ("session_open", {"task": "py", "request_id": "pg-open"}),
-        ("session_run", {"session_id": none, "code": code("print(1)")}),
-        ("session_close", {"session_id": none}),
-    ]:
-        r = await call(client, name, args)
-        check(r.is_error and "sessions-unsupported" in texts(r), f"{name}: refused readably: {texts(r)}")
-        got[name] = error_of(r)["error"]
-    out["unsupported"] = got
+async def live_cells(client, out):
+    """A live session (task `live`: a resident interpreter): the usage says variables persist,
+    a cell that ends ok without an output file is a success, and a variable of one cell is
+    there in the next."""
+    o = await call(client, "session_open", {"task": "live", "request_id": "mcp-live"})
+    check(not o.is_error, f"live session_open ok: {texts(o)}")
+    sid = o.structured_content["session_id"]
+    usage = o.structured_content["usage"]
+    check("resident" in usage and "variables" in usage, f"live usage: {usage}")
+    a = await call(client, "session_run", {"session_id": sid, "step_id": "set", "code": "x = 41\nprint('set')"})
+    b = await call(client, "session_run", {"session_id": sid, "step_id": "use", "code": "print(x + 1)"})
+    await call(client, "session_close", {"session_id": sid})
+    out["live"] = {
+        "set_is_error": a.is_error,
+        "use_is_error": b.is_error,
+        "use_prints_42": "42" in texts(b),
+    }
 
 
 def connect(a, token_file):
@@ -228,17 +282,15 @@ async def main():
     ap.add_argument("--other-token-file")
     ap.add_argument("--url")
     ap.add_argument("--transcript")
-    ap.add_argument("--expect-unsupported", action="store_true")
+    ap.add_argument("--live", action="store_true", help="also the live session scenario (task `live`)")
     a = ap.parse_args()
     out = {"transport": a.transport}
     try:
         async with Client(connect(a, a.token_file)) as client:
             await tools_listed(client, out)
-            if a.expect_unsupported:
-                await unsupported(client, out)
-                sid = None
-            else:
-                sid = await persists_and_runs_once(client, out)
+            sid = await persists_and_runs_once(client, out)
+            if a.live:
+                await live_cells(client, out)
         if a.other_token_file and sid:
             async with Client(connect(a, a.other_token_file)) as client:
                 await other_actor(client, sid, out)

@@ -22,7 +22,12 @@ pub enum ToInit {
     Maps,
     /// Carries a memfd holding the [`Plan`] (JSON), then, when an input is copied
     /// ([`crate::plan::Op::Copy`]), the sealed memfd of the copies.
-    Go { allow_degraded: bool },
+    Go {
+        allow_degraded: bool,
+        /// A descriptor for the command's stdin follows the others (a live session's control
+        /// socket, [`crate::outcome::RunOptions::stdin`]); otherwise it reads `/dev/null`.
+        stdin: bool,
+    },
     /// The run's cgroups, which the init keeps open for the payload (the init itself stays
     /// outside them). `applied` false: none could be made (a degraded run; the rlimits are
     /// the only bound). With v1, carries the `tasks` file of each hierarchy, opened for

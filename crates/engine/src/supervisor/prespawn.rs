@@ -113,6 +113,7 @@ pub(super) fn prespawn_now(root_mode: bool) -> StepResult<Prespawned> {
                 cgroup_dir: None,
                 affinity,
                 restore: None,
+                stdin: None,
             })
         }
         Ok(Cloned::Parent { pid, pidfd }) => {

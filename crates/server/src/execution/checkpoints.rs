@@ -16,18 +16,10 @@ use agentjail_manifest::report::RunReport;
 use agentjail_manifest::session::{Session, is_sha256_digest};
 use agentjail_manifest::workspace::Workspace;
 
-/// What a session's cell adds to its job.
-#[derive(Debug, Clone)]
-pub struct CellJob {
-    pub session_id: String,
-    pub cell: u64,
-    /// The checkpoint the cell starts from (`sha256:<hex>`), None for an empty `/work`.
-    pub restore: Option<String>,
-    /// The previous cell's receipt digest (`sha256:<hex>`).
-    pub previous_receipt_sha256: Option<String>,
-    pub max_mb: u64,
-    pub max_files: u64,
-}
+use crate::storage::session_store::Sessions;
+use crate::storage::store::StoreError;
+
+pub use crate::storage::sessions::CellJob;
 
 impl CellJob {
     /// The most the runner's checkpoint frame may take.
@@ -160,7 +152,7 @@ pub fn accept(
     data_dir: &Path,
     job_id: &str,
     report: &RunReport,
-    bytes: Option<Vec<u8>>,
+    bytes: Option<&[u8]>,
 ) -> Option<String> {
     let named = report.workspace.as_ref()?.sha256.clone()?;
     let Some(bytes) = bytes else {
@@ -170,12 +162,12 @@ pub fn accept(
         );
         return None;
     };
-    let got = format!("sha256:{}", crate::config::sha256_hex(&bytes));
+    let got = format!("sha256:{}", crate::config::sha256_hex(bytes));
     if got != named {
         tracing::error!(job_id, reported = %named, got = %got, "the runner's checkpoint is not the one its report names; refused");
         return None;
     }
-    match store(data_dir, &named, &bytes) {
+    match store(data_dir, &named, bytes) {
         Ok(()) => Some(named),
         Err(e) => {
             tracing::error!(job_id, error = %e, "storing a checkpoint failed");
@@ -200,8 +192,10 @@ pub async fn cell_end(
         .and_then(|r| serde_json::from_str::<RunReport>(r).ok());
     let data = state.inner.data_dir.clone();
     let id = job_id.to_owned();
+    let bytes: Option<std::sync::Arc<[u8]>> = bytes.map(Into::into);
+    let sent = bytes.clone();
     let checkpoint = match report {
-        Some(r) => tokio::task::spawn_blocking(move || accept(&data, &id, &r, bytes))
+        Some(r) => tokio::task::spawn_blocking(move || accept(&data, &id, &r, sent.as_deref()))
             .await
             .ok()
             .flatten(),
@@ -210,12 +204,19 @@ pub async fn cell_end(
     let checkpoint_path = checkpoint
         .as_deref()
         .and_then(|c| path(&state.inner.data_dir, c));
+    // A store shared by the fleet keeps the checkpoint's bytes itself.
+    let keep = checkpoint
+        .as_ref()
+        .and(state.inner.queue.as_ref())
+        .and(bytes);
     crate::storage::sessions::CellEnd {
         session_id: cell.session_id.clone(),
         cell: cell.cell,
         checkpoint,
         checkpoint_path,
         receipt_sha256: receipt.as_deref().and_then(receipt_digest),
+        bytes: keep,
+        interpreter: cell.interpreter,
     }
 }
 
@@ -223,14 +224,99 @@ pub async fn cell_end(
 /// registered: a close racing the cell's submission that could not cancel it yet (it was not
 /// registered) still stops it before it starts.
 pub async fn session_closed(state: &crate::app::AppState, cell: &CellJob) -> bool {
-    let Some(db) = state.store().sqlite() else {
+    let Some(sessions) = sessions(state) else {
         return false;
     };
-    let id = cell.session_id.clone();
-    let s = db
-        .call(move |c| crate::storage::sessions::get_session(c, &id))
-        .await;
+    let s = sessions.get_session(&cell.session_id).await;
     matches!(s, Ok(Some(s)) if s.closed_at.is_some())
+}
+
+/// Where this node's sessions are kept: the PostgreSQL store of the fleet, else the SQLite
+/// database; None for neither.
+pub fn sessions(state: &crate::app::AppState) -> Option<Sessions> {
+    if let Some(q) = &state.inner.queue {
+        return Some(Sessions::Pg(q.clone()));
+    }
+    state.store().sqlite().map(|d| Sessions::Sqlite(d.clone()))
+}
+
+/// Checks that the checkpoint `sha256` is stored and that its bytes still hash to its name
+/// (on PostgreSQL: its row in `checkpoints`; on SQLite: its file): Ok(Err(why)) when not.
+pub async fn verify(
+    state: &crate::app::AppState,
+    sha256: &str,
+) -> Result<Result<(), String>, StoreError> {
+    let sha = sha256.to_owned();
+    match &state.inner.queue {
+        Some(q) => {
+            let bytes = q.checkpoint_bytes(sha256).await?;
+            Ok(
+                tokio::task::spawn_blocking(move || check_bytes(&sha, bytes.as_deref()).map(drop))
+                    .await
+                    .unwrap_or_else(|_| Err("checking the checkpoint failed".into())),
+            )
+        }
+        None => {
+            let data = state.inner.data_dir.clone();
+            Ok(
+                tokio::task::spawn_blocking(move || verify_stored(&data, &sha))
+                    .await
+                    .unwrap_or_else(|_| Err("checking the checkpoint failed".into())),
+            )
+        }
+    }
+}
+
+/// `bytes` (None: not stored) checked against their name `sha256`; the refusal otherwise.
+fn check_bytes<'b>(sha256: &str, bytes: Option<&'b [u8]>) -> Result<&'b [u8], String> {
+    if !is_sha256_digest(sha256) {
+        return Err("the session's checkpoint digest is malformed".into());
+    }
+    let Some(bytes) = bytes else {
+        tracing::error!(
+            checkpoint = sha256,
+            "a session's checkpoint is not in the store"
+        );
+        return Err(format!(
+            "the session's checkpoint {sha256} is missing from the store; refused, nothing ran"
+        ));
+    };
+    let got = format!("sha256:{}", crate::config::sha256_hex(bytes));
+    if got != sha256 {
+        tracing::error!(expected = sha256, got = %got, "a stored checkpoint no longer matches its name");
+        return Err(format!(
+            "the session's checkpoint {sha256} no longer matches its stored bytes (tampered or corrupted); refused, nothing ran"
+        ));
+    }
+    Ok(bytes)
+}
+
+/// Before a claimed cell runs on this executor: the checkpoint `sha256` read from the fleet's
+/// store, hashed, and written to this node's checkpoint folder for the runner to restore (which
+/// checks it again); the refusal when it is missing or no longer matches its name (nothing is
+/// written, nothing runs).
+pub async fn materialise(
+    data_dir: &Path,
+    queue: &crate::storage::pg::PgStore,
+    sha256: &str,
+) -> Result<(), String> {
+    let bytes = queue.checkpoint_bytes(sha256).await.map_err(|e| {
+        tracing::error!(error = %e, "reading a session's checkpoint from the database failed");
+        format!(
+            "the session's checkpoint {sha256} cannot be read from the store; refused, nothing ran"
+        )
+    })?;
+    let (data, sha) = (data_dir.to_owned(), sha256.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let b = check_bytes(&sha, bytes.as_deref())?;
+        store(&data, &sha, b).map_err(|e| {
+            tracing::error!(error = %e, "writing a session's checkpoint on this node failed");
+            "the session's checkpoint cannot be written on its executor; refused, nothing ran"
+                .to_string()
+        })
+    })
+    .await
+    .unwrap_or_else(|_| Err("restoring the checkpoint failed".into()))
 }
 
 #[cfg(test)]
@@ -267,7 +353,7 @@ mod tests {
         });
         // Other bytes than those the report names: refused, nothing stored.
         assert_eq!(
-            super::accept(d.path(), "j", &report, Some(b"other".to_vec())),
+            super::accept(d.path(), "j", &report, Some(&b"other"[..])),
             None
         );
         assert!(!super::path(d.path(), &sha).unwrap().exists());
@@ -275,7 +361,7 @@ mod tests {
         assert_eq!(super::accept(d.path(), "j", &report, None), None);
         // The named bytes: stored under their digest.
         assert_eq!(
-            super::accept(d.path(), "j", &report, Some(bytes.clone())),
+            super::accept(d.path(), "j", &report, Some(&bytes[..])),
             Some(sha.clone())
         );
         assert_eq!(
@@ -284,6 +370,9 @@ mod tests {
         );
         // No checkpoint in the report: nothing kept, whatever was sent.
         report.workspace = None;
-        assert_eq!(super::accept(d.path(), "j", &report, Some(bytes)), None);
+        assert_eq!(
+            super::accept(d.path(), "j", &report, Some(&bytes[..])),
+            None
+        );
     }
 }

@@ -345,8 +345,24 @@ async fn run_claimed(
         lost,
         end,
     };
-    match (spec, args) {
-        (Ok(spec), Ok(args)) => {
+    // A session's cell starts from the session's head checkpoint, read from the database and
+    // hashed here before anything runs: a missing or tampered one ends the cell as a set-up
+    // error, never half-restored.
+    let restored = match spec.as_ref().ok().and_then(|s| s.session.as_ref()) {
+        Some(cell) => match cell.restore.as_deref() {
+            Some(sha) => super::checkpoints::materialise(&state.inner.data_dir, &queue, sha).await,
+            None => Ok(()),
+        },
+        None => Ok(()),
+    };
+    match (spec, args, restored) {
+        (_, _, Err(why)) => {
+            drop(permit);
+            tracing::error!(job_id = %run.job_id, %why, "a claimed cell's checkpoint was refused");
+            let who = runner::RunIds::of(&run);
+            runner::end_claim_as_setup_error(&queue, c.fence, who, &why).await;
+        }
+        (Ok(spec), Ok(args), Ok(())) => {
             let job = Job {
                 tenant: run.tenant,
                 actor: run.actor,
@@ -360,7 +376,7 @@ async fn run_claimed(
                 args,
                 cancel: None,
                 lease: Some(lease_h),
-                session: None,
+                session: spec.session,
             };
             runner::execute(state, job, None, Some(permit)).await;
         }

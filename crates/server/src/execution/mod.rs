@@ -11,6 +11,8 @@
 //!   leases, expires those of lost nodes, and reports this node's status.
 //! - [`checkpoints`]: a session's workspace checkpoints, stored content-addressed and checked
 //!   against their names; what a session's cell adds to its manifest.
+//! - [`live`]: live sessions' sandboxes (one per session, a resident interpreter run through
+//!   the same runner path as a run) and the control socket their cells go over.
 //!
 //! Each writer of a run here tells the run's followers on this node when it wrote
 //! ([`crate::news`]): the log drains, the denials' writer, the start and the end.
@@ -21,5 +23,6 @@
 pub mod checkpoints;
 pub mod denials;
 pub mod fleet;
+pub mod live;
 pub mod runner;
 pub mod streams;

@@ -175,9 +175,16 @@ async fn record_end(
     job: &Job,
     f: FinishRun,
     ev: Event,
+    cell: Option<&crate::storage::sessions::CellEnd>,
 ) -> Result<(), crate::storage::store::StoreError> {
     match &job.lease {
-        Some(l) => match l.queue.finish_fenced(f, l.fence, Some(&ev)).await {
+        // A session's cell: its end, checkpoint and the session's new head in the same fenced
+        // transaction (crate::storage::pg::sessions).
+        Some(l) => match l
+            .queue
+            .finish_fenced_cell(f, l.fence, Some(&ev), cell)
+            .await
+        {
             // Fail closed: a result whose record cannot be appended is not recorded either
             // (the run stays in flight and ends `unknown` when its lease runs out). When the
             // database refused the write for another reason than fencing, the record is
@@ -335,8 +342,26 @@ pub fn build_manifest(state: &AppState, task: &Task, job: &Job) -> Manifest {
     );
     if let Some(cell) = &job.session {
         super::checkpoints::apply(&mut m, &state.inner.data_dir, cell);
+        // A live session's interpreter lives until its session's idle end or close, at most
+        // the session's lifetime and a day; each cell has the task's limit ([`super::live`]).
+        if cell.interpreter {
+            m.limits.seconds = run_seconds(task, job);
+        }
     }
     m
+}
+
+/// A live session interpreter's control socket in its job folder ([`super::live`]).
+pub fn live_control_path(job_dir: &Path) -> PathBuf {
+    job_dir.join("live.sock")
+}
+
+/// The wall-clock limit of the job's sandbox: the task's, or a live session interpreter's.
+fn run_seconds(task: &Task, job: &Job) -> u64 {
+    match &job.session {
+        Some(c) if c.interpreter => task.session.lifetime_seconds.min(86_400),
+        _ => task.limits.seconds,
+    }
 }
 
 /// How the manifest digest names a task's output schema file: the name it had in the job
@@ -577,6 +602,11 @@ fn spawn_runner(state: &AppState, task: &Task, job: &Job) -> Result<Started, &'s
     if state.inner.allow_degraded {
         cmd.arg("--allow-degraded");
     }
+    // A task on a pinned image: the service's image store (checked at start-up).
+    if task.image.is_some() {
+        cmd.arg("--image-store")
+            .arg(crate::images::store_dir(&state.inner.config.server, data));
+    }
     // A session's cell restores its workspace from the checkpoints' folder.
     if job.session.is_some() {
         let d = super::checkpoints::dir(data);
@@ -585,6 +615,11 @@ fn spawn_runner(state: &AppState, task: &Task, job: &Job) -> Result<Started, &'s
             return Err("cannot create the checkpoints' folder");
         }
         cmd.arg("--source-root").arg(d);
+    }
+    // A live session's interpreter: its command's stdin is the control socket the service
+    // listens on in the job folder ([`super::live`]).
+    if job.session.as_ref().is_some_and(|c| c.interpreter) {
+        cmd.arg("--live-control").arg(live_control_path(&dir));
     }
     // A claimed run: the runner kills its sandbox by itself when the lease's renewals stop
     // reaching it (the first end now; later ones over the lifeline).
@@ -598,6 +633,10 @@ fn spawn_runner(state: &AppState, task: &Task, job: &Job) -> Result<Started, &'s
         .env(SERVICE_MARK, data)
         // This service reads the denials the runner sends as they happen (`DENIAL` frames).
         .env(agentjail_manifest::results::LIVE_DENIALS_ENV, "1");
+    // The image store's key, when the service was given one of its own (else `<store>.key`).
+    if let Some(k) = std::env::var_os(agentjail_image::KEY_ENV) {
+        cmd.env(agentjail_image::KEY_ENV, k);
+    }
     // Secrets the task type binds to destinations (`network.credentials`, `env:NAME`): the
     // runner's gateway reads them from its own environment, otherwise cleared. They never
     // reach the sandbox (docs/network.md).
@@ -900,7 +939,7 @@ async fn run_to_exit(
         return (Ended::LeaseLost, results);
     }
     // The sandbox enforces the task's limit; this bounds a runner that hangs for any other reason.
-    let guard = Duration::from_secs(task.limits.seconds + 60);
+    let guard = Duration::from_secs(run_seconds(task, job) + 60);
     let waited = tokio::select! {
         w = tokio::time::timeout(guard, child.wait()) => w,
         _ = cancelled(job.cancel.as_ref()) => {
@@ -1101,7 +1140,7 @@ async fn end_unstarted(
         ..event
     };
     let f = FinishRun::without_outputs(&job.job_id, status, reason, now());
-    if let Err(e) = record_end(state, job, f, ev).await {
+    if let Err(e) = record_end(state, job, f, ev, None).await {
         tracing::error!(error = %e, job_id = %job.job_id, status = status.as_str(), "recording the end of a run that did not start failed");
         if matches!(e, crate::storage::store::StoreError::Fenced(_)) {
             return;
@@ -1430,7 +1469,7 @@ async fn execute_registered(
             state.store().audit(ev).await;
             crate::storage::sessions::finish_cell(state.store(), f, end).await
         }
-        _ => record_end(&state, &job, f, ev).await,
+        (end, _) => record_end(&state, &job, f, ev, end.as_ref()).await,
     };
     match recorded {
         Ok(()) => {}

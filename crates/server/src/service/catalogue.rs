@@ -42,6 +42,15 @@ pub struct TaskView {
     pub network: Value,
     #[schema(value_type = Object)]
     pub limits: Value,
+    /// The pinned image (`sha256:…`) the task's runs use; absent: the host image.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The resident interpreter of the task's sessions (`python`: a live session keeps its
+    /// variables, imports and definitions between cells); absent: each cell is a fresh
+    /// process and only `/work` carries over (docs/api.md, "Live sessions").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, example = "python")]
+    pub interpreter: Option<String>,
     /// JSON Schema of a `POST /v1/runs` body for this task.
     #[schema(value_type = Object)]
     pub request_schema: Value,
@@ -104,6 +113,14 @@ pub(crate) fn task_views(state: &AppState, caller: &Caller) -> Vec<TaskView> {
                 output_schema: t.output.schema.as_ref().and_then(|s| s.value().ok()),
                 network: serde_json::to_value(&t.network).unwrap_or_default(),
                 limits: serde_json::to_value(t.limits).unwrap_or_default(),
+                image: t.image.clone(),
+                interpreter: t
+                    .session
+                    .interpreter
+                    .filter(|_| t.session.enabled)
+                    .map(|i| match i {
+                        crate::config::Interpreter::Python => "python".to_owned(),
+                    }),
                 request_schema: serde_json::json!({
                     "type": "object", "additionalProperties": false,
                     "required": required, "properties": props,

@@ -115,6 +115,7 @@ pub(crate) async fn reconcile(
             let spec = crate::storage::pg::JobSpec {
                 inputs: rows,
                 code: None,
+                session: None,
             };
             if !queue
                 .requeue(tenant, rid, (job_id.clone(), expires), &spec, &record(ev))

@@ -419,6 +419,7 @@ pub(super) async fn enqueue(
         let spec = crate::storage::pg::JobSpec {
             inputs: admitted.inputs,
             code: admitted.code,
+            session: None,
         };
         // The run and its `run_accepted` commit together.
         let accepted = Event {

@@ -31,11 +31,9 @@ pub(crate) async fn fork(
     ev.request_id = Some(req.request_id.clone());
     ev.task = Some(s.task.clone());
     let body_sha = sha_of(&serde_json::json!({"fork": s.session_id, "cell": req.cell}));
-    let (tenant, rid) = (caller.tenant.clone(), req.request_id.clone());
     let existing = db
-        .call(move |c| store::session_for_request(c, &tenant, &rid))
-        .await
-        .map_err(crate::storage::store::StoreError::from)?;
+        .session_for_request(&caller.tenant, &req.request_id)
+        .await?;
     if let Some(e) = existing {
         return replay_open(state, caller, &db, &e, &body_sha, ev).await;
     }
@@ -56,11 +54,7 @@ pub(crate) async fn fork(
     let (head, receipt) = match at {
         None => (s.head_sha256.clone(), s.last_receipt_sha256.clone()),
         Some(n) => {
-            let sid = s.session_id.clone();
-            let c = db
-                .call(move |c| store::get_cell(c, &sid, n))
-                .await
-                .map_err(crate::storage::store::StoreError::from)?;
+            let c = db.get_cell(&s.session_id, n).await?;
             let Some(c) = c else {
                 return Err(deny(state, caller, ev, Refusal::NoSuchCell).await);
             };
@@ -106,16 +100,13 @@ pub(crate) async fn fork(
     };
     // The checkpoint it starts from must still be stored as the fork is recorded (a later
     // cell of the source may have moved it out of the kept ones, and a sweep deleted it).
-    let start = row
-        .head_sha256
-        .as_deref()
-        .and_then(|h| checkpoints::path(&state.inner.data_dir, h))
-        .map(|p| {
-            let gone = Refusal::CheckpointGone {
-                cell: at.unwrap_or(0),
-                keep: s.keep_checkpoints,
-            };
-            (p, gone)
-        });
+    let start = row.head_sha256.clone().map(|h| {
+        let gone = Refusal::CheckpointGone {
+            cell: at.unwrap_or(0),
+            keep: s.keep_checkpoints,
+        };
+        let file = checkpoints::path(&state.inner.data_dir, &h);
+        (h, file, gone)
+    });
     insert(state, caller, &db, row, &body_sha, ev, start).await
 }

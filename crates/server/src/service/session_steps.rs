@@ -56,11 +56,7 @@ pub(crate) async fn plan_cell(
             let mut r = derived(code, s.cells);
             if let Some(last) = s.cells.checked_sub(1) {
                 let again = derived(code, last);
-                let key = sid.clone();
-                let c = db
-                    .call(move |c| store::get_cell(c, &key, last))
-                    .await
-                    .map_err(crate::storage::store::StoreError::from)?;
+                let c = db.get_cell(&sid, last).await?;
                 if c.is_some_and(|c| c.request_id == again) {
                     r = again;
                 }
@@ -68,11 +64,7 @@ pub(crate) async fn plan_cell(
             (r, true)
         }
     };
-    let (key, rid) = (sid.clone(), request_id.clone());
-    let known = db
-        .call(move |c| store::get_cell_by_request(c, &key, &rid))
-        .await
-        .map_err(crate::storage::store::StoreError::from)?;
+    let known = db.get_cell_by_request(&sid, &request_id).await?;
     let recorded = known.is_some();
     let cell = known.map_or(s.cells, |c| c.cell);
     Ok(PlannedCell {

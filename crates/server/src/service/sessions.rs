@@ -4,8 +4,9 @@
 //! and actor: anyone else gets the same `not-found` as for a missing one. Each cell is a run in
 //! its own right (the task's command with the cell's code), started from the session's head
 //! checkpoint and collecting the next one (crate::execution::checkpoints); cells run one at a
-//! time, once per (session, request id). SQLite only in this version: on PostgreSQL every
-//! session operation is refused (`sessions-unsupported`, 501).
+//! time, once per (session, request id). On SQLite this node runs the cells; on PostgreSQL
+//! (crate::storage::session_store) a cell is a run on the fleet's queue, claimed by any
+//! executor, which restores the head checkpoint from the database.
 
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
@@ -20,7 +21,8 @@ use crate::execution::checkpoints::{self, CellJob};
 use crate::execution::runner::{self, Admission, Job};
 use crate::policy::{self, Caller, Refusal, RunRequest};
 use crate::storage::audit::Event;
-use crate::storage::db::{Db, RunRow};
+use crate::storage::db::RunRow;
+use crate::storage::session_store::Sessions;
 use crate::storage::sessions::{self as store, Begin, CellRow, NewCell, SessionRow};
 use crate::util::{now, random_hex};
 
@@ -134,6 +136,12 @@ pub struct CellView {
     /// The cell's own request id (execute-once within the session).
     pub cell_request_id: String,
     pub workspace: CellWorkspace,
+    /// A live session's cell (`session.interpreter`): what became of the resident
+    /// interpreter: `started` (the session's first), `kept` (its state survived),
+    /// `restarted` (a fresh one from the last checkpoint: the earlier one ended idle, was
+    /// lost or killed) or `lost` (this cell ended it). Absent for other sessions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interpreter: Option<String>,
     /// The run's record.
     #[serde(flatten)]
     pub run: RunView,
@@ -148,10 +156,11 @@ pub struct CellList {
     pub next_cursor: Option<String>,
 }
 
-/// The SQLite database, or the refusal of a store without sessions.
-pub(super) async fn db(state: &AppState, caller: &Caller, ev: &Event) -> Result<Db, Failure> {
-    match state.store().sqlite() {
-        Some(d) => Ok(d.clone()),
+/// The sessions' store (SQLite, or the PostgreSQL store shared by a fleet), or the refusal
+/// of a store without sessions.
+pub(super) async fn db(state: &AppState, caller: &Caller, ev: &Event) -> Result<Sessions, Failure> {
+    match checkpoints::sessions(state) {
+        Some(s) => Ok(s),
         None => Err(deny(state, caller, ev.clone(), Refusal::SessionsUnsupported).await),
     }
 }
@@ -209,6 +218,11 @@ pub(crate) fn cell_view(state: &AppState, c: &CellRow, run: &RunRow) -> CellView
             before: c.before_sha256.clone(),
             after: c.after_sha256.clone(),
         },
+        interpreter: settings(state, &run.task)
+            .and_then(|t| t.interpreter)
+            .and(run.reason.as_deref())
+            .and_then(|r| r.strip_prefix("interpreter: "))
+            .map(|r| r.split(';').next().unwrap_or(r).to_owned()),
         run: view(state, run),
     }
 }
@@ -218,15 +232,11 @@ pub(crate) fn cell_view(state: &AppState, c: &CellRow, run: &RunRow) -> CellView
 pub(super) async fn owned(
     state: &AppState,
     caller: &Caller,
-    db: &Db,
+    db: &Sessions,
     id: &str,
     ev: &Event,
 ) -> Result<SessionRow, Failure> {
-    let key = id.to_owned();
-    let s = db
-        .call(move |c| store::get_session(c, &key))
-        .await
-        .map_err(crate::storage::store::StoreError::from)?;
+    let s = db.get_session(id).await?;
     match s {
         Some(s) if s.tenant == caller.tenant && s.actor == caller.actor => Ok(s),
         _ => Err(deny(state, caller, ev.clone(), Refusal::NoSuchSession).await),
@@ -234,11 +244,8 @@ pub(super) async fn owned(
 }
 
 /// The session `id` as it stands (known to exist).
-async fn session_row(db: &Db, id: &str) -> Result<SessionRow, Failure> {
-    let key = id.to_owned();
-    let s = db.call(move |c| store::get_session(c, &key)).await;
-    s.map_err(crate::storage::store::StoreError::from)?
-        .ok_or(Failure::Internal)
+async fn session_row(db: &Sessions, id: &str) -> Result<SessionRow, Failure> {
+    db.get_session(id).await?.ok_or(Failure::Internal)
 }
 
 /// The record of `tenant`'s run `request_id`.
@@ -267,11 +274,9 @@ pub(crate) async fn open(
     ev.request_id = Some(req.request_id.clone());
     let db = db(state, caller, &ev).await?;
     let body_sha = sha_of(&serde_json::json!({"task": req.task, "inputs": req.inputs}));
-    let (tenant, rid) = (caller.tenant.clone(), req.request_id.clone());
     let existing = db
-        .call(move |c| store::session_for_request(c, &tenant, &rid))
-        .await
-        .map_err(crate::storage::store::StoreError::from)?;
+        .session_for_request(&caller.tenant, &req.request_id)
+        .await?;
     if let Some(id) = existing {
         return replay_open(state, caller, &db, &id, &body_sha, ev).await;
     }
@@ -285,6 +290,11 @@ pub(crate) async fn open(
         Some(_) => return Err(deny(state, caller, ev, Refusal::NotASessionTask).await),
         None => return Err(deny(state, caller, ev, Refusal::UnknownTask).await),
     };
+    // Live sessions (`session.interpreter`) keep their sandbox on this node, SQLite only in
+    // this version (whatever store the other sessions may use).
+    if settings.interpreter.is_some() && state.store().sqlite().is_none() {
+        return Err(deny(state, caller, ev, Refusal::SessionsUnsupported).await);
+    }
     // The same checks as a run request's (the actor may use the task; the inputs are the
     // tenant's and fit the task), with an empty cell's code.
     admit(
@@ -325,32 +335,26 @@ pub(crate) async fn open(
 }
 
 /// Records a new session (open or fork) and audits it; a racing duplicate's request id finds
-/// the other's session. A fork names the file of the checkpoint it starts from (`start`) and
-/// the refusal if it is gone: it is checked under the database's lock, which the retention
-/// sweep holds while it deletes checkpoints, so a fork never records a head already deleted.
+/// the other's session. A fork names the checkpoint it starts from (`start`: its digest, its
+/// file on SQLite) and the refusal if it is gone: it is checked where the retention sweep
+/// cannot delete it meanwhile (SQLite: under the database's lock; PostgreSQL: its row
+/// locked), so a fork never records a head already deleted.
 pub(super) async fn insert(
     state: &AppState,
     caller: &Caller,
-    db: &Db,
+    db: &Sessions,
     row: SessionRow,
     body_sha: &str,
     ev: Event,
-    start: Option<(std::path::PathBuf, Refusal)>,
+    start: Option<(String, Option<std::path::PathBuf>, Refusal)>,
 ) -> Result<(SessionView, bool), Failure> {
     // `session_open` or `session_fork`, as the caller's audit record names it.
     let event = ev.event;
-    let r = row.clone();
-    let (file, gone) = match start {
-        Some((f, g)) => (Some(f), Some(g)),
+    let (start, gone) = match start {
+        Some((sha, f, g)) => (Some((sha, f)), Some(g)),
         None => (None, None),
     };
-    let existing = db
-        .call(move |c| match file {
-            Some(f) if !f.is_file() => Ok(Err(())),
-            _ => store::open_session(c, &r).map(Ok),
-        })
-        .await
-        .map_err(crate::storage::store::StoreError::from)?;
+    let existing = db.open_session(row.clone(), start).await?;
     let existing = match (existing, gone) {
         (Ok(e), _) => e,
         (Err(()), Some(g)) => return Err(deny(state, caller, ev, g).await),
@@ -377,17 +381,12 @@ pub(super) async fn insert(
 pub(super) async fn replay_open(
     state: &AppState,
     caller: &Caller,
-    db: &Db,
+    db: &Sessions,
     id: &str,
     body_sha: &str,
     ev: Event,
 ) -> Result<(SessionView, bool), Failure> {
-    let key = id.to_owned();
-    let s = db
-        .call(move |c| store::get_session(c, &key))
-        .await
-        .map_err(crate::storage::store::StoreError::from)?
-        .ok_or(Failure::Internal)?;
+    let s = session_row(db, id).await?;
     if s.actor != caller.actor || s.body_sha256 != body_sha {
         return Err(deny(state, caller, ev, Refusal::RequestIdConflict).await);
     }
@@ -458,11 +457,9 @@ pub(crate) async fn cell(
     }
     ev.request_id = Some(req.request_id.clone());
     let body_sha = sha_of(&serde_json::json!({"code": req.code}));
-    let (sid, rid) = (s.session_id.clone(), req.request_id.clone());
     let known = db
-        .call(move |c| store::get_cell_by_request(c, &sid, &rid))
-        .await
-        .map_err(crate::storage::store::StoreError::from)?;
+        .get_cell_by_request(&s.session_id, &req.request_id)
+        .await?;
     if let Some(c) = known {
         return replay_cell(state, caller, c, &body_sha, ev, wait, cancel.as_ref()).await;
     }
@@ -489,20 +486,74 @@ pub(crate) async fn cell(
     .await?;
     // The checkpoint the cell would restore must still be the one its name says: a tampered
     // or lost one is refused here, before anything runs (and the runner checks it again).
-    if let Some(head) = s.head_sha256.clone() {
-        let data = state.inner.data_dir.clone();
-        let checked = tokio::task::spawn_blocking(move || checkpoints::verify_stored(&data, &head))
-            .await
-            .map_err(|_| Failure::Internal)?;
-        if let Err(why) = checked {
-            return Err(deny(state, caller, ev, Refusal::CheckpointInvalid(why)).await);
-        }
+    if let Some(head) = s.head_sha256.as_deref()
+        && let Err(why) = checkpoints::verify(state, head).await?
+    {
+        return Err(deny(state, caller, ev, Refusal::CheckpointInvalid(why)).await);
     }
-    let Some(admission) = Admission::try_take(state) else {
-        metrics::counter!("agentjail_overload_refusals_total").increment(1);
-        return Err(deny(state, caller, ev, Refusal::Overloaded).await);
+    // On PostgreSQL the cell goes on the fleet's queue (bounded as runs are); on SQLite this
+    // node runs it in one of its slots.
+    let admission = match &state.inner.queue {
+        Some(q) => {
+            if q.queue_depth().await? >= state.inner.config.server.max_queued_runs as i64 {
+                metrics::counter!("agentjail_overload_refusals_total").increment(1);
+                return Err(deny(state, caller, ev, Refusal::Overloaded).await);
+            }
+            None
+        }
+        None => match Admission::try_take(state) {
+            Some(a) => Some(a),
+            None => {
+                metrics::counter!("agentjail_overload_refusals_total").increment(1);
+                return Err(deny(state, caller, ev, Refusal::Overloaded).await);
+            }
+        },
+    };
+    // A live session's cells, its idle end and its close take turns on its slot.
+    let live_slot = settings
+        .interpreter
+        .map(|_| state.inner.live.slot(&s.session_id));
+    let mut live_guard = match &live_slot {
+        Some(sl) => Some(sl.clone().lock_owned().await),
+        None => None,
     };
     let run = new_run_row(state, caller, &s.task, &run_id, &body_sha, &admitted)?;
+    let cell_job = |cell: u64, restore: Option<String>, previous: Option<String>| CellJob {
+        session_id: s.session_id.clone(),
+        cell,
+        restore,
+        previous_receipt_sha256: previous,
+        max_mb: settings.max_mb,
+        max_files: settings.max_files,
+        interpreter: false,
+    };
+    // The executor that claims the cell on PostgreSQL gets its place in the session from the
+    // queued run's spec: the cell it reserves is `s.cells` from `s`'s head (or none at all).
+    let spec = crate::storage::pg::JobSpec {
+        inputs: admitted.inputs.clone(),
+        code: admitted.code.clone(),
+        session: Some(cell_job(
+            s.cells,
+            s.head_sha256.clone(),
+            s.last_receipt_sha256.clone(),
+        )),
+    };
+    let accepted = Event {
+        event: "run_accepted",
+        decision: Some("allow"),
+        job_id: Some(run.job_id.clone()),
+        request_id: Some(run_id.clone()),
+        ..ev.clone()
+    };
+    let queued = state
+        .inner
+        .queue
+        .as_ref()
+        .map(|_| crate::storage::pg::sessions::QueuedCell {
+            spec,
+            labels: &admitted.task.labels,
+            accepted: &accepted,
+        });
     let n = NewCell {
         session_id: s.session_id.clone(),
         request_id: req.request_id.clone(),
@@ -512,10 +563,7 @@ pub(crate) async fn cell(
         now: now(),
         run,
     };
-    let begun = db
-        .call(move |c| store::begin_cell(c, n))
-        .await
-        .map_err(crate::storage::store::StoreError::from)?;
+    let begun = db.begin_cell(n, queued).await?;
     let (cell, before, previous_receipt, run) = match begun {
         (
             Begin::Reserved {
@@ -555,6 +603,30 @@ pub(crate) async fn cell(
             ..ev
         })
         .await;
+    let Some(admission) = admission else {
+        // PostgreSQL: an executor of the fleet claims the cell's run.
+        if wait {
+            let r = wait_for(state, &caller.tenant, &run.request_id, cancel.as_ref()).await?;
+            if cancel.as_ref().is_some_and(|c| c.is_cancelled()) && !r.status.is_terminal() {
+                let _ = super::cancel::cancel(state, caller, &run.request_id).await;
+            }
+        }
+        return cell_record(state, &db, &s.session_id, cell, &caller.tenant).await;
+    };
+    if let (Some(slot), Some(guard)) = (&live_slot, live_guard.as_mut()) {
+        let c = super::live_cells::LiveCell {
+            session: &s,
+            settings: &settings,
+            cell,
+            before,
+            previous_receipt,
+            run,
+            code: req.code,
+            slot,
+        };
+        super::live_cells::execute(state, caller, admitted, admission, guard, c).await?;
+        return cell_record(state, &db, &s.session_id, cell, &caller.tenant).await;
+    }
     let job = Job {
         tenant: caller.tenant.clone(),
         actor: caller.actor.clone(),
@@ -567,14 +639,7 @@ pub(crate) async fn cell(
         args: admitted.args,
         cancel,
         lease: None,
-        session: Some(CellJob {
-            session_id: s.session_id.clone(),
-            cell,
-            restore: before,
-            previous_receipt_sha256: previous_receipt,
-            max_mb: settings.max_mb,
-            max_files: settings.max_files,
-        }),
+        session: Some(cell_job(cell, before, previous_receipt)),
     };
     let handle = tokio::spawn(runner::execute(state.clone(), job, Some(admission), None));
     if wait {
@@ -596,17 +661,12 @@ pub(crate) async fn cell(
 /// The cell `cell` of session `sid` with its run's record.
 async fn cell_record(
     state: &AppState,
-    db: &Db,
+    db: &Sessions,
     sid: &str,
     cell: u64,
     tenant: &str,
 ) -> Result<CellView, Failure> {
-    let sid = sid.to_owned();
-    let c = db
-        .call(move |c| store::get_cell(c, &sid, cell))
-        .await
-        .map_err(crate::storage::store::StoreError::from)?
-        .ok_or(Failure::Internal)?;
+    let c = db.get_cell(sid, cell).await?.ok_or(Failure::Internal)?;
     let run = run_of(state, tenant, &c.run_request_id).await?;
     Ok(cell_view(state, &c, &run))
 }
@@ -673,11 +733,7 @@ pub(crate) async fn list_cells(
         let r = Refusal::Malformed(format!("`limit` must be 1-{MAX_PAGE}"));
         return Err(deny(state, caller, ev, r).await);
     }
-    let sid = s.session_id.clone();
-    let rows = db
-        .call(move |c| store::list_cells(c, &sid, after, limit + 1))
-        .await
-        .map_err(crate::storage::store::StoreError::from)?;
+    let rows = db.list_cells(&s.session_id, after, limit + 1).await?;
     let more = rows.len() > limit as usize;
     let mut cells = Vec::new();
     for c in rows.iter().take(limit as usize) {
@@ -701,12 +757,9 @@ pub(crate) async fn close(
     ev.session_id = Some(id.to_owned());
     let db = db(state, caller, &ev).await?;
     let s = owned(state, caller, &db, id, &ev).await?;
-    let sid = s.session_id.clone();
-    let t = now();
-    let closed = db
-        .call(move |c| store::close_session(c, &sid, t))
-        .await
-        .map_err(crate::storage::store::StoreError::from)?;
+    let closed = db.close_session(&s.session_id, now()).await?;
+    // A live session's sandbox is killed (its processes with it).
+    crate::execution::live::close(state, &s.session_id).await;
     if closed {
         metrics::counter!("agentjail_sessions_total", "event" => "session_close").increment(1);
         state

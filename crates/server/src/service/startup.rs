@@ -146,6 +146,7 @@ impl AppState {
                 schemas,
                 auth_failures: AuthFailures::default(),
                 cancels: Default::default(),
+                live: Default::default(),
                 news: Default::default(),
                 followers: Arc::new(Semaphore::new(max_followers)),
                 _lock: lock,

@@ -370,17 +370,12 @@ pub(super) const COMMON_MODULES: &[&str] = &[
 pub(super) type RuntimeCache = std::sync::Mutex<std::collections::HashMap<String, Option<String>>>;
 pub(super) static RUNTIMES: std::sync::OnceLock<RuntimeCache> = std::sync::OnceLock::new();
 
-/// The runtime line of a task's description: the task's `runtime` note if set; else, for a
-/// code task whose command runs Python, what its interpreter reports (probed once and cached);
-/// else none.
-pub fn runtime_line(t: &Task) -> Option<String> {
-    if let Some(r) = &t.runtime {
-        return Some(r.clone());
-    }
+/// The interpreter of a code task whose command runs Python, with its own flags (the command
+/// up to the code's mount); None for other tasks.
+fn python_argv(t: &Task) -> Option<Vec<String>> {
     if t.code != CodePolicy::Allowed {
         return None;
     }
-    // The interpreter and its own flags: the command up to the code's mount.
     let argv: Vec<String> = t
         .command
         .iter()
@@ -389,13 +384,30 @@ pub fn runtime_line(t: &Task) -> Option<String> {
         .collect();
     let exe = argv.first()?;
     let base = std::path::Path::new(exe).file_name()?.to_str()?;
-    if !base.starts_with("python") {
-        return None;
+    base.starts_with("python").then_some(argv)
+}
+
+/// The cache key of a task's probe: its interpreter, env and image.
+fn runtime_key(t: &Task, argv: &[String]) -> String {
+    format!("{argv:?} {:?} {:?}", t.env, t.image)
+}
+
+/// The runtime line of a task's description: the task's `runtime` note if set; else, for a
+/// code task whose command runs Python, what its interpreter reports (probed once and cached:
+/// on a task's pinned image by [`probe_runtimes`] in a sandbox, never on the host); else none.
+pub fn runtime_line(t: &Task) -> Option<String> {
+    if let Some(r) = &t.runtime {
+        return Some(r.clone());
     }
-    let key = format!("{argv:?} {:?}", t.env);
+    let argv = python_argv(t)?;
+    let key = runtime_key(t, &argv);
     let cache = RUNTIMES.get_or_init(Default::default);
     if let Some(v) = cache.lock().ok().and_then(|m| m.get(&key).cloned()) {
         return v;
+    }
+    if t.image.is_some() {
+        // The host's interpreter says nothing about the image's: no line rather than a wrong one.
+        return None;
     }
     let v = probe_python(&argv, &t.env);
     if let Ok(mut m) = cache.lock() {
@@ -404,26 +416,53 @@ pub fn runtime_line(t: &Task) -> Option<String> {
     v
 }
 
-/// Probes every code task's runtime, so that `tools/list` does not wait for it.
-pub fn probe_runtimes(cfg: &crate::Config) {
+/// Probes every code task's runtime, so that `tools/list` does not wait for it: a task on a
+/// pinned image by a real sandboxed run of the probe on that image (`sandbox`), others on the
+/// host.
+pub fn probe_runtimes(cfg: &crate::Config, sandbox: &crate::images::Sandboxed) {
     for t in cfg.tasks.values() {
+        if t.runtime.is_none()
+            && t.image.is_some()
+            && let Some(argv) = python_argv(t)
+        {
+            let key = runtime_key(t, &argv);
+            let cache = RUNTIMES.get_or_init(Default::default);
+            if cache.lock().ok().is_some_and(|m| m.contains_key(&key)) {
+                continue;
+            }
+            let mut cmd = argv.clone();
+            cmd.extend(["-s".into(), "-c".into(), python_probe()]);
+            let v = sandbox
+                .stdout_of(t, cmd, Duration::from_secs(20))
+                .and_then(|out| parse_probe(&out, &argv[0]));
+            if v.is_none() {
+                tracing::warn!(image = ?t.image, interpreter = %argv[0], "runtime probe in the image failed; no runtime line");
+            }
+            if let Ok(mut m) = cache.lock() {
+                m.insert(key, v);
+            }
+        }
         let _ = runtime_line(t);
     }
 }
 
+/// The probe: the interpreter's version, then which of [`COMMON_MODULES`] it finds.
+fn python_probe() -> String {
+    format!(
+        "import sys, importlib.util as u\nv='%d.%d.%d' % sys.version_info[:3]\nm={COMMON_MODULES:?}\nprint(v)\nprint(' '.join(x for x in m if u.find_spec(x) is not None))\n"
+    )
+}
+
 /// Runs the task's Python interpreter (with its flags, `-s`: no user site, the task's env, cwd
 /// `/`, at most 10 s) with a fixed probe: its version and which of [`COMMON_MODULES`] it finds.
-/// On the host, not in the sandbox: tasks run on the host's file system (read-only), so the
-/// interpreter and its packages are the same ones; `-s` keeps the probe from counting packages
-/// the sandbox user cannot see.
+/// On the host, not in the sandbox: tasks without an image run on the host's file system
+/// (read-only), so the interpreter and its packages are the same ones; `-s` keeps the probe
+/// from counting packages the sandbox user cannot see.
 pub(super) fn probe_python(
     argv: &[String],
     env: &std::collections::BTreeMap<String, String>,
 ) -> Option<String> {
-    use std::io::Read;
-    let probe = format!(
-        "import sys, importlib.util as u\nv='%d.%d.%d' % sys.version_info[:3]\nm={COMMON_MODULES:?}\nprint(v)\nprint(' '.join(x for x in m if u.find_spec(x) is not None))\n"
-    );
+    let probe = python_probe();
     let mut cmd = std::process::Command::new(&argv[0]);
     cmd.args(&argv[1..])
         .args(["-s", "-c", &probe])
@@ -435,28 +474,15 @@ pub(super) fn probe_python(
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null());
     let mut child = cmd.spawn().ok()?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                tracing::warn!(interpreter = %argv[0], "runtime probe did not finish; no runtime line");
-                return None;
-            }
-        }
-    }
-    let mut out = String::new();
-    child
-        .stdout
-        .take()?
-        .take(4096)
-        .read_to_string(&mut out)
-        .ok()?;
+    let Some((_, out)) = crate::images::finish_within(&mut child, Duration::from_secs(10)) else {
+        tracing::warn!(interpreter = %argv[0], "runtime probe did not finish; no runtime line");
+        return None;
+    };
+    parse_probe(&out, &argv[0])
+}
+
+/// The runtime line from the probe's output (version line, modules line).
+fn parse_probe(out: &str, interpreter: &str) -> Option<String> {
     let mut lines = out.lines();
     let version = lines.next()?.trim();
     if version.is_empty() || !version.chars().all(|c| c.is_ascii_digit() || c == '.') {
@@ -473,7 +499,7 @@ pub(super) fn probe_python(
         .copied()
         .filter(|m| !have.contains(m))
         .collect();
-    let mut s = format!("Python {version} ({})", argv[0]);
+    let mut s = format!("Python {version} ({interpreter})");
     if have.is_empty() {
         s.push_str(", standard library only");
     } else {

@@ -321,6 +321,17 @@ pub(super) fn run_result(
             r.structured_content = Some(data);
             (r, "ok")
         }
+        // Ended ok without an output file: a live session's cell, whose result is what it
+        // printed (a run of a task ends ok only with its verified output).
+        (None, RunState::Ok) => {
+            let mut content = vec![ContentBlock::text(format!(
+                "Cell {} ended ok.",
+                v.request_id
+            ))];
+            content.extend(stream_blocks("stdout", v.stdout.as_ref()));
+            content.extend(stream_blocks("stderr", v.stderr.as_ref()));
+            (CallToolResult::success(content), "ok")
+        }
         (_, RunState::Queued | RunState::Running) => {
             let msg = format!(
                 "The run {} is still {}; this call stopped waiting (cancelled). Call get_run with this request_id later.",

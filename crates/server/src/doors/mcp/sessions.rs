@@ -1,4 +1,4 @@
-//! The session tools' calls (issue #34), through the service's session functions (the ones the
+//! The session tools' calls (issue #34: open, run, get, fork, close), through the service's session functions (the ones the
 //! HTTP routes call). A session is the caller's: the stdio server's actor, or the bearer
 //! token's over `/mcp`; anyone else's session id is refused as a missing one is. A cell's
 //! result is a run's ([`super::results::run_result`]) with the cell's place and workspace
@@ -15,11 +15,19 @@ use super::results::*;
 use super::server::McpServer;
 use super::session_tools::*;
 use crate::config::Task;
-use crate::service::{self, Caller, CellRequest, Failure, SessionRequest, SessionView};
+use crate::service::{
+    self, Caller, CellRequest, Failure, ForkRequest, SessionRequest, SessionView,
+};
 use crate::util::random_hex;
 
 /// How to write a cell of `t`, for the model that opened the session.
 fn usage(t: &Task, v: &SessionView) -> String {
+    if t.session.interpreter.is_some() {
+        return format!(
+            "Call session_run with session_id {} and Python code; this session is live: each cell's code runs in the session's resident Python interpreter, kept in one sandbox for the session, so variables, imports and definitions persist between cells, and so do the files under /work. A cell returns what it printed (stdout, stderr) and its status; it needs no output file. Limits: {} s per cell (then it is interrupted), {} cells (used: {}), until {}; an idle session's interpreter ends (its variables with it; /work is kept, and the cell's result says so). Call session_close when done.",
+            v.session_id, t.limits.seconds, v.max_cells, v.cells, v.expires_at
+        );
+    }
     let mut s = format!(
         "Call session_run with session_id {} and code; each cell runs as `{}` with the code at {}, in a fresh process starting from the /work the previous cell left: keep state in files under /work (variables do not survive). ",
         v.session_id,
@@ -75,6 +83,20 @@ fn session_done(body: Value, text: String, task: String, rid: String) -> Done {
     }
 }
 
+/// A request id the caller did not give: a random one (a retried call acts again).
+fn request_id_or_random(args: &Value) -> Result<String, McpError> {
+    match s(args, "request_id") {
+        Some(r) => Ok(r.to_owned()),
+        None => Ok(format!(
+            "mcp-{}",
+            random_hex(16).map_err(|_| McpError::internal_error("randomness", None))?
+        )),
+    }
+}
+
+/// Most cells `session_get` lists (the service's pages are walked up to it).
+const MAX_LISTED_CELLS: usize = 1000;
+
 impl McpServer {
     pub(super) async fn session_open(
         &self,
@@ -83,13 +105,7 @@ impl McpServer {
     ) -> Result<Done, McpError> {
         let tasks = session_tasks(&self.state, caller);
         check_args(&open_tool(&tasks).schema_as_json_value(), args)?;
-        let request_id = match s(args, "request_id") {
-            Some(r) => r.to_owned(),
-            None => format!(
-                "mcp-{}",
-                random_hex(16).map_err(|_| McpError::internal_error("randomness", None))?
-            ),
-        };
+        let request_id = request_id_or_random(args)?;
         let task = s(args, "task").unwrap_or_default().to_owned();
         let inputs = args
             .get("inputs")
@@ -143,6 +159,121 @@ impl McpServer {
                 Ok(session_done(body, text, task, rid))
             }
             Err(e) => refused(e, None, None),
+        }
+    }
+
+    /// `session_get`: the session (`GET /v1/sessions/{id}`) and a summary of its cells
+    /// (`GET /v1/sessions/{id}/cells`, every page).
+    pub(super) async fn session_get(
+        &self,
+        caller: &Caller,
+        args: &Value,
+    ) -> Result<Done, McpError> {
+        check_args(&get_tool().schema_as_json_value(), args)?;
+        let id = s(args, "session_id").unwrap_or_default();
+        let v = match service::get_session(&self.state, caller, id).await {
+            Ok(v) => v,
+            Err(e) => return refused(e, None, None),
+        };
+        let mut cells = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let page = match service::list_session_cells(
+                &self.state,
+                caller,
+                id,
+                cursor.as_deref(),
+                Some(100),
+            )
+            .await
+            {
+                Ok(p) => p,
+                Err(e) => return refused(e, None, Some(v.task.clone())),
+            };
+            for c in &page.cells {
+                let mut one = json!({
+                    "cell": c.cell, "step_id": c.cell_request_id, "status": c.run.status,
+                    "workspace_after": c.workspace.after,
+                });
+                if let Some(r) = &c.run.reason {
+                    one["reason"] = json!(r);
+                }
+                cells.push(one);
+            }
+            cursor = page.next_cursor;
+            if cursor.is_none() || cells.len() >= MAX_LISTED_CELLS {
+                break;
+            }
+        }
+        let listed: Vec<String> = cells
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} {} {}",
+                    c["cell"],
+                    c["step_id"].as_str().unwrap_or(""),
+                    c["status"].as_str().unwrap_or("")
+                )
+            })
+            .collect();
+        let text = format!(
+            "Session {} ({}) is {}: {} of {} cell(s) used, until {}; /work now: {}.{}",
+            v.session_id,
+            v.task,
+            v.state,
+            v.cells,
+            v.max_cells,
+            v.expires_at,
+            v.workspace_sha256.as_deref().unwrap_or("empty"),
+            if listed.is_empty() {
+                String::new()
+            } else {
+                format!(" Cells (index step_id status): {}.", listed.join("; "))
+            }
+        );
+        let (task, rid) = (v.task.clone(), v.request_id.clone());
+        let mut body = serde_json::to_value(&v).unwrap_or_default();
+        body["cell_list"] = Value::Array(cells);
+        Ok(session_done(body, text, task, rid))
+    }
+
+    /// `session_fork`: `POST /v1/sessions/{id}/fork`.
+    pub(super) async fn session_fork(
+        &self,
+        caller: &Caller,
+        args: &Value,
+    ) -> Result<Done, McpError> {
+        check_args(&fork_tool().schema_as_json_value(), args)?;
+        let id = s(args, "session_id").unwrap_or_default();
+        let request_id = request_id_or_random(args)?;
+        let req = ForkRequest {
+            request_id: request_id.clone(),
+            cell: args.get("cell").and_then(Value::as_u64),
+        };
+        match service::fork_session(&self.state, caller, id, req).await {
+            Ok((v, created)) => {
+                let Some(t) = self.state.inner.config.tasks.get(&v.task) else {
+                    return Err(McpError::internal_error("the task is gone", None));
+                };
+                let how = usage(t, &v);
+                let from = v
+                    .forked_from
+                    .as_ref()
+                    .map_or(String::new(), |f| match f.cell {
+                        Some(c) => format!(" from /work as cell {c} of {} left it", f.session_id),
+                        None => format!(" from the head of {}", f.session_id),
+                    });
+                let text = format!(
+                    "Session {} {}{from}; the original is unchanged. {how}",
+                    v.session_id,
+                    if created { "forked" } else { "(forked before)" },
+                );
+                let task = v.task.clone();
+                let mut body = serde_json::to_value(&v).unwrap_or_default();
+                body["usage"] = json!(how);
+                Ok(session_done(body, text, task, request_id))
+            }
+            Err(e) => refused(e, Some(request_id), None),
         }
     }
 

@@ -31,6 +31,8 @@ fn tools_come_from_the_catalogue_with_truthful_annotations() {
             "get_run",
             "session_open",
             "session_run",
+            "session_get",
+            "session_fork",
             "session_close"
         ]
     );

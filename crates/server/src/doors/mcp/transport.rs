@@ -68,7 +68,14 @@ pub fn serve_stdio_blocking(opts: McpOptions) -> Result<(), crate::app::ServerEr
         rt,
     } = crate::app::Launch::resolve(&config, opts.allow_degraded, "mcp")?;
     // Before serving, so that tools/list does not wait for it.
-    probe_runtimes(&config);
+    probe_runtimes(
+        &config,
+        &crate::images::Sandboxed {
+            runner: runner.clone(),
+            store: crate::images::store_dir(&config.server, &data_dir),
+            allow_degraded,
+        },
+    );
     rt.block_on(async move {
         use rmcp::ServiceExt;
         let state = AppState::open(config, &data_dir, runner, allow_degraded)?;
@@ -258,7 +265,15 @@ pub(crate) fn http_router(state: &AppState) -> axum::Router<AppState> {
         // endpoint (and still need a bearer token).
         .enforce_origin_validation()
         .with_max_request_body_bytes(body);
-    probe_runtimes(&state.inner.config);
+    let i = &state.inner;
+    probe_runtimes(
+        &i.config,
+        &crate::images::Sandboxed {
+            runner: i.runner.clone(),
+            store: crate::images::store_dir(&i.config.server, &i.data_dir),
+            allow_degraded: i.allow_degraded,
+        },
+    );
     let st = state.clone();
     let manager = Arc::new(LocalSessionManager::default());
     let svc = StreamableHttpService::new(

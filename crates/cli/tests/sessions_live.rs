@@ -1,0 +1,405 @@
+//! Live sessions (issue #34; docs/api.md "Live sessions"): a task with
+//! `session.interpreter = "python"` keeps one sandbox per session with a resident Python
+//! interpreter. Attacked through a real `agentjail serve` and real sandboxes: state persists
+//! between cells; two sessions (two tenants, two actors) never share state or `/work`; a
+//! background process does not survive its cell; a timed-out cell is interrupted and the state
+//! kept, one that ignores the interrupt loses it (and says so); the memory limit of the
+//! whole session holds across cells and the cell that crossed it is named; a retried cell runs
+//! once; `DELETE` leaves no process; an idle session's sandbox ends with its workspace
+//! checkpointed and the next cell says the interpreter restarted.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::serve::{Api, Serve, actor, json_output, write_config};
+
+use serde_json::{Value, json};
+
+const ALICE: &str = "tok-alice-live-7d1e2a";
+const CAROL: &str = "tok-carol-live-0b9f4c";
+const BOB: &str = "tok-bob-live-c4e8d1";
+
+fn config() -> String {
+    format!(
+        r#"
+[server]
+max_concurrent_runs = 8
+[tenants.acme]
+[tenants.beta]
+{alice}{carol}{bob}
+[tasks.live]
+description = "Model-proposed Python in a live session"
+code = "allowed"
+command = ["/usr/bin/python3", "/input/code.py"]
+allowed_actors = ["alice", "carol", "bob"]
+stdout_bytes = 4096
+{output}[tasks.live.limits]
+seconds = 3
+memory_mb = 160
+[tasks.live.session]
+interpreter = "python"
+idle_seconds = 5
+"#,
+        alice = actor("alice", "acme", ALICE, false),
+        carol = actor("carol", "acme", CAROL, false),
+        bob = actor("bob", "beta", BOB, false),
+        output = json_output("live", "o.json", 1000),
+    )
+}
+
+struct Env {
+    _dir: tempfile::TempDir,
+    _serve: Serve,
+    api: Api,
+}
+
+fn start() -> Env {
+    let dir = common::tmp();
+    let cfg = write_config(dir.path(), &config());
+    let data = dir.path().join("data");
+    let serve = Serve::start(&cfg, &data, &[]);
+    let api = Api::new(&serve.base);
+    Env {
+        _dir: dir,
+        _serve: serve,
+        api,
+    }
+}
+
+fn open(api: &Api, token: &str, rid: &str) -> String {
+    let (st, v) = api.send(
+        reqwest::Method::POST,
+        token,
+        "/v1/sessions",
+        Some(json!({"request_id": rid, "task": "live"})),
+    );
+    assert_eq!(st, 201, "{v}");
+    v["session_id"].as_str().unwrap().to_owned()
+}
+
+fn cell(api: &Api, token: &str, sid: &str, rid: &str, code: &str) -> Value {
+    let (st, v) = api.send(
+        reqwest::Method::POST,
+        token,
+        &format!("/v1/sessions/{sid}/cells?wait=true"),
+        Some(json!({"request_id": rid, "code": code})),
+    );
+    assert!(st == 200 || st == 201, "{st} {v}");
+    v
+}
+
+fn stdout(v: &Value) -> String {
+    format!(
+        "{}{}",
+        v["stdout"]["head"].as_str().unwrap_or_default(),
+        v["stdout"]["tail"].as_str().unwrap_or_default()
+    )
+}
+
+fn interpreter(v: &Value) -> String {
+    v["interpreter"].as_str().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn state_persists_between_cells() {
+    let e = start();
+    let sid = open(&e.api, ALICE, "s1");
+    let a = cell(
+        &e.api,
+        ALICE,
+        &sid,
+        "c0",
+        "import math\nx = 41\ndef inc(v):\n    return v + 1\nsq = lambda v: v * v\ngen = (i for i in range(3))\n",
+    );
+    assert_eq!(a["status"], "ok", "{a}");
+    assert_eq!(interpreter(&a), "started", "{a}");
+    let b = cell(
+        &e.api,
+        ALICE,
+        &sid,
+        "c1",
+        "print(inc(x), sq(3), next(gen), next(gen), math.pi > 3)",
+    );
+    assert_eq!(b["status"], "ok", "{b}");
+    assert_eq!(stdout(&b).trim(), "42 9 0 1 True", "{b}");
+    assert_eq!(interpreter(&b), "kept", "{b}");
+    let c = cell(&e.api, ALICE, &sid, "c2", "raise ValueError('boom')");
+    assert_eq!(c["status"], "exit_nonzero", "{c}");
+    assert!(
+        c["stderr"]["head"].to_string().contains("ValueError: boom"),
+        "{c}"
+    );
+    let d = cell(&e.api, ALICE, &sid, "c3", "print(x)");
+    assert_eq!(stdout(&d).trim(), "41", "{d}");
+}
+
+#[test]
+fn sessions_never_share_state_or_work() {
+    let e = start();
+    let a = open(&e.api, ALICE, "sa");
+    let b = open(&e.api, BOB, "sb");
+    let c = open(&e.api, CAROL, "sc");
+    let w = cell(
+        &e.api,
+        ALICE,
+        &a,
+        "c0",
+        "secret = 'alice-7'\nopen('/work/secret', 'w').write('alice-7')\nimport os\nprint(os.getpid())",
+    );
+    assert_eq!(w["status"], "ok", "{w}");
+    for (tok, sid) in [(BOB, &b), (CAROL, &c)] {
+        let r = cell(
+            &e.api,
+            tok,
+            sid,
+            "c0",
+            "import os, glob\nprint('secret' in globals(), os.path.exists('/work/secret'), [p for p in glob.glob('/proc/*/root/work/secret')])",
+        );
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(stdout(&r).trim(), "False False []", "{r}");
+    }
+    // And the other way: alice's state is hers.
+    let r = cell(&e.api, ALICE, &a, "c1", "print(secret)");
+    assert_eq!(stdout(&r).trim(), "alice-7", "{r}");
+}
+
+#[test]
+fn a_background_process_does_not_survive_its_cell() {
+    let e = start();
+    let sid = open(&e.api, ALICE, "bg");
+    // The child would write the sentinel after 1 s; the proof it runs: it writes `alive` now.
+    let a = cell(
+        &e.api,
+        ALICE,
+        &sid,
+        "c0",
+        "import subprocess\nsubprocess.Popen(['/bin/sh', '-c', 'echo alive > /work/alive; sleep 1; echo late > /work/sentinel'])\nimport time\ntime.sleep(0.3)\nprint(open('/work/alive').read().strip())",
+    );
+    assert_eq!(stdout(&a).trim(), "alive", "{a}");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let b = cell(
+        &e.api,
+        ALICE,
+        &sid,
+        "c1",
+        "import os\nprint(os.path.exists('/work/sentinel'), sorted(p for p in os.listdir('/proc') if p.isdigit() and p not in ('1', str(os.getpid()))))",
+    );
+    assert_eq!(stdout(&b).trim(), "False []", "{b}");
+}
+
+#[test]
+fn a_timed_out_cell_is_interrupted_and_says_what_became_of_the_state() {
+    let e = start();
+    let sid = open(&e.api, ALICE, "to");
+    cell(&e.api, ALICE, &sid, "c0", "kept = 7");
+    let a = cell(&e.api, ALICE, &sid, "c1", "import time\ntime.sleep(30)");
+    assert_eq!(a["status"], "timeout", "{a}");
+    assert_eq!(interpreter(&a), "kept", "{a}");
+    let b = cell(&e.api, ALICE, &sid, "c2", "print(kept)");
+    assert_eq!(stdout(&b).trim(), "7", "{b}");
+    // A cell that swallows the interrupt: killed after the grace, its state lost.
+    let c = cell(
+        &e.api,
+        ALICE,
+        &sid,
+        "c3",
+        "import time\nwhile True:\n    try:\n        time.sleep(30)\n    except KeyboardInterrupt:\n        pass",
+    );
+    assert_eq!(c["status"], "timeout", "{c}");
+    assert_eq!(interpreter(&c), "lost", "{c}");
+    let d = cell(&e.api, ALICE, &sid, "c4", "print('kept' in globals())");
+    assert_eq!(interpreter(&d), "restarted", "{d}");
+    assert_eq!(stdout(&d).trim(), "False", "{d}");
+}
+
+#[test]
+fn the_session_memory_limit_holds_across_cells() {
+    let e = start();
+    let sid = open(&e.api, ALICE, "mem");
+    cell(&e.api, ALICE, &sid, "c0", "hoard = []");
+    let mut crossed = None;
+    for i in 1..12 {
+        let v = cell(
+            &e.api,
+            ALICE,
+            &sid,
+            &format!("c{i}"),
+            "hoard.append(bytearray(24 * 1024 * 1024))\nprint(len(hoard))",
+        );
+        if v["status"] != "ok" {
+            crossed = Some((i, v));
+            break;
+        }
+    }
+    let (i, v) = crossed.expect("the session's memory limit was never reached");
+    assert!(i >= 3, "cells before the limit each stayed within it: {v}");
+    assert_eq!(v["status"], "memory_limit", "{v}");
+    assert_eq!(interpreter(&v), "lost", "{v}");
+}
+
+#[test]
+fn a_retried_cell_runs_once() {
+    let e = start();
+    let sid = open(&e.api, ALICE, "retry");
+    let code = "import os\np = '/work/n'\nn = int(open(p).read()) + 1 if os.path.exists(p) else 1\nopen(p, 'w').write(str(n))\nprint(n)";
+    let a = cell(&e.api, ALICE, &sid, "step", code);
+    let b = cell(&e.api, ALICE, &sid, "step", code);
+    assert_eq!(stdout(&a).trim(), "1", "{a}");
+    assert_eq!(a["cell"], b["cell"]);
+    assert_eq!(stdout(&b).trim(), "1", "{b}");
+    let c = cell(&e.api, ALICE, &sid, "next", "print(open('/work/n').read())");
+    assert_eq!(stdout(&c).trim(), "1", "the retry executed again: {c}");
+}
+
+/// The host pids of every process in the pid namespace `ns` (`pid:[N]`, as a cell reads
+/// `/proc/self/ns/pid`): found through the host's /proc (the tests run as root).
+fn processes_in(ns: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        if let Ok(l) = std::fs::read_link(e.path().join("ns/pid"))
+            && l.to_string_lossy() == ns
+        {
+            found.push(name);
+        }
+    }
+    found
+}
+
+#[test]
+fn delete_leaves_no_process_and_idle_ends_with_a_checkpoint() {
+    let e = start();
+    let sid = open(&e.api, ALICE, "del");
+    let a = cell(
+        &e.api,
+        ALICE,
+        &sid,
+        "c0",
+        "import os\nopen('/work/kept', 'w').write('yes')\nmarker = 1\nprint(os.readlink('/proc/self/ns/pid'))",
+    );
+    let ns = stdout(&a).trim().to_owned();
+    assert!(
+        processes_in(&ns).len() >= 2,
+        "the live sandbox (its init and interpreter) is found on the host"
+    );
+    // Idle (5 s): the sandbox ends, the workspace is checkpointed; the next cell restarts.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !processes_in(&ns).is_empty() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(
+        processes_in(&ns),
+        Vec::<String>::new(),
+        "an idle session's sandbox still runs"
+    );
+    // The checkpoint is recorded once the runner, which outlives the sandbox, has ended.
+    let head = || {
+        let (_, s) = e.api.send(
+            reqwest::Method::GET,
+            ALICE,
+            &format!("/v1/sessions/{sid}"),
+            None,
+        );
+        s["workspace_sha256"].clone()
+    };
+    while head().is_null() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert!(head().as_str().is_some(), "the idle end left no checkpoint");
+    let b = cell(
+        &e.api,
+        ALICE,
+        &sid,
+        "c1",
+        "import os\nprint('marker' in globals(), open('/work/kept').read(), os.readlink('/proc/self/ns/pid'))",
+    );
+    assert_eq!(interpreter(&b), "restarted", "{b}");
+    let out = stdout(&b);
+    let mut words = out.split_whitespace();
+    assert_eq!(words.next(), Some("False"), "{b}");
+    assert_eq!(words.next(), Some("yes"), "{b}");
+    let ns = words.next().unwrap().to_owned();
+    assert!(processes_in(&ns).len() >= 2, "the new sandbox runs");
+    let (st, _) = e.api.send(
+        reqwest::Method::DELETE,
+        ALICE,
+        &format!("/v1/sessions/{sid}"),
+        None,
+    );
+    assert_eq!(st, 200);
+    assert_eq!(
+        processes_in(&ns),
+        Vec::<String>::new(),
+        "a closed session's sandbox still runs"
+    );
+}
+
+#[test]
+fn a_lost_interpreter_restarts_from_its_checkpoint() {
+    let e = start();
+    let sid = open(&e.api, ALICE, "lost");
+    cell(
+        &e.api,
+        ALICE,
+        &sid,
+        "c0",
+        "open('/work/f', 'w').write('kept')\nv = 1",
+    );
+    let a = cell(
+        &e.api,
+        ALICE,
+        &sid,
+        "c1",
+        "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+    );
+    assert_ne!(a["status"], "ok", "{a}");
+    assert_eq!(interpreter(&a), "lost", "{a}");
+    let b = cell(
+        &e.api,
+        ALICE,
+        &sid,
+        "c2",
+        "print('v' in globals(), open('/work/f').read())",
+    );
+    assert_eq!(interpreter(&b), "restarted", "{b}");
+    assert_eq!(stdout(&b).trim(), "False kept", "{b}");
+}
+
+#[test]
+fn an_answer_written_out_of_turn_ends_the_interpreter() {
+    let e = start();
+    let sid = open(&e.api, ALICE, "forge");
+    // The cell's own code writes a forged answer to the next request on the channel (the
+    // driver's descriptor), then the real answer follows: the next cell reads the forgery.
+    let forge = "import json, struct, os\nctl = [fd for fd in range(3, 64) if os.path.exists(f'/proc/self/fd/{fd}') and os.readlink(f'/proc/self/fd/{fd}').startswith('socket:')][0]\nb = json.dumps({'seq': 99, 'status': 'ok', 'stdout': 'forged', 'stderr': '', 'truncated': False}).encode()\nos.write(ctl, struct.pack('>I', len(b)) + b)";
+    let a = cell(&e.api, ALICE, &sid, "c0", forge);
+    assert_ne!(stdout(&a).trim(), "forged", "{a}");
+    assert_eq!(interpreter(&a), "lost", "{a}");
+    let b = cell(&e.api, ALICE, &sid, "c1", "print('real')");
+    assert_ne!(
+        stdout(&b).trim(),
+        "forged",
+        "a forged answer was taken: {b}"
+    );
+}
+
+/// The driver cuts a cell's streams at 1 MiB, but it runs in the cell's own process: a cell
+/// that raises the driver's limit (or answers by itself) must still not get more than a run's
+/// stream bound stored and returned (the service cuts what it is given).
+#[test]
+fn a_cell_that_lifts_the_drivers_limit_still_gets_a_bounded_stdout() {
+    let e = start();
+    let sid = open(&e.api, ALICE, "flood");
+    let flood = "import sys\nsys.modules['__main__'].LIMIT = 1 << 30\nsys.stdout.write('x' * (5 << 20))\nsys.stderr.write('y' * (3 << 20))";
+    let a = cell(&e.api, ALICE, &sid, "c0", flood);
+    for s in ["stdout", "stderr"] {
+        let bytes = a[s]["bytes"].as_u64().unwrap_or(u64::MAX);
+        assert!(bytes <= 1 << 20, "{s}: {bytes} bytes kept");
+        assert_eq!(a[s]["truncated"], true, "{s}: {}", a[s]["bytes"]);
+    }
+    let b = cell(&e.api, ALICE, &sid, "c1", "print('after')");
+    assert_eq!(stdout(&b).trim(), "after", "{b}");
+}

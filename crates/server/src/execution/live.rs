@@ -1,0 +1,220 @@
+//! Live sessions (a task's `session.interpreter`): one sandbox per session, started at its
+//! first cell with the task's whole boundary (the same manifest, policy and runner path as a
+//! run: namespaces, Landlock, seccomp, the run's cgroup bounding the memory and pids of the
+//! whole tree, `/work` restored from the session's head checkpoint), running a resident
+//! interpreter (the driver, `live_driver.py`, given as the run's code). The runner connects
+//! to a Unix socket the service listens on in the job folder and gives the connection to the
+//! command as its stdin: the control channel. Each cell is one frame there (4-byte big-endian
+//! length, JSON `{seq, code, seconds}`) and one answer back (`{seq, status, stdout, stderr,
+//! truncated}`), both bounded; an answer with another `seq` ends the sandbox as lost. What
+//! the answer says is the interpreter's word, as untrusted as the cell's code that runs in
+//! the same process (like a run's stdout). When the interpreter ends (idle, `DELETE`, lost), its run ends like any run:
+//! the workspace is collected, checked and stored as the session's new head.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+use super::runner::{self, Admission, Job};
+use crate::app::AppState;
+pub use crate::live_slots::{Live, LiveSessions, Slot};
+
+/// The driver the interpreter runs (the run's code).
+pub const PYTHON_DRIVER: &str = include_str!("live_driver.py");
+
+/// How long a cell that was interrupted at its time limit has to answer before its sandbox
+/// is killed.
+pub const GRACE: Duration = Duration::from_secs(2);
+
+/// The most an answer frame may take (each stream is cut at 1 MiB by the driver; JSON
+/// escaping can make that up to 6 times larger).
+const ANSWER_LIMIT: u32 = 16 * 1024 * 1024;
+
+/// How long the interpreter's sandbox has to start and connect.
+const START_LIMIT: Duration = Duration::from_secs(60);
+
+/// What a cell's execution came to.
+pub enum Answer {
+    /// The driver answered: `status` is `ok`, `error` (an exception) or `interrupted` (the
+    /// time limit's KeyboardInterrupt).
+    Done {
+        status: String,
+        stdout: String,
+        stderr: String,
+        truncated: bool,
+    },
+    /// No answer within the limit and the grace: the sandbox was killed.
+    Timeout,
+    /// The connection ended without an answer (the interpreter or its sandbox died).
+    Lost,
+}
+
+/// Starts the interpreter run `job` (its session part has `interpreter` set, its code the
+/// driver) and waits for its runner's connection. Keeps the admission for the run's life.
+pub async fn start(
+    state: &AppState,
+    mut job: Job,
+    admission: Admission,
+    idle: Duration,
+    slot: &Arc<tokio::sync::Mutex<Slot>>,
+    generation: u64,
+) -> Result<Live, String> {
+    let dir = runner::job_dir(state, &job.job_id);
+    super::streams::job_folder(&dir).map_err(|e| format!("cannot create the job folder: {e}"))?;
+    let path = runner::live_control_path(&dir);
+    let listener = tokio::net::UnixListener::bind(&path)
+        .map_err(|e| format!("cannot listen on the control socket: {e}"))?;
+    let cancel = CancellationToken::new();
+    job.cancel = Some(cancel.clone());
+    let request_id = job.request_id.clone();
+    let mut run = tokio::spawn(runner::execute(state.clone(), job, Some(admission), None));
+    let accepted = tokio::select! {
+        a = tokio::time::timeout(START_LIMIT, listener.accept()) => a,
+        _ = &mut run => {
+            let _ = std::fs::remove_file(&path);
+            return Err("the interpreter's sandbox ended before it took a cell".into());
+        }
+    };
+    let _ = std::fs::remove_file(&path);
+    drop(listener);
+    let conn = match accepted {
+        Ok(Ok((c, _))) => c,
+        _ => {
+            cancel.cancel();
+            let _ = tokio::time::timeout(START_LIMIT, run).await;
+            return Err("the interpreter's sandbox did not connect in time".into());
+        }
+    };
+    tokio::spawn(watch_idle(slot.clone(), idle, generation));
+    Ok(Live {
+        conn,
+        cancel,
+        run,
+        request_id,
+        last: Instant::now(),
+        generation,
+        seq: 0,
+    })
+}
+
+/// Executes `code` in the live sandbox within `seconds` (the driver interrupts it then) and
+/// [`GRACE`]; kills the sandbox when no answer comes.
+pub async fn exec(live: &mut Live, code: &str, seconds: u64) -> Answer {
+    live.last = Instant::now();
+    live.seq += 1;
+    let seq = live.seq;
+    let body = serde_json::json!({"seq": seq, "code": code, "seconds": seconds}).to_string();
+    let mut frame = Vec::with_capacity(body.len() + 4);
+    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(body.as_bytes());
+    let limit = Duration::from_secs(seconds) + GRACE;
+    let conn = &mut live.conn;
+    let exchange = async {
+        conn.write_all(&frame).await.ok()?;
+        let mut head = [0u8; 4];
+        conn.read_exact(&mut head).await.ok()?;
+        let n = u32::from_be_bytes(head);
+        if n > ANSWER_LIMIT {
+            return None;
+        }
+        let mut buf = Vec::new();
+        (&mut *conn)
+            .take(u64::from(n))
+            .read_to_end(&mut buf)
+            .await
+            .ok()?;
+        serde_json::from_slice::<serde_json::Value>(&buf).ok()
+    };
+    let answer = match tokio::time::timeout(limit, exchange).await {
+        Err(_) => {
+            live.cancel.cancel();
+            return Answer::Timeout;
+        }
+        Ok(None) => return Answer::Lost,
+        // An answer to another request (written by the cell's own code out of turn): the
+        // channel is out of step; the sandbox is ended as lost.
+        Ok(Some(v)) if v.get("seq").and_then(serde_json::Value::as_u64) != Some(seq) => {
+            live.cancel.cancel();
+            return Answer::Lost;
+        }
+        Ok(Some(v)) => v,
+    };
+    live.last = Instant::now();
+    let text = |k: &str| {
+        answer
+            .get(k)
+            .and_then(|s| s.as_str())
+            .unwrap_or("")
+            .to_owned()
+    };
+    Answer::Done {
+        status: text("status"),
+        stdout: text("stdout"),
+        stderr: text("stderr"),
+        truncated: answer.get("truncated").and_then(serde_json::Value::as_bool) == Some(true),
+    }
+}
+
+/// Ends a live sandbox: `kill` kills it (a close, a timeout); otherwise its control channel
+/// is closed and the driver exits by itself, its workspace collected as the session's head.
+/// Returns once its run's end is recorded (bounded).
+pub async fn end(live: Live, kill: bool) {
+    let Live {
+        conn, cancel, run, ..
+    } = live;
+    if kill {
+        cancel.cancel();
+    }
+    // The driver reads the end of its channel and exits; the sandbox ends with it (its init
+    // and every process of its pid namespace), and the runner, which outlives them, collects
+    // the workspace. One that does not exit in time is killed.
+    drop(conn);
+    let mut run = run;
+    if tokio::time::timeout(QUIT_LIMIT, &mut run).await.is_err() {
+        cancel.cancel();
+        let abort = run.abort_handle();
+        if tokio::time::timeout(START_LIMIT, run).await.is_err() {
+            abort.abort();
+        }
+    }
+}
+
+/// How long a driver told to end (its channel closed) has to exit before it is killed.
+const QUIT_LIMIT: Duration = Duration::from_secs(5);
+
+/// Ends the session's live sandbox, if any (`DELETE`): the driver is told to end (it is
+/// between cells: the slot is held), then killed if it lingers; returns once its runner,
+/// which outlives the sandbox, has exited.
+pub async fn close(state: &AppState, session_id: &str) {
+    if let Some(slot) = state.inner.live.get(session_id) {
+        let live = slot.lock().await.live.take();
+        if let Some(l) = live {
+            end(l, false).await;
+        }
+        state.inner.live.forget(session_id);
+    }
+}
+
+/// Ends generation `generation` of the session's sandbox once it has taken no cell for `idle`.
+async fn watch_idle(slot: Arc<tokio::sync::Mutex<Slot>>, idle: Duration, generation: u64) {
+    let mut wait = idle;
+    loop {
+        tokio::time::sleep(wait).await;
+        let mut s = slot.lock().await;
+        let Some(l) = &s.live else { return };
+        if l.generation != generation {
+            return;
+        }
+        let quiet = l.last.elapsed();
+        if quiet >= idle || l.ended() {
+            if let Some(l) = s.live.take() {
+                // Under the slot's lock: the next cell starts from the checkpoint this leaves.
+                end(l, false).await;
+            }
+            return;
+        }
+        wait = idle - quiet;
+    }
+}
