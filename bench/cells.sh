@@ -6,13 +6,21 @@
 #   run:         `agentjail run` per call on the same code (a fresh sandbox each time);
 #   http run:    `POST /v1/runs` (wait) to `agentjail serve` (SQLite), raw HTTP/1.1 keep-alive;
 #   http cell:   `POST /v1/sessions/{id}/cells` (wait) in one open session, raw HTTP, likewise;
+#   live cell:   the same in a live session (`session.interpreter = "python"`): the cell is
+#                executed by the session's resident interpreter in its one sandbox (the first,
+#                untimed call starts it);
+#   mcp live cell: the same through MCP's `session_run` over Streamable HTTP (`/mcp`, the
+#                official Python SDK as the client), when the `mcp` package is installed;
 #   client cell: the same cell through the Python client (`agentjail` package, clients/python:
 #                `session.run(code)`), on its own keep-alive connection;
+#   ts cell:     the same cell through the TypeScript client (clients/typescript, its built
+#                `dist/`: `await session.run(code)` under Node, fetch), timed inside Node,
+#                when `node` and the built client are there (`npm ci && npm run build`);
 #   smolagents:  smolagents' LocalPythonExecutor running the code in-process (no sandbox at all),
 #                when smolagents is installed.
-# Prints p50, p90, p99 and max per way, and the load average at the start. The client's
-# overhead is "client cell" minus "http cell". No resident interpreter yet (docs/api.md,
-# "Sessions"): a cell starts a fresh interpreter in a fresh sandbox, like a run.
+# Prints p50, p90, p99 and max per way, and the load average at the start. A client's
+# overhead is its cell minus "http cell". A cell of a session that is not live starts a
+# fresh interpreter in a fresh sandbox, like a run (docs/api.md, "Sessions").
 # The step is `print(1)` and, where there is an `/output`, the task's output file (`{}`).
 # Usage: bench/cells.sh [N]   (as root; python3 with httpx for the client; builds the release
 # binary, or takes the one in $AGENTJAIL_BIN).
@@ -47,32 +55,45 @@ cfg = f"""
 [actors.agent]
 tenant = "acme"
 token_sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"
-[tasks.py]
+"""
+
+
+def task(name, extra=""):
+    return f"""[tasks.{name}]
 description = "Model-proposed Python"
 code = "allowed"
 command = ["/usr/bin/python3", "/input/code.py"]
 allowed_actors = ["agent"]
-[tasks.py.output]
+[tasks.{name}.output]
 path = "/output/o.json"
 media_type = "application/json"
 max_bytes = 100
-[tasks.py.limits]
+[tasks.{name}.limits]
 seconds = 20
-[tasks.py.session]
+[tasks.{name}.session]
 max_cells = {4 * n + 20}
-"""
+{extra}"""
+
+
+# `live`: its sessions keep a resident interpreter (docs/api.md, "Live sessions").
+cfg += task("py") + task("live", 'interpreter = "python"\n')
 open(f"{work}/config.toml", "w").write(cfg)
 results = {}
+# The caller's own CPU per call (this process's, or Node's for the TypeScript client): what a
+# client costs on top of the call, far less disturbed by other load than the wall time.
+cpu = {}
 
 
 def timed(name, call):
     call(-1)  # warm-up, untimed
-    ms = []
+    ms, c = [], []
     for i in range(n):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         call(i)
         ms.append((time.perf_counter() - t0) * 1000)
+        c.append((time.process_time() - c0) * 1000)
     results[name] = ms
+    cpu[name] = c
 
 
 def check(out):
@@ -118,6 +139,32 @@ try:
     timed("http run", lambda i: ok_stdout(post("/v1/runs", {"request_id": f"r{i}", "task": "py", "code": code})))
     sid = post("/v1/sessions", {"request_id": "s", "task": "py"})["session_id"]
     timed("http cell", lambda i: ok_stdout(post(f"/v1/sessions/{sid}/cells", {"request_id": f"c{i}", "code": code})))
+    lid = post("/v1/sessions", {"request_id": "l", "task": "live"})["session_id"]
+    timed("live cell", lambda i: ok_stdout(post(f"/v1/sessions/{lid}/cells", {"request_id": f"c{i}", "code": "print(1)"})))
+    try:
+        import anyio
+        from mcp import Client as McpClient
+        from mcp.client.streamable_http import streamable_http_client
+        from mcp.shared._httpx_utils import create_mcp_http_client
+    except ImportError as e:
+        print(f"  (the MCP SDK is not importable here: {e}; the MCP line is left out)")
+    else:
+        async def over_mcp():
+            http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+            async with McpClient(streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http)) as m:
+                o = await m.call_tool("session_open", {"task": "live", "request_id": "mcp-live"})
+                assert not o.is_error, o
+                msid = o.structured_content["session_id"]
+                ms = []
+                for i in range(-1, n):
+                    t0 = time.perf_counter()
+                    r = await m.call_tool("session_run", {"session_id": msid, "step_id": f"m{i}", "code": "print(1)"})
+                    assert not r.is_error, r
+                    if i >= 0:  # the first starts the interpreter: untimed
+                        ms.append((time.perf_counter() - t0) * 1000)
+                await m.call_tool("session_close", {"session_id": msid})
+                return ms
+        results["mcp live cell"] = anyio.run(over_mcp)
     try:
         import agentjail
     except ImportError as e:
@@ -132,6 +179,33 @@ try:
         timed("client cell", cell)
         s.close()
         client.close()
+    dist = os.path.join(os.getcwd(), "clients/typescript/dist/index.js")
+    if not os.path.exists(dist) or subprocess.run(["node", "--version"], capture_output=True).returncode:
+        print("  (node or the built TypeScript client is missing: its line is left out)")
+    else:
+        js = """
+import * as aj from %s;
+const c = new aj.Client({ baseUrl: %s, token: %s });
+const s = await c.session("py");
+const code = %s, ms = [], cpu = [];
+for (let i = -1; i < %d; i++) {
+  const t0 = performance.now(), c0 = process.cpuUsage();
+  const r = await s.run(code);
+  if (!r.ok || r.stdout.trim() !== "1") throw new Error("cell not ok: " + r.status);
+  const c = process.cpuUsage(c0);
+  if (i >= 0) {  // the first, a warm-up, untimed
+    ms.push(performance.now() - t0);
+    cpu.push((c.user + c.system) / 1000);
+  }
+}
+await s.close();
+console.log(JSON.stringify({ ms, cpu }));
+""" % (json.dumps("file://" + dist), json.dumps(f"http://127.0.0.1:{port}"), json.dumps(token), json.dumps(code), n)
+        open(f"{work}/ts.mjs", "w").write(js)
+        out = subprocess.run(["node", f"{work}/ts.mjs"], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout)
+        results["ts cell"], cpu["ts cell"] = got["ms"], got["cpu"]
 finally:
     p.terminate()
     p.wait()
@@ -153,7 +227,11 @@ def pct(v, q):
 
 
 for name, ms in results.items():
-    print(f"  {name:12s}: p50 {pct(ms, .5):7.2f}  p90 {pct(ms, .9):7.2f}  p99 {pct(ms, .99):7.2f}  max {max(ms):7.2f} ms")
-if "client cell" in results:
-    print(f"  client overhead (p50 of client cell - http cell): {pct(results['client cell'], .5) - pct(results['http cell'], .5):.2f} ms")
+    print(f"  {name:13s}: p50 {pct(ms, .5):7.2f}  p90 {pct(ms, .9):7.2f}  p99 {pct(ms, .99):7.2f}  max {max(ms):7.2f} ms")
+for way in ("http cell", "client cell", "ts cell"):
+    if way in cpu:
+        print(f"  {way:12s}: the caller's CPU per call p50 {pct(cpu[way], .5):6.2f}  p90 {pct(cpu[way], .9):6.2f} ms")
+for way in ("client cell", "ts cell"):
+    if way in results:
+        print(f"  {way} overhead (p50 of {way} - http cell): {pct(results[way], .5) - pct(results['http cell'], .5):.2f} ms")
 PY

@@ -27,9 +27,9 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 # the crate root (lib.rs/main.rs), which composes everything, is the top layer.
 LAYERS = {
     "server": [
-        {"util", "run_state", "storage", "news"},
+        {"util", "run_state", "storage", "news", "live_slots"},
         {"policy"},
-        {"app", "selftest", "dev_token"},
+        {"app", "images", "selftest", "dev_token"},
         {"execution"},
         {"service"},
         {"doors"},
