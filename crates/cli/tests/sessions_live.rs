@@ -187,6 +187,57 @@ fn a_background_process_does_not_survive_its_cell() {
     assert_eq!(stdout(&b).trim(), "False []", "{b}");
 }
 
+/// The driver's own clean-up runs in the process the cell's code runs in: a cell can disarm it
+/// (`os.kill` and `os.waitpid` replaced, so the driver answers at once) and leave processes
+/// behind, a plain child in a session of its own and a
+/// daemon reparented to the init (a double fork). The supervisor's relay kills them from
+/// outside the sandbox before the cell's answer is passed on (live_relay.rs).
+#[test]
+fn a_cell_that_disarms_the_drivers_cleanup_still_loses_its_background_processes() {
+    let e = start();
+    let sid = open(&e.api, ALICE, "disarm");
+    let a = cell(
+        &e.api,
+        ALICE,
+        &sid,
+        "c0",
+        "import os, subprocess, time\n\
+         os.kill = lambda *a, **k: None\n\
+         os.killpg = lambda *a, **k: None\n\
+         def gone(*a):\n\
+         \x20   raise ChildProcessError\n\
+         os.waitpid = gone\n\
+         subprocess.Popen(['/bin/sh', '-c', 'echo alive > /work/alive; sleep 1; echo late > /work/sentinel'], start_new_session=True)\n\
+         if os.fork() == 0:\n\
+         \x20   os.setsid()\n\
+         \x20   if os.fork() == 0:\n\
+         \x20       open('/work/daemon', 'w').write('alive')\n\
+         \x20       time.sleep(1)\n\
+         \x20       open('/work/sentinel2', 'w').write('late')\n\
+         \x20   os._exit(0)\n\
+         time.sleep(0.3)\n\
+         print(open('/work/alive').read().strip(), open('/work/daemon').read())",
+    );
+    assert_eq!(stdout(&a).trim(), "alive alive", "{a}");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let b = cell(
+        &e.api,
+        ALICE,
+        &sid,
+        "c1",
+        // Zombies (the cell disarmed the driver's reaping) can do nothing: only live ones count.
+        "import os\n\
+         def live(p):\n\
+         \x20   try:\n\
+         \x20       return open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z'\n\
+         \x20   except OSError:\n\
+         \x20       return False\n\
+         print(os.path.exists('/work/sentinel'), os.path.exists('/work/sentinel2'), sorted(p for p in os.listdir('/proc') if p.isdigit() and p not in ('1', str(os.getpid())) and live(p)))",
+    );
+    assert_eq!(interpreter(&b), "kept", "{b}");
+    assert_eq!(stdout(&b).trim(), "False False []", "{b}");
+}
+
 #[test]
 fn a_timed_out_cell_is_interrupted_and_says_what_became_of_the_state() {
     let e = start();

@@ -291,7 +291,7 @@ fn init(a: &mut InitArgs) -> StepResult<()> {
     }
     drop(to_payload);
     timing::mark("init: command started");
-    let _ = send(a.ctl.as_fd(), &ToSupervisor::Started, None);
+    let _ = send(a.ctl.as_fd(), &ToSupervisor::Started { payload: pid }, None);
 
     let mut payload_status: Option<i32> = None;
     while payload_status.is_none() {

@@ -30,6 +30,7 @@ mod inside;
 pub mod landlock_policy;
 pub mod lifeline;
 pub mod live;
+mod live_relay;
 mod outcome;
 pub mod plan;
 mod probe;

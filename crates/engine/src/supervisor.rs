@@ -147,19 +147,28 @@ pub fn run_on(
         fail(report, msg)
     };
 
+    // A live session's control channel passes through the relay (live_relay.rs), which
+    // kills what each cell leaves behind from out here; the command gets the other end.
+    let relay = match opts.stdin.as_deref() {
+        Some(conn) => match crate::live_relay::start(conn, &pidfd) {
+            Ok(r) => Some(r),
+            Err(e) => return abort(report, format!("the live session's relay: {e}")),
+        },
+        None => None,
+    };
     if let Err(e) = plan_memfd(&plan).and_then(|memfd| {
         let restore = crate::workspace::restore_memfd(plan.workspace.as_ref(), opts)?;
         let fds = [
             Some(&memfd),
             copies.as_ref().map(|c| &c.fd),
             restore.as_ref(),
-            opts.stdin.as_deref(),
+            relay.as_ref().map(|r| &r.command_end),
         ];
         send_or_died(
             &ctl_s,
             &ToInit::Go {
                 allow_degraded: opts.allow_degraded,
-                stdin: opts.stdin.is_some(),
+                stdin: relay.is_some(),
             },
             &crate::workspace::present(&fds),
         )
@@ -226,7 +235,10 @@ pub fn run_on(
 
     let mut out = Stream::new(Some(out_r), opts.stdout);
     let mut err = Stream::new(Some(err_r), opts.stderr);
-    let mut st = State::default();
+    let mut st = State {
+        on_started: relay.map(|r| r.payload),
+        ..State::default()
+    };
     let mut gateway: Option<agentjail_egress::GatewayHandle> = None;
     let mut ctl_open = true;
     let mut timed_out = false;
@@ -474,6 +486,8 @@ struct State {
     work: Option<OwnedFd>,
     applied: Option<Applied>,
     started: bool,
+    /// Where the payload's pid goes when it started (a live session's relay).
+    on_started: Option<std::sync::mpsc::Sender<i32>>,
     exec_failed: Option<String>,
     setup_failed: Option<String>,
     exit: Option<(i32, u64, u64)>,
@@ -489,7 +503,12 @@ impl State {
                     ToSupervisor::Work => self.work = fd,
                     ToSupervisor::Listener => self.listener = fd,
                     ToSupervisor::Applied(a) => self.applied = Some(a),
-                    ToSupervisor::Started => self.started = true,
+                    ToSupervisor::Started { payload } => {
+                        self.started = true;
+                        if let Some(tx) = self.on_started.take() {
+                            let _ = tx.send(payload);
+                        }
+                    }
                     ToSupervisor::ExecFailed { program, error } => {
                         self.exec_failed = Some(format!(
                             "cannot execute `{}`: {error}",

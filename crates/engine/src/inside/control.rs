@@ -59,8 +59,9 @@ pub enum ToSupervisor {
     Work,
     /// What the payload applied (forwarded from [`FromPayload::Applied`]).
     Applied(Applied),
-    /// The command was executed.
-    Started,
+    /// The command was executed; `payload` is its pid in the sandbox's pid namespace (a
+    /// live session's relay tells the interpreter from what its cells leave behind).
+    Started { payload: i32 },
     /// The command could not be executed (forwarded from the payload).
     ExecFailed { program: String, error: String },
     /// A set-up step failed, in the init or (forwarded) in the payload.

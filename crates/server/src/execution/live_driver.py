@@ -5,7 +5,9 @@
 # globals dict, its stdout and stderr (file descriptors 1 and 2, so child processes' output
 # too) captured into files of /tmp; the answer is a frame with JSON {"seq": the request's, "status": "ok" | "error"
 # | "interrupted", "stdout": str, "stderr": str, "truncated": bool}. After each cell every other process of
-# the sandbox is killed (kill(-1) in its pid namespace spares only this one and the init).
+# the sandbox is killed (kill(-1) in its pid namespace spares only this one and the init). That
+# is a courtesy: a cell can rewrite anything here; what holds is the supervisor's sweep, from
+# outside the sandbox, before it passes the answer on (crates/engine/src/live_relay.rs).
 import io, json, os, signal, struct, sys, traceback
 
 CTL = 0
