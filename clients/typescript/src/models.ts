@@ -1874,7 +1874,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Sessions need the SQLite store in this version */
+            /** @description Live sessions (a task with a resident interpreter) need the SQLite store in this version */
             501: {
                 headers: {
                     [name: string]: unknown;
@@ -1955,7 +1955,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Sessions need the SQLite store in this version */
+            /** @description Live sessions (a task with a resident interpreter) need the SQLite store in this version */
             501: {
                 headers: {
                     [name: string]: unknown;
@@ -2036,7 +2036,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Sessions need the SQLite store in this version */
+            /** @description Live sessions (a task with a resident interpreter) need the SQLite store in this version */
             501: {
                 headers: {
                     [name: string]: unknown;
@@ -2122,7 +2122,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Sessions need the SQLite store in this version */
+            /** @description Live sessions (a task with a resident interpreter) need the SQLite store in this version */
             501: {
                 headers: {
                     [name: string]: unknown;
@@ -2286,7 +2286,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Sessions need the SQLite store in this version */
+            /** @description Live sessions (a task with a resident interpreter) need the SQLite store in this version */
             501: {
                 headers: {
                     [name: string]: unknown;
@@ -2425,7 +2425,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Sessions need the SQLite store in this version */
+            /** @description Live sessions (a task with a resident interpreter) need the SQLite store in this version */
             501: {
                 headers: {
                     [name: string]: unknown;

@@ -355,7 +355,7 @@ impl Refusal {
             CheckpointGone { cell, keep } => format!(
                 "cell {cell}'s checkpoint is no longer kept (a session keeps those of its {keep} most recent cells); fork from a later cell"
             ),
-            SessionsUnsupported => "sessions need the SQLite store in this version; this service uses PostgreSQL".into(),
+            SessionsUnsupported => "live sessions (a task whose session has an interpreter) need the SQLite store in this version; this service uses PostgreSQL (sessions without one work on either store)".into(),
         }
     }
 
