@@ -581,7 +581,10 @@ fn followers_are_bounded() {
     assert_eq!((a.status().as_u16(), b.status().as_u16()), (200, 200));
     let c = follow();
     assert_eq!(c.status(), 503, "{:?}", c.text());
-    assert_eq!(api.status_of(ALICE, "slow")["status"], "running");
+    // Other requests are still served (the run may not have left the queue yet on a loaded
+    // machine: either state is an answer).
+    let st = api.status_of(ALICE, "slow")["status"].clone();
+    assert!(st == "running" || st == "queued", "{st}");
     drop(a);
     // The server notices the hang-up at its next write (a poll or a keep-alive).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
