@@ -123,6 +123,7 @@ fn cases() -> Vec<Vec<&'static str>> {
         &["image", "import", "rootfs", "--store", "store"],
         &["image", "verify", "--store", "store", "sha256:0000"],
         &["image", "rm", "--store", "store", "sha256:0000"],
+        &["image", "show", "--store", "store", "sha256:0000"],
         &[
             "image",
             "gc",

@@ -649,3 +649,80 @@ fn an_image_store_behind_a_symlink_works() {
     ]);
     assert_eq!(v.code, 0, "{}", v.dump());
 }
+
+/// `image show`: the record and the packages the image's own records list, the SBOM's digest
+/// that of the exact bytes `--sbom` prints (a CycloneDX document), the same in `--json`; and a
+/// changed image is refused, naming the change, not described.
+#[test]
+fn image_show_lists_the_packages_and_prints_a_cyclonedx_sbom() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("store");
+    let src = d.path().join("rootfs");
+    for (rel, text) in [
+        ("etc/os-release", "ID=debian\n"),
+        (
+            "var/lib/dpkg/status",
+            "Package: python3.11\nStatus: install ok installed\nArchitecture: amd64\nVersion: 3.11.2-6\n",
+        ),
+        (
+            "usr/local/lib/python3.11/site-packages/pandas-2.2.3.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: pandas\nVersion: 2.2.3\n",
+        ),
+    ] {
+        let p = src.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+    let imp = import(&store, &src, &[]);
+    assert_eq!(imp.code, 0, "{}", imp.dump());
+    let digest = imp.stdout.trim().to_owned();
+    let show = |extra: &[&str]| {
+        let mut a = vec!["image", "show", &digest, "--store", store.to_str().unwrap()];
+        a.extend_from_slice(extra);
+        agentjail(&a)
+    };
+
+    let sbom = show(&["--sbom"]);
+    assert_eq!(sbom.code, 0, "{}", sbom.dump());
+    let doc: Value = serde_json::from_str(&sbom.stdout).unwrap();
+    assert_eq!(doc["bomFormat"], "CycloneDX", "{doc}");
+    assert_eq!(doc["specVersion"], "1.5", "{doc}");
+    let purls: Vec<&str> = doc["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["purl"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        purls,
+        [
+            "pkg:deb/debian/python3.11@3.11.2-6?arch=amd64",
+            "pkg:pypi/pandas@2.2.3"
+        ]
+    );
+    let sbom_sha = agentjail_manifest::sha256_digest(sbom.stdout.as_bytes());
+
+    let text = show(&[]);
+    assert_eq!(text.code, 0, "{}", text.dump());
+    assert!(
+        text.stdout.contains("packages: 1 Debian, 1 Python")
+            && text.stdout.contains(&sbom_sha)
+            && text.stdout.contains("pypi pandas 2.2.3"),
+        "{}",
+        text.dump()
+    );
+    let json = show(&["--json"]);
+    assert_eq!(json.code, 0, "{}", json.dump());
+    let v: Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(v["sbom_sha256"], sbom_sha.as_str(), "{v}");
+    assert_eq!(v["digest"], digest.as_str(), "{v}");
+    assert_eq!(v["packages"][1]["name"], "pandas", "{v}");
+
+    // A changed image: refused, not described.
+    let stored = store.join("images").join(&digest[7..]).join("rootfs");
+    std::fs::write(stored.join("var/lib/dpkg/status"), "Package: other\n").unwrap();
+    let changed = show(&["--sbom"]);
+    assert_ne!(changed.code, 0, "{}", changed.dump());
+    assert!(changed.stdout.is_empty(), "{}", changed.dump());
+    assert!(changed.stderr.contains("changed"), "{}", changed.dump());
+}

@@ -20,6 +20,7 @@ pub mod extract;
 mod fsops;
 pub mod layout;
 mod oci;
+pub mod sbom;
 pub mod tree;
 
 pub use bounds::{ImageError, Limits, parse_digest};
@@ -527,6 +528,13 @@ impl Store {
             .trim()
             .parse()
             .ok()
+    }
+
+    /// The CycloneDX SBOM of a stored image ([`sbom`]), read from its root after the cheap
+    /// per-run check ([`Store::resolve`]): a changed image is refused, not described.
+    pub fn sbom(&self, digest: &str) -> Result<serde_json::Value, ImageError> {
+        let rootfs = self.resolve(digest)?;
+        sbom::cyclonedx(&rootfs, digest).map_err(io_err("read the image's package records"))
     }
 
     /// Removes a stored image.

@@ -535,3 +535,76 @@ fn the_base_is_taken_from_the_manifest_annotations_only_when_it_is_a_digest() {
     assert_eq!(crate::oci::base_of(&a(&[(bd, "latest")])), None);
     assert_eq!(crate::oci::base_of(&a(&[(bn, "python")])), None);
 }
+
+/// The SBOM lists what the image's dpkg status and Python distributions say is installed
+/// (not what is only configured), and reads nothing through a symlink: a `python3.x` folder
+/// that links out of the image, to a real folder of distributions, adds nothing. The same
+/// image gives the same document; a changed image is refused, not described.
+#[test]
+fn the_sbom_lists_installed_packages_and_reads_nothing_through_a_symlink() {
+    let fx = Fx::new();
+    let src = fx.p("rootfs");
+    let w = |rel: &str, text: &str| {
+        let p = src.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    };
+    w(
+        "etc/os-release",
+        "PRETTY_NAME=\"Debian GNU/Linux 12\"\nID=debian\n",
+    );
+    w(
+        "var/lib/dpkg/status",
+        "Package: python3.11\nStatus: install ok installed\nArchitecture: amd64\nVersion: 3.11.2-6+deb12u1\n\n\
+         Package: gone\nStatus: deinstall ok config-files\nArchitecture: amd64\nVersion: 1.0\n\n\
+         Package: libc6\nStatus: install ok installed\nArchitecture: amd64\nVersion: 2.36-9+deb12u7\nDescription: GNU C\n two lines\n",
+    );
+    w(
+        "usr/lib/python3/dist-packages/PyYAML-6.0.dist-info/METADATA",
+        "Metadata-Version: 2.1\nName: PyYAML\nVersion: 6.0\n\nName: not-a-header\n",
+    );
+    w(
+        "usr/local/lib/python3.11/site-packages/pandas-2.2.3.dist-info/METADATA",
+        "Metadata-Version: 2.1\nName: pandas\nVersion: 2.2.3\n",
+    );
+    w(
+        "usr/local/lib/python3.11/site-packages/broken.dist-info/METADATA",
+        "Name: x\n",
+    );
+    // Outside the image, a folder of distributions the link below points to.
+    let out = fx.p("elsewhere/site-packages/evil-9.9.dist-info");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("METADATA"), "Name: evil\nVersion: 9.9\n").unwrap();
+    std::os::unix::fs::symlink(fx.p("elsewhere"), src.join("usr/local/lib/python3.12")).unwrap();
+    std::os::unix::fs::symlink(fx.p("elsewhere"), src.join("usr/lib/python3.13")).unwrap();
+
+    let a = fx.import(&src).unwrap();
+    let digest = a.record.digest.clone();
+    let doc = fx.store.sbom(&digest).unwrap();
+    assert_eq!(doc["bomFormat"], "CycloneDX");
+    assert_eq!(doc["metadata"]["component"]["name"], digest.as_str());
+    let purls: Vec<&str> = doc["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["purl"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        purls,
+        [
+            "pkg:deb/debian/libc6@2.36-9%2Bdeb12u7?arch=amd64",
+            "pkg:deb/debian/python3.11@3.11.2-6%2Bdeb12u1?arch=amd64",
+            "pkg:pypi/pandas@2.2.3",
+            "pkg:pypi/pyyaml@6.0",
+        ]
+    );
+    assert_eq!(fx.store.sbom(&digest).unwrap(), doc, "deterministic");
+
+    // A changed image is refused before it is described.
+    let stored = fx.store.resolve(&digest).unwrap();
+    std::fs::write(stored.join("var/lib/dpkg/status"), "Package: x\n").unwrap();
+    assert!(
+        matches!(fx.store.sbom(&digest), Err(ImageError::Changed { .. })),
+        "a changed image must be refused"
+    );
+}

@@ -59,6 +59,19 @@ pub enum ImageCmd {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Show a stored image: its record and the packages installed in it (Debian's and
+    /// Python's own records, read from inside the image), or with `--sbom` its CycloneDX SBOM.
+    Show {
+        digest: String,
+        #[command(flatten)]
+        store: StoreArg,
+        /// Print the SBOM (CycloneDX 1.5 JSON; its sha256 is the `sbom` digest `show` prints).
+        #[arg(long, conflicts_with = "json")]
+        sbom: bool,
+        /// Print the record, the SBOM's digest and the packages as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Re-hash a stored image's every file against its record; exit 1 and list what changed.
     Verify {
         digest: String,
@@ -177,6 +190,12 @@ pub fn dispatch(c: ImageCmd) -> Result<u8, String> {
             errln!("agentjail image: removed {digest}");
             Ok(0)
         }
+        ImageCmd::Show {
+            digest,
+            store,
+            sbom,
+            json,
+        } => show(&Store::at(store.store.as_deref()), &digest, sbom, json),
         ImageCmd::Verify {
             digest,
             store,
@@ -201,6 +220,75 @@ pub fn dispatch(c: ImageCmd) -> Result<u8, String> {
 }
 
 /// Seconds from `a` to `b` (0 if `b` is earlier).
+/// `image show`: the SBOM is made from the image as stored, after its fingerprint check; the
+/// digest printed is that of the exact bytes `--sbom` prints.
+fn show(s: &Store, digest: &str, sbom: bool, json: bool) -> Result<u8, String> {
+    let r = s.record(digest).map_err(|e| e.to_string())?;
+    let doc = s.sbom(digest).map_err(|e| e.to_string())?;
+    let text = format!(
+        "{}\n",
+        serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?
+    );
+    if sbom {
+        out!("{text}");
+        return Ok(0);
+    }
+    let sbom_sha256 = agentjail_manifest::sha256_digest(text.as_bytes());
+    let packages: Vec<(&str, &str, &str)> = doc["components"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|c| {
+                    let purl = c["purl"].as_str().unwrap_or("");
+                    let eco = if purl.starts_with("pkg:deb/") {
+                        "deb"
+                    } else {
+                        "pypi"
+                    };
+                    (
+                        eco,
+                        c["name"].as_str().unwrap_or(""),
+                        c["version"].as_str().unwrap_or(""),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let count = |e: &str| packages.iter().filter(|p| p.0 == e).count();
+    if json {
+        let mut v = serde_json::to_value(&r).unwrap_or_default();
+        v["sbom_sha256"] = serde_json::json!(sbom_sha256);
+        v["packages"] = serde_json::json!(
+            packages
+                .iter()
+                .map(|(e, n, ver)| serde_json::json!({"ecosystem": e, "name": n, "version": ver}))
+                .collect::<Vec<_>>()
+        );
+        outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return Ok(0);
+    }
+    outln!("{}", r.digest);
+    outln!(
+        "  {}, {} in {} files, imported {} from {}",
+        r.kind,
+        human_bytes(r.bytes),
+        r.entries,
+        r.created,
+        r.source
+    );
+    outln!("  base: {}", r.base.as_deref().unwrap_or("unknown"));
+    outln!(
+        "  packages: {} Debian, {} Python (SBOM {sbom_sha256}: `agentjail image show {} --sbom`)",
+        count("deb"),
+        count("pypi"),
+        r.digest
+    );
+    for (e, n, ver) in &packages {
+        outln!("    {e:<4} {n} {ver}");
+    }
+    Ok(0)
+}
+
 fn secs_between(a: jiff::Timestamp, b: jiff::Timestamp) -> u64 {
     u64::try_from(b.as_second() - a.as_second()).unwrap_or(0)
 }
