@@ -124,16 +124,21 @@ pub fn select_root(
     }
 }
 
-/// Records in the report whether the root was pinned.
+/// Records in the report whether the root was pinned, and a pinned image's SBOM digest.
 fn annotate_image(report: &mut RunReport, root: &agentjail_engine::RootImage) {
     match root {
         agentjail_engine::RootImage::Host => {
             report.image_pinned = false;
             report.image_note = Some(HOST_IMAGE_NOTE.into());
         }
-        agentjail_engine::RootImage::Stored { .. } => {
+        agentjail_engine::RootImage::Stored { digest, rootfs } => {
             report.image_pinned = true;
             report.image_note = None;
+            // What the image holds by its package records (`agentjail image show --sbom`):
+            // read beneath its root, never through a symlink (agentjail_image::sbom).
+            report.image_sbom = agentjail_image::sbom::digest(rootfs, digest)
+                .ok()
+                .map(|(_, d)| d);
         }
     }
 }

@@ -145,6 +145,24 @@ fn the_csv_example_runs_in_a_pinned_image_and_report_and_receipt_name_it() {
         String::from_utf8_lossy(&payload).contains(&digest),
         "receipt lacks the image digest"
     );
+    // Report and receipt name the image's SBOM: the digest of what `image show --sbom` prints.
+    let sbom = agentjail(&[
+        "image",
+        "show",
+        &digest,
+        "--sbom",
+        "--store",
+        store.to_str().unwrap(),
+    ]);
+    assert_eq!(sbom.code, 0, "{}", sbom.dump());
+    let sbom_sha = agentjail_manifest::sha256_digest(sbom.stdout.as_bytes());
+    assert_eq!(report["image_sbom"], sbom_sha.as_str(), "{report:#}");
+    let statement: Value = serde_json::from_slice(&payload).unwrap();
+    assert_eq!(
+        statement["predicate"]["image_sbom"],
+        sbom_sha.as_str(),
+        "{statement:#}"
+    );
 
     // The root really is the image: host programs absent from it are not there, nor the
     // host's /etc pieces (the image has no /etc), which the init binds early for every run
@@ -301,6 +319,7 @@ fn unknown_digest_is_refused_and_the_host_image_is_reported_unpinned() {
     let (out, report) = run_manifest(d.path(), &m, &store, &[]);
     assert_eq!(out.code, 0, "{}", out.dump());
     assert_eq!(report["image_pinned"], false);
+    assert!(report.get("image_sbom").is_none(), "{report:#}");
     assert!(
         report["image_note"]
             .as_str()

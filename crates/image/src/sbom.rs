@@ -81,15 +81,27 @@ pub fn cyclonedx(rootfs: &Path, digest: &str) -> std::io::Result<Value> {
                 "hashes": [{"alg": "SHA-256", "content": hex}],
             },
             "tools": {
-                "components": [{
-                    "type": "application",
-                    "name": "agentjail",
-                    "version": env!("CARGO_PKG_VERSION"),
-                }],
+                "components": [{"type": "application", "name": "agentjail"}],
             },
         },
         "components": components,
     }))
+}
+
+/// The document's bytes as `agentjail image show --sbom` prints them (pretty JSON and a
+/// newline): what its digest (`image_sbom` in reports and receipts) is taken of.
+pub fn text(doc: &Value) -> String {
+    format!(
+        "{}\n",
+        serde_json::to_string_pretty(doc).unwrap_or_else(|_| "null".into())
+    )
+}
+
+/// The SBOM of the image `digest` at `rootfs` and its digest (`sha256:<hex>` of [`text`]).
+pub fn digest(rootfs: &Path, digest: &str) -> std::io::Result<(String, String)> {
+    let t = text(&cyclonedx(rootfs, digest)?);
+    let d = agentjail_manifest::sha256_digest(t.as_bytes());
+    Ok((t, d))
 }
 
 /// `urn:uuid:` of a name-based UUID (version 5 layout) from the sha256 of the image digest.

@@ -265,6 +265,11 @@ pub struct RunReport {
     /// false for the host image, which is identified but not content-pinned.
     #[serde(default)]
     pub image_pinned: bool,
+    /// For a pinned image: `sha256:` of its SBOM (CycloneDX, read from the image's dpkg and
+    /// Python package records as the run found them; the bytes `agentjail image show DIGEST
+    /// --sbom` prints). Absent for the host image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_sbom: Option<String>,
     /// A plain-words note about the root image, e.g. that the host image is not pinned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_note: Option<String>,
@@ -326,6 +331,7 @@ impl RunReport {
             manifest_digest: None,
             image: None,
             image_pinned: false,
+            image_sbom: None,
             image_note: None,
             inputs_copied: Vec::new(),
             error: Some(error),

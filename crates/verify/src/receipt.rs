@@ -113,6 +113,10 @@ pub struct RunPredicate {
     /// (absent in receipts of versions before it: false).
     #[serde(default)]
     pub image_pinned: bool,
+    /// `sha256:` of the pinned image's SBOM (the report's `image_sbom`); absent for the host
+    /// image and in receipts of versions before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_sbom: Option<String>,
     pub inputs: Vec<InputDigest>,
     pub limits: Limits,
     pub isolation: Isolation,
@@ -250,6 +254,7 @@ pub fn statement(
             manifest_digest: report.manifest_digest.clone(),
             image: report.image.clone(),
             image_pinned: report.image_pinned,
+            image_sbom: report.image_sbom.clone(),
             inputs: inputs
                 .iter()
                 .map(|(mount, sha256)| InputDigest {

@@ -225,10 +225,7 @@ pub fn dispatch(c: ImageCmd) -> Result<u8, String> {
 fn show(s: &Store, digest: &str, sbom: bool, json: bool) -> Result<u8, String> {
     let r = s.record(digest).map_err(|e| e.to_string())?;
     let doc = s.sbom(digest).map_err(|e| e.to_string())?;
-    let text = format!(
-        "{}\n",
-        serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?
-    );
+    let text = agentjail_image::sbom::text(&doc);
     if sbom {
         out!("{text}");
         return Ok(0);
