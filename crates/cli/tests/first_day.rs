@@ -126,6 +126,15 @@ fn cases() -> Vec<Vec<&'static str>> {
         &["image", "show", "--store", "store", "sha256:0000"],
         &[
             "image",
+            "outdated",
+            "--store",
+            "store",
+            "sha256:0000",
+            "--requirements",
+            "missing.txt",
+        ],
+        &[
+            "image",
             "gc",
             "--config",
             "service.toml",

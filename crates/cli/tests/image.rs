@@ -745,3 +745,68 @@ fn image_show_lists_the_packages_and_prints_a_cyclonedx_sbom() {
     assert!(changed.stdout.is_empty(), "{}", changed.dump());
     assert!(changed.stderr.contains("changed"), "{}", changed.dump());
 }
+
+/// `image outdated`: a lock file's pins against the image's Python distributions (read from
+/// the checked image): a pin at another version is `changed`, one the image lacks `added`; a
+/// line that is not an exact pin is not compared and says so; exit 1 unless the image matches.
+#[test]
+fn image_outdated_compares_a_lock_file_with_the_image() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("store");
+    let src = d.path().join("rootfs");
+    let meta = src.join("usr/local/lib/python3.11/site-packages/pandas-2.2.3.dist-info/METADATA");
+    std::fs::create_dir_all(meta.parent().unwrap()).unwrap();
+    std::fs::write(
+        &meta,
+        "Metadata-Version: 2.1\nName: pandas\nVersion: 2.2.3\n",
+    )
+    .unwrap();
+    let imp = import(&store, &src, &[]);
+    assert_eq!(imp.code, 0, "{}", imp.dump());
+    let digest = imp.stdout.trim().to_owned();
+    let outdated = |lock: &str, extra: &[&str]| {
+        let f = d.path().join("requirements.txt");
+        std::fs::write(&f, lock).unwrap();
+        let mut a = vec![
+            "image",
+            "outdated",
+            &digest,
+            "--requirements",
+            f.to_str().unwrap(),
+            "--store",
+            store.to_str().unwrap(),
+        ];
+        a.extend_from_slice(extra);
+        agentjail(&a)
+    };
+
+    let same = outdated("pandas==2.2.3 \\\n    --hash=sha256:00\n", &[]);
+    assert_eq!(same.code, 0, "{}", same.dump());
+    assert!(
+        same.stdout.contains("matches the lock file (1 pins)"),
+        "{}",
+        same.dump()
+    );
+
+    let moved = outdated("Pandas==2.3.0\nnumpy==2.1.0\nscipy>=1\n", &[]);
+    assert_eq!(moved.code, 1, "{}", moved.dump());
+    for want in [
+        "changed  pandas 2.2.3 -> 2.3.0",
+        "added    numpy 2.1.0",
+        "not pinned (not compared): scipy>=1",
+        "2 of 2 pins differ from the image; 1 line(s) not compared",
+    ] {
+        assert!(moved.stdout.contains(want), "{want}\n{}", moved.dump());
+    }
+    let json = outdated("pandas==2.3.0\n", &["--json"]);
+    assert_eq!(json.code, 1, "{}", json.dump());
+    let v: Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(v["up_to_date"], false);
+    assert_eq!(v["changes"][0]["change"], "changed");
+    assert_eq!(v["changes"][0]["image"], "2.2.3");
+
+    // No comparison possible: the tool's error status, not a verdict.
+    let empty = outdated("# nothing\n", &[]);
+    assert_eq!(empty.code, 125, "{}", empty.dump());
+    assert!(empty.stderr.contains("no requirement"), "{}", empty.dump());
+}

@@ -20,6 +20,7 @@ pub mod extract;
 mod fsops;
 pub mod layout;
 mod oci;
+pub mod requirements;
 pub mod sbom;
 pub mod tree;
 
@@ -535,6 +536,12 @@ impl Store {
     pub fn sbom(&self, digest: &str) -> Result<serde_json::Value, ImageError> {
         let rootfs = self.resolve(digest)?;
         sbom::cyclonedx(&rootfs, digest).map_err(io_err("read the image's package records"))
+    }
+
+    /// The packages installed in a stored image ([`sbom::packages`]), after the same check.
+    pub fn packages(&self, digest: &str) -> Result<Vec<sbom::Package>, ImageError> {
+        let rootfs = self.resolve(digest)?;
+        sbom::packages(&rootfs).map_err(io_err("read the image's package records"))
     }
 
     /// Removes a stored image.

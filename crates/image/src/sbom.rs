@@ -264,7 +264,7 @@ fn python(root: BorrowedFd<'_>) -> Vec<Package> {
 
 /// PEP 503's normalized name (the purl spec's for PyPI): lower case, each run of `-`, `_`
 /// and `.` one `-`.
-fn pep503(name: &str) -> String {
+pub fn pep503(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
     let mut sep = false;
     for c in name.chars() {

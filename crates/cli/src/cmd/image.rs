@@ -72,6 +72,20 @@ pub enum ImageCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Compare a stored image's Python distributions with a lock file (`requirements.txt`
+    /// with exact pins): each pin the image has at another version (`changed`) or lacks
+    /// (`added`). Exit 0 when the image matches every pin, 1 when it does not or a line is
+    /// not an exact pin, 125 when the image or the lock file cannot be read.
+    Outdated {
+        digest: String,
+        /// The lock file (pip's `requirements.txt` format, `name==version` lines).
+        #[arg(long, value_name = "FILE")]
+        requirements: PathBuf,
+        #[command(flatten)]
+        store: StoreArg,
+        #[arg(long)]
+        json: bool,
+    },
     /// Re-hash a stored image's every file against its record; exit 1 and list what changed.
     Verify {
         digest: String,
@@ -196,6 +210,17 @@ pub fn dispatch(c: ImageCmd) -> Result<u8, String> {
             sbom,
             json,
         } => show(&Store::at(store.store.as_deref()), &digest, sbom, json),
+        ImageCmd::Outdated {
+            digest,
+            requirements,
+            store,
+            json,
+        } => outdated(
+            &Store::at(store.store.as_deref()),
+            &digest,
+            &requirements,
+            json,
+        ),
         ImageCmd::Verify {
             digest,
             store,
@@ -284,6 +309,74 @@ fn show(s: &Store, digest: &str, sbom: bool, json: bool) -> Result<u8, String> {
         outln!("    {e:<4} {n} {ver}");
     }
     Ok(0)
+}
+
+/// `image outdated`: the image's Python distributions (from its package records, after its
+/// fingerprint check) against a lock file's exact pins.
+fn outdated(s: &Store, digest: &str, lock: &std::path::Path, json: bool) -> Result<u8, String> {
+    use agentjail_image::requirements;
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(lock)
+        .and_then(|f| {
+            f.take(requirements::MAX_BYTES + 1)
+                .read_to_string(&mut text)
+        })
+        .map_err(|e| format!("{}: {e}", lock.display()))?;
+    if text.len() as u64 > requirements::MAX_BYTES {
+        return Err(format!(
+            "{}: larger than {} MiB; not a lock file",
+            lock.display(),
+            requirements::MAX_BYTES >> 20
+        ));
+    }
+    let parsed = requirements::parse(&text);
+    if parsed.pins.is_empty() && parsed.not_pinned.is_empty() {
+        return Err(format!(
+            "{}: no requirement in it (expected `name==version` lines)",
+            lock.display()
+        ));
+    }
+    let installed = s.packages(digest).map_err(|e| e.to_string())?;
+    let changes = requirements::compare(&installed, &parsed);
+    let moving: Vec<_> = changes.iter().filter(|c| c.change != "same").collect();
+    let code = u8::from(!moving.is_empty() || !parsed.not_pinned.is_empty());
+    if json {
+        let v = serde_json::json!({
+            "image": digest,
+            "requirements": lock.display().to_string(),
+            "up_to_date": code == 0,
+            "changes": changes,
+            "not_pinned": parsed.not_pinned,
+        });
+        outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return Ok(code);
+    }
+    for c in &moving {
+        let marker = c
+            .marker
+            .as_deref()
+            .map(|m| format!("  (; {m})"))
+            .unwrap_or_default();
+        match c.image.as_deref() {
+            Some(v) => outln!("changed  {} {v} -> {}{marker}", c.name, c.lock),
+            None => outln!("added    {} {}{marker}", c.name, c.lock),
+        }
+    }
+    for l in &parsed.not_pinned {
+        outln!("not pinned (not compared): {l}");
+    }
+    if code == 0 {
+        outln!("{digest}: matches the lock file ({} pins)", changes.len());
+    } else {
+        outln!(
+            "{digest}: {} of {} pins differ from the image; {} line(s) not compared",
+            moving.len(),
+            changes.len(),
+            parsed.not_pinned.len()
+        );
+    }
+    Ok(code)
 }
 
 fn secs_between(a: jiff::Timestamp, b: jiff::Timestamp) -> u64 {
