@@ -26,10 +26,12 @@ use crate::fsops;
 const DPKG_STATUS_MAX: u64 = 64 << 20;
 /// Largest part of a `METADATA` file read (its headers come first).
 const METADATA_MAX: u64 = 256 << 10;
+/// Most bytes of `METADATA` read in all, per image (a few MiB for a data-science image).
+const METADATA_TOTAL_MAX: u64 = 64 << 20;
 /// Largest `etc/os-release` read.
 const OS_RELEASE_MAX: u64 = 64 << 10;
 /// Most Python distributions listed (a guard against an image made to be slow to describe).
-const MAX_DISTRIBUTIONS: usize = 100_000;
+const MAX_DISTRIBUTIONS: usize = 20_000;
 
 /// One installed package.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,11 +45,15 @@ pub struct Package {
 }
 
 /// The packages installed in the root file system at `rootfs`, sorted by purl, without
-/// duplicates.
+/// duplicates. An image whose records exceed the bounds (a dpkg status over 64 MiB, more than
+/// 20,000 Python distributions or 64 MiB of their `METADATA`) is an error, never a partial list.
 pub fn packages(rootfs: &Path) -> std::io::Result<Vec<Package>> {
     let root = fsops::open_root(rootfs)?;
     let mut by_purl = BTreeMap::new();
-    for p in debian(root.as_fd()).into_iter().chain(python(root.as_fd())) {
+    for p in debian(root.as_fd())?
+        .into_iter()
+        .chain(python(root.as_fd())?)
+    {
         by_purl.entry(p.purl.clone()).or_insert(p);
     }
     Ok(by_purl.into_values().collect())
@@ -126,9 +132,10 @@ fn serial_number(digest: &str) -> String {
 }
 
 /// Reads at most `max` bytes of the regular file `path` (plain components) beneath `dir`;
-/// `None` if it is missing, not a regular file, or behind a symlink.
+/// `None` if it is missing, not a regular file, or behind a symlink. (Opened non-blocking: a
+/// FIFO never holds the reader, and is then refused as not a regular file.)
 fn read_beneath(dir: BorrowedFd<'_>, path: &str, max: u64) -> Option<String> {
-    let fd: OwnedFd = fsops::open_beneath(dir, path, OFlags::RDONLY).ok()?;
+    let fd: OwnedFd = fsops::open_beneath(dir, path, OFlags::RDONLY | OFlags::NONBLOCK).ok()?;
     let st = rustix::fs::fstat(&fd).ok()?;
     if fsops::file_type(&st) != rustix::fs::FileType::RegularFile {
         return None;
@@ -174,10 +181,20 @@ fn os_id(root: BorrowedFd<'_>) -> String {
         .unwrap_or_else(|| "debian".into())
 }
 
-fn debian(root: BorrowedFd<'_>) -> Vec<Package> {
-    let Some(status) = read_beneath(root, "var/lib/dpkg/status", DPKG_STATUS_MAX) else {
-        return Vec::new();
+fn too_big(what: &str) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        format!("{what}: beyond the SBOM's bounds"),
+    )
+}
+
+fn debian(root: BorrowedFd<'_>) -> std::io::Result<Vec<Package>> {
+    let Some(status) = read_beneath(root, "var/lib/dpkg/status", DPKG_STATUS_MAX + 1) else {
+        return Ok(Vec::new());
     };
+    if status.len() as u64 > DPKG_STATUS_MAX {
+        return Err(too_big("var/lib/dpkg/status"));
+    }
     let ns = os_id(root);
     let mut out = Vec::new();
     for para in status.split("\n\n") {
@@ -206,7 +223,7 @@ fn debian(root: BorrowedFd<'_>) -> Vec<Package> {
             purl,
         });
     }
-    out
+    Ok(out)
 }
 
 /// The folders that hold Python distributions.
@@ -224,20 +241,25 @@ fn python_dirs(root: BorrowedFd<'_>) -> Vec<String> {
     dirs
 }
 
-fn python(root: BorrowedFd<'_>) -> Vec<Package> {
+fn python(root: BorrowedFd<'_>) -> std::io::Result<Vec<Package>> {
     let mut out = Vec::new();
+    let mut read = 0u64;
     for dir in python_dirs(root) {
         for n in names(root, &dir) {
-            if out.len() >= MAX_DISTRIBUTIONS {
-                return out;
-            }
             if !n.ends_with(".dist-info") {
                 continue;
+            }
+            if out.len() >= MAX_DISTRIBUTIONS {
+                return Err(too_big("the Python distributions"));
             }
             let Some(meta) = read_beneath(root, &format!("{dir}/{n}/METADATA"), METADATA_MAX)
             else {
                 continue;
             };
+            read += meta.len() as u64;
+            if read > METADATA_TOTAL_MAX {
+                return Err(too_big("the Python distributions' METADATA"));
+            }
             let header = |name: &str| {
                 meta.lines().take_while(|l| !l.is_empty()).find_map(|l| {
                     let (k, v) = l.split_once(':')?;
@@ -259,7 +281,7 @@ fn python(root: BorrowedFd<'_>) -> Vec<Package> {
             });
         }
     }
-    out
+    Ok(out)
 }
 
 /// PEP 503's normalized name (the purl spec's for PyPI): lower case, each run of `-`, `_`
@@ -295,8 +317,26 @@ fn encode(s: &str) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// A `METADATA` that is a FIFO (no reader would ever get an end) is skipped, not waited on.
+    #[test]
+    fn a_fifo_named_metadata_does_not_hold_the_reader() {
+        let d = tempfile::tempdir().unwrap();
+        let dist = d.path().join("usr/lib/python3/dist-packages/x-1.dist-info");
+        std::fs::create_dir_all(&dist).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            dist.join("METADATA"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        assert_eq!(packages(d.path()).unwrap(), []);
+    }
 
     #[test]
     fn names_and_versions_are_encoded_as_purl_wants() {
