@@ -14,9 +14,22 @@ use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::watch;
 
-/// The news channels of the runs executing (or waiting for a slot) on this node, by job id.
-#[derive(Default)]
-pub struct Board(Mutex<HashMap<String, watch::Sender<u64>>>);
+/// The news channels of the runs executing (or waiting for a slot) on this node, by job id,
+/// and one for the set of them: bumped when a run is registered here, marked started, or
+/// ends (the console's live runs list, `/console/api/runs/events`).
+pub struct Board {
+    runs: Mutex<HashMap<String, watch::Sender<u64>>>,
+    states: watch::Sender<u64>,
+}
+
+impl Default for Board {
+    fn default() -> Board {
+        Board {
+            runs: Mutex::default(),
+            states: watch::channel(0).0,
+        }
+    }
+}
 
 /// What a run's execution holds to tell its followers something changed. Cloned into each
 /// writer of the run (the log drains, the denials' writer); the channel closes, and every
@@ -45,13 +58,31 @@ impl Listener {
 
 impl Board {
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, watch::Sender<u64>>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.runs.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Registers the run `job_id` as executing here.
     pub fn open(&self, job_id: &str) {
         let (tx, _) = watch::channel(0);
         self.map().insert(job_id.to_owned(), tx);
+        self.bump_states();
+    }
+
+    /// Wakes the followers of `job_id`, which was just marked started, and the runs list's.
+    pub fn started(&self, job_id: &str) {
+        self.tell(job_id);
+        self.bump_states();
+    }
+
+    /// A change to the set of runs executing here or to one's state ([`Board::open`],
+    /// [`Board::started`], [`Board::close`]): each wait on the receiver returns once after one
+    /// or more of them.
+    pub fn states(&self) -> watch::Receiver<u64> {
+        self.states.subscribe()
+    }
+
+    fn bump_states(&self) {
+        self.states.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// The [`Teller`] of `job_id`, for a writer of the run; None if it does not execute here.
@@ -70,6 +101,7 @@ impl Board {
     /// gone too, its followers learn there is no more news from here.
     pub fn close(&self, job_id: &str) {
         self.map().remove(job_id);
+        self.bump_states();
     }
 
     /// The news of `job_id` if it executes here; None if not (the follower polls).

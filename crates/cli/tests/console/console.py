@@ -163,6 +163,8 @@ with sync_playwright() as p:
     page.wait_for_selector("text=the console is for operators")
     check(not ctx.cookies(), f"a tenant's login left a cookie: {ctx.cookies()}")
 
+    requested = []
+    page.on("request", lambda r: requested.append(r.url))
     page.fill("#token", OPS)
     page.click("button[type=submit]")
     page.wait_for_selector("#runs table")
@@ -172,11 +174,17 @@ with sync_playwright() as p:
     check(c["httpOnly"] and c["sameSite"] == "Strict" and c["path"] == "/console", f"cookie flags: {c}")
     check(page.evaluate("document.cookie") == "", "the session cookie is readable by script")
 
-    # A run appears live.
+    # A run appears live, over the runs list's events stream: the page reads the list again
+    # when the run is registered, started and ended. Without the stream it would read it only
+    # every 10 s, so the run must show up, and then end, well within that.
+    check(page.evaluate("typeof EventSource") == "function", "no EventSource in the browser")
+    page.wait_for_timeout(1000)  # the stream is open (the list was read once, at its start)
     live = "live-run-1"
-    status, _, _ = http("POST", "/v1/runs?wait=false", {"request_id": live, "task": "xss", "inputs": [], "code": "import json; json.dump({}, open('/output/o.json', 'w'))"}, {"Authorization": "Bearer " + OPS})
+    status, _, _ = http("POST", "/v1/runs?wait=false", {"request_id": live, "task": "xss", "inputs": [], "code": "import json, time; time.sleep(1); json.dump({}, open('/output/o.json', 'w'))"}, {"Authorization": "Bearer " + OPS})
     check(status in (200, 202), f"submitting {live}: {status}")
-    page.wait_for_selector(f"#runs a:text-is('{live}')", timeout=20000)
+    page.wait_for_selector(f"#runs a:text-is('{live}')", timeout=7000)
+    page.locator("#runs tr", has_text=live).locator("span.status-ok").wait_for(timeout=8000)
+    check(any(u.endswith("/console/api/runs/events") for u in requested), f"the runs list did not follow its events stream: {requested}")
     axe(page, "Runs")
     shot(page, "runs")
     not_pwned(page, "Runs")

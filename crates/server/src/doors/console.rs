@@ -351,6 +351,40 @@ async fn runs(
     Ok(Json(service::list(&state, &caller, &q).await?).into_response())
 }
 
+/// How long one live stream of the runs list lasts before the browser reconnects (and its
+/// session is checked again).
+const RUNS_EVENTS_FOR: Duration = Duration::from_secs(300);
+/// At most one `changed` event in this time: a burst of runs reloads the list once.
+const RUNS_EVENTS_EVERY: Duration = Duration::from_millis(500);
+
+/// The runs list's live updates, as Server-Sent Events: `changed` (no data) when a run is
+/// registered on this node, marked started or ends, at most one every 500 ms; the page then
+/// reads the list again. It holds one of the followers' places (`503` when they are all
+/// taken) and ends after 5 minutes (the browser reconnects, its session checked again). Runs
+/// executing on other nodes of a fleet are not seen here: the page also reads the list every
+/// 10 s while the stream is open.
+async fn runs_events(State(state): State<AppState>) -> Result<Response, ApiError> {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    let Ok(permit) = state.inner.followers.clone().try_acquire_owned() else {
+        return Err(ApiError::from(service::Failure::Unavailable));
+    };
+    let until = tokio::time::Instant::now() + RUNS_EVENTS_FOR;
+    let rx = state.inner.news.states();
+    let events = futures_util::stream::unfold((rx, permit), move |(mut rx, permit)| async move {
+        tokio::time::timeout_at(until, rx.changed())
+            .await
+            .ok()?
+            .ok()?;
+        tokio::time::sleep(RUNS_EVENTS_EVERY).await;
+        rx.borrow_and_update();
+        let ev = Event::default().event("changed").data("{}");
+        Some((Ok::<_, std::convert::Infallible>(ev), (rx, permit)))
+    });
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
 /// One run as the console shows it: the API's record, and whether its receipt verifies with
 /// this node's key.
 async fn run(
@@ -557,6 +591,7 @@ pub(crate) fn router(state: &AppState) -> Router<AppState> {
         .route("/console/api/session", get(session_info))
         .route("/console/api/logout", post(logout))
         .route("/console/api/runs", get(runs))
+        .route("/console/api/runs/events", get(runs_events))
         .route("/console/api/runs/{tenant}/{request_id}", get(run))
         .route(
             "/console/api/runs/{tenant}/{request_id}/reconcile",

@@ -1338,7 +1338,7 @@ async fn execute_registered(
     } else {
         mark_started(&state, &job, &start).await
     };
-    state.inner.news.tell(&job.job_id);
+    state.inner.news.started(&job.job_id);
     // The mark committed, but the lease was lost meanwhile (the executor's clock): the runner
     // is killed on the way (`hand_over_and_wait`), and the run ends `unknown`.
     if !matches!(marked, Ok(true)) {

@@ -8,6 +8,7 @@
 const SVG = "http://www.w3.org/2000/svg";
 const session = { csrf: null, actor: null };
 let timer = null;
+let events = null; // the runs list's EventSource, while it is shown
 
 /** An element `tag` with `props` (attributes, `on*` listeners) and children (text or nodes). */
 function h(tag, props, ...children) {
@@ -105,6 +106,18 @@ function fail(e) {
 function stop() {
   if (timer) clearInterval(timer);
   timer = null;
+  if (events) events.close();
+  events = null;
+}
+
+// The runs list's live updates (/console/api/runs/events): each `changed` reads the list
+// again. Started after `every` (which stops any earlier stream); false where the browser has
+// no EventSource, and the caller polls instead.
+function live(f) {
+  if (typeof EventSource === "undefined") return false;
+  events = new EventSource("/console/api/runs/events");
+  events.addEventListener("changed", () => f().catch(() => {}));
+  return true;
 }
 
 function every(ms, f) {
@@ -198,7 +211,10 @@ function runsPage() {
   h("button", { type: "submit" }, "Filter"));
   show(h("h1", {}, "Runs"), form, body);
   load();
-  every(2000, load);
+  // Live over the events stream, with a slow read for runs on other nodes of a fleet (the
+  // stream tells only of this node's); without EventSource, a read every 2 s.
+  every(10000, load);
+  if (!live(load)) every(2000, load);
 }
 
 // ---------------------------------------------------------------------------------------------
