@@ -189,8 +189,9 @@ fn a_background_process_does_not_survive_its_cell() {
 
 /// The driver's own clean-up runs in the process the cell's code runs in: a cell can disarm it
 /// (`os.kill` and `os.waitpid` replaced, so the driver answers at once) and leave processes
-/// behind, a plain child in a session of its own and a
-/// daemon reparented to the init (a double fork). The supervisor's relay kills them from
+/// behind: a plain child in a session of its own, a daemon reparented to the init (a double
+/// fork), and a child whose main thread exited (a zombie in its status) while another thread
+/// of it goes on. The supervisor's relay kills them from
 /// outside the sandbox before the cell's answer is passed on (live_relay.rs).
 #[test]
 fn a_cell_that_disarms_the_drivers_cleanup_still_loses_its_background_processes() {
@@ -215,27 +216,37 @@ fn a_cell_that_disarms_the_drivers_cleanup_still_loses_its_background_processes(
          \x20       time.sleep(1)\n\
          \x20       open('/work/sentinel2', 'w').write('late')\n\
          \x20   os._exit(0)\n\
+         import ctypes, threading\n\
+         if os.fork() == 0:\n\
+         \x20   def late():\n\
+         \x20       open('/work/headless', 'w').write('alive')\n\
+         \x20       time.sleep(1)\n\
+         \x20       open('/work/sentinel3', 'w').write('late')\n\
+         \x20       os._exit(0)\n\
+         \x20   threading.Thread(target=late).start()\n\
+         \x20   ctypes.CDLL(None).pthread_exit(None)\n\
          time.sleep(0.3)\n\
-         print(open('/work/alive').read().strip(), open('/work/daemon').read())",
+         print(open('/work/alive').read().strip(), open('/work/daemon').read(), open('/work/headless').read())",
     );
-    assert_eq!(stdout(&a).trim(), "alive alive", "{a}");
+    assert_eq!(stdout(&a).trim(), "alive alive alive", "{a}");
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let b = cell(
         &e.api,
         ALICE,
         &sid,
         "c1",
-        // Zombies (the cell disarmed the driver's reaping) can do nothing: only live ones count.
+        // Zombies (the cell disarmed the driver's reaping) can do nothing: only processes with
+        // a thread that still runs count (the third's main thread is a zombie, its other not).
         "import os\n\
          def live(p):\n\
          \x20   try:\n\
-         \x20       return open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z'\n\
+         \x20       return any(open(f'/proc/{p}/task/{t}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z' for t in os.listdir(f'/proc/{p}/task'))\n\
          \x20   except OSError:\n\
          \x20       return False\n\
-         print(os.path.exists('/work/sentinel'), os.path.exists('/work/sentinel2'), sorted(p for p in os.listdir('/proc') if p.isdigit() and p not in ('1', str(os.getpid())) and live(p)))",
+         print(os.path.exists('/work/sentinel'), os.path.exists('/work/sentinel2'), os.path.exists('/work/sentinel3'), sorted(p for p in os.listdir('/proc') if p.isdigit() and p not in ('1', str(os.getpid())) and live(p)))",
     );
     assert_eq!(interpreter(&b), "kept", "{b}");
-    assert_eq!(stdout(&b).trim(), "False False []", "{b}");
+    assert_eq!(stdout(&b).trim(), "False False False []", "{b}");
 }
 
 #[test]

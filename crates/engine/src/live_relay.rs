@@ -50,7 +50,10 @@ pub(crate) fn start(service: &OwnedFd, init: &OwnedFd) -> std::io::Result<Starte
     std::thread::Builder::new()
         .name("live-relay".into())
         .spawn(move || {
-            let _ = relay(&service, ours, &init, init_pid, &rx);
+            // Anything but the service's own end of the channel ends the sandbox now.
+            if relay(&service, ours, init_pid, &rx).is_none() {
+                let _ = pidfd_send_signal(&init, Signal::KILL);
+            }
             // Whatever ended the relay ends the channel both ways, whoever else holds it.
             let _ = rustix::net::shutdown(&service, rustix::net::Shutdown::Both);
         })?;
@@ -60,41 +63,34 @@ pub(crate) fn start(service: &OwnedFd, init: &OwnedFd) -> std::io::Result<Starte
     })
 }
 
+/// Passes frames until the service ends the channel (`Some`); `None` for anything else (a
+/// frame too large, a broken channel, a sweep that failed, a command that never started), on
+/// which the caller kills the sandbox.
 fn relay(
     mut service: &UnixStream,
     mut command: UnixStream,
-    init: &OwnedFd,
     init_pid: i32,
     payload: &Receiver<i32>,
 ) -> Option<()> {
-    let kill_init = || {
-        let _ = pidfd_send_signal(init, Signal::KILL);
-    };
     let mut interpreter: Option<i32> = None;
     loop {
         let Some(request) = read_frame(&mut service, REQUEST_LIMIT) else {
             // The service closed the channel: the interpreter reads its end and exits.
             let _ = command.shutdown(std::net::Shutdown::Write);
-            return None;
+            return Some(());
         };
         if interpreter.is_none() {
             let found = payload
                 .recv_timeout(START_LIMIT)
                 .ok()
                 .and_then(|ns_pid| child_with_ns_pid(init_pid, ns_pid));
-            if found.is_none() {
-                kill_init();
-                return None;
-            }
+            found?;
             interpreter = found;
         }
         let interpreter = interpreter?;
         write_frame(&mut command, &request)?;
         let answer = read_frame(&mut command, ANSWER_LIMIT)?;
-        if sweep(init_pid, interpreter).is_err() {
-            kill_init();
-            return None;
-        }
+        sweep(init_pid, interpreter).ok()?;
         write_frame(&mut service, &answer)?;
     }
 }
@@ -133,7 +129,7 @@ struct Status {
     ppid: i32,
     /// Its pid in each pid namespace, from ours down to its own.
     ns_pids: Vec<i32>,
-    /// Zombie or dead: nothing it can still do.
+    /// Its main thread is a zombie or dead (other threads may still run: see [`alive`]).
     gone: bool,
 }
 
@@ -159,14 +155,22 @@ fn status(pid: i32) -> Option<Status> {
     Some(s)
 }
 
-/// The children of `pid` (every thread's), or none once it is gone.
+/// The process (or thread) is gone: its `/proc` entry is missing or went away mid-read.
+fn vanished(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+}
+
+/// The children of `pid` (every thread's), or none once it is gone. Any other failure to read
+/// them is an error (the sweep then fails closed), never an empty list.
 fn children(pid: i32) -> Result<Vec<i32>, ()> {
     let tasks = match std::fs::read_dir(format!("/proc/{pid}/task")) {
         Ok(t) => t,
-        Err(_) => return Ok(Vec::new()),
+        Err(e) if vanished(&e) => return Ok(Vec::new()),
+        Err(_) => return Err(()),
     };
     let mut out = Vec::new();
-    for t in tasks.flatten() {
+    for t in tasks {
+        let t = t.map_err(|_| ())?;
         match std::fs::read_to_string(t.path().join("children")) {
             Ok(list) => out.extend(
                 list.split_whitespace()
@@ -176,10 +180,37 @@ fn children(pid: i32) -> Result<Vec<i32>, ()> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && t.path().exists() => {
                 return children_by_scan(pid);
             }
-            Err(_) => {}
+            Err(e) if vanished(&e) => {}
+            Err(_) => return Err(()),
         }
     }
     Ok(out)
+}
+
+/// Whether any thread of `pid` still runs: a process whose main thread exited shows `Z` in
+/// its status while its other threads go on. Unreadable counts as alive (it is signalled).
+fn alive(pid: i32) -> bool {
+    let tasks = match std::fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(t) => t,
+        Err(e) if vanished(&e) => return false,
+        Err(_) => return true,
+    };
+    for t in tasks {
+        let Ok(t) = t else { return true };
+        match std::fs::read_to_string(t.path().join("stat")) {
+            Ok(stat) => {
+                let state = stat
+                    .rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().next());
+                if !matches!(state, Some("Z" | "X")) {
+                    return true;
+                }
+            }
+            Err(e) if vanished(&e) => {}
+            Err(_) => return true,
+        }
+    }
+    false
 }
 
 fn children_by_scan(pid: i32) -> Result<Vec<i32>, ()> {
@@ -227,9 +258,9 @@ fn sweep(init_pid: i32, interpreter: i32) -> Result<(), ()> {
     Err(())
 }
 
-/// Signals `pid` through a pidfd opened first, if it is, once opened, a live process of the
-/// sandbox (as deep in pid namespaces as the init, its parent one of the sandbox's). True if
-/// it was signalled.
+/// Signals `pid` through a pidfd opened first, if it is, once opened, a process of the
+/// sandbox (as deep in pid namespaces as the init, its parent one of the sandbox's) with a
+/// thread still running. True if it was signalled.
 fn kill_if_ours(pid: i32, sandbox: &HashSet<i32>, depth: usize) -> bool {
     let Some(p) = Pid::from_raw(pid) else {
         return false;
@@ -238,7 +269,7 @@ fn kill_if_ours(pid: i32, sandbox: &HashSet<i32>, depth: usize) -> bool {
         return false;
     };
     match status(pid) {
-        Some(s) if !s.gone && s.ns_pids.len() == depth && sandbox.contains(&s.ppid) => {
+        Some(s) if s.ns_pids.len() == depth && sandbox.contains(&s.ppid) && alive(pid) => {
             pidfd_send_signal(&fd, Signal::KILL).is_ok()
         }
         _ => false,
