@@ -136,9 +136,13 @@ fn annotate_image(report: &mut RunReport, root: &agentjail_engine::RootImage) {
             report.image_note = None;
             // What the image holds by its package records (`agentjail image show --sbom`):
             // read beneath its root, never through a symlink (agentjail_image::sbom).
-            report.image_sbom = agentjail_image::sbom::digest(rootfs, digest)
-                .ok()
-                .map(|(_, d)| d);
+            match agentjail_image::sbom::digest(rootfs, digest) {
+                Ok((_, d)) => report.image_sbom = Some(d),
+                Err(e) => {
+                    report.image_sbom = None;
+                    report.image_note = Some(format!("no SBOM for this image: {e}"));
+                }
+            }
         }
     }
 }

@@ -687,6 +687,11 @@ fn image_show_lists_the_packages_and_prints_a_cyclonedx_sbom() {
             "usr/local/lib/python3.11/site-packages/pandas-2.2.3.dist-info/METADATA",
             "Metadata-Version: 2.1\nName: pandas\nVersion: 2.2.3\n",
         ),
+        // A name that carries a terminal escape: shown inert.
+        (
+            "usr/local/lib/python3.11/site-packages/x-1.dist-info/METADATA",
+            "Name: x\u{1b}]0;pwned\u{7}\nVersion: 1\u{1b}[2J\n",
+        ),
     ] {
         let p = src.join(rel);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
@@ -716,7 +721,8 @@ fn image_show_lists_the_packages_and_prints_a_cyclonedx_sbom() {
         purls,
         [
             "pkg:deb/debian/python3.11@3.11.2-6?arch=amd64",
-            "pkg:pypi/pandas@2.2.3"
+            "pkg:pypi/pandas@2.2.3",
+            "pkg:pypi/x%1B%5D0%3Bpwned%07@1%1B%5B2J",
         ]
     );
     let sbom_sha = agentjail_manifest::sha256_digest(sbom.stdout.as_bytes());
@@ -724,7 +730,8 @@ fn image_show_lists_the_packages_and_prints_a_cyclonedx_sbom() {
     let text = show(&[]);
     assert_eq!(text.code, 0, "{}", text.dump());
     assert!(
-        text.stdout.contains("packages: 1 Debian, 1 Python")
+        text.stdout.contains("packages: 1 Debian, 2 Python")
+            && !text.stdout.contains('\u{1b}')
             && text.stdout.contains(&sbom_sha)
             && text.stdout.contains("pypi pandas 2.2.3"),
         "{}",

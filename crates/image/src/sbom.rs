@@ -131,43 +131,73 @@ fn serial_number(digest: &str) -> String {
     )
 }
 
-/// Reads at most `max` bytes of the regular file `path` (plain components) beneath `dir`;
-/// `None` if it is missing, not a regular file, or behind a symlink. (Opened non-blocking: a
-/// FIFO never holds the reader, and is then refused as not a regular file.)
-fn read_beneath(dir: BorrowedFd<'_>, path: &str, max: u64) -> Option<String> {
-    let fd: OwnedFd = fsops::open_beneath(dir, path, OFlags::RDONLY | OFlags::NONBLOCK).ok()?;
-    let st = rustix::fs::fstat(&fd).ok()?;
+/// A path that is not there for the SBOM's purposes: missing, not a folder on the way, or
+/// refused by the resolution (a symlink, `..`, a mount crossing). Any other failure (EACCES,
+/// EIO, EMFILE …) is an error: a partial list is never made.
+fn absent(e: &std::io::Error) -> bool {
+    use rustix::io::Errno;
+    [Errno::NOENT, Errno::NOTDIR, Errno::LOOP, Errno::XDEV]
+        .iter()
+        .any(|x| e.raw_os_error() == Some(x.raw_os_error()))
+}
+
+/// Reads the regular file `path` (plain components) beneath `dir`: `Ok(None)` if it is
+/// absent (see [`absent`]) or not a regular file; `Err` if it cannot be read, or if it is
+/// larger than `max` bytes and `head` is false (with `head`, its first `max` bytes: the
+/// headers of a `METADATA`). (Opened non-blocking: a FIFO never holds the reader, and is then
+/// skipped as not a regular file.)
+fn read_beneath(
+    dir: BorrowedFd<'_>,
+    path: &str,
+    max: u64,
+    head: bool,
+) -> std::io::Result<Option<String>> {
+    let fd: OwnedFd = match fsops::open_beneath(dir, path, OFlags::RDONLY | OFlags::NONBLOCK) {
+        Ok(fd) => fd,
+        Err(e) if absent(&e) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let st = rustix::fs::fstat(&fd)?;
     if fsops::file_type(&st) != rustix::fs::FileType::RegularFile {
-        return None;
+        return Ok(None);
     }
     let mut bytes = Vec::new();
     std::fs::File::from(fd)
-        .take(max)
-        .read_to_end(&mut bytes)
-        .ok()?;
-    Some(String::from_utf8_lossy(&bytes).into_owned())
+        .take(max + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        if !head {
+            return Err(too_big(path));
+        }
+        bytes.truncate(max as usize);
+    }
+    Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
 }
 
-/// The names in the directory `path` beneath `dir` (none if it is missing or a symlink).
-fn names(dir: BorrowedFd<'_>, path: &str) -> Vec<String> {
-    let Ok(d) = fsops::open_dir_path(dir, path) else {
-        return Vec::new();
+/// The names in the directory `path` beneath `dir` (none if it is absent).
+fn names(dir: BorrowedFd<'_>, path: &str) -> std::io::Result<Vec<String>> {
+    let d = match fsops::open_dir_path(dir, path) {
+        Ok(d) => d,
+        Err(e) if absent(&e) => return Ok(Vec::new()),
+        Err(e) => return Err(e),
     };
-    fsops::list(d.as_fd())
-        .map(|v| {
-            v.into_iter()
-                .filter_map(|n| String::from_utf8(n).ok())
-                .collect()
-        })
-        .unwrap_or_default()
+    Ok(fsops::list(d.as_fd())?
+        .into_iter()
+        .filter_map(|n| String::from_utf8(n).ok())
+        .collect())
 }
 
 /// The distribution's `ID` in `etc/os-release` (else `usr/lib/os-release`), for the purl's
 /// namespace; `debian` when neither says.
-fn os_id(root: BorrowedFd<'_>) -> String {
-    ["etc/os-release", "usr/lib/os-release"]
-        .iter()
-        .find_map(|p| read_beneath(root, p, OS_RELEASE_MAX))
+fn os_id(root: BorrowedFd<'_>) -> std::io::Result<String> {
+    let mut text = None;
+    for p in ["etc/os-release", "usr/lib/os-release"] {
+        text = read_beneath(root, p, OS_RELEASE_MAX, false)?;
+        if text.is_some() {
+            break;
+        }
+    }
+    Ok(text
         .and_then(|t| {
             t.lines().find_map(|l| {
                 let v = l.strip_prefix("ID=")?.trim().trim_matches('"');
@@ -178,7 +208,7 @@ fn os_id(root: BorrowedFd<'_>) -> String {
                 ok.then(|| v.to_owned())
             })
         })
-        .unwrap_or_else(|| "debian".into())
+        .unwrap_or_else(|| "debian".into()))
 }
 
 fn too_big(what: &str) -> std::io::Error {
@@ -189,13 +219,10 @@ fn too_big(what: &str) -> std::io::Error {
 }
 
 fn debian(root: BorrowedFd<'_>) -> std::io::Result<Vec<Package>> {
-    let Some(status) = read_beneath(root, "var/lib/dpkg/status", DPKG_STATUS_MAX + 1) else {
+    let Some(status) = read_beneath(root, "var/lib/dpkg/status", DPKG_STATUS_MAX, false)? else {
         return Ok(Vec::new());
     };
-    if status.len() as u64 > DPKG_STATUS_MAX {
-        return Err(too_big("var/lib/dpkg/status"));
-    }
-    let ns = os_id(root);
+    let ns = os_id(root)?;
     let mut out = Vec::new();
     for para in status.split("\n\n") {
         let field = |name: &str| {
@@ -226,33 +253,34 @@ fn debian(root: BorrowedFd<'_>) -> std::io::Result<Vec<Package>> {
     Ok(out)
 }
 
-/// The folders that hold Python distributions.
-fn python_dirs(root: BorrowedFd<'_>) -> Vec<String> {
-    let mut dirs = vec!["usr/lib/python3/dist-packages".to_owned()];
+/// The folders that hold Python distributions, each once.
+fn python_dirs(root: BorrowedFd<'_>) -> std::io::Result<std::collections::BTreeSet<String>> {
+    let mut dirs = std::collections::BTreeSet::from(["usr/lib/python3/dist-packages".to_owned()]);
     for base in ["usr/lib", "usr/local/lib"] {
-        for n in names(root, base) {
+        for n in names(root, base)? {
             if n.starts_with("python3") {
                 for sub in ["site-packages", "dist-packages"] {
-                    dirs.push(format!("{base}/{n}/{sub}"));
+                    dirs.insert(format!("{base}/{n}/{sub}"));
                 }
             }
         }
     }
-    dirs
+    Ok(dirs)
 }
 
 fn python(root: BorrowedFd<'_>) -> std::io::Result<Vec<Package>> {
     let mut out = Vec::new();
     let mut read = 0u64;
-    for dir in python_dirs(root) {
-        for n in names(root, &dir) {
+    for dir in python_dirs(root)? {
+        for n in names(root, &dir)? {
             if !n.ends_with(".dist-info") {
                 continue;
             }
             if out.len() >= MAX_DISTRIBUTIONS {
                 return Err(too_big("the Python distributions"));
             }
-            let Some(meta) = read_beneath(root, &format!("{dir}/{n}/METADATA"), METADATA_MAX)
+            let Some(meta) =
+                read_beneath(root, &format!("{dir}/{n}/METADATA"), METADATA_MAX, true)?
             else {
                 continue;
             };

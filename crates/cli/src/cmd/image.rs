@@ -305,10 +305,17 @@ fn show(s: &Store, digest: &str, sbom: bool, json: bool) -> Result<u8, String> {
         count("pypi"),
         r.digest
     );
+    // Names and versions are the image's words: shown inert (no terminal escapes).
     for (e, n, ver) in &packages {
-        outln!("    {e:<4} {n} {ver}");
+        outln!("    {e:<4} {} {}", shown(n), shown(ver));
     }
     Ok(0)
+}
+
+/// Text from an image or a lock file, made inert for a terminal (control characters shown
+/// escaped) and bounded.
+fn shown(s: &str) -> String {
+    agentjail_manifest::text::printable(s, 300)
 }
 
 /// `image outdated`: the image's Python distributions (from its package records, after its
@@ -359,12 +366,18 @@ fn outdated(s: &Store, digest: &str, lock: &std::path::Path, json: bool) -> Resu
             .map(|m| format!("  (; {m})"))
             .unwrap_or_default();
         match c.image.as_deref() {
-            Some(v) => outln!("changed  {} {v} -> {}{marker}", c.name, c.lock),
-            None => outln!("added    {} {}{marker}", c.name, c.lock),
+            Some(v) => outln!(
+                "changed  {} {} -> {}{}",
+                c.name,
+                shown(v),
+                c.lock,
+                shown(&marker)
+            ),
+            None => outln!("added    {} {}{}", c.name, c.lock, shown(&marker)),
         }
     }
     for l in &parsed.not_pinned {
-        outln!("not pinned (not compared): {l}");
+        outln!("not pinned (not compared): {}", shown(l));
     }
     if code == 0 {
         outln!("{digest}: matches the lock file ({} pins)", changes.len());
