@@ -107,10 +107,14 @@ fn read_frame(r: &mut impl Read, limit: u32) -> Option<Vec<u8>> {
     Some(body)
 }
 
+/// Writes one frame in one write where it fits (the reader wakes once, not for the header and
+/// again for the body).
 fn write_frame(w: &mut impl Write, body: &[u8]) -> Option<()> {
     let n = u32::try_from(body.len()).ok()?;
-    w.write_all(&n.to_be_bytes()).ok()?;
-    w.write_all(body).ok()
+    let mut frame = Vec::with_capacity(body.len() + 4);
+    frame.extend_from_slice(&n.to_be_bytes());
+    frame.extend_from_slice(body);
+    w.write_all(&frame).ok()
 }
 
 /// The pid (in our pid namespace) of the process behind a pidfd (`Pid:` of its fdinfo).
