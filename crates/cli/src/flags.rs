@@ -80,7 +80,7 @@ pub struct ManifestFlags {
 }
 
 /// Splits `HOST[:PORT]` (IPv6 literals in brackets); the port defaults to 443.
-fn split_host_port(s: &str) -> Result<(String, u16), String> {
+pub(crate) fn split_host_port(s: &str) -> Result<(String, u16), String> {
     let bad = || format!("--allow-host {s}: expected HOST[:PORT], e.g. api.example.com:443");
     let (host, port) = if let Some(rest) = s.strip_prefix('[') {
         let (h, after) = rest.split_once(']').ok_or_else(bad)?;

@@ -135,6 +135,18 @@ fn cases() -> Vec<Vec<&'static str>> {
         ],
         &[
             "image",
+            "build",
+            "--store",
+            "store",
+            "--base",
+            "sha256:0000",
+            "--requirements",
+            "missing.txt",
+            "--index-url",
+            "https://pypi.org/simple/",
+        ],
+        &[
+            "image",
             "gc",
             "--config",
             "service.toml",

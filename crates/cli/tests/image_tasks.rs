@@ -7,7 +7,6 @@
 //! refuses the start, naming the task.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -17,7 +16,9 @@ use serde_json::{Value, json};
 
 mod common;
 use common::pyimage::{self, PY};
-use common::serve::{Api, Serve, actor, python_code_task, write_config};
+use common::serve::{
+    Api, Serve, actor, mcp_descriptions, python_code_task, runtime, runtime_packages, write_config,
+};
 use common::{Out, agentjail};
 
 const ALICE: &str = "alice-token-image-tasks";
@@ -231,74 +232,6 @@ fn a_task_on_a_pinned_image_runs_there_and_its_report_and_receipt_name_the_image
     assert_eq!(receipt["image_pinned"], false, "{receipt:#}");
 }
 
-/// `agentjail mcp` over stdio: initialize, then tools/list; the description of each tool.
-fn mcp_descriptions(cfg: &Path, data: &Path) -> std::collections::BTreeMap<String, String> {
-    let mut child = Command::new(common::bin())
-        .args(["mcp", "--tenant", "acme", "--actor", "alice", "--config"])
-        .arg(cfg)
-        .arg("--data-dir")
-        .arg(data)
-        .env("AGENTJAIL_TOKEN", ALICE)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let out = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(l);
-        }
-    });
-    let mut ask = |id: u64, method: &str, params: Value| -> Value {
-        let m = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        stdin.write_all(format!("{m}\n").as_bytes()).unwrap();
-        if method == "initialize" {
-            let v = rx.recv_timeout(Duration::from_secs(90)).unwrap();
-            let n = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-            stdin.write_all(format!("{n}\n").as_bytes()).unwrap();
-            return serde_json::from_str(&v).unwrap();
-        }
-        loop {
-            let l = rx.recv_timeout(Duration::from_secs(90)).unwrap();
-            let v: Value = serde_json::from_str(&l).unwrap();
-            if v["id"] == json!(id) {
-                return v;
-            }
-        }
-    };
-    ask(
-        1,
-        "initialize",
-        json!({"protocolVersion": "2025-11-25", "capabilities": {},
-               "clientInfo": {"name": "image-tasks", "version": "1"}}),
-    );
-    let list = ask(2, "tools/list", json!({}));
-    drop(stdin);
-    let _ = child.kill();
-    let _ = child.wait();
-    list["result"]["tools"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{list}"))
-        .iter()
-        .map(|t| {
-            (
-                t["name"].as_str().unwrap().to_string(),
-                t["description"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect()
-}
-
-/// The runtime line (the description's line naming Python).
-fn runtime(d: &str) -> &str {
-    d.lines()
-        .find(|l| l.contains("Python "))
-        .unwrap_or_else(|| panic!("no runtime line in {d}"))
-}
-
 #[test]
 fn the_mcp_runtime_line_is_probed_in_the_image_not_on_the_host() {
     let d = common::tmp();
@@ -310,22 +243,12 @@ fn the_mcp_runtime_line_is_probed_in_the_image_not_on_the_host() {
         &digest,
         &format!("image_store = {:?}", store.to_str().unwrap()),
     );
-    let tools = mcp_descriptions(&cfg, &d.path().join("data"));
+    let tools = mcp_descriptions(&cfg, &d.path().join("data"), ALICE);
     let on_image = runtime(&tools["py_image"]);
     let on_host = runtime(&tools["py_host"]);
     eprintln!("image: {on_image}\nhost: {on_host}");
-    let packages = |line: &str| -> Vec<String> {
-        line.split("these packages: ")
-            .nth(1)
-            .map(|r| r.split(';').next().unwrap_or(""))
-            .unwrap_or("")
-            .split(", ")
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect()
-    };
-    let img = packages(on_image);
-    let host = packages(on_host);
+    let img = runtime_packages(on_image);
+    let host = runtime_packages(on_host);
     assert!(
         img.contains(&IMAGE_ONLY_MODULE.to_string()),
         "the image's {IMAGE_ONLY_MODULE} is missing: {on_image}"

@@ -95,6 +95,9 @@ pub struct Extractor<'l> {
     /// What was not reproduced, one line each (bounded).
     pub dropped: Vec<String>,
     pub dropped_count: u64,
+    /// The layer may only add: an entry whose name exists already is refused, except a
+    /// directory over a directory (which keeps the mode it has). `image build`'s layer.
+    pub add_only: bool,
 }
 
 impl<'l> Extractor<'l> {
@@ -110,6 +113,7 @@ impl<'l> Extractor<'l> {
             dir_modes: Vec::new(),
             dropped: Vec::new(),
             dropped_count: 0,
+            add_only: false,
         }
     }
 
@@ -188,6 +192,22 @@ impl<'l> Extractor<'l> {
             return self.whiteout(parent, target);
         }
         use tar::EntryType as T;
+        if self.add_only
+            && !matches!(
+                kind,
+                T::XGlobalHeader | T::XHeader | T::GNULongName | T::GNULongLink
+            )
+            && let Some(dir) = self.dir(parent, false)?
+            && let Ok(st) = fsops::lstat(dir.as_fd(), &name)
+        {
+            if kind.is_dir() && fsops::file_type(&st) == FileType::Directory {
+                return Ok(());
+            }
+            return Err(refused(format!(
+                "{} exists already: the layer may only add entries to its base",
+                esc(&path)
+            )));
+        }
         match kind {
             T::Regular | T::Continuous => {
                 let size = e

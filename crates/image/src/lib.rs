@@ -337,6 +337,34 @@ impl Store {
                 src.display()
             )));
         }
+        self.seal(
+            work,
+            &rootfs,
+            &mut ex,
+            kind,
+            &src.display().to_string(),
+            oci_digest,
+            layers,
+            base,
+            key,
+        )
+    }
+
+    /// Ends a staged import: the tree is hashed, the record written, and the staging folder
+    /// renamed into the store at once (or the stored copy kept when it is there already).
+    #[allow(clippy::too_many_arguments)]
+    fn seal(
+        &self,
+        work: &Path,
+        rootfs: &Path,
+        ex: &mut extract::Extractor<'_>,
+        kind: &str,
+        source: &str,
+        oci_digest: Option<String>,
+        layers: Vec<String>,
+        base: Option<String>,
+        key: &[u8],
+    ) -> Result<Imported, ImageError> {
         ex.finish()?;
         for leftover in ["in", "blobs", "input.tar"] {
             let p = work.join(leftover);
@@ -344,7 +372,7 @@ impl Store {
                 fsops::remove_tree(&p).map_err(io_err("clean the staging directory"))?;
             }
         }
-        let sum = tree::walk(&rootfs, true).map_err(io_err("hash the unpacked tree"))?;
+        let sum = tree::walk(rootfs, true).map_err(io_err("hash the unpacked tree"))?;
         let content_digest = tree::sha256_str(sum.list.as_bytes());
         let digest = oci_digest.unwrap_or_else(|| content_digest.clone());
         let hex = parse_digest(&digest)?.to_string();
@@ -352,7 +380,7 @@ impl Store {
             schema: RECORD_SCHEMA.into(),
             digest: digest.clone(),
             kind: kind.into(),
-            source: src.display().to_string(),
+            source: source.to_owned(),
             created: jiff::Timestamp::now().to_string(),
             content_digest,
             fingerprint: keyed_fingerprint(key, &digest, &sum.fingerprint),
@@ -387,6 +415,78 @@ impl Store {
                 "move the image into the store: {e}"
             ))),
         }
+    }
+
+    /// Makes a new image from the stored image `base` and one layer (a tar, from
+    /// `agentjail image build`) that may only **add** to it: an entry whose name the base has
+    /// (a directory over a directory aside) refuses the whole layer. The base is checked first
+    /// as `verify` does; the layer goes through the same untrusting extractor and bounds as an
+    /// import, and the result is stored the same way (kind `build`, `base` named, the digest
+    /// that of its file list, so the same base and layer content give the same digest).
+    pub fn build_on(
+        &self,
+        base: &str,
+        layer: &Path,
+        source: &str,
+        limits: &Limits,
+    ) -> Result<Imported, ImageError> {
+        let v = self.verify(base)?;
+        if !v.ok {
+            return Err(ImageError::Refused(format!(
+                "the base image {base} changed since it was stored ({}); see `agentjail image verify {base}`",
+                v.changes
+                    .first()
+                    .map(String::as_str)
+                    .unwrap_or("its record or fingerprint")
+            )));
+        }
+        let base_root = self.resolve(base)?;
+        self.ensure()?;
+        let key = self.key(true)?;
+        let nanos = jiff::Timestamp::now().as_nanosecond();
+        let work = self
+            .root
+            .join("tmp")
+            .join(format!("build-{}-{nanos}", std::process::id()));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&work)
+            .map_err(io_err("create the staging directory"))?;
+        let r = (|| {
+            let rootfs = work.join("rootfs");
+            mkdir(&rootfs)?;
+            let packed = work.join("base.tar");
+            pack_dir(&base_root, &packed)?;
+            let mut ex = extract::Extractor::new(open(&rootfs)?, limits, false);
+            let f = std::fs::File::open(&packed).map_err(io_err("read the packed base"))?;
+            ex.extract(f)?;
+            std::fs::remove_file(&packed).map_err(io_err("clean the staging directory"))?;
+            ex.add_only = true;
+            let f = std::fs::File::open(layer).map_err(io_err(&layer.display().to_string()))?;
+            let len = f.metadata().map_err(io_err("read the layer"))?.len();
+            if len > limits.max_blob_bytes {
+                return Err(ImageError::Refused(format!(
+                    "the layer is {len} bytes, more than the bound of {} (max_blob_bytes)",
+                    limits.max_blob_bytes
+                )));
+            }
+            ex.extract(extract::decompress(f)?)?;
+            self.seal(
+                &work,
+                &rootfs,
+                &mut ex,
+                "build",
+                source,
+                None,
+                Vec::new(),
+                Some(base.to_owned()),
+                &key,
+            )
+        })();
+        if work.exists() {
+            let _ = fsops::remove_tree(&work);
+        }
+        r
     }
 
     /// The record of a stored image.

@@ -45,20 +45,27 @@ pub struct Change {
 /// Largest lock file read.
 pub const MAX_BYTES: u64 = 16 << 20;
 
+/// The lock file's lines as pip reads them: backslash-newline continues a line (the hashes
+/// of one requirement), ` #` starts a comment; blank and comment lines left out.
+fn logical_lines(text: &str) -> Vec<String> {
+    let joined = text.replace("\\\r\n", " ").replace("\\\n", " ");
+    joined
+        .lines()
+        .map(|raw| match raw.find(" #") {
+            Some(i) => &raw[..i],
+            None => raw,
+        })
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect()
+}
+
 /// Reads a lock file's text.
 pub fn parse(text: &str) -> Lock {
     let mut lock = Lock::default();
-    // Backslash-newline continues a line (the hashes of one requirement).
-    let joined = text.replace("\\\r\n", " ").replace("\\\n", " ");
-    for raw in joined.lines() {
-        let line = match raw.find(" #") {
-            Some(i) => &raw[..i],
-            None => raw,
-        }
-        .trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
+    for line in logical_lines(text) {
+        let line = line.as_str();
         if line.starts_with('-') {
             // An option line (`--index-url`, `-r other.txt`, `--require-hashes`): options that
             // pick no version. Includes and constraints are not followed.
@@ -138,6 +145,61 @@ pub fn compare(installed: &[Package], lock: &Lock) -> Vec<Change> {
     out
 }
 
+/// Why a lock file cannot feed `agentjail image build`, one line per problem (empty: it can).
+/// Every requirement must be an exact pin carrying at least one `--hash=sha256:<64 hex>` (pip's
+/// `--require-hashes` mode, which the build also turns on); the only options admitted are
+/// `--hash` and `--require-hashes`, so the lock file cannot name another index, include
+/// another file or pull from a URL or a path: the index is the build's `--index-url` alone.
+pub fn unhashed(text: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut any = false;
+    for line in logical_lines(text) {
+        let line = line.as_str();
+        if line.starts_with('-') {
+            if line != "--require-hashes" {
+                problems.push(format!(
+                    "`{line}`: options other than --hash are not read from the lock file (the index is the build's --index-url)"
+                ));
+            }
+            continue;
+        }
+        any = true;
+        let (head, opts) = match line.find(" --") {
+            Some(i) => (&line[..i], &line[i..]),
+            None => (line, ""),
+        };
+        let req = head.split(';').next().unwrap_or("").trim();
+        if pin(req).is_none() {
+            problems.push(format!("`{req}`: not an exact pin (name==version)"));
+            continue;
+        }
+        let name = req;
+        let mut hashes = 0;
+        for o in opts.split_whitespace() {
+            match o.strip_prefix("--hash=") {
+                Some(h) => match h.strip_prefix("sha256:") {
+                    Some(hex) if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                        hashes += 1
+                    }
+                    _ => problems.push(format!(
+                        "`{name}`: `{o}` is not a sha256 hash (--hash=sha256:<64 hex digits>)"
+                    )),
+                },
+                None => problems.push(format!("`{name}`: option `{o}` is not admitted")),
+            }
+        }
+        if hashes == 0 {
+            problems.push(format!(
+                "`{name}` has no --hash (every requirement needs one: `pip-compile --generate-hashes` or `uv pip compile --generate-hashes` write them)"
+            ));
+        }
+    }
+    if !any && problems.is_empty() {
+        problems.push("no requirement in the lock file".into());
+    }
+    problems
+}
+
 /// Equal versions, as PEP 440 normalizes the common spellings: case, a leading `v`.
 fn same_version(a: &str, b: &str) -> bool {
     let norm = |s: &str| s.trim().trim_start_matches(['v', 'V']).to_ascii_lowercase();
@@ -180,6 +242,27 @@ mod tests {
             ]
         );
         assert_eq!(lock.not_pinned, ["numpy>=2", "-r base.txt", "./local/pkg"]);
+    }
+
+    #[test]
+    fn a_build_needs_a_hash_on_every_exact_pin_and_no_other_option() {
+        let h = "a".repeat(64);
+        assert!(
+            unhashed(&format!(
+                "--require-hashes\nsix==1.16.0 \\\n  --hash=sha256:{h}\n"
+            ))
+            .is_empty()
+        );
+        let p = unhashed(&format!(
+            "six==1.16.0\npytz>=2024 --hash=sha256:{h}\n--extra-index-url http://evil/\ntzdata==1 --hash=md5:00\n"
+        ));
+        assert_eq!(p.len(), 5, "{p:?}");
+        assert!(p[0].contains("`six==1.16.0` has no --hash"), "{p:?}");
+        assert!(p[1].contains("not an exact pin"), "{p:?}");
+        assert!(p[2].contains("--extra-index-url"), "{p:?}");
+        assert!(p[3].contains("not a sha256 hash"), "{p:?}");
+        assert!(p[4].contains("`tzdata==1` has no --hash"), "{p:?}");
+        assert_eq!(unhashed("# nothing\n"), ["no requirement in the lock file"]);
     }
 
     #[test]

@@ -608,3 +608,101 @@ fn the_sbom_lists_installed_packages_and_reads_nothing_through_a_symlink() {
         "a changed image must be refused"
     );
 }
+
+#[test]
+fn a_build_layer_may_only_add_to_its_base() {
+    let fx = Fx::new();
+    let src = fx.p("base");
+    std::fs::create_dir_all(src.join("usr/bin")).unwrap();
+    std::fs::create_dir_all(src.join("usr/local")).unwrap();
+    std::fs::write(src.join("usr/bin/python3"), b"the interpreter").unwrap();
+    std::os::unix::fs::symlink("usr/bin", src.join("bin")).unwrap();
+    let base = fx.import(&src).unwrap().record.digest;
+    let images = || {
+        std::fs::read_dir(fx.store.root().join("images"))
+            .unwrap()
+            .count()
+    };
+    let layer = |name: &str, entries: Vec<E<'_>>| {
+        let p = fx.p(name);
+        std::fs::write(&p, tarball(entries)).unwrap();
+        p
+    };
+
+    // New files below existing directories (named again by the layer) are added.
+    let ok = layer(
+        "ok.tar",
+        vec![
+            E::Dir("usr/"),
+            E::Dir("usr/local/"),
+            E::Dir("usr/local/lib/"),
+            E::File("usr/local/lib/pkg.py", b"VALUE = 1\n"),
+        ],
+    );
+    let built = fx
+        .store
+        .build_on(&base, &ok, "test", &Limits::default())
+        .unwrap();
+    assert_eq!(built.record.kind, "build");
+    assert_eq!(built.record.base.as_deref(), Some(base.as_str()));
+    let root = fx.store.resolve(&built.record.digest).unwrap();
+    assert_eq!(
+        std::fs::read(root.join("usr/local/lib/pkg.py")).unwrap(),
+        b"VALUE = 1\n"
+    );
+    assert_eq!(
+        std::fs::read(root.join("usr/bin/python3")).unwrap(),
+        b"the interpreter"
+    );
+    // The same layer again: the same image.
+    let again = fx
+        .store
+        .build_on(&base, &ok, "test", &Limits::default())
+        .unwrap();
+    assert_eq!(again.record.digest, built.record.digest);
+    assert!(again.already_present);
+    assert_eq!(images(), 2);
+
+    // Replacing a file of the base, a symlink over it, a directory over a symlink, and a
+    // write through the base's symlink are each refused, with nothing stored.
+    for (name, entries, want) in [
+        (
+            "replace.tar",
+            vec![E::File("usr/bin/python3", b"evil")],
+            "exists already",
+        ),
+        (
+            "symlink.tar",
+            vec![E::Sym("usr/bin/python3", "/tmp/evil")],
+            "exists already",
+        ),
+        ("dir-over-link.tar", vec![E::Dir("bin/")], "exists already"),
+        (
+            "through-link.tar",
+            vec![E::File("bin/new", b"x")],
+            "symlink or not a directory",
+        ),
+    ] {
+        let p = layer(name, entries);
+        match fx.store.build_on(&base, &p, "test", &Limits::default()) {
+            Err(ImageError::Refused(r)) => assert!(r.contains(want), "{name}: {r}"),
+            other => panic!("{name}: expected a refusal, got {other:?}"),
+        }
+        assert_eq!(images(), 2, "{name}: nothing stored");
+        assert_eq!(
+            std::fs::read_dir(fx.store.root().join("tmp"))
+                .unwrap()
+                .count(),
+            0,
+            "{name}: staging left behind"
+        );
+    }
+
+    // A base changed since it was stored refuses the build.
+    let base_root = fx.store.resolve(&base).unwrap();
+    std::fs::write(base_root.join("usr/bin/python3"), b"the interpreteR").unwrap();
+    match fx.store.build_on(&base, &ok, "test", &Limits::default()) {
+        Err(ImageError::Refused(r)) => assert!(r.contains("changed since it was stored"), "{r}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}

@@ -29,6 +29,11 @@ pub enum ImageCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Build a new image on a stored one: pip installs a hashed lock file in a sandbox whose
+    /// only way out is the egress gateway to the package index, and what it installed becomes
+    /// a layer on the base (add-only). The same base, lock file and index give the same
+    /// digest. Prints the digest; exit 1 when the lock file or the install is refused.
+    Build(super::image_build::BuildArgs),
     /// List stored images.
     Ls {
         #[command(flatten)]
@@ -98,6 +103,7 @@ pub enum ImageCmd {
 
 pub fn dispatch(c: ImageCmd) -> Result<u8, String> {
     match c {
+        ImageCmd::Build(a) => super::image_build::build(a),
         ImageCmd::Import {
             path,
             store,

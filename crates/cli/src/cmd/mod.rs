@@ -9,6 +9,7 @@ pub mod check;
 pub mod config;
 pub mod demo;
 pub mod image;
+mod image_build;
 pub mod manifest;
 pub mod mcp;
 pub mod receipt;

@@ -25,6 +25,7 @@ macro_rules! on_both_stores {
 pub mod netns;
 pub mod pg;
 pub mod pyimage;
+pub mod pyindex;
 pub mod serve;
 mod skip;
 #[allow(unused_imports)]

@@ -2,11 +2,14 @@
 //! digests, the example task's output schema, the shared task tables), token files, and a
 //! started `agentjail serve` on 127.0.0.1 whose stderr is kept for assertions.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
 
 /// The lowercase hex SHA-256 of `s`: what a configuration's `token_sha256` holds.
 pub fn sha256_hex(s: impl AsRef<[u8]>) -> String {
@@ -410,4 +413,89 @@ pub fn read_sse(r: impl std::io::Read, mut each: impl FnMut(&SseEvent) -> bool) 
 /// output (`/output/o.json`), so that the cell ends `ok`.
 pub fn cell_code(body: &str) -> String {
     format!("{body}\nimport json as _j\n_j.dump({{'ok': 1}}, open('/output/o.json', 'w'))\n")
+}
+
+/// The tool descriptions `agentjail mcp` (stdio, tenant `acme`, actor `alice` with `token`)
+/// gives for `cfg`, by tool name: initialize, then tools/list.
+pub fn mcp_descriptions(
+    cfg: &Path,
+    data: &Path,
+    token: &str,
+) -> std::collections::BTreeMap<String, String> {
+    let mut child = Command::new(super::bin())
+        .args(["mcp", "--tenant", "acme", "--actor", "alice", "--config"])
+        .arg(cfg)
+        .arg("--data-dir")
+        .arg(data)
+        .env("AGENTJAIL_TOKEN", token)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let mut ask = |id: u64, method: &str, params: Value| -> Value {
+        let m = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        stdin.write_all(format!("{m}\n").as_bytes()).unwrap();
+        if method == "initialize" {
+            let v = rx.recv_timeout(Duration::from_secs(90)).unwrap();
+            let n = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+            stdin.write_all(format!("{n}\n").as_bytes()).unwrap();
+            return serde_json::from_str(&v).unwrap();
+        }
+        loop {
+            let l = rx.recv_timeout(Duration::from_secs(90)).unwrap();
+            let v: Value = serde_json::from_str(&l).unwrap();
+            if v["id"] == json!(id) {
+                return v;
+            }
+        }
+    };
+    ask(
+        1,
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {},
+               "clientInfo": {"name": "image-tasks", "version": "1"}}),
+    );
+    let list = ask(2, "tools/list", json!({}));
+    drop(stdin);
+    let _ = child.kill();
+    let _ = child.wait();
+    list["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{list}"))
+        .iter()
+        .map(|t| {
+            (
+                t["name"].as_str().unwrap().to_string(),
+                t["description"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The runtime line (the description's line naming Python).
+pub fn runtime(d: &str) -> &str {
+    d.lines()
+        .find(|l| l.contains("Python "))
+        .unwrap_or_else(|| panic!("no runtime line in {d}"))
+}
+
+/// The packages a runtime line names (`…these packages: a, b; …`).
+pub fn runtime_packages(line: &str) -> Vec<String> {
+    line.split("these packages: ")
+        .nth(1)
+        .map(|r| r.split(';').next().unwrap_or(""))
+        .unwrap_or("")
+        .split(", ")
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
 }
