@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 use common::netns::{dns, in_netns};
 use common::pyindex::{Index, pin, pip_base, sdist, wheel};
 use common::serve::{
-    actor, mcp_descriptions, python_code_task, runtime, runtime_packages, write_config,
+    Api, Serve, actor, mcp_descriptions, python_code_task, runtime, runtime_packages, write_config,
 };
 use common::{Out, agentjail};
 
@@ -352,21 +352,27 @@ fn pandas_built_on_a_debian_base_imports_without_network_and_the_model_is_told()
         assert_eq!(o.code, 0, "{}", o.dump());
         let digest = o.stdout.trim().to_owned();
 
-        let code = "import pandas; print('PANDAS=' + pandas.__version__, pandas.DataFrame({'a': [1, 2]})['a'].sum())";
-        let on_image = run_on(&store, Some(&digest), d.path(), code);
-        assert_eq!(on_image.code, 0, "{}", on_image.dump());
-        assert!(on_image.stdout.contains("PANDAS=2.2.3 3"), "{}", on_image.dump());
-        let on_host = run_on(&store, None, d.path(), code);
-        assert_ne!(on_host.code, 0, "the host image has no pandas: {}", on_host.dump());
+        // Built again after `image rm`: the same digest (numpy's and pandas' compiled
+        // modules and thousands of files included).
+        let rm = agentjail(&[
+            "image".as_ref(),
+            "rm".as_ref(),
+            digest.as_ref(),
+            "--store".as_ref(),
+            store.as_os_str(),
+        ]);
+        assert_eq!(rm.code, 0, "{}", rm.dump());
+        let again = build(&store, &base, &lock_path, index.port, dns_port, &[]);
+        assert_eq!(again.code, 0, "{}", again.dump());
+        assert_eq!(again.stdout.trim(), digest, "a reproducible build");
 
-        // What the model is told: the task on the built image has pandas, the same task on
-        // the host image does not (each runtime line probed in a sandbox on its image).
+        // A task type on the built image, and the same task on the host image, served.
         let task = |name: &str, image: &str| {
             python_code_task(
                 name,
                 "Python",
                 &format!("allowed_actors = [\"alice\"]\n{image}"),
-                20,
+                60,
             )
         };
         let cfg = write_config(
@@ -379,11 +385,39 @@ fn pandas_built_on_a_debian_base_imports_without_network_and_the_model_is_told()
                 task("py_host", ""),
             ),
         );
-        let tools = mcp_descriptions(&cfg, &d.path().join("data"), ALICE);
+
+        // What the model is told: the task on the built image has pandas, the same task on
+        // the host image does not (each runtime line probed in a sandbox on its image).
+        let tools = mcp_descriptions(&cfg, &d.path().join("mcp-data"), ALICE);
         let built = runtime_packages(runtime(&tools["py_built"]));
         let host = runtime_packages(runtime(&tools["py_host"]));
         assert!(built.iter().any(|p| p == "pandas"), "{built:?}");
         assert!(!host.iter().any(|p| p == "pandas"), "{host:?}");
+
+        // A run of the task (network: deny, the task's default) imports pandas and uses it;
+        // on the host image the same code fails.
+        let s = Serve::start(&cfg, &d.path().join("data"), &[]);
+        let api = Api::new(&s.base);
+        let code = "import json, pandas\njson.dump({'v': pandas.__version__, 's': int(pandas.DataFrame({'a': [1, 2]})['a'].sum())}, open('/output/o.json', 'w'))";
+        let run = |task: &str, id: &str| -> serde_json::Value {
+            api.run(
+                ALICE,
+                &serde_json::json!({"task": task, "request_id": id, "inputs": [], "code": code}),
+                "?wait=true",
+            )
+            .json()
+            .unwrap()
+        };
+        let v = run("py_built", "pandas-1");
+        assert_eq!(v["status"], "ok", "{v:#}\n{}", s.log());
+        assert_eq!(v["artifact"]["json"], serde_json::json!({"v": "2.2.3", "s": 3}), "{v:#}");
+        assert_eq!(v["report"]["image"], digest.as_str(), "{v:#}");
+        assert!(
+            v["report"]["network"].is_null(),
+            "no gateway: the network was denied: {v:#}"
+        );
+        let h = run("py_host", "pandas-2");
+        assert_eq!(h["status"], "exit_nonzero", "{h:#}");
     })
     .expect("network namespace");
 }
