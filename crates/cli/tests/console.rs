@@ -190,7 +190,8 @@ fn console_login(http: &reqwest::blocking::Client, base: &str, token: &str) -> S
 }
 
 /// The Fleet page's data on PostgreSQL: every executor the store knows (its slots, a recent
-/// heartbeat, the runs it holds) and the leases held, for an operator's session only.
+/// heartbeat, the runs it holds) and the leases held, for an operator's session only; and the
+/// Audit page's: the database's chains verified, a change to one record seen as a break.
 #[test]
 fn the_fleet_page_shows_the_executors_and_leases_a_postgresql_store_knows() {
     let Some(pg) = common::pg::Pg::start() else {
@@ -253,5 +254,39 @@ fn the_fleet_page_shows_the_executors_and_leases_a_postgresql_store_knows() {
     assert_eq!(l["request_id"], "held-1", "{v}");
     assert_eq!(l["owner"], "node-a", "{v}");
     assert!(l["lease_expires_at"].as_i64().unwrap() > now - 5, "{v}");
+
+    // The Audit page on PostgreSQL: the database's chains verified (as `audit verify
+    // --database` does), the operator's tenant's records searchable, newest first.
+    let audit = |q: &str| -> Value {
+        api.http
+            .get(format!("{base}/console/api/audit?q={q}"))
+            .header("Cookie", &cookie)
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    };
+    let a = audit("");
+    assert_eq!(a["store"], "postgresql", "{a}");
+    assert_eq!(a["verified"]["ok"], true, "{a}");
+    let records = a["records"].as_array().unwrap();
+    assert_eq!(records[0]["event"], "console_login", "newest first: {a}");
+    let a = audit("held-1");
+    let records = a["records"].as_array().unwrap();
+    assert!(!records.is_empty(), "{a}");
+    assert!(records.iter().all(|r| r["request_id"] == "held-1"), "{a}");
+    // One record changed in the database: the page says the chain is broken.
+    pg.psql(
+        "UPDATE audit_log SET record = replace(record, 'console_login', 'console_logix') WHERE record LIKE '%console_login%'",
+    );
+    let a = audit("");
+    assert_eq!(a["verified"]["ok"], false, "{a}");
+    assert!(
+        a["verified"]["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("hash"),
+        "{a}"
+    );
     node.kill();
 }

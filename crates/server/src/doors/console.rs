@@ -525,14 +525,47 @@ async fn audit(
     Extension(caller): Extension<Caller>,
     Query(q): Query<AuditQuery>,
 ) -> Result<Response, ApiError> {
-    if state.inner.queue.is_some() {
-        return Ok(Json(json!({
-            "store": "postgresql",
-            "verified": Value::Null,
-            "note": "verify the PostgreSQL chains with `agentjail audit verify --database URL`",
-            "records": [],
-        }))
-        .into_response());
+    let needle = q.q.unwrap_or_default().to_lowercase();
+    let tenant = caller.tenant.to_string();
+    // On PostgreSQL every node's chain is in the database; each is verified with the
+    // cross-anchors between them, as `agentjail audit verify --database` does.
+    if let Some(queue) = &state.inner.queue {
+        let lines = queue.audit_chain().await;
+        let (verified, records) = tokio::task::spawn_blocking(move || match lines {
+            Err(e) => (
+                json!({"ok": false, "error": format!("the chain cannot be read: {e}")}),
+                Vec::new(),
+            ),
+            Ok(lines) => {
+                let verified = match crate::storage::audit::verify_chains(
+                    lines
+                        .iter()
+                        .cloned()
+                        .map(Ok::<_, crate::storage::audit::AuditError>),
+                ) {
+                    Ok(v) => json!({"ok": true, "records": v.records, "chains": v.chains.len()}),
+                    Err(e) => json!({"ok": false, "error": e.to_string()}),
+                };
+                // Newest first across the chains: by the records' own time.
+                let mut parsed: Vec<Value> = lines
+                    .iter()
+                    .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                    .collect();
+                parsed.sort_by_cached_key(|r| {
+                    r["ts"]
+                        .as_str()
+                        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                });
+                let records = recent(parsed.into_iter().rev(), &needle, &tenant);
+                (verified, records)
+            }
+        })
+        .await
+        .map_err(|_| ApiError::internal())?;
+        return Ok(
+            Json(json!({"store": "postgresql", "verified": verified, "records": records}))
+                .into_response(),
+        );
     }
     let path = state.audit_path();
     let (verified, records) = tokio::task::spawn_blocking(move || {
@@ -541,21 +574,25 @@ async fn audit(
             Err(e) => json!({"ok": false, "error": e.to_string()}),
         };
         let text = std::fs::read_to_string(&path).unwrap_or_default();
-        let needle = q.q.unwrap_or_default().to_lowercase();
-        let records: Vec<Value> = text
+        let parsed = text
             .lines()
             .rev()
-            .filter(|l| needle.is_empty() || l.to_lowercase().contains(&needle))
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            // The operator's tenant's records, and the service's own (no tenant).
-            .filter(|r| r.get("tenant").is_none_or(|t| *t == *caller.tenant))
-            .take(200)
-            .collect();
-        (verified, records)
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok());
+        (verified, recent(parsed, &needle, &tenant))
     })
     .await
     .map_err(|_| ApiError::internal())?;
     Ok(Json(json!({"store": "file", "verified": verified, "records": records})).into_response())
+}
+
+/// The first 200 of `newest_first` that match `needle` (lowercase; empty: all) and belong to
+/// `tenant` or to no tenant (the service's own records).
+fn recent(newest_first: impl Iterator<Item = Value>, needle: &str, tenant: &str) -> Vec<Value> {
+    newest_first
+        .filter(|r| needle.is_empty() || r.to_string().to_lowercase().contains(needle))
+        .filter(|r| r.get("tenant").is_none_or(|t| t.as_str() == Some(tenant)))
+        .take(200)
+        .collect()
 }
 
 /// The fleet as the PostgreSQL store knows it (executors, their heartbeats and the runs they

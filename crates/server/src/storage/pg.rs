@@ -1846,6 +1846,18 @@ impl PgStore {
         Ok(())
     }
 
+    /// Every node's audit chain in the database, as the file log's JSONL lines in chain
+    /// order: what the operator console verifies (the check `agentjail audit verify
+    /// --database` makes) and searches.
+    pub async fn audit_chain(&self) -> Result<Vec<String>, StoreError> {
+        let c = self.client().await?;
+        let rows = c
+            .query("SELECT record FROM audit_log ORDER BY chain, seq", &[])
+            .await
+            .map_err(pg_err)?;
+        Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
+    }
+
     /// What the store knows of the fleet, for the operator console: each executor (slots,
     /// labels, start, last heartbeat, whether it is live: a heartbeat younger than `live`, and
     /// the runs it holds) and the leases held (the 200 nearest their end).

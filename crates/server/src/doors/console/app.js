@@ -397,7 +397,8 @@ async function auditPage(q = "") {
   show(h("h1", {}, "Audit"),
     v === null ? h("p", { class: "muted" }, r.note)
       : h("p", { id: "audit-verified", class: v.ok ? "status-ok" : "status-bad" },
-        v.ok ? `The chain verifies (${v.records} records).` : "The chain does NOT verify: " + v.error),
+        v.ok ? (v.chains ? `The database's ${v.chains} chain(s) verify (${v.records} records, each node's and the anchors between them).` : `The chain verifies (${v.records} records).`)
+          : "The chain does NOT verify: " + v.error),
     h("form", { class: "filters", role: "search", onsubmit: (ev) => { ev.preventDefault(); auditPage(input.value.trim()).catch(fail); } },
       h("label", { for: "audit-q" }, "Search the records", input), h("button", { type: "submit" }, "Search")),
     table("The most recent matching records, newest first", [
