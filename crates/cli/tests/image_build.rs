@@ -266,6 +266,25 @@ fn a_build_step_cannot_reach_any_host_but_the_index() {
         assert_eq!(o.code, 1, "{}", o.dump());
         assert!(!o.stderr.contains("BUILD-STEP-RAN"), "{}", o.dump());
 
+        // An option smuggled past the check (a comment ending in a backslash does not continue
+        // for pip, which would read `--no-binary` and build the source distribution): the
+        // file is refused before any sandbox starts, and pip only ever reads a rebuilt file.
+        let smuggled = d.path().join("smuggled.txt");
+        std::fs::write(
+            &smuggled,
+            format!(
+                "# generated \\\n--no-binary=:all:\n{}",
+                pin("evil_pkg", "1.0", &s)
+            ),
+        )
+        .unwrap();
+        let asked = index.requests();
+        let o = build(&store, &base, &smuggled, index.port, dns_port, &[]);
+        assert_eq!(o.code, 1, "{}", o.dump());
+        assert!(o.stderr.contains("`--no-binary=:all:`"), "{}", o.dump());
+        assert!(!o.stderr.contains("BUILD-STEP-RAN"), "{}", o.dump());
+        assert_eq!(index.requests(), asked, "no sandbox ran");
+
         // With --allow-source its setup.py runs, and the gateway refuses its connection.
         let o = build(
             &store,

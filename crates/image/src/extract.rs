@@ -97,7 +97,7 @@ pub struct Extractor<'l> {
     pub dropped_count: u64,
     /// The layer may only add: an entry whose name exists already is refused, except a
     /// directory over a directory (which keeps the mode it has). `image build`'s layer.
-    pub add_only: bool,
+    add_only: bool,
 }
 
 impl<'l> Extractor<'l> {
@@ -115,6 +115,13 @@ impl<'l> Extractor<'l> {
             dropped_count: 0,
             add_only: false,
         }
+    }
+
+    /// From the next archive on, entries may only add ([`Extractor::add_only`]), and hard
+    /// links may name only files of that archive: what was extracted so far is the base.
+    pub fn start_added_layer(&mut self) {
+        self.add_only = true;
+        self.files.clear();
     }
 
     fn drop_note(&mut self, s: String) {

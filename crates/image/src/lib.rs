@@ -461,7 +461,7 @@ impl Store {
             let f = std::fs::File::open(&packed).map_err(io_err("read the packed base"))?;
             ex.extract(f)?;
             std::fs::remove_file(&packed).map_err(io_err("clean the staging directory"))?;
-            ex.add_only = true;
+            ex.start_added_layer();
             let f = std::fs::File::open(layer).map_err(io_err(&layer.display().to_string()))?;
             let len = f.metadata().map_err(io_err("read the layer"))?.len();
             if len > limits.max_blob_bytes {

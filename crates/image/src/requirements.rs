@@ -45,19 +45,80 @@ pub struct Change {
 /// Largest lock file read.
 pub const MAX_BYTES: u64 = 16 << 20;
 
-/// The lock file's lines as pip reads them: backslash-newline continues a line (the hashes
-/// of one requirement), ` #` starts a comment; blank and comment lines left out.
+/// The lock file's lines as pip 23 reads them (`req_file.py`: `join_lines`, then
+/// `ignore_comments`): a line ending in a backslash continues on the next, except a comment
+/// line, which never continues and ends a continuation; `#` at the start or after whitespace
+/// starts a comment; blank lines are left out. Lines break where Python's `splitlines` breaks
+/// them (a lone `\r`, `\v`, `\f`, `\x1c`–`\x1e`, `\u{85}`, `\u{2028}`, `\u{2029}` too), so
+/// that no line pip sees is hidden in one seen here.
 fn logical_lines(text: &str) -> Vec<String> {
-    let joined = text.replace("\\\r\n", " ").replace("\\\n", " ");
+    let is_comment = |l: &str| l.trim_start().starts_with('#');
+    let mut raw: Vec<&str> = Vec::new();
+    let mut start = 0;
+    let mut chars = text.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        let brk = matches!(
+            c,
+            '\n' | '\r'
+                | '\u{b}'
+                | '\u{c}'
+                | '\u{1c}'
+                | '\u{1d}'
+                | '\u{1e}'
+                | '\u{85}'
+                | '\u{2028}'
+                | '\u{2029}'
+        );
+        if brk {
+            raw.push(&text[start..i]);
+            let mut end = i + c.len_utf8();
+            if c == '\r'
+                && let Some((j, '\n')) = chars.peek().copied()
+            {
+                chars.next();
+                end = j + 1;
+            }
+            start = end;
+        }
+    }
+    if start < text.len() {
+        raw.push(&text[start..]);
+    }
+    let mut joined: Vec<String> = Vec::new();
+    let mut pending: Option<String> = None;
+    for line in raw {
+        if !line.ends_with('\\') || is_comment(line) {
+            let line = if is_comment(line) { "" } else { line };
+            match pending.take() {
+                Some(mut p) => {
+                    p.push_str(line);
+                    joined.push(p);
+                }
+                None => joined.push(line.to_owned()),
+            }
+        } else {
+            pending
+                .get_or_insert_with(String::new)
+                .push_str(line.trim_end_matches('\\'));
+        }
+    }
+    if let Some(p) = pending {
+        joined.push(p);
+    }
     joined
-        .lines()
-        .map(|raw| match raw.find(" #") {
-            Some(i) => &raw[..i],
-            None => raw,
+        .into_iter()
+        .map(|l| {
+            // `#` after whitespace starts a comment.
+            let cut = l
+                .char_indices()
+                .find(|&(i, c)| c == '#' && l[..i].chars().last().is_some_and(char::is_whitespace))
+                .map(|(i, _)| i);
+            match cut {
+                Some(i) => l[..i].trim().to_owned(),
+                None => l.trim().to_owned(),
+            }
         })
-        .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(str::to_owned)
         .collect()
 }
 
@@ -145,15 +206,37 @@ pub fn compare(installed: &[Package], lock: &Lock) -> Vec<Change> {
     out
 }
 
-/// Why a lock file cannot feed `agentjail image build`, one line per problem (empty: it can).
-/// Every requirement must be an exact pin carrying at least one `--hash=sha256:<64 hex>` (pip's
-/// `--require-hashes` mode, which the build also turns on); the only options admitted are
-/// `--hash` and `--require-hashes`, so the lock file cannot name another index, include
-/// another file or pull from a URL or a path: the index is the build's `--index-url` alone.
-pub fn unhashed(text: &str) -> Vec<String> {
+/// The lock file `agentjail image build` hands to pip, rebuilt from what was read here:
+/// one line per requirement, `name[extras]==version ; marker --hash=sha256:…`, and nothing
+/// else, so that pip cannot read an option, a URL or a line this reader did not see. Or why
+/// the file cannot be used, one line per problem.
+///
+/// Every requirement must be an exact pin carrying at least one `--hash=sha256:<64 hex>`;
+/// extras are names only; a marker may hold letters, digits, spaces, quotes, comparisons,
+/// dots, underscores, commas and brackets (no `-`, `@`, `#`, `\\`, so nothing in it can start
+/// an option or a URL); the only options admitted are `--hash` and `--require-hashes`; the
+/// text may hold no control character but line ends and tabs.
+pub fn hashed_lock(text: &str) -> Result<String, Vec<String>> {
     let mut problems = Vec::new();
-    let mut any = false;
+    if let Some(c) = text.chars().find(|&c| {
+        (c.is_control() && !matches!(c, '\n' | '\r' | '\t')) || matches!(c, '\u{2028}' | '\u{2029}')
+    }) {
+        problems.push(format!(
+            "the lock file holds the control character {:?}: refused (pip would read lines this check does not)",
+            c
+        ));
+    }
+    if text
+        .split('\n')
+        .any(|l| l.trim_end_matches('\r').contains('\r'))
+    {
+        problems.push(
+            "the lock file holds a carriage return that is not part of a line end: refused".into(),
+        );
+    }
+    let mut out = String::new();
     for line in logical_lines(text) {
+        let line = line.replace('\t', " ");
         let line = line.as_str();
         if line.starts_with('-') {
             if line != "--require-hashes" {
@@ -163,41 +246,106 @@ pub fn unhashed(text: &str) -> Vec<String> {
             }
             continue;
         }
-        any = true;
-        let (head, opts) = match line.find(" --") {
+        let (head, opts) = match line.find(" -") {
             Some(i) => (&line[..i], &line[i..]),
             None => (line, ""),
         };
-        let req = head.split(';').next().unwrap_or("").trim();
-        if pin(req).is_none() {
-            problems.push(format!("`{req}`: not an exact pin (name==version)"));
+        let (req, marker) = match head.split_once(';') {
+            Some((r, m)) => (r.trim(), Some(m.trim())),
+            None => (head.trim(), None),
+        };
+        let Some((name, version, extras)) = strict_pin(req) else {
+            problems.push(format!(
+                "`{req}`: not an exact pin (name==version, extras as names only, no URL)"
+            ));
+            continue;
+        };
+        if let Some(m) = marker
+            && (m.is_empty()
+                || !m
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b" <>=!~.'\"_(),[]".contains(&b)))
+        {
+            problems.push(format!(
+                "`{req}`: the marker `{m}` holds a character a marker does not need"
+            ));
             continue;
         }
-        let name = req;
-        let mut hashes = 0;
+        let mut hashes = Vec::new();
         for o in opts.split_whitespace() {
             match o.strip_prefix("--hash=") {
                 Some(h) => match h.strip_prefix("sha256:") {
                     Some(hex) if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
-                        hashes += 1
+                        hashes.push(hex.to_ascii_lowercase())
                     }
                     _ => problems.push(format!(
-                        "`{name}`: `{o}` is not a sha256 hash (--hash=sha256:<64 hex digits>)"
+                        "`{req}`: `{o}` is not a sha256 hash (--hash=sha256:<64 hex digits>)"
                     )),
                 },
-                None => problems.push(format!("`{name}`: option `{o}` is not admitted")),
+                None => problems.push(format!("`{req}`: option `{o}` is not admitted")),
             }
         }
-        if hashes == 0 {
+        if hashes.is_empty() {
             problems.push(format!(
-                "`{name}` has no --hash (every requirement needs one: `pip-compile --generate-hashes` or `uv pip compile --generate-hashes` write them)"
+                "`{req}` has no --hash (every requirement needs one: `pip-compile --generate-hashes` or `uv pip compile --generate-hashes` write them)"
             ));
+            continue;
         }
+        out.push_str(&format!("{name}{extras}=={version}"));
+        if let Some(m) = marker {
+            out.push_str(&format!(" ; {m}"));
+        }
+        for h in hashes {
+            out.push_str(&format!(" --hash=sha256:{h}"));
+        }
+        out.push('\n');
     }
-    if !any && problems.is_empty() {
+    if out.is_empty() && problems.is_empty() {
         problems.push("no requirement in the lock file".into());
     }
-    problems
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(problems)
+    }
+}
+
+/// `name[extras]==version` with every part in a strict character set: (name, version,
+/// `[extras]` or empty). `===` is not admitted here (an arbitrary string).
+fn strict_pin(req: &str) -> Option<(String, String, String)> {
+    let (left, version) = req.split_once("==")?;
+    let (left, version) = (left.trim(), version.trim());
+    let (name, extras) = match left.split_once('[') {
+        Some((n, rest)) => {
+            let inner = rest.strip_suffix(']')?;
+            let ok = !inner.is_empty()
+                && inner
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.,".contains(&b));
+            if !ok {
+                return None;
+            }
+            (n.trim(), format!("[{inner}]"))
+        }
+        None => (left, String::new()),
+    };
+    let name_ok = !name.is_empty()
+        && name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    let version_ok = !version.is_empty()
+        && version
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric())
+        && version
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._+!".contains(&b));
+    (name_ok && version_ok).then(|| (name.to_owned(), version.to_owned(), extras))
 }
 
 /// Equal versions, as PEP 440 normalizes the common spellings: case, a leading `v`.
@@ -247,22 +395,77 @@ mod tests {
     #[test]
     fn a_build_needs_a_hash_on_every_exact_pin_and_no_other_option() {
         let h = "a".repeat(64);
-        assert!(
-            unhashed(&format!(
-                "--require-hashes\nsix==1.16.0 \\\n  --hash=sha256:{h}\n"
+        assert_eq!(
+            hashed_lock(&format!(
+                "--require-hashes\nsix==1.16.0 \\\n  --hash=sha256:{h}  # via x\nPy_Yaml[a,b]==6.0 ; python_version < \"3.12\" --hash=sha256:{}\n",
+                h.to_uppercase()
+            )),
+            Ok(format!(
+                "six==1.16.0 --hash=sha256:{h}\nPy_Yaml[a,b]==6.0 ; python_version < \"3.12\" --hash=sha256:{h}\n"
             ))
-            .is_empty()
         );
-        let p = unhashed(&format!(
+        let p = hashed_lock(&format!(
             "six==1.16.0\npytz>=2024 --hash=sha256:{h}\n--extra-index-url http://evil/\ntzdata==1 --hash=md5:00\n"
-        ));
+        ))
+        .unwrap_err();
         assert_eq!(p.len(), 5, "{p:?}");
         assert!(p[0].contains("`six==1.16.0` has no --hash"), "{p:?}");
         assert!(p[1].contains("not an exact pin"), "{p:?}");
         assert!(p[2].contains("--extra-index-url"), "{p:?}");
         assert!(p[3].contains("not a sha256 hash"), "{p:?}");
         assert!(p[4].contains("`tzdata==1` has no --hash"), "{p:?}");
-        assert_eq!(unhashed("# nothing\n"), ["no requirement in the lock file"]);
+        assert_eq!(
+            hashed_lock("# nothing\n").unwrap_err(),
+            ["no requirement in the lock file"]
+        );
+    }
+
+    /// Lines pip would read that a looser reader hides (the red team's findings): a comment
+    /// ending in a backslash does not continue (pip reads the next line as an option), a lone
+    /// carriage return breaks a line for pip, a URL after extras, an option hidden in a marker.
+    #[test]
+    fn what_pip_would_read_is_what_is_checked() {
+        let h = "a".repeat(64);
+        let ok = format!("six==1.16.0 --hash=sha256:{h}\n");
+        for (attack, want) in [
+            (
+                format!("# generated \\\n--no-binary=:all:\n{ok}"),
+                "--no-binary",
+            ),
+            (format!("#\r--no-binary=:all:\n{ok}"), "carriage return"),
+            (
+                format!("#{}--no-binary=:all:\n{ok}", '\u{b}'),
+                "control character",
+            ),
+            (
+                format!("#{}--no-binary=:all:\n{ok}", '\u{2028}'),
+                "control character",
+            ),
+            (
+                format!(
+                    "six[x] @ https://evil.example/six-1.0-py3-none-any.whl#==1.0 --hash=sha256:{h}\n"
+                ),
+                "not an exact pin",
+            ),
+            (
+                format!("six==1.0 ; -\t--install-option=--x --hash=sha256:{h}\n"),
+                "marker",
+            ),
+            (
+                format!("six==1.0 ; os_name == \"a-b\" --hash=sha256:{h}\n"),
+                "marker",
+            ),
+            (
+                format!("six===anything --hash=sha256:{h}\n"),
+                "not an exact pin",
+            ),
+        ] {
+            let p = hashed_lock(&attack).expect_err(&attack);
+            assert!(p.iter().any(|x| x.contains(want)), "{attack:?}: {p:?}");
+        }
+        // What `parse` (image outdated) reads follows pip the same way.
+        let lock = parse("# c \\\nsix==1.0\n");
+        assert_eq!(lock.pins.len(), 1, "{lock:?}");
     }
 
     #[test]

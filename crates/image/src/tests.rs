@@ -682,6 +682,11 @@ fn a_build_layer_may_only_add_to_its_base() {
             vec![E::File("bin/new", b"x")],
             "symlink or not a directory",
         ),
+        (
+            "hardlink-to-base.tar",
+            vec![E::Hard("usr/local/py", "usr/bin/python3")],
+            "hard link",
+        ),
     ] {
         let p = layer(name, entries);
         match fx.store.build_on(&base, &p, "test", &Limits::default()) {

@@ -128,17 +128,20 @@ fn read_lock(path: &Path) -> Result<String, String> {
 
 pub fn build(a: BuildArgs) -> Result<u8, String> {
     let lock = read_lock(&a.requirements)?;
-    let problems = agentjail_image::requirements::unhashed(&lock);
-    if !problems.is_empty() {
-        for p in &problems {
-            errln!(
-                "agentjail image build: {}: {}",
-                a.requirements.display(),
-                printable(p, 300)
-            );
+    // pip reads the file rebuilt from what was checked, never the user's text.
+    let canonical = match agentjail_image::requirements::hashed_lock(&lock) {
+        Ok(c) => c,
+        Err(problems) => {
+            for p in &problems {
+                errln!(
+                    "agentjail image build: {}: {}",
+                    a.requirements.display(),
+                    printable(p, 300)
+                );
+            }
+            return Ok(1);
         }
-        return Ok(1);
-    }
+    };
     let index = index_destination(&a.index_url)?;
     let mut allow = vec![allow_rule(&index)?];
     for h in &a.allow_host {
@@ -160,7 +163,7 @@ pub fn build(a: BuildArgs) -> Result<u8, String> {
     let write = |name: &str, body: &[u8]| {
         std::fs::write(dir.join(name), body).map_err(|e| format!("cannot write {name}: {e}"))
     };
-    write("requirements.txt", lock.as_bytes())?;
+    write("requirements.txt", canonical.as_bytes())?;
     write("build.py", SCRIPT.as_bytes())?;
     let mut command = vec![
         a.python.clone(),
@@ -198,7 +201,6 @@ pub fn build(a: BuildArgs) -> Result<u8, String> {
             "HOME": "/tmp",
             "LANG": "C.UTF-8",
             "PIP_CONFIG_FILE": "/dev/null",
-            "PYTHONDONTWRITEBYTECODE": "1",
         },
         "command": command,
     });
@@ -241,7 +243,9 @@ pub fn build(a: BuildArgs) -> Result<u8, String> {
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or_default();
-    if let Some(keep) = &a.report {
+    if let Some(keep) = &a.report
+        && report_path.exists()
+    {
         std::fs::copy(&report_path, keep)
             .map_err(|e| format!("cannot write {}: {e}", keep.display()))?;
     }
@@ -275,9 +279,10 @@ pub fn build(a: BuildArgs) -> Result<u8, String> {
     }
     let lock_digest = agentjail_manifest::sha256_digest(lock.as_bytes());
     let source = format!(
-        "build: {} ({lock_digest}) from {}{} on {}",
+        "build: {} ({lock_digest}) from {} with {}{} on {}",
         a.requirements.display(),
         a.index_url,
+        a.python,
         if a.allow_source { "" } else { " (wheels only)" },
         a.base
     );
