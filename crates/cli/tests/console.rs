@@ -242,6 +242,7 @@ fn the_fleet_page_shows_the_executors_and_leases_a_postgresql_store_knows() {
     assert_eq!(w["slots"], 2, "{v}");
     assert_eq!(w["live"], true, "{v}");
     assert_eq!(w["runs_held"], 1, "{v}");
+    assert_eq!(w["draining"], false, "{v}");
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

@@ -999,7 +999,7 @@ fn a_worker_serves_its_metrics_and_health() {
     // SIGTERM while a run is held: not ready (draining), still healthy and answering, the
     // run finishes `ok`, the worker exits 0.
     let mut w = w;
-    let b = json!({"request_id": "probe-2", "task": "sleeper", "inputs": [], "args": ["4"]});
+    let b = json!({"request_id": "probe-2", "task": "sleeper", "inputs": [], "args": ["6"]});
     assert_eq!(api.run(ALICE, &b, "?wait=false").status(), 202);
     wait_status(&api, "probe-2", "running", 60);
     let pid = w.pid().to_string();
@@ -1027,6 +1027,43 @@ fn a_worker_serves_its_metrics_and_health() {
         get_plain(&base, "/healthz").0,
         200,
         "healthy while draining"
+    );
+    // The store says so too (the console's Fleet page reads it), and the worker's heartbeat
+    // goes on while it finishes the run it holds.
+    let row = || {
+        pg.psql(
+            "SELECT draining, (extract(epoch FROM heartbeat_at) * 1000)::bigint FROM workers WHERE node_id = 'w-probe'",
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let first = loop {
+        let r = row();
+        if r.starts_with('t') {
+            break r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never recorded as draining: {r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let beat = |r: &str| -> i64 { r.split('|').nth(1).unwrap().trim().parse().unwrap() };
+    let deadline = Instant::now() + Duration::from_secs(4);
+    loop {
+        let r = row();
+        if r.starts_with('t') && beat(&r) > beat(&first) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no heartbeat while draining: {first:?} then {r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        status_of(&api, "probe-2")["status"],
+        "running",
+        "still held"
     );
     assert_eq!(wait_final(&api, "probe-2")["status"], "ok");
     let exit = w.wait_exit(30);

@@ -224,12 +224,21 @@ pub async fn run_executor(
 ) {
     let lease = lease_of(&state);
     let slots = state.inner.slots;
+    // The node's heartbeat goes on while it drains (it is alive, finishing the runs it holds)
+    // and says so at once when the drain starts; it ends when the executor has finished.
+    let finished = CancellationToken::new();
     let alive = {
-        let (queue, labels, stop, status) =
-            (queue.clone(), labels.clone(), stop.clone(), status.clone());
+        let (queue, labels, stop, status, finished) = (
+            queue.clone(),
+            labels.clone(),
+            stop.clone(),
+            status.clone(),
+            finished.clone(),
+        );
         tokio::spawn(async move {
+            let mut told_drain = false;
             loop {
-                match queue.worker_alive(slots, &labels).await {
+                match queue.worker_alive(slots, &labels, status.draining()).await {
                     Ok(()) => {
                         status.heartbeat_ok();
                         count_heartbeat("node", "ok");
@@ -241,7 +250,8 @@ pub async fn run_executor(
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(lease / 3) => {}
-                    _ = stop.cancelled() => return,
+                    _ = stop.cancelled(), if !told_drain => told_drain = true,
+                    _ = finished.cancelled() => return,
                 }
             }
         })
@@ -297,6 +307,7 @@ pub async fn run_executor(
         );
     }
     while running.join_next().await.is_some() {}
+    finished.cancel();
     let _ = alive.await;
     if let Err(e) = queue.worker_gone().await {
         tracing::warn!(error = %e, "removing this executor from the workers table failed");

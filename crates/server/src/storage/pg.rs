@@ -1823,14 +1823,20 @@ impl PgStore {
         Ok((expired, requeued))
     }
 
-    /// Records this executor as live (slots, labels, heartbeat now).
-    pub async fn worker_alive(&self, slots: usize, labels: &[String]) -> Result<(), StoreError> {
+    /// Records this executor as live (slots, labels, whether it is draining, heartbeat now).
+    pub async fn worker_alive(
+        &self,
+        slots: usize,
+        labels: &[String],
+        draining: bool,
+    ) -> Result<(), StoreError> {
         let (slots, labels) = (slots as i32, labels.to_vec());
         let c = self.client().await?;
         c.execute(
-            "INSERT INTO workers (node_id, slots, labels) VALUES ($1, $2, $3)
-             ON CONFLICT (node_id) DO UPDATE SET slots = $2, labels = $3, heartbeat_at = now()",
-            &[&self.node, &slots, &labels],
+            "INSERT INTO workers (node_id, slots, labels, draining) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (node_id) DO UPDATE
+             SET slots = $2, labels = $3, draining = $4, heartbeat_at = now()",
+            &[&self.node, &slots, &labels, &draining],
         )
         .await
         .map_err(pg_err)?;
@@ -1859,8 +1865,9 @@ impl PgStore {
     }
 
     /// What the store knows of the fleet, for the operator console: each executor (slots,
-    /// labels, start, last heartbeat, whether it is live: a heartbeat younger than `live`, and
-    /// the runs it holds) and the leases held (the 200 nearest their end).
+    /// labels, start, last heartbeat, whether it is live: a heartbeat younger than `live`,
+    /// whether it is draining, and the runs it holds) and the leases held (the 200 nearest
+    /// their end).
     pub async fn fleet(&self, live: Duration) -> Result<serde_json::Value, StoreError> {
         let c = self.client().await?;
         let workers = c
@@ -1870,7 +1877,8 @@ impl PgStore {
                         EXTRACT(EPOCH FROM w.heartbeat_at)::bigint,
                         w.heartbeat_at > now() - make_interval(secs => $1),
                         (SELECT count(*) FROM runs r WHERE r.owner = w.node_id
-                            AND r.status IN ('queued', 'running'))
+                            AND r.status IN ('queued', 'running')),
+                        w.draining
                  FROM workers w ORDER BY w.node_id",
                 &[&live.as_secs_f64()],
             )
@@ -1898,6 +1906,7 @@ impl PgStore {
                 "heartbeat_at": ts(r.get(4)),
                 "live": r.get::<_, bool>(5),
                 "runs_held": r.get::<_, i64>(6),
+                "draining": r.get::<_, bool>(7),
             })).collect::<Vec<_>>(),
             "leases": leases.iter().map(|r| serde_json::json!({
                 "tenant": r.get::<_, String>(0),

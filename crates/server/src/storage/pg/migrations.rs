@@ -143,4 +143,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
         bytes BYTEA NOT NULL,
         created_at BIGINT NOT NULL
     );",
+    // 7: whether an executor is draining (SIGTERM: it claims no more and finishes the runs it
+    // holds), written with its heartbeat, for the operator console's Fleet page.
+    "ALTER TABLE workers ADD COLUMN draining BOOLEAN NOT NULL DEFAULT FALSE;",
 ];
