@@ -291,3 +291,99 @@ fn the_fleet_page_shows_the_executors_and_leases_a_postgresql_store_knows() {
     );
     node.kill();
 }
+
+/// A replica's `serve --slots SLOTS` on `pg` with the console's configuration and its own
+/// node id; its base URL.
+fn replica(
+    pg: &common::pg::Pg,
+    dir: &std::path::Path,
+    node: &str,
+    marker: &str,
+    slots: &str,
+) -> (common::pg::Node, String) {
+    let cfg = format!(
+        "[server]\nnode_id = \"{node}\"\nmax_concurrent_runs = 2\n{}",
+        config(marker)
+    );
+    let (n, line) = common::pg::Node::start(
+        dir,
+        &pg.url(),
+        &cfg,
+        &["serve", "--listen", "127.0.0.1:0", "--slots", slots],
+        "listening on ",
+    );
+    (n, common::pg::base_of(&line))
+}
+
+/// The Runs page's events stream of one replica tells of runs registered on another (the
+/// database's `runs_changed` notification), not only of its own: a `changed` event comes
+/// within seconds of a run accepted and executed by the other replica (this one has no run
+/// slots, so nothing of the run happens here), after a quiet spell with none.
+#[test]
+fn the_runs_events_of_one_replica_tell_of_runs_on_another() {
+    let Some(pg) = common::pg::Pg::start() else {
+        return;
+    };
+    let (da, db) = (
+        common::pg::tempdir("console-events-a"),
+        common::pg::tempdir("console-events-b"),
+    );
+    let marker = format!(
+        "console-events-{}",
+        da.path().file_name().unwrap().to_string_lossy()
+    );
+    let (mut a, base_a) = replica(&pg, da.path(), "node-a", &marker, "0");
+    let (mut b, base_b) = replica(&pg, db.path(), "node-b", &marker, "1");
+    let api_a = Api::new(&base_a);
+    let cookie = console_login(&api_a.http, &base_a, OPS);
+    let resp = api_a
+        .http
+        .get(format!("{base_a}/console/api/runs/events"))
+        .header("Cookie", &cookie)
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // The stream's lines, as they come.
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(resp).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    let event_within = |d: Duration| -> Option<String> {
+        let deadline = Instant::now() + d;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match rx.recv_timeout(left) {
+                Ok(l) if l.starts_with("event:") => return Some(l),
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
+        None
+    };
+    assert_eq!(
+        event_within(Duration::from_millis(1500)),
+        None,
+        "quiet first"
+    );
+    let api_b = Api::new(&base_b);
+    let body = json!({"request_id": "on-b", "task": "sleeper", "inputs": [], "args": ["1"]});
+    assert_eq!(api_b.run(ALICE, &body, "?wait=false").status(), 202);
+    assert_eq!(
+        event_within(Duration::from_secs(5)).as_deref(),
+        Some("event: changed"),
+        "replica A's stream told of replica B's run\nA:\n{}\nB:\n{}",
+        a.log(),
+        b.log()
+    );
+    let owner = pg.psql("SELECT owner FROM runs WHERE request_id = 'on-b'");
+    assert!(
+        owner.is_empty() || owner == "node-b",
+        "executed on B: {owner:?}"
+    );
+    a.kill();
+    b.kill();
+}

@@ -81,6 +81,12 @@ impl Board {
         self.states.subscribe()
     }
 
+    /// A run of another node of the deployment was registered or changed state (the
+    /// PostgreSQL store's notification): the runs list looks again too.
+    pub fn changed_elsewhere(&self) {
+        self.bump_states();
+    }
+
     fn bump_states(&self) {
         self.states.send_modify(|n| *n = n.wrapping_add(1));
     }

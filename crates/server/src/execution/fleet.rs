@@ -531,6 +531,14 @@ pub fn start(state: &AppState, labels: Vec<String>) -> Option<Started> {
     let stop = CancellationToken::new();
     let status = Arc::new(NodeStatus::default());
     spawn_cluster_tasks(state.clone(), queue.clone(), stop.clone());
+    // Runs registered or changed on any node wake this node's live runs lists (the console).
+    let mut changed = queue.runs_changed();
+    let news = state.clone();
+    tokio::spawn(async move {
+        while changed.changed().await.is_ok() {
+            news.inner.news.changed_elsewhere();
+        }
+    });
     let exec = (state.inner.slots > 0).then(|| {
         zero_executor_metrics(state.inner.slots);
         tokio::spawn(run_executor(

@@ -311,7 +311,12 @@ pub struct PgStore {
     anchored: Arc<std::sync::Mutex<Option<Vec<audit::Anchor>>>>,
     /// This replica's content-addressed object folder (`DATA/objects`).
     objects: PathBuf,
+    /// See [`PgStore::runs_changed`].
+    runs_changed: Arc<tokio::sync::watch::Sender<u64>>,
 }
+
+/// The notification channel of migration 8's trigger on `runs`.
+const RUNS_CHANGED: &str = "runs_changed";
 
 /// SQL for a fresh job id, in the form of [`crate::util::random_hex`]'s (`job_` and 32 hex
 /// digits, from PostgreSQL's `gen_random_uuid()`, a core function since PostgreSQL 13): a run
@@ -377,11 +382,23 @@ pub const NODE_LOCK_PREFIX: &str = "agentjail-node:";
 async fn take_node_lock(
     config: &tokio_postgres::Config,
     node: &str,
+    runs_changed: Arc<tokio::sync::watch::Sender<u64>>,
 ) -> Result<Result<tokio_postgres::Client, String>, StoreError> {
-    let (client, conn) = config.connect(NoTls).await.map_err(pg_err)?;
+    let (client, mut conn) = config.connect(NoTls).await.map_err(pg_err)?;
+    // The session also listens for `runs_changed` (migration 8's trigger): each notification
+    // bumps the watch channel the console's live runs list follows.
     tokio::spawn(async move {
-        let _ = conn.await;
+        let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(Ok(m)) = futures_util::StreamExt::next(&mut messages).await {
+            if let tokio_postgres::AsyncMessage::Notification(_) = m {
+                runs_changed.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        }
     });
+    client
+        .batch_execute(&format!("LISTEN {RUNS_CHANGED}"))
+        .await
+        .map_err(pg_err)?;
     // A session of a process killed a moment ago ends as soon as the server reads its EOF:
     // asked again for up to 3 s before refusing.
     let deadline = std::time::Instant::now() + Duration::from_secs(3);
@@ -421,7 +438,12 @@ async fn take_node_lock(
 /// Holds this node's id for as long as the process lives (see [`take_node_lock`]): when the
 /// session is lost (a database restart), it is taken again; if another process took the id
 /// meanwhile, that is logged as an error every time it is tried.
-fn hold_node_lock(config: tokio_postgres::Config, node: String, client: tokio_postgres::Client) {
+fn hold_node_lock(
+    config: tokio_postgres::Config,
+    node: String,
+    client: tokio_postgres::Client,
+    runs_changed: Arc<tokio::sync::watch::Sender<u64>>,
+) {
     tokio::spawn(async move {
         let mut client = client;
         loop {
@@ -432,7 +454,7 @@ fn hold_node_lock(config: tokio_postgres::Config, node: String, client: tokio_po
             tracing::warn!(node = %node, "the database session holding this node's id ended; taking the id again");
             loop {
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                match take_node_lock(&config, &node).await {
+                match take_node_lock(&config, &node, runs_changed.clone()).await {
                     Ok(Ok(c)) => {
                         client = c;
                         break;
@@ -458,8 +480,11 @@ impl PgStore {
         node: String,
         objects: PathBuf,
     ) -> Result<PgStore, StoreError> {
-        match take_node_lock(config, &node).await? {
-            Ok(client) => hold_node_lock(config.clone(), node.clone(), client),
+        let runs_changed = Arc::new(tokio::sync::watch::channel(0).0);
+        match take_node_lock(config, &node, runs_changed.clone()).await? {
+            Ok(client) => {
+                hold_node_lock(config.clone(), node.clone(), client, runs_changed.clone())
+            }
             Err(holder) => {
                 return Err(StoreError::Database(format!(
                     "node id {node} is in use by a live node ({holder}); each `serve` and `worker` process needs its own: give this one another --node-id (or server.node_id; the default is the host name), or stop the other first"
@@ -475,7 +500,15 @@ impl PgStore {
             node,
             anchored: Arc::default(),
             objects,
+            runs_changed,
         })
+    }
+
+    /// Bumped when any node of the deployment registers a run or changes a run's status (a
+    /// notification on this node's own database session, `LISTEN runs_changed`); none arrive
+    /// while that session is being re-established. For the console's live runs list.
+    pub fn runs_changed(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.runs_changed.subscribe()
     }
 
     /// This replica's node id.
