@@ -380,9 +380,35 @@ fn the_runs_events_of_one_replica_tell_of_runs_on_another() {
         b.log()
     );
     let owner = pg.psql("SELECT owner FROM runs WHERE request_id = 'on-b'");
-    assert!(
-        owner.is_empty() || owner == "node-b",
-        "executed on B: {owner:?}"
+    assert_eq!(owner, "node-b", "executed on B");
+    // The Fleet page lists both nodes, the replica without run slots too.
+    let v: Value = api_a
+        .http
+        .get(format!("{base_a}/console/api/fleet"))
+        .header("Cookie", &cookie)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let nodes: Vec<(String, i64, bool)> = v["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["node_id"].as_str().unwrap().to_owned(),
+                w["slots"].as_i64().unwrap(),
+                w["live"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        nodes,
+        [
+            ("node-a".to_owned(), 0, true),
+            ("node-b".to_owned(), 1, true)
+        ],
+        "{v}"
     );
     a.kill();
     b.kill();

@@ -539,6 +539,22 @@ pub fn start(state: &AppState, labels: Vec<String>) -> Option<Started> {
             news.inner.news.changed_elsewhere();
         }
     });
+    if state.inner.slots == 0 {
+        // An API replica without run slots is in `workers` too (slots 0), so that the
+        // console's Fleet page lists every node; it claims nothing.
+        let (queue, stop, every) = (queue.clone(), stop.clone(), lease_of(state) / 3);
+        tokio::spawn(async move {
+            loop {
+                if let Err(e) = queue.worker_alive(0, &[], false).await {
+                    tracing::warn!(error = %e, "recording this replica as live failed");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(every) => {}
+                    _ = stop.cancelled() => return,
+                }
+            }
+        });
+    }
     let exec = (state.inner.slots > 0).then(|| {
         zero_executor_metrics(state.inner.slots);
         tokio::spawn(run_executor(

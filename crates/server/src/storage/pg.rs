@@ -1962,7 +1962,7 @@ impl PgStore {
                     (SELECT count(*) FROM runs WHERE status = 'queued' AND owner IS NULL),
                     (SELECT COALESCE(GREATEST(EXTRACT(EPOCH FROM now())::bigint - min(created_at), 0), 0)
                         FROM runs WHERE status = 'queued' AND owner IS NULL),
-                    (SELECT count(*) FROM workers WHERE heartbeat_at > now() - make_interval(secs => $1)),
+                    (SELECT count(*) FROM workers WHERE slots > 0 AND heartbeat_at > now() - make_interval(secs => $1)),
                     (SELECT COALESCE(max(value), 0) FROM cluster_counters WHERE name = 'expired_leases')",
                 &[&secs],
             )

@@ -426,7 +426,7 @@ async function fleetPage() {
     table("Replicas and workers with run slots, by node", [
       ["Node", (w) => w.node_id], ["Live", (w) => h("span", { class: w.live ? "status-ok" : "status-bad" }, w.live ? "yes" : "NO")],
       ["Draining", (w) => (w.draining ? "yes: claims no more, finishing its runs" : "no")],
-      ["Slots", (w) => w.slots], ["Runs held", (w) => w.runs_held], ["Labels", (w) => w.labels.join(", ")],
+      ["Slots", (w) => (w.slots === 0 ? "0 (an API replica: runs nothing)" : w.slots)], ["Runs held", (w) => w.runs_held], ["Labels", (w) => w.labels.join(", ")],
       ["Started", (w) => when(w.started_at)], ["Last heartbeat", (w) => when(w.heartbeat_at)],
     ], r.workers),
     h("h2", {}, "Leases"),
