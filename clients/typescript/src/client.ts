@@ -8,7 +8,8 @@ import { Follower, lines, type RunEvent } from "./sse.js";
 import { verifySession, type KeyArg, type VerifiedReceipt } from "./verify.js";
 import type { components } from "./models.js";
 
-type Schemas = components["schemas"];
+/** Every schema of the service's OpenAPI document, by name (generated: `models.ts`). */
+export type Schemas = components["schemas"];
 /** A run record as the service sends it. */
 export type RunRecord = Schemas["RunView"];
 /** One run of a list of runs. */
@@ -29,9 +30,13 @@ const FINAL = new Set(["ok", "exit_nonzero", "signaled", "timeout", "memory_limi
 /** A run: its record, with helpers. A run that ended badly is a result, not an error. */
 export class Run {
   constructor(readonly record: RunRecord) {}
+  /** The run's execute-once request id. */
   get requestId(): string { return this.record.request_id; }
+  /** The task type it ran. */
   get task(): string { return this.record.task; }
+  /** `queued`, `running`, or how it ended (`ok`, `exit_nonzero`, `timeout`, …). */
   get status(): string { return this.record.status; }
+  /** Why it ended as it did, in words (undefined while it runs, and for most `ok` runs). */
   get reason(): string | undefined { return this.record.reason ?? undefined; }
   /** Whether the run has ended (any status but `queued` and `running`). */
   get finished(): boolean { return FINAL.has(this.record.status); }
@@ -95,9 +100,13 @@ export class Run {
 
 /** A cell of a session: a run, plus its session, index and workspace digests. */
 export class Cell extends Run {
+  /** The session the cell belongs to. */
   get sessionId(): string { return String((this.record as any).session_id); }
+  /** Its index in the session, from 0. */
   get cell(): number { return Number((this.record as any).cell); }
+  /** The step's request id (execute-once within the session). */
   get cellRequestId(): string { return String((this.record as any).cell_request_id); }
+  /** The checkpoints (`sha256:…`) restored into `/work` before the cell and collected after it (`null`: empty, none kept, or a live cell). */
   get workspace(): { before?: string | null; after?: string | null } {
     return ((this.record as any).workspace ?? {}) as { before?: string | null; after?: string | null };
   }
@@ -117,6 +126,7 @@ export interface Log {
 /** An input's content: a Blob (a File carries its name), bytes, or text. */
 export type Upload = Blob | Uint8Array | ArrayBuffer | string;
 
+/** How a {@link Client} reaches the service. */
 export interface ClientOptions {
   /** The service's base URL (default `AGENTJAIL_URL` in Node, else `http://127.0.0.1:8787`). */
   baseUrl?: string;
@@ -132,6 +142,7 @@ export interface ClientOptions {
   maxReconnects?: number;
 }
 
+/** What a run is submitted with. */
 export interface SubmitOptions {
   /** The code to run (tasks with `code = "allowed"`). */
   code?: string;
@@ -139,9 +150,11 @@ export interface SubmitOptions {
   args?: string[];
   /** The execute-once request id (default a fresh `crypto.randomUUID()`). */
   requestId?: string;
+  /** Aborts the request (not the run: cancel it with `Client.cancel`). */
   signal?: AbortSignal;
 }
 
+/** A submitted run waited for: a time limit and a live-event callback. */
 export interface RunOptions extends SubmitOptions {
   /** Seconds to wait for the end; past it {@link WaitTimeout} (default: as long as it takes). */
   timeout?: number;
@@ -149,11 +162,17 @@ export interface RunOptions extends SubmitOptions {
   onEvent?: (event: RunEvent) => void | Promise<void>;
 }
 
+/** Filters and paging of a run listing. */
 export interface ListOptions {
+  /** Only runs with this status. */
   status?: string;
+  /** Only runs of this task type. */
   task?: string;
+  /** Only runs created at or after this RFC 3339 instant. */
   createdAfter?: string;
+  /** Only runs created before this RFC 3339 instant. */
   createdBefore?: string;
+  /** Only this tenant's runs (operators). */
   tenant?: string;
   /** The page size (1-100). */
   limit?: number;
@@ -533,9 +552,13 @@ async function problemOf(res: Response): Promise<APIError> {
 /** A session: cells that share a persistent `/work`. Close it (`await using`, or `close()`). */
 export class Session {
   constructor(private readonly client: Client, public record: SessionRecord) {}
+  /** The session's id (`ses_…`). */
   get sessionId(): string { return this.record.session_id; }
+  /** The task type its cells run. */
   get task(): string { return this.record.task; }
+  /** `open` or `closed` (as last read). */
   get state(): string { return String(this.record.state); }
+  /** The execute-once request id it was opened with. */
   get requestId(): string { return String((this.record as any).request_id); }
 
   /** Runs the next cell (`requestId`: the step's execute-once id, default fresh). */
@@ -563,6 +586,7 @@ export class Session {
   async close(): Promise<void> {
     this.record = (await this.client.closeSession(this.sessionId)).record;
   }
+  /** Closes the session at the end of an `await using` block. */
   async [Symbol.asyncDispose](): Promise<void> {
     await this.close();
   }

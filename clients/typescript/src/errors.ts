@@ -101,11 +101,12 @@ export class RateLimited extends APIError {
   /** The `Retry-After` header in seconds (undefined when absent). */
   get retryAfter(): number | undefined { return retryAfterOf(this.headers); }
 }
-/** 501 `sessions-unsupported`: sessions need the SQLite store. */
+/** 501 `sessions-unsupported`: live sessions (a resident interpreter) need the SQLite store. */
 export class SessionsUnsupported extends APIError { override name = "SessionsUnsupported"; }
 /** 503: the service (its database) cannot be reached right now; retry after `retryAfter`. */
 export class Unavailable extends APIError {
   override name = "Unavailable";
+  /** The `Retry-After` header in seconds (undefined when absent). */
   get retryAfter(): number | undefined { return retryAfterOf(this.headers); }
 }
 /** 5xx: an internal error of the service. */

@@ -20,7 +20,9 @@
  */
 
 export const PAYLOAD_TYPE = "application/vnd.in-toto+json";
+/** The in-toto statement type a receipt's payload carries. */
 export const STATEMENT_TYPE = "https://in-toto.io/Statement/v1";
+/** The predicate type of a run's receipt. */
 export const PREDICATE_TYPE = "https://agentjail.dev/attestation/run/v1";
 export const MAX_ENVELOPE_BYTES = 16 * 1024 * 1024;
 

@@ -358,6 +358,67 @@ fn the_python_client_is_mypy_strict_clean() {
     assert!(out.status.success(), "{}", dump("mypy --strict", &out));
 }
 
+/// The API reference is generated from the docstrings (pdoc, `docs/client-python.md`
+/// "Reference"), and every public class, function, method and property of the package and
+/// its integrations has one: a name without a docstring fails here.
+#[test]
+fn the_python_reference_is_generated_from_docstrings_that_cover_the_api() {
+    if !have(&["pdoc", "httpx", "cryptography"]) {
+        return;
+    }
+    let script = r#"
+import importlib, inspect, pkgutil, sys
+import agentjail
+mods = [agentjail] + [importlib.import_module(m.name)
+        for m in pkgutil.walk_packages(agentjail.__path__, "agentjail.")
+        if not m.name.rsplit(".", 1)[-1].startswith("_")]
+missing, checked = [], 0
+for mod in mods:
+    names = getattr(mod, "__all__", None) or [
+        n for n in dir(mod)
+        if not n.startswith("_") and getattr(getattr(mod, n), "__module__", None) == mod.__name__]
+    for n in names:
+        o = getattr(mod, n)
+        if not (inspect.isclass(o) or inspect.isfunction(o)):
+            continue
+        checked += 1
+        if not (o.__doc__ or "").strip():
+            missing.append(f"{mod.__name__}.{n}")
+        if inspect.isclass(o):
+            for mn, m in vars(o).items():
+                f = m.fget if isinstance(m, property) else m
+                if isinstance(f, (staticmethod, classmethod)):
+                    f = f.__func__
+                if mn.startswith("_") or not inspect.isfunction(f):
+                    continue
+                checked += 1
+                if not (f.__doc__ or "").strip():
+                    missing.append(f"{mod.__name__}.{n}.{mn}")
+print(checked, "names checked")
+if missing or checked < 100:
+    sys.exit("without a docstring: " + ", ".join(missing))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .env("PYTHONPATH", client_dir().join("src"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", dump("docstring coverage", &out));
+    let d = tempfile::tempdir().unwrap();
+    let out = Command::new("python3")
+        .args(["-m", "pdoc", "--docformat", "restructuredtext", "-o"])
+        .arg(d.path())
+        .args(["agentjail", "agentjail.integrations"])
+        .env("PYTHONPATH", client_dir().join("src"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", dump("pdoc", &out));
+    let page = std::fs::read_to_string(d.path().join("agentjail.html")).unwrap();
+    for name in ["Client", "AsyncClient", "verify", "Session"] {
+        assert!(page.contains(name), "the reference lacks {name}");
+    }
+}
+
 #[test]
 fn the_python_client_builds_a_wheel_and_an_sdist_that_install() {
     if !have(&["build", "venv"]) {

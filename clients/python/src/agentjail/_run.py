@@ -37,10 +37,12 @@ class Run:
 
     @property
     def request_id(self) -> str:
+        """The run's request id (execute-once: the same id returns this run)."""
         return self.record["request_id"]
 
     @property
     def task(self) -> str:
+        """The task type it ran."""
         return self.record["task"]
 
     @property
@@ -174,6 +176,7 @@ class Log:
 
     @property
     def text(self) -> str:
+        """The log's bytes as text (invalid UTF-8 replaced; untrusted: the sandbox wrote it)."""
         return self.data.decode("utf-8", "replace")
 
 
@@ -232,6 +235,7 @@ class Cell(Run):
 
     @property
     def session_id(self) -> str:
+        """The session the cell belongs to."""
         return str(self._raw.get("session_id", ""))
 
     @property
@@ -256,10 +260,13 @@ class Cell(Run):
 
     @property
     def workspace_before(self) -> Optional[str]:
+        """The checkpoint (``sha256:…``) restored into ``/work`` before the cell, or ``None``."""
         return self.workspace["before"]
 
     @property
     def workspace_after(self) -> Optional[str]:
+        """The checkpoint collected after the cell, or ``None`` (empty, none kept, or a live
+        cell: its workspace is collected when the interpreter's run ends)."""
         return self.workspace["after"]
 
     @property
