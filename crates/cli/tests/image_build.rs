@@ -112,14 +112,44 @@ fn run_on(store: &Path, digest: Option<&str>, d: &Path, code: &str) -> Out {
     ])
 }
 
+/// A store with the base, a one-module wheel `demo_pkg` 1.0 served by a local index, and a
+/// DNS server naming `index.test` and `other.test` (call inside the test's namespace).
+struct Demo {
+    d: tempfile::TempDir,
+    store: PathBuf,
+    base: String,
+    wheel: PathBuf,
+    index: Index,
+    dns_port: u16,
+}
+
+fn demo() -> Demo {
+    let d = common::tmp();
+    let (store, base) = store_with_base(d.path());
+    let wheel = wheel(d.path(), "demo_pkg", "1.0", "VALUE = 'built'\n");
+    let index = Index::serve(&d.path().join("index"), std::slice::from_ref(&wheel));
+    let (dns_port, _) = dns(names());
+    Demo {
+        d,
+        store,
+        base,
+        wheel,
+        index,
+        dns_port,
+    }
+}
+
 #[test]
 fn a_lock_file_without_hashes_or_with_a_wrong_one_is_refused_and_nothing_is_stored() {
     in_netns(&[], || {
-        let d = common::tmp();
-        let (store, base) = store_with_base(d.path());
-        let w = wheel(d.path(), "demo_pkg", "1.0", "VALUE = 'built'\n");
-        let index = Index::serve(&d.path().join("index"), std::slice::from_ref(&w));
-        let (dns_port, _) = dns(names());
+        let Demo {
+            d,
+            store,
+            base,
+            index,
+            dns_port,
+            ..
+        } = demo();
 
         // No hash: refused before any sandbox starts; the index is never asked.
         let lock = d.path().join("nohash.txt");
@@ -156,11 +186,14 @@ fn a_lock_file_without_hashes_or_with_a_wrong_one_is_refused_and_nothing_is_stor
 #[test]
 fn two_builds_give_one_digest_and_the_image_carries_the_package_until_tampered() {
     in_netns(&[], || {
-        let d = common::tmp();
-        let (store, base) = store_with_base(d.path());
-        let w = wheel(d.path(), "demo_pkg", "1.0", "VALUE = 'built'\n");
-        let index = Index::serve(&d.path().join("index"), std::slice::from_ref(&w));
-        let (dns_port, _) = dns(names());
+        let Demo {
+            d,
+            store,
+            base,
+            wheel: w,
+            index,
+            dns_port,
+        } = demo();
         let lock = d.path().join("requirements.txt");
         std::fs::write(&lock, pin("demo_pkg", "1.0", &w)).unwrap();
 

@@ -254,18 +254,31 @@ impl Store {
 
     /// Imports an OCI layout (dir or tar) or a plain rootfs (dir or tarball).
     pub fn import(&self, src: &Path, limits: &Limits) -> Result<Imported, ImageError> {
+        self.staged("import", |work, key| {
+            self.import_into(work, src, limits, key)
+        })
+    }
+
+    /// Runs `f` in a fresh private staging folder below `tmp/` (named `PREFIX-PID-NANOS`)
+    /// with the fingerprint key; the folder is removed afterwards whatever happened (a
+    /// successful `f` has renamed it into `images/`).
+    fn staged<T>(
+        &self,
+        prefix: &str,
+        f: impl FnOnce(&Path, &[u8]) -> Result<T, ImageError>,
+    ) -> Result<T, ImageError> {
         self.ensure()?;
         let key = self.key(true)?;
         let nanos = jiff::Timestamp::now().as_nanosecond();
         let work = self
             .root
             .join("tmp")
-            .join(format!("import-{}-{nanos}", std::process::id()));
+            .join(format!("{prefix}-{}-{nanos}", std::process::id()));
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&work)
             .map_err(io_err("create the staging directory"))?;
-        let r = self.import_into(&work, src, limits, &key);
+        let r = f(&work, &key);
         if work.exists() {
             let _ = fsops::remove_tree(&work);
         }
@@ -441,18 +454,7 @@ impl Store {
             )));
         }
         let base_root = self.resolve(base)?;
-        self.ensure()?;
-        let key = self.key(true)?;
-        let nanos = jiff::Timestamp::now().as_nanosecond();
-        let work = self
-            .root
-            .join("tmp")
-            .join(format!("build-{}-{nanos}", std::process::id()));
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&work)
-            .map_err(io_err("create the staging directory"))?;
-        let r = (|| {
+        self.staged("build", |work, key| {
             let rootfs = work.join("rootfs");
             mkdir(&rootfs)?;
             let packed = work.join("base.tar");
@@ -472,7 +474,7 @@ impl Store {
             }
             ex.extract(extract::decompress(f)?)?;
             self.seal(
-                &work,
+                work,
                 &rootfs,
                 &mut ex,
                 "build",
@@ -480,13 +482,9 @@ impl Store {
                 None,
                 Vec::new(),
                 Some(base.to_owned()),
-                &key,
+                key,
             )
-        })();
-        if work.exists() {
-            let _ = fsops::remove_tree(&work);
-        }
-        r
+        })
     }
 
     /// The record of a stored image.

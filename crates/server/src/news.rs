@@ -20,6 +20,10 @@ use tokio::sync::watch;
 pub struct Board {
     runs: Mutex<HashMap<String, watch::Sender<u64>>>,
     states: watch::Sender<u64>,
+    /// Bumped with `states` by this node's own changes only (not by
+    /// [`Board::changed_elsewhere`]): what this node tells the other nodes of a PostgreSQL
+    /// deployment.
+    local: watch::Sender<u64>,
 }
 
 impl Default for Board {
@@ -27,6 +31,7 @@ impl Default for Board {
         Board {
             runs: Mutex::default(),
             states: watch::channel(0).0,
+            local: watch::channel(0).0,
         }
     }
 }
@@ -81,13 +86,20 @@ impl Board {
         self.states.subscribe()
     }
 
-    /// A run of another node of the deployment was registered or changed state (the
-    /// PostgreSQL store's notification): the runs list looks again too.
+    /// A run of another node of the deployment was registered or changed state (that node's
+    /// notification through the PostgreSQL store): the runs list looks again too.
     pub fn changed_elsewhere(&self) {
-        self.bump_states();
+        self.states.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// This node's own changes ([`Board::open`], [`Board::started`], [`Board::close`]), for
+    /// telling the other nodes.
+    pub fn local_changes(&self) -> watch::Receiver<u64> {
+        self.local.subscribe()
     }
 
     fn bump_states(&self) {
+        self.local.send_modify(|n| *n = n.wrapping_add(1));
         self.states.send_modify(|n| *n = n.wrapping_add(1));
     }
 

@@ -524,6 +524,9 @@ pub struct Started {
     pub status: Arc<NodeStatus>,
 }
 
+/// The least time between two of this node's `runs_changed` notifications.
+const TELL_EVERY: Duration = Duration::from_millis(250);
+
 /// On PostgreSQL: starts this node's lease sweeper and gauges, and its executor when it has
 /// run slots. None on SQLite.
 pub fn start(state: &AppState, labels: Vec<String>) -> Option<Started> {
@@ -531,12 +534,25 @@ pub fn start(state: &AppState, labels: Vec<String>) -> Option<Started> {
     let stop = CancellationToken::new();
     let status = Arc::new(NodeStatus::default());
     spawn_cluster_tasks(state.clone(), queue.clone(), stop.clone());
-    // Runs registered or changed on any node wake this node's live runs lists (the console).
+    // Runs registered or changed on any node wake this node's live runs lists (the console);
+    // this node's own changes are told to the others, at most one notification per
+    // `TELL_EVERY`.
     let mut changed = queue.runs_changed();
     let news = state.clone();
     tokio::spawn(async move {
         while changed.changed().await.is_ok() {
             news.inner.news.changed_elsewhere();
+        }
+    });
+    let mut local = state.inner.news.local_changes();
+    let teller = queue.clone();
+    tokio::spawn(async move {
+        while local.changed().await.is_ok() {
+            tokio::time::sleep(TELL_EVERY).await;
+            local.borrow_and_update();
+            if let Err(e) = teller.tell_runs_changed().await {
+                tracing::debug!(error = %e, "telling the other nodes of a run's change failed");
+            }
         }
     });
     if state.inner.slots == 0 {

@@ -315,7 +315,7 @@ pub struct PgStore {
     runs_changed: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
-/// The notification channel of migration 8's trigger on `runs`.
+/// The notification channel by which the nodes tell each other of their runs' changes.
 const RUNS_CHANGED: &str = "runs_changed";
 
 /// SQL for a fresh job id, in the form of [`crate::util::random_hex`]'s (`job_` and 32 hex
@@ -385,8 +385,9 @@ async fn take_node_lock(
     runs_changed: Arc<tokio::sync::watch::Sender<u64>>,
 ) -> Result<Result<tokio_postgres::Client, String>, StoreError> {
     let (client, mut conn) = config.connect(NoTls).await.map_err(pg_err)?;
-    // The session also listens for `runs_changed` (migration 8's trigger): each notification
-    // bumps the watch channel the console's live runs list follows.
+    // The session also listens for `runs_changed` (sent by the other nodes, see
+    // [`PgStore::tell_runs_changed`]): each notification bumps the watch channel the console's
+    // live runs list follows.
     tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
         while let Some(Ok(m)) = futures_util::StreamExt::next(&mut messages).await {
@@ -504,11 +505,22 @@ impl PgStore {
         })
     }
 
-    /// Bumped when any node of the deployment registers a run or changes a run's status (a
-    /// notification on this node's own database session, `LISTEN runs_changed`); none arrive
-    /// while that session is being re-established. For the console's live runs list.
+    /// Bumped when another node tells of a change to the runs it executes (a notification on
+    /// this node's own database session, `LISTEN runs_changed`; its own are heard too); none
+    /// arrive while that session is being re-established. For the console's live runs list.
     pub fn runs_changed(&self) -> tokio::sync::watch::Receiver<u64> {
         self.runs_changed.subscribe()
+    }
+
+    /// Tells every node that this one registered, started or ended a run: `NOTIFY
+    /// runs_changed` in a statement of its own, outside any run's transaction (a transaction
+    /// that notifies takes a cluster-wide lock at commit, which run commits must not queue
+    /// behind); the caller coalesces.
+    pub async fn tell_runs_changed(&self) -> Result<(), StoreError> {
+        let c = self.client().await?;
+        c.batch_execute(&format!("NOTIFY {RUNS_CHANGED}"))
+            .await
+            .map_err(pg_err)
     }
 
     /// This replica's node id.

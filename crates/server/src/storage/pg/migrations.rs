@@ -146,15 +146,4 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // 7: whether an executor is draining (SIGTERM: it claims no more and finishes the runs it
     // holds), written with its heartbeat, for the operator console's Fleet page.
     "ALTER TABLE workers ADD COLUMN draining BOOLEAN NOT NULL DEFAULT FALSE;",
-    // 8: a notification on `runs_changed` when a run is registered or its status changes,
-    // on whichever node (per row, so that a sweep that changes nothing says nothing;
-    // PostgreSQL folds the equal notifications of one transaction into one): what the
-    // operator console's live runs list of every replica follows.
-    "CREATE FUNCTION agentjail_runs_changed() RETURNS trigger LANGUAGE plpgsql AS $$
-     BEGIN PERFORM pg_notify('runs_changed', ''); RETURN NULL; END $$;
-     CREATE TRIGGER runs_inserted AFTER INSERT ON runs
-         FOR EACH ROW EXECUTE FUNCTION agentjail_runs_changed();
-     CREATE TRIGGER runs_status AFTER UPDATE OF status ON runs
-         FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
-         EXECUTE FUNCTION agentjail_runs_changed();",
 ];
