@@ -2,7 +2,10 @@
  * `agentjail`: a client of agentjail's HTTP API for Node ≥ 20 and browsers (ESM, `fetch`,
  * WebCrypto; no runtime dependencies). Node-only helpers (files from paths) are in
  * `agentjail/node`.
+ *
+ * @packageDocumentation
  */
+/** This client's version (it follows the service's). */
 export const VERSION = "0.1.0";
 export * from "./errors.js";
 export * from "./client.js";

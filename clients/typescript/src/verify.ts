@@ -17,8 +17,11 @@
  * 5. a log of the command's stdout or stderr hashes to the predicate's `stdout.sha256` /
  *    `stderr.sha256`;
  * 6. a workspace checkpoint hashes to the predicate's `workspace.after`.
+ *
+ * @packageDocumentation
  */
 
+/** The DSSE payload type of a receipt's envelope. */
 export const PAYLOAD_TYPE = "application/vnd.in-toto+json";
 /** The in-toto statement type a receipt's payload carries. */
 export const STATEMENT_TYPE = "https://in-toto.io/Statement/v1";

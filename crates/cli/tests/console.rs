@@ -256,6 +256,24 @@ fn the_fleet_page_shows_the_executors_and_leases_a_postgresql_store_knows() {
     assert_eq!(l["owner"], "node-a", "{v}");
     assert!(l["lease_expires_at"].as_i64().unwrap() > now - 5, "{v}");
 
+    // A node gone for over an hour without a run is forgotten by the next sweep.
+    pg.psql(
+        "INSERT INTO workers (node_id, slots, labels, heartbeat_at) VALUES ('gone-long-ago', 1, '{}', now() - interval '2 hours')",
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pg.psql("SELECT count(*) FROM workers WHERE node_id = 'gone-long-ago'") != "0" {
+        assert!(
+            Instant::now() < deadline,
+            "the gone node was never forgotten"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        pg.psql("SELECT count(*) FROM workers WHERE node_id = 'node-a'"),
+        "1",
+        "the live node stays"
+    );
+
     // The Audit page on PostgreSQL: the database's chains verified (as `audit verify
     // --database` does), the operator's tenant's records searchable, newest first.
     let audit = |q: &str| -> Value {

@@ -530,38 +530,7 @@ async fn audit(
     // On PostgreSQL every node's chain is in the database; each is verified with the
     // cross-anchors between them, as `agentjail audit verify --database` does.
     if let Some(queue) = &state.inner.queue {
-        let lines = queue.audit_chain().await;
-        let (verified, records) = tokio::task::spawn_blocking(move || match lines {
-            Err(e) => (
-                json!({"ok": false, "error": format!("the chain cannot be read: {e}")}),
-                Vec::new(),
-            ),
-            Ok(lines) => {
-                let verified = match crate::storage::audit::verify_chains(
-                    lines
-                        .iter()
-                        .cloned()
-                        .map(Ok::<_, crate::storage::audit::AuditError>),
-                ) {
-                    Ok(v) => json!({"ok": true, "records": v.records, "chains": v.chains.len()}),
-                    Err(e) => json!({"ok": false, "error": e.to_string()}),
-                };
-                // Newest first across the chains: by the records' own time.
-                let mut parsed: Vec<Value> = lines
-                    .iter()
-                    .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                    .collect();
-                parsed.sort_by_cached_key(|r| {
-                    r["ts"]
-                        .as_str()
-                        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-                });
-                let records = recent(parsed.into_iter().rev(), &needle, &tenant);
-                (verified, records)
-            }
-        })
-        .await
-        .map_err(|_| ApiError::internal())?;
+        let (verified, records) = pg_audit(queue, needle, tenant).await?;
         return Ok(
             Json(json!({"store": "postgresql", "verified": verified, "records": records}))
                 .into_response(),
@@ -583,6 +552,75 @@ async fn audit(
     .await
     .map_err(|_| ApiError::internal())?;
     Ok(Json(json!({"store": "file", "verified": verified, "records": records})).into_response())
+}
+
+/// How many of the newest records the Audit page searches on PostgreSQL (`agentjail audit
+/// export --database` gives every one).
+const AUDIT_SEARCHED: usize = 5000;
+
+/// The Audit page on PostgreSQL: every view verifies the whole chain as it is now (a verdict
+/// kept from an earlier read would miss a record changed since, which moves no head), one
+/// view at a time per node (the others wait); nothing of the chain is kept between views.
+async fn pg_audit(
+    queue: &crate::storage::pg::PgStore,
+    needle: String,
+    tenant: String,
+) -> Result<(Value, Vec<Value>), ApiError> {
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let lines = match queue.audit_chain().await {
+        Ok(l) => l,
+        Err(e) => {
+            let v = json!({"ok": false, "error": format!("the chain cannot be read: {e}")});
+            return Ok((v, Vec::new()));
+        }
+    };
+    tokio::task::spawn_blocking(move || {
+        let verified = match crate::storage::audit::verify_chains(
+            lines
+                .iter()
+                .cloned()
+                .map(Ok::<_, crate::storage::audit::AuditError>),
+        ) {
+            Ok(v) => json!({"ok": true, "records": v.records, "chains": v.chains.len()}),
+            Err(e) => json!({"ok": false, "error": e.to_string()}),
+        };
+        let newest = newest_records(lines);
+        let parsed = newest
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok());
+        (verified, recent(parsed, &needle, &tenant))
+    })
+    .await
+    .map_err(|_| ApiError::internal())
+}
+
+/// The newest [`AUDIT_SEARCHED`] of `lines`, newest first by the records' own time (only
+/// `ts` is parsed; a record without one counts as oldest).
+fn newest_records(lines: Vec<String>) -> Vec<String> {
+    #[derive(Deserialize)]
+    struct Ts {
+        ts: Option<String>,
+    }
+    let mut order: Vec<(Option<jiff::Timestamp>, usize)> = lines
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let ts = serde_json::from_str::<Ts>(l)
+                .ok()
+                .and_then(|t| t.ts)
+                .and_then(|t| t.parse::<jiff::Timestamp>().ok());
+            (ts, i)
+        })
+        .collect();
+    order.sort();
+    let mut lines: Vec<Option<String>> = lines.into_iter().map(Some).collect();
+    order
+        .into_iter()
+        .rev()
+        .take(AUDIT_SEARCHED)
+        .filter_map(|(_, i)| lines[i].take())
+        .collect()
 }
 
 /// The first 200 of `newest_first` that match `needle` (lowercase; empty: all) and belong to

@@ -168,6 +168,11 @@ pub fn spawn_cluster_tasks(state: AppState, queue: PgStore, stop: CancellationTo
         let mut anchored: Option<Instant> = None;
         loop {
             sweep_leases(&queue).await;
+            match queue.forget_gone_nodes(FORGET_NODES_AFTER).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(nodes = n, "forgot nodes gone for an hour"),
+                Err(e) => tracing::warn!(error = %e, "forgetting gone nodes failed"),
+            }
             if anchored.is_none_or(|t| t.elapsed() >= ANCHOR_EVERY) {
                 match queue.anchor().await {
                     Ok(_) => anchored = Some(Instant::now()),
@@ -236,10 +241,14 @@ pub async fn run_executor(
             finished.clone(),
         );
         tokio::spawn(async move {
-            let mut told_drain = false;
+            let (mut told_drain, mut first) = (false, true);
             loop {
-                match queue.worker_alive(slots, &labels, status.draining()).await {
+                match queue
+                    .worker_alive(slots, &labels, status.draining(), first)
+                    .await
+                {
                     Ok(()) => {
+                        first = false;
                         status.heartbeat_ok();
                         count_heartbeat("node", "ok");
                     }
@@ -524,6 +533,10 @@ pub struct Started {
     pub status: Arc<NodeStatus>,
 }
 
+/// How long a node that stopped its heartbeat (and holds no run) stays listed in `workers`
+/// (the console's Fleet page shows it as not live meanwhile).
+const FORGET_NODES_AFTER: Duration = Duration::from_secs(3600);
+
 /// The least time between two of this node's `runs_changed` notifications.
 const TELL_EVERY: Duration = Duration::from_millis(250);
 
@@ -560,9 +573,11 @@ pub fn start(state: &AppState, labels: Vec<String>) -> Option<Started> {
         // console's Fleet page lists every node; it claims nothing.
         let (queue, stop, every) = (queue.clone(), stop.clone(), lease_of(state) / 3);
         tokio::spawn(async move {
+            let mut first = true;
             loop {
-                if let Err(e) = queue.worker_alive(0, &[], false).await {
-                    tracing::warn!(error = %e, "recording this replica as live failed");
+                match queue.worker_alive(0, &[], false, first).await {
+                    Ok(()) => first = false,
+                    Err(e) => tracing::warn!(error = %e, "recording this replica as live failed"),
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(every) => {}

@@ -1868,24 +1868,42 @@ impl PgStore {
         Ok((expired, requeued))
     }
 
-    /// Records this executor as live (slots, labels, whether it is draining, heartbeat now).
+    /// Records this node as live (slots, labels, whether it is draining, heartbeat now);
+    /// `first`: the process's first heartbeat, which also sets its start (a node id reused
+    /// by a new process starts again).
     pub async fn worker_alive(
         &self,
         slots: usize,
         labels: &[String],
         draining: bool,
+        first: bool,
     ) -> Result<(), StoreError> {
         let (slots, labels) = (slots as i32, labels.to_vec());
         let c = self.client().await?;
         c.execute(
             "INSERT INTO workers (node_id, slots, labels, draining) VALUES ($1, $2, $3, $4)
              ON CONFLICT (node_id) DO UPDATE
-             SET slots = $2, labels = $3, draining = $4, heartbeat_at = now()",
-            &[&self.node, &slots, &labels, &draining],
+             SET slots = $2, labels = $3, draining = $4, heartbeat_at = now(),
+                 started_at = CASE WHEN $5 THEN now() ELSE workers.started_at END",
+            &[&self.node, &slots, &labels, &draining, &first],
         )
         .await
         .map_err(pg_err)?;
         Ok(())
+    }
+
+    /// Forgets the nodes whose last heartbeat is older than `age` and that hold no queued or
+    /// running run (gone without a graceful stop: killed, scaled down); how many.
+    pub async fn forget_gone_nodes(&self, age: Duration) -> Result<u64, StoreError> {
+        let c = self.client().await?;
+        c.execute(
+            "DELETE FROM workers w WHERE w.heartbeat_at < now() - make_interval(secs => $1)
+             AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.owner = w.node_id
+                             AND r.status IN ('queued', 'running'))",
+            &[&age.as_secs_f64()],
+        )
+        .await
+        .map_err(pg_err)
     }
 
     /// Removes this executor from `workers` (a graceful stop).
@@ -1901,11 +1919,18 @@ impl PgStore {
     /// order: what the operator console verifies (the check `agentjail audit verify
     /// --database` makes) and searches.
     pub async fn audit_chain(&self) -> Result<Vec<String>, StoreError> {
-        let c = self.client().await?;
-        let rows = c
+        let mut c = self.client().await?;
+        // Reading a long chain may take longer than a node's statements may (as for
+        // `audit verify --database`), for this transaction only.
+        let tx = c.transaction().await.map_err(pg_err)?;
+        tx.batch_execute("SET LOCAL statement_timeout = 0")
+            .await
+            .map_err(pg_err)?;
+        let rows = tx
             .query("SELECT record FROM audit_log ORDER BY chain, seq", &[])
             .await
             .map_err(pg_err)?;
+        tx.commit().await.map_err(pg_err)?;
         Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
     }
 

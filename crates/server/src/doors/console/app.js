@@ -422,8 +422,8 @@ async function fleetPage() {
   }
   show(h("h1", {}, "Fleet"),
     h("p", { class: "muted" }, "This node: " + r.node + ". Read-only, from the shared store."),
-    h("h2", {}, "Executors"),
-    table("Replicas and workers with run slots, by node", [
+    h("h2", {}, "Nodes"),
+    table("Replicas (with or without run slots) and workers, by node", [
       ["Node", (w) => w.node_id], ["Live", (w) => h("span", { class: w.live ? "status-ok" : "status-bad" }, w.live ? "yes" : "NO")],
       ["Draining", (w) => (w.draining ? "yes: claims no more, finishing its runs" : "no")],
       ["Slots", (w) => (w.slots === 0 ? "0 (an API replica: runs nothing)" : w.slots)], ["Runs held", (w) => w.runs_held], ["Labels", (w) => w.labels.join(", ")],
