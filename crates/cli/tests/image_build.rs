@@ -82,6 +82,21 @@ fn build(store: &Path, base: &str, lock: &Path, port: u16, dns_port: u16, extra:
     agentjail(&args)
 }
 
+/// `image rm DIGEST`, then the same build again: it must give `digest` once more.
+fn rebuilt_alike(store: &Path, base: &str, lock: &Path, digest: &str, port: u16, dns_port: u16) {
+    let rm = agentjail(&[
+        "image".as_ref(),
+        "rm".as_ref(),
+        digest.as_ref(),
+        "--store".as_ref(),
+        store.as_os_str(),
+    ]);
+    assert_eq!(rm.code, 0, "{}", rm.dump());
+    let again = build(store, base, lock, port, dns_port, &[]);
+    assert_eq!(again.code, 0, "{}", again.dump());
+    assert_eq!(again.stdout.trim(), digest, "a reproducible build");
+}
+
 fn names() -> HashMap<&'static str, Vec<Ipv4Addr>> {
     HashMap::from([
         ("index.test", vec![Ipv4Addr::LOCALHOST]),
@@ -229,17 +244,7 @@ fn two_builds_give_one_digest_and_the_image_carries_the_package_until_tampered()
         );
 
         // Removed and built again from scratch: the same digest.
-        let rm = agentjail(&[
-            "image".as_ref(),
-            "rm".as_ref(),
-            digest.as_ref(),
-            "--store".as_ref(),
-            store.as_os_str(),
-        ]);
-        assert_eq!(rm.code, 0, "{}", rm.dump());
-        let second = build(&store, &base, &lock, index.port, dns_port, &[]);
-        assert_eq!(second.code, 0, "{}", second.dump());
-        assert_eq!(second.stdout.trim(), digest, "a reproducible build");
+        rebuilt_alike(&store, &base, &lock, &digest, index.port, dns_port);
 
         // A run on the image, without network, imports the package; on the base it cannot.
         let code = "import demo_pkg; print('VALUE=' + demo_pkg.VALUE)";
@@ -406,17 +411,7 @@ fn pandas_built_on_a_debian_base_imports_without_network_and_the_model_is_told()
 
         // Built again after `image rm`: the same digest (numpy's and pandas' compiled
         // modules and thousands of files included).
-        let rm = agentjail(&[
-            "image".as_ref(),
-            "rm".as_ref(),
-            digest.as_ref(),
-            "--store".as_ref(),
-            store.as_os_str(),
-        ]);
-        assert_eq!(rm.code, 0, "{}", rm.dump());
-        let again = build(&store, &base, &lock_path, index.port, dns_port, &[]);
-        assert_eq!(again.code, 0, "{}", again.dump());
-        assert_eq!(again.stdout.trim(), digest, "a reproducible build");
+        rebuilt_alike(&store, &base, &lock_path, &digest, index.port, dns_port);
 
         // A task type on the built image, and the same task on the host image, served.
         let task = |name: &str, image: &str| {
