@@ -124,14 +124,7 @@ with zipfile.ZipFile(path, "w") as z:
         z.writestr(info, b)
 print(path)
 "#;
-    let o = Command::new("python3")
-        .args(["-c", script])
-        .arg(dir)
-        .args([name, version, init])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
+    make(script, dir, [name, version, init])
 }
 
 /// Makes a source distribution `NAME-VERSION.tar.gz` in `dir` with the given `setup.py`.
@@ -150,10 +143,15 @@ with tarfile.open(path, "w:gz") as t:
         t.addfile(info, io.BytesIO(b))
 print(path)
 "#;
+    make(script, dir, [name, version, setup_py])
+}
+
+/// Runs the Python `script` with `dir` and `args`; the path it prints (the file it made).
+fn make(script: &str, dir: &Path, args: [&str; 3]) -> PathBuf {
     let o = Command::new("python3")
         .args(["-c", script])
         .arg(dir)
-        .args([name, version, setup_py])
+        .args(args)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

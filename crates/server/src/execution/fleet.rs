@@ -232,39 +232,15 @@ pub async fn run_executor(
     // The node's heartbeat goes on while it drains (it is alive, finishing the runs it holds)
     // and says so at once when the drain starts; it ends when the executor has finished.
     let finished = CancellationToken::new();
-    let alive = {
-        let (queue, labels, stop, status, finished) = (
-            queue.clone(),
-            labels.clone(),
-            stop.clone(),
-            status.clone(),
-            finished.clone(),
-        );
-        tokio::spawn(async move {
-            let (mut told_drain, mut first) = (false, true);
-            loop {
-                match queue
-                    .worker_alive(slots, &labels, status.draining(), first)
-                    .await
-                {
-                    Ok(()) => {
-                        first = false;
-                        status.heartbeat_ok();
-                        count_heartbeat("node", "ok");
-                    }
-                    Err(e) => {
-                        count_heartbeat("node", "failed");
-                        tracing::warn!(error = %e, "recording this executor as live failed");
-                    }
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(lease / 3) => {}
-                    _ = stop.cancelled(), if !told_drain => told_drain = true,
-                    _ = finished.cancelled() => return,
-                }
-            }
-        })
-    };
+    let alive = spawn_heartbeat(
+        queue.clone(),
+        slots,
+        labels.clone(),
+        status.clone(),
+        lease / 3,
+        stop.clone(),
+        finished.clone(),
+    );
     let mut running = JoinSet::new();
     loop {
         while running.try_join_next().is_some() {}
@@ -321,6 +297,44 @@ pub async fn run_executor(
     if let Err(e) = queue.worker_gone().await {
         tracing::warn!(error = %e, "removing this executor from the workers table failed");
     }
+}
+
+/// This node's row in `workers`, renewed every `every` (slots, labels, whether it drains;
+/// the first write also sets its start) until `finished`. When `stop` is cancelled (a drain
+/// begins) it is written once at once, to say so.
+fn spawn_heartbeat(
+    queue: PgStore,
+    slots: usize,
+    labels: Vec<String>,
+    status: Arc<NodeStatus>,
+    every: Duration,
+    stop: CancellationToken,
+    finished: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let (mut told_drain, mut first) = (false, true);
+        loop {
+            match queue
+                .worker_alive(slots, &labels, status.draining(), first)
+                .await
+            {
+                Ok(()) => {
+                    first = false;
+                    status.heartbeat_ok();
+                    count_heartbeat("node", "ok");
+                }
+                Err(e) => {
+                    count_heartbeat("node", "failed");
+                    tracing::warn!(error = %e, "recording this node as live failed");
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = stop.cancelled(), if !told_drain => told_drain = true,
+                _ = finished.cancelled() => return,
+            }
+        }
+    })
 }
 
 /// Runs one claimed run under its lease: the heartbeat renews it; the run's writes are fenced.
@@ -570,21 +584,17 @@ pub fn start(state: &AppState, labels: Vec<String>) -> Option<Started> {
     });
     if state.inner.slots == 0 {
         // An API replica without run slots is in `workers` too (slots 0), so that the
-        // console's Fleet page lists every node; it claims nothing.
-        let (queue, stop, every) = (queue.clone(), stop.clone(), lease_of(state) / 3);
-        tokio::spawn(async move {
-            let mut first = true;
-            loop {
-                match queue.worker_alive(0, &[], false, first).await {
-                    Ok(()) => first = false,
-                    Err(e) => tracing::warn!(error = %e, "recording this replica as live failed"),
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(every) => {}
-                    _ = stop.cancelled() => return,
-                }
-            }
-        });
+        // console's Fleet page lists every node; it claims nothing, and its heartbeat ends
+        // with `stop`.
+        spawn_heartbeat(
+            queue.clone(),
+            0,
+            Vec::new(),
+            status.clone(),
+            lease_of(state) / 3,
+            stop.clone(),
+            stop.clone(),
+        );
     }
     let exec = (state.inner.slots > 0).then(|| {
         zero_executor_metrics(state.inner.slots);
