@@ -523,6 +523,12 @@ export interface components {
         };
         /** @description The start-up self-test's result, as `/healthz` shows it. */
         SelftestStatus: {
+            /**
+             * @description The sha256 (`sha256:<hex>`) of the attestation the self-test signed with this node's
+             *     receipt key (`DATA/private/selftest-attestation.json`; `agentjail receipt verify`
+             *     checks it and says what it attests); None if it could not be written.
+             */
+            attestation_sha256?: string | null;
             /** @description Ids of the failed probes. */
             failed_probes: string[];
             /** @description `warn` or `refuse`. */

@@ -428,6 +428,62 @@ fn the_runs_events_of_one_replica_tell_of_runs_on_another() {
         ],
         "{v}"
     );
+    // The receipt of the run on B verifies on A's console, with B's key as B recorded it (on
+    // the previous version: "does not verify with this node's key").
+    api_b.wait_status(ALICE, "on-b", "ok", 30);
+    let get = |p: &str| -> Value {
+        api_a
+            .http
+            .get(format!("{base_a}{p}"))
+            .header("Cookie", &cookie)
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    };
+    let run = get("/console/api/runs/acme/on-b");
+    assert_eq!(run["receipt_check"]["verifies"], true, "{run}");
+    assert!(
+        run["receipt_check"]["signer"]
+            .as_str()
+            .unwrap_or("")
+            .contains("node-b"),
+        "{run}"
+    );
+    // A receipt whose signature was changed verifies with no node's key.
+    pg.psql(
+        "UPDATE runs SET receipt = regexp_replace(receipt, '\"sig\": *\"[^\"]*\"', '\"sig\":\"' || repeat('A', 86) || '==\"') WHERE request_id = 'on-b'",
+    );
+    let run = get("/console/api/runs/acme/on-b");
+    assert_eq!(run["receipt_check"]["verifies"], false, "{run}");
+    // The Health page: each node's host facts (`agentjail check`), receipt key and version, as
+    // each published them with its heartbeat.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let health = loop {
+        let h = get("/console/api/health");
+        let ready = h["nodes"].as_array().is_some_and(|ns| {
+            ns.len() == 2 && ns.iter().all(|n| n["facts"]["check"]["items"].is_array())
+        });
+        if ready {
+            break h;
+        }
+        assert!(Instant::now() < deadline, "no node's facts: {h}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert!(health["isolation"]["items"].is_array(), "{health}");
+    assert_eq!(health["node"], "node-a", "{health}");
+    let keyids: Vec<&str> = health["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["facts"]["receipt_key"]["keyid"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        keyids[0],
+        health["receipt_key"]["keyid"].as_str().unwrap(),
+        "{health}"
+    );
+    assert!(keyids[1].len() == 64 && keyids[0] != keyids[1], "{health}");
     a.kill();
     b.kill();
 }

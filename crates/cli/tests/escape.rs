@@ -915,6 +915,39 @@ fn serve_refuses_to_start_when_a_selftest_probe_fails_and_reports_it_in_warn_mod
         metrics.contains("agentjail_selftest_probes{outcome=\"fail\"}"),
         "{metrics}"
     );
+    // The self-test signed what it found with the node's receipt key: the attestation named on
+    // /healthz verifies with the node's public key and says FAILED (exit 2), never PASSED.
+    let private = work.path().join("data").join("private");
+    let att = private.join("selftest-attestation.json");
+    let bytes = std::fs::read(&att).unwrap();
+    assert_eq!(
+        st["attestation_sha256"].as_str(),
+        Some(format!("sha256:{}", common::serve::sha256_hex(&bytes)).as_str()),
+        "{health}"
+    );
+    let pubkey = Command::new(bin())
+        .args(["receipt", "pubkey", "--key"])
+        .arg(private.join("receipt-key.pem"))
+        .output()
+        .unwrap();
+    assert!(pubkey.status.success());
+    let pem = work.path().join("node.pub.pem");
+    std::fs::write(&pem, &pubkey.stdout).unwrap();
+    let v = Command::new(bin())
+        .args(["receipt", "verify"])
+        .arg(&att)
+        .arg("--pubkey")
+        .arg(&pem)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&v.stdout).to_string() + &String::from_utf8_lossy(&v.stderr);
+    // Exit 2: authentic, a FAILED self-test (`receipt verify`'s exit statuses).
+    assert_eq!(v.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("receipt authentic") && said.contains("FAILED"),
+        "{said}"
+    );
+    assert!(!said.contains("PASSED"), "{said}");
 }
 
 // --- the egress gateway (`--egress`) ------------------------------------------------------------

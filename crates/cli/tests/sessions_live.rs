@@ -6,7 +6,9 @@
 //! kept, one that ignores the interrupt loses it (and says so); the memory limit of the
 //! whole session holds across cells and the cell that crossed it is named; a retried cell runs
 //! once; `DELETE` leaves no process; an idle session's sandbox ends with its workspace
-//! checkpointed and the next cell says the interpreter restarted.
+//! checkpointed and the next cell says the interpreter restarted. On the fleet (PostgreSQL):
+//! the session's cells go to the one worker holding its interpreter, its idle end moves the
+//! head through the database, and a killed holder's session restarts once, elsewhere.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -20,10 +22,13 @@ const CAROL: &str = "tok-carol-live-0b9f4c";
 const BOB: &str = "tok-bob-live-c4e8d1";
 
 fn config() -> String {
+    format!("[server]\nmax_concurrent_runs = 8\n{}", tenants_and_task())
+}
+
+/// The tenants, actors and the live task (no `[server]` table).
+fn tenants_and_task() -> String {
     format!(
         r#"
-[server]
-max_concurrent_runs = 8
 [tenants.acme]
 [tenants.beta]
 {alice}{carol}{bob}
@@ -464,4 +469,159 @@ fn a_cell_that_lifts_the_drivers_limit_still_gets_a_bounded_stdout() {
     }
     let b = cell(&e.api, ALICE, &sid, "c1", "print('after')");
     assert_eq!(stdout(&b).trim(), "after", "{b}");
+}
+
+/// The runs of session `sid`'s interpreters on the fleet, oldest first: `node:status`.
+fn interpreters(pg: &common::pg::Pg, sid: &str) -> Vec<String> {
+    pg.psql(&format!(
+        "SELECT node_id || ':' || status FROM runs WHERE interpreter_of = '{sid}' ORDER BY created_at, job_id"
+    ))
+    .lines()
+    .map(str::to_owned)
+    .collect()
+}
+
+/// Live sessions on the fleet (PostgreSQL; an API replica with no run slot, two workers): the
+/// cells go to the worker that holds the interpreter (the other is free all along) and its
+/// state persists; the idle end checkpoints `/work` through the database; a killed holder's
+/// interpreter ends `unknown` at its lease's end and the next cell starts exactly one new
+/// interpreter on the other worker, from the last checkpoint (its memory gone, said so);
+/// `DELETE` ends it there.
+#[test]
+fn on_the_fleet_a_live_session_stays_on_its_worker_and_restarts_once_when_that_is_lost() {
+    let Some(mut f) = common::pg::Fleet::start(&tenants_and_task(), "0", 1, 2) else {
+        return;
+    };
+    let api = f.apis[0].clone();
+    let sid = open(&api, ALICE, "fleet-live");
+    let a = cell(
+        &api,
+        ALICE,
+        &sid,
+        "c0",
+        "x = 41\nopen('/work/a', 'w').write('a')",
+    );
+    assert_eq!(
+        (a["status"].as_str(), interpreter(&a).as_str()),
+        (Some("ok"), "started"),
+        "{a}"
+    );
+    for i in 1..4 {
+        let v = cell(&api, ALICE, &sid, &format!("c{i}"), "x += 1\nprint(x)");
+        assert_eq!(stdout(&v).trim(), (41 + i).to_string(), "{v}");
+        assert_eq!(interpreter(&v), "kept", "{v}");
+    }
+    let pg = &f.pg;
+    let holder = interpreters(pg, &sid);
+    assert_eq!(holder.len(), 1, "{holder:?}");
+    let first = holder[0].split(':').next().unwrap().to_owned();
+    assert_eq!(holder[0], format!("{first}:running"));
+    let cells_on = pg.psql(&format!(
+        "SELECT string_agg(DISTINCT node_id, ',') FROM runs WHERE live_cell_of = '{sid}'"
+    ));
+    assert_eq!(
+        cells_on, first,
+        "a cell went to another worker than the holder"
+    );
+    // Idle (5 s): the interpreter ends and its workspace becomes the session's head.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    // (It ends as a run of the task would without its output file: what counts is its
+    // checkpoint, the session's new head.)
+    let ended = |v: &[String]| v.len() == 1 && !v[0].ends_with(":running");
+    while !ended(&interpreters(pg, &sid)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            interpreters(pg, &sid)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let s = api
+        .send(
+            reqwest::Method::GET,
+            ALICE,
+            &format!("/v1/sessions/{sid}"),
+            None,
+        )
+        .1;
+    assert!(s["workspace_sha256"].as_str().is_some(), "{s}");
+    let b = cell(
+        &api,
+        ALICE,
+        &sid,
+        "c4",
+        "import os\ny = 1\nprint('x' in globals(), open('/work/a').read())",
+    );
+    assert_eq!(interpreter(&b), "restarted", "{b}");
+    assert_eq!(stdout(&b).trim(), "False a", "{b}");
+    // Cells sent at once take turns: the second waits for the first instead of a 409.
+    let slow = {
+        let (api, sid) = (api.clone(), sid.clone());
+        std::thread::spawn(move || {
+            cell(
+                &api,
+                ALICE,
+                &sid,
+                "c4a",
+                "import time\ntime.sleep(1)\nz = 7",
+            )
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let z = cell(&api, ALICE, &sid, "c4b", "print(z)");
+    assert_eq!(slow.join().unwrap()["status"], "ok");
+    assert_eq!(
+        (stdout(&z).trim(), interpreter(&z).as_str()),
+        ("7", "kept"),
+        "{z}"
+    );
+    let now = interpreters(pg, &sid);
+    assert_eq!(now.len(), 2, "{now:?}");
+    let second = now[1].split(':').next().unwrap().to_owned();
+    // Its holder is killed: nodes are [serve0, w0, w1].
+    let (idx, other) = if second == "w0" { (1, "w1") } else { (2, "w0") };
+    f.nodes[idx].kill();
+    let c = cell(
+        &api,
+        ALICE,
+        &sid,
+        "c5",
+        "print('y' in globals(), open('/work/a').read())",
+    );
+    assert_eq!(interpreter(&c), "restarted", "{c}");
+    assert_eq!(stdout(&c).trim(), "False a", "{c}");
+    let idled = interpreters(pg, &sid)[0].clone();
+    assert_eq!(
+        interpreters(pg, &sid),
+        [
+            idled,
+            format!("{second}:unknown"),
+            format!("{other}:running")
+        ],
+        "one new interpreter, on the other worker, once the lost one's lease ended"
+    );
+    let d = cell(&api, ALICE, &sid, "c6", "print('y' in globals())");
+    assert_eq!(
+        (stdout(&d).trim(), interpreter(&d).as_str()),
+        ("False", "kept"),
+        "{d}"
+    );
+    let (st, v) = api.send(
+        reqwest::Method::DELETE,
+        ALICE,
+        &format!("/v1/sessions/{sid}"),
+        None,
+    );
+    assert_eq!(st, 200, "{v}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while interpreters(pg, &sid)
+        .last()
+        .is_some_and(|l| l.ends_with(":running"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "DELETE left the interpreter running"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
 }

@@ -62,6 +62,27 @@ impl LiveDenials {
     }
 }
 
+/// A path naming the Unix socket `path` that fits `sockaddr_un` however deep its folder is:
+/// `/proc/self/fd/N/<name>` through the folder opened here (keep the returned file open until
+/// the bind or the connect is done). A data directory's job folders can be nested past the
+/// 107 bytes a socket path may take.
+pub fn short_socket_path(
+    path: &std::path::Path,
+) -> std::io::Result<(std::fs::File, std::path::PathBuf)> {
+    use std::os::fd::AsRawFd;
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a socket path needs a folder and a name",
+        ));
+    };
+    let d = std::fs::File::open(dir)?;
+    let short = std::path::Path::new("/proc/self/fd")
+        .join(d.as_raw_fd().to_string())
+        .join(name);
+    Ok((d, short))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

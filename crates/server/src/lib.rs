@@ -18,7 +18,8 @@
 //!   knowing no transport.
 //! - [`app`] (the shared state and the startup checks), [`images`] (task types on pinned
 //!   images: the store, the start-up check, a probe run in a sandbox on the image),
-//!   [`selftest`] (the startup self-test) and [`dev_token`] (the token of `serve` without `--config`, kept in the data directory).
+//!   [`selftest`] (the startup self-test), [`node_facts`] (what the console's Health page
+//!   shows of this node: `check`'s facts, its receipt key, its self-test) and [`dev_token`] (the token of `serve` without `--config`, kept in the data directory).
 //! - [`execution`]: admission and slots, the runner process and its lifeline, leases and
 //!   fencing ([`runner`](execution::runner)); the fleet executor
 //!   ([`fleet`](execution::fleet)).
@@ -39,6 +40,7 @@ pub mod execution;
 pub mod images;
 pub mod live_slots;
 pub mod news;
+pub mod node_facts;
 pub mod policy;
 pub mod run_state;
 pub mod selftest;
@@ -174,7 +176,8 @@ pub fn worker_blocking(opts: WorkerOptions) -> Result<(), ServerError> {
         allow_degraded,
         rt,
     } = Launch::resolve(&config, opts.allow_degraded, "worker")?;
-    selftest::at_startup(&runner, config.server.selftest)?;
+    selftest::at_startup(&runner, config.server.selftest, &data_dir)?;
+    node_facts::spawn_check(runner.clone());
     rt.block_on(async move {
         let state = AppState::open_with(config, &data_dir, runner, allow_degraded, opts.slots)?;
         runner::spawn_sweeper(state.clone());
@@ -256,7 +259,8 @@ pub fn serve_blocking(opts: ServeOptions) -> Result<(), ServerError> {
         allow_degraded,
         rt,
     } = Launch::resolve(&config, opts.allow_degraded, "serve")?;
-    selftest::at_startup(&runner, config.server.selftest)?;
+    selftest::at_startup(&runner, config.server.selftest, &data_dir)?;
+    node_facts::spawn_check(runner.clone());
     // The dev token (no --config): kept in the data directory, reused at every start; shown
     // once the service listens, so that a service that does not start shows none.
     let dev_token = if dev {

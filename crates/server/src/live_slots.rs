@@ -26,6 +26,17 @@ impl LiveSessions {
         m.get(session_id).cloned()
     }
 
+    /// Whether no session has a slot on this node.
+    pub fn is_empty(&self) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
+
+    /// The sessions with a slot on this node.
+    pub fn ids(&self) -> Vec<String> {
+        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.keys().cloned().collect()
+    }
+
     /// Drops the session's slot (its sandbox ended with its close).
     pub fn forget(&self, session_id: &str) {
         let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());

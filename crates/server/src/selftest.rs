@@ -30,6 +30,10 @@ pub struct SelftestStatus {
     pub sandbox_mode: String,
     /// RFC 3339.
     pub started_at: String,
+    /// The sha256 (`sha256:<hex>`) of the attestation the self-test signed with this node's
+    /// receipt key (`DATA/private/selftest-attestation.json`; `agentjail receipt verify`
+    /// checks it and says what it attests); None if it could not be written.
+    pub attestation_sha256: Option<String>,
 }
 
 static STATUS: OnceLock<SelftestStatus> = OnceLock::new();
@@ -39,8 +43,13 @@ pub fn status() -> Option<SelftestStatus> {
     STATUS.get().cloned()
 }
 
-/// Runs `runner selftest --json --tier native` when `mode` asks for it.
-pub(crate) fn at_startup(runner: &Path, mode: SelftestMode) -> Result<(), ServerError> {
+/// Runs `runner selftest --json --tier native` when `mode` asks for it, its attestation
+/// signed with the node's receipt key into `DATA/private/selftest-attestation.json`.
+pub(crate) fn at_startup(
+    runner: &Path,
+    mode: SelftestMode,
+    data_dir: &Path,
+) -> Result<(), ServerError> {
     let word = match mode {
         SelftestMode::Off => return Ok(()),
         SelftestMode::Warn => "warn",
@@ -50,8 +59,15 @@ pub(crate) fn at_startup(runner: &Path, mode: SelftestMode) -> Result<(), Server
         "agentjail serve: running `{} selftest` (server.selftest = \"{word}\") …",
         runner.display()
     );
+    let private = data_dir.join("private");
+    let attestation = private.join("selftest-attestation.json");
+    // A stale one from an earlier start must not pass for this one's.
+    let _ = std::fs::remove_file(&attestation);
     let out = Command::new(runner)
-        .args(["selftest", "--json", "--tier", "native"])
+        .args(["selftest", "--json", "--tier", "native", "--receipt"])
+        .arg(&attestation)
+        .arg("--key")
+        .arg(private.join("receipt-key.pem"))
         .stdin(Stdio::null())
         .stderr(Stdio::null())
         .output();
@@ -98,6 +114,9 @@ pub(crate) fn at_startup(runner: &Path, mode: SelftestMode) -> Result<(), Server
         failed_probes,
         sandbox_mode: v["mode"].as_str().unwrap_or("").into(),
         started_at: v["started_at"].as_str().unwrap_or("").into(),
+        attestation_sha256: std::fs::read(&attestation)
+            .ok()
+            .map(|b| format!("sha256:{}", crate::config::sha256_hex(&b))),
     };
     let line = format!(
         "self-test: {} passed, {} failed, {} skipped{}",

@@ -24,6 +24,7 @@ mod live_cells;
 mod logs;
 mod reconcile;
 mod runs;
+mod session_admin;
 mod session_fork;
 mod session_steps;
 mod sessions;
@@ -45,13 +46,11 @@ pub use reconcile::ReconcileAction;
 pub(crate) use reconcile::reconcile;
 pub use runs::{Artifact, ArtifactView, RunInput, RunView};
 pub(crate) use runs::{CALLER_GONE, artifact, get, receipt, submit, view};
+pub(crate) use session_admin::{close as close_session, list_cells as list_session_cells};
 pub(crate) use session_fork::fork as fork_session;
 pub(crate) use session_steps::plan_cell as plan_session_cell;
 pub use sessions::{
     CellList, CellRequest, CellView, CellWorkspace, ForkRequest, ForkedFrom, SessionRequest,
     SessionView,
 };
-pub(crate) use sessions::{
-    cell as session_cell, close as close_session, get as get_session,
-    list_cells as list_session_cells, open as open_session,
-};
+pub(crate) use sessions::{cell as session_cell, get as get_session, open as open_session};

@@ -232,7 +232,8 @@ class Client:
         """Opens a session of ``task`` (a task with ``code = "allowed"``): cells that share a
         persistent ``/work``, each with ``inputs``. Execute-once by ``request_id`` (a fresh
         UUID4 when not given): the same id again returns the same session. Use it as a
-        context manager to end it at exit. With PostgreSQL: :class:`SessionsUnsupported`."""
+        context manager to end it at exit. A service whose store keeps no sessions answers
+        :class:`SessionsUnsupported`."""
         rid = request_id or core.new_request_id()
         return Session(self, self._drive(core.op_open_session(task, inputs, rid)))
 

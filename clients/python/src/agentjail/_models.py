@@ -236,9 +236,7 @@ class RunView(_RunViewRequired, total=False):
     stdout: Optional[StreamView]
 
 
-class SelftestStatus(TypedDict):
-    """The start-up self-test's result, as `/healthz` shows it."""
-
+class _SelftestStatusRequired(TypedDict):
     failed_probes: List[str]
     """Ids of the failed probes."""
     mode: str
@@ -252,6 +250,16 @@ class SelftestStatus(TypedDict):
     """`strict` or `degraded` (a strict run is refused on this host)."""
     started_at: str
     """RFC 3339."""
+
+
+class SelftestStatus(_SelftestStatusRequired, total=False):
+    """The start-up self-test's result, as `/healthz` shows it."""
+
+    attestation_sha256: Optional[str]
+    """The sha256 (`sha256:<hex>`) of the attestation the self-test signed with this node's
+    receipt key (`DATA/private/selftest-attestation.json`; `agentjail receipt verify`
+    checks it and says what it attests); None if it could not be written.
+    """
 
 
 class _SessionRequestRequired(TypedDict):

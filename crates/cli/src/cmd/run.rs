@@ -317,7 +317,9 @@ pub fn run(a: RunArgs) -> Result<u8, String> {
         workspace_restore: None,
         live_denials: live_denials_to(results.as_ref()),
         stdin: match &a.live_control {
-            Some(p) => match std::os::unix::net::UnixStream::connect(p) {
+            Some(p) => match agentjail_engine::live::short_socket_path(p)
+                .and_then(|(_dir, short)| std::os::unix::net::UnixStream::connect(short))
+            {
                 Ok(s) => Some(std::sync::Arc::new(std::os::fd::OwnedFd::from(s))),
                 Err(e) => {
                     return Err(format!(

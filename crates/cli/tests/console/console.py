@@ -256,6 +256,15 @@ with sync_playwright() as p:
 
     page.click("nav a[href='#/health']")
     page.wait_for_selector("text=Store reachable")
+    # The host's isolation facts (`agentjail check`, read just after start-up).
+    for _ in range(60):
+        if page.locator("text=The isolation facts").count() > 0:
+            break
+        page.wait_for_timeout(500)
+        page.reload()
+        page.wait_for_selector("text=Store reachable")
+    check(page.locator("text=The isolation facts").count() > 0, "the Health page shows no isolation facts")
+    check(page.locator("text=A strict run").count() > 0, "the Health page does not say whether a strict run works")
     axe(page, "Health")
     shot(page, "health")
     not_pwned(page, "Health")

@@ -385,8 +385,45 @@ async fn runs_events(State(state): State<AppState>) -> Result<Response, ApiError
         .into_response())
 }
 
+/// Whether a receipt verifies: with this node's key, or on PostgreSQL with the key another
+/// node recorded for itself in the database (`signer`: that node; the page says the key is
+/// the database's word).
+async fn receipt_check(state: &AppState, env: &str) -> Value {
+    use agentjail_verify::receipt::{ReceiptKey, parse_public_key_pem, verify_with_key};
+    let key = state.inner.data_dir.join("private").join("receipt-key.pem");
+    let own = match ReceiptKey::load(&key) {
+        Ok(k) => verify_with_key(env.as_bytes(), &k.verifying_key(), &[]),
+        Err(e) => return json!({"verifies": false, "error": format!("this node's key: {e}")}),
+    };
+    let error = match own {
+        Ok(_) => return json!({"verifies": true, "signer": "this node"}),
+        Err(e) => e.to_string(),
+    };
+    let Some(q) = &state.inner.queue else {
+        return json!({"verifies": false, "error": error});
+    };
+    let nodes = q
+        .fleet(std::time::Duration::from_secs(0))
+        .await
+        .unwrap_or(Value::Null);
+    for w in nodes["workers"].as_array().into_iter().flatten() {
+        let Some(pem) = w["facts"]["receipt_key"]["public_key_pem"].as_str() else {
+            continue;
+        };
+        if let Ok(k) = parse_public_key_pem(pem)
+            && verify_with_key(env.as_bytes(), &k, &[]).is_ok()
+        {
+            return json!({
+                "verifies": true,
+                "signer": format!("node {} (its key as recorded in the database)", w["node_id"].as_str().unwrap_or("?")),
+            });
+        }
+    }
+    json!({"verifies": false, "error": format!("{error}; nor with any other node's recorded key")})
+}
+
 /// One run as the console shows it: the API's record, and whether its receipt verifies with
-/// this node's key.
+/// this node's key or another node's.
 async fn run(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -394,20 +431,10 @@ async fn run(
 ) -> Result<Response, ApiError> {
     let caller = as_operator_of(&caller, &tenant)?;
     let r = service::get(&state, &caller, &request_id, "run_read").await?;
-    let receipt = r.receipt.as_deref().map(|env| {
-        let key = state.inner.data_dir.join("private").join("receipt-key.pem");
-        match agentjail_verify::receipt::ReceiptKey::load(&key) {
-            Ok(k) => match agentjail_verify::receipt::verify_with_key(
-                env.as_bytes(),
-                &k.verifying_key(),
-                &[],
-            ) {
-                Ok(_) => json!({"verifies": true}),
-                Err(e) => json!({"verifies": false, "error": e.to_string()}),
-            },
-            Err(e) => json!({"verifies": false, "error": format!("this node's key: {e}")}),
-        }
-    });
+    let receipt = match r.receipt.as_deref() {
+        Some(env) => Some(receipt_check(&state, env).await),
+        None => None,
+    };
     let mut v = serde_json::to_value(service::view(&state, &r)).unwrap_or(Value::Null);
     v["tenant"] = json!(r.tenant);
     v["receipt_check"] = receipt.unwrap_or(Value::Null);
@@ -648,6 +675,21 @@ async fn fleet(State(state): State<AppState>) -> Result<Response, ApiError> {
 /// What `/healthz` says, and this node's self-test.
 async fn health(State(state): State<AppState>) -> Result<Response, ApiError> {
     let db = state.store().ping().await.is_ok();
+    let nodes = match &state.inner.queue {
+        Some(q) => q
+            .fleet(Duration::from_secs(state.inner.config.server.lease_seconds * 2))
+            .await
+            .ok()
+            .and_then(|f| f.get("workers").cloned())
+            .map(|ws| {
+                ws.as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|w| json!({"node_id": w["node_id"], "live": w["live"], "facts": w["facts"]}))
+                    .collect::<Vec<_>>()
+            }),
+        None => None,
+    };
     Ok(Json(json!({
         "store_ok": db,
         "store": if state.inner.queue.is_some() { "postgresql" } else { "sqlite" },
@@ -655,6 +697,12 @@ async fn health(State(state): State<AppState>) -> Result<Response, ApiError> {
         "slots": state.inner.slots,
         "selftest": crate::selftest::status(),
         "version": env!("CARGO_PKG_VERSION"),
+        // What `agentjail check` reports on this host (null until read, just after start-up).
+        "isolation": crate::node_facts::check(),
+        "receipt_key": crate::node_facts::key(),
+        "node": state.inner.queue.as_ref().map(|q| q.node().to_owned()),
+        // On PostgreSQL, what every node published of itself with its heartbeat.
+        "nodes": nodes,
     }))
     .into_response())
 }

@@ -30,8 +30,9 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::lease::{count_heartbeat, hold_lease, lease_of};
 use crate::app::AppState;
-use crate::execution::runner::{self, Job, Lease, LeaseEnd};
+use crate::execution::runner::{self, Job};
 use crate::storage::pg::{Claimed, JobSpec, PgStore};
 use crate::util::now;
 use agentjail_engine::lifeline::boottime_ns;
@@ -151,15 +152,6 @@ pub(crate) fn zero_executor_metrics(slots: usize) {
     }
 }
 
-fn count_heartbeat(kind: &'static str, result: &'static str) {
-    metrics::counter!("agentjail_heartbeats_total", "kind" => kind, "result" => result)
-        .increment(1);
-}
-
-fn lease_of(state: &AppState) -> Duration {
-    Duration::from_secs(state.inner.config.server.lease_seconds)
-}
-
 /// Every node of a PostgreSQL deployment: sweeps expired leases and refreshes the cluster
 /// gauges, until `stop`.
 pub fn spawn_cluster_tasks(state: AppState, queue: PgStore, stop: CancellationToken) {
@@ -241,6 +233,7 @@ pub async fn run_executor(
         stop.clone(),
         finished.clone(),
     );
+    let held_cells = tokio::spawn(claim_held_cells(state.clone(), queue.clone(), stop.clone()));
     let mut running = JoinSet::new();
     loop {
         while running.try_join_next().is_some() {}
@@ -262,9 +255,9 @@ pub async fn run_executor(
                     state.clone(),
                     queue.clone(),
                     c,
-                    permit,
+                    Some(permit),
                     sent,
-                    busy,
+                    Some(busy),
                 ));
             }
             Ok(None) => {
@@ -292,11 +285,52 @@ pub async fn run_executor(
         );
     }
     while running.join_next().await.is_some() {}
+    let _ = held_cells.await;
+    // The live sessions' interpreters held here end as at their idle end (their workspaces
+    // checkpointed): their next cells go to any executor.
+    super::live::close_all(&state).await;
     finished.cancel();
     let _ = alive.await;
     if let Err(e) = queue.worker_gone().await {
         tracing::warn!(error = %e, "removing this executor from the workers table failed");
     }
+}
+
+/// Until `stop`: claims the queued cells of the live sessions whose interpreters this node
+/// holds (they need no run slot: the interpreter holds one), and waits for them at the end.
+async fn claim_held_cells(state: AppState, queue: PgStore, stop: CancellationToken) {
+    let lease = lease_of(&state);
+    let mut running = JoinSet::new();
+    while !stop.is_cancelled() {
+        while running.try_join_next().is_some() {}
+        let claimed = if state.inner.live.is_empty() {
+            Ok(None)
+        } else {
+            let sent = (Instant::now(), boottime_ns());
+            queue.claim_held(lease).await.map(|c| c.map(|c| (c, sent)))
+        };
+        match claimed {
+            Ok(Some((c, sent))) => {
+                tracing::info!(request_id = %c.run.request_id, job_id = %c.run.job_id, fence = c.fence, "claimed a live session's cell");
+                running.spawn(run_claimed(
+                    state.clone(),
+                    queue.clone(),
+                    c,
+                    None,
+                    sent,
+                    None,
+                ));
+                continue;
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "claiming a live session's cell failed; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(POLL) => {}
+            _ = stop.cancelled() => break,
+        }
+    }
+    while running.join_next().await.is_some() {}
 }
 
 /// This node's row in `workers`, renewed every `every` (slots, labels, whether it drains;
@@ -315,7 +349,13 @@ fn spawn_heartbeat(
         let (mut told_drain, mut first) = (false, true);
         loop {
             match queue
-                .worker_alive(slots, &labels, status.draining(), first)
+                .worker_alive(
+                    slots,
+                    &labels,
+                    status.draining(),
+                    first,
+                    &crate::node_facts::facts().to_string(),
+                )
                 .await
             {
                 Ok(()) => {
@@ -338,56 +378,35 @@ fn spawn_heartbeat(
 }
 
 /// Runs one claimed run under its lease: the heartbeat renews it; the run's writes are fenced.
+/// `permit` is its run slot (None: a cell of a live session this node holds, whose
+/// interpreter holds one; crate::execution::live_fleet).
 async fn run_claimed(
     state: AppState,
     queue: PgStore,
     c: Claimed,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
     claimed_at: (Instant, u64),
-    busy: Busy,
+    busy: Option<Busy>,
 ) {
-    let lease = lease_of(&state);
-    let lost = CancellationToken::new();
-    let done = CancellationToken::new();
     let run = c.run;
-    let end = Arc::new(tokio::sync::watch::Sender::new(LeaseEnd::after(
-        claimed_at.0,
-        claimed_at.1,
-        lease,
-    )));
-    let heartbeat = tokio::spawn(heartbeat(
-        state.clone(),
-        queue.clone(),
-        run.job_id.clone(),
-        c.fence,
-        lease,
-        end.clone(),
-        lost.clone(),
-        done.clone(),
-    ));
-    let streaming = tokio::spawn(stream_logs(
-        state.clone(),
-        queue.clone(),
-        run.job_id.clone(),
-        done.clone(),
-    ));
+    let (lease_h, held) = hold_lease(&state, &queue, &run.job_id, c.fence, claimed_at);
     let spec: Result<JobSpec, _> = serde_json::from_str(&c.spec);
     let args: Result<Vec<String>, _> = serde_json::from_str(&run.args);
-    let lease_h = Lease {
-        queue: queue.clone(),
-        fence: c.fence,
-        lost,
-        end,
-    };
+    let live = spec
+        .as_ref()
+        .ok()
+        .and_then(|s| s.session.as_ref())
+        .is_some_and(|c| c.live);
     // A session's cell starts from the session's head checkpoint, read from the database and
     // hashed here before anything runs: a missing or tampered one ends the cell as a set-up
-    // error, never half-restored.
+    // error, never half-restored. (A live session's cell runs in its interpreter, which
+    // restores the head it reads when it starts.)
     let restored = match spec.as_ref().ok().and_then(|s| s.session.as_ref()) {
-        Some(cell) => match cell.restore.as_deref() {
+        Some(cell) if !live => match cell.restore.as_deref() {
             Some(sha) => super::checkpoints::materialise(&state.inner.data_dir, &queue, sha).await,
             None => Ok(()),
         },
-        None => Ok(()),
+        _ => Ok(()),
     };
     match (spec, args, restored) {
         (_, _, Err(why)) => {
@@ -395,6 +414,15 @@ async fn run_claimed(
             tracing::error!(job_id = %run.job_id, %why, "a claimed cell's checkpoint was refused");
             let who = runner::RunIds::of(&run);
             runner::end_claim_as_setup_error(&queue, c.fence, who, &why).await;
+        }
+        (Ok(spec), Ok(args), Ok(())) if live => {
+            let claimed = super::live_fleet::Claimed {
+                run,
+                spec,
+                args,
+                lease: lease_h,
+            };
+            super::live_fleet::run_cell(&state, &queue, claimed, permit).await;
         }
         (Ok(spec), Ok(args), Ok(())) => {
             let job = Job {
@@ -412,7 +440,7 @@ async fn run_claimed(
                 lease: Some(lease_h),
                 session: spec.session,
             };
-            runner::execute(state, job, None, Some(permit)).await;
+            runner::execute(state, job, None, permit).await;
         }
         _ => {
             drop(permit);
@@ -422,119 +450,8 @@ async fn run_claimed(
             runner::end_claim_as_setup_error(&queue, c.fence, who, reason).await;
         }
     }
-    done.cancel();
-    let _ = heartbeat.await;
-    let _ = streaming.await;
+    held.end().await;
     drop(busy);
-}
-
-/// How often a running run's new output goes to the database, for followers on other nodes.
-const STREAM_EVERY: Duration = Duration::from_millis(250);
-/// Most bytes of one stream sent to the database at once.
-const STREAM_BYTES: u64 = 256 * 1024;
-
-/// Until `done`: appends what the run's logs and live denials in this node's job folder hold
-/// beyond what the database has to its stored copies, every [`STREAM_EVERY`]
-/// (`GET /v1/runs/{id}/events` on any node reads them). Bounded like the files (the runner
-/// passes at most 1 MiB of each stream; the denials are at most
-/// [`super::denials::LOG_LIMIT`]).
-async fn stream_logs(state: AppState, queue: PgStore, job_id: String, done: CancellationToken) {
-    use super::streams::{log_name, read_from};
-    let dir = runner::job_dir(&state, &job_id);
-    let mut sent = [0u64; 3];
-    loop {
-        tokio::select! {
-            _ = done.cancelled() => return,
-            _ = tokio::time::sleep(STREAM_EVERY) => {}
-        }
-        for (i, name) in [log_name(true), log_name(false), super::denials::NAME]
-            .into_iter()
-            .enumerate()
-        {
-            let Some(b) =
-                read_from(&dir.join(name), sent[i], STREAM_BYTES).filter(|b| !b.is_empty())
-            else {
-                continue;
-            };
-            let appended = match i {
-                0 | 1 => queue.append_log(&job_id, i == 0, sent[i], &b).await,
-                _ => queue.append_denials(&job_id, sent[i], &b).await,
-            };
-            match appended {
-                Ok(()) => sent[i] += b.len() as u64,
-                Err(e) => {
-                    tracing::warn!(%job_id, error = %e, "sending a running run's output to the database failed; retrying")
-                }
-            }
-        }
-    }
-}
-
-/// Renews the lease every `lease`/3 until `done`; cancels `lost` when a renewal is refused or
-/// when the lease's end (as of the last renewal sent, by this process's monotonic clock)
-/// passes without a successful one. Each successful renewal moves `shared`, which the runner
-/// receives ([`crate::execution::runner::LeaseEnd`]).
-#[allow(clippy::too_many_arguments)]
-async fn heartbeat(
-    state: AppState,
-    queue: PgStore,
-    job_id: String,
-    fence: i64,
-    lease: Duration,
-    shared: Arc<tokio::sync::watch::Sender<LeaseEnd>>,
-    lost: CancellationToken,
-    done: CancellationToken,
-) {
-    let every = lease / 3;
-    let mut deadline = shared.borrow().lease;
-    loop {
-        let deadline_t = tokio::time::Instant::from_std(deadline);
-        tokio::select! {
-            _ = done.cancelled() => return,
-            _ = tokio::time::sleep_until(deadline_t) => {
-                tracing::error!(%job_id, fence, "no lease renewal succeeded before the lease ended: killing the sandbox");
-                lost.cancel();
-                return;
-            }
-            _ = tokio::time::sleep(every) => {}
-        }
-        let (sent, sent_boot) = (Instant::now(), boottime_ns());
-        let r = tokio::select! {
-            _ = done.cancelled() => return,
-            _ = tokio::time::sleep_until(deadline_t) => {
-                tracing::error!(%job_id, fence, "no lease renewal succeeded before the lease ended: killing the sandbox");
-                lost.cancel();
-                return;
-            }
-            r = queue.heartbeat(&job_id, fence, lease) => r,
-        };
-        match r {
-            Ok(Some(cancel)) => {
-                count_heartbeat("lease", "ok");
-                // A cancel asked for on any node: the run's own cancellation kills its sandbox
-                // (until it is registered, the next renewal asks again).
-                if cancel && runner::cancel_here(&state, &job_id) {
-                    tracing::info!(%job_id, "cancel requested: killing the run");
-                }
-                let end = LeaseEnd::after(sent, sent_boot, lease);
-                deadline = end.lease;
-                shared.send_replace(end);
-            }
-            Ok(None) => {
-                if done.is_cancelled() {
-                    return;
-                }
-                count_heartbeat("lease", "refused");
-                tracing::error!(%job_id, fence, "the lease renewal was refused (the lease expired or was taken): killing the sandbox");
-                lost.cancel();
-                return;
-            }
-            Err(e) => {
-                count_heartbeat("lease", "failed");
-                tracing::warn!(%job_id, fence, error = %e, "renewing the lease failed; retrying until the lease ends");
-            }
-        }
-    }
 }
 
 /// A started fleet node: its stop token, its executor (when it has run slots), its state.

@@ -51,12 +51,26 @@ pub enum Answer {
     Lost,
 }
 
+/// How an interpreter's run is executed and what run slot it holds for its life.
+pub enum Exec {
+    /// On this node's store (SQLite), in the admission's slot.
+    Local(Admission),
+    /// On the fleet (PostgreSQL): claimed by this executor (crate::execution::live_fleet)
+    /// with `fence` at `claimed_at`, renewed by its heartbeat, in `permit`'s run slot.
+    Leased {
+        queue: crate::storage::pg::PgStore,
+        fence: i64,
+        claimed_at: (Instant, u64),
+        permit: tokio::sync::OwnedSemaphorePermit,
+    },
+}
+
 /// Starts the interpreter run `job` (its session part has `interpreter` set, its code the
-/// driver) and waits for its runner's connection. Keeps the admission for the run's life.
+/// driver) and waits for its runner's connection. Keeps the run slot for the run's life.
 pub async fn start(
     state: &AppState,
     mut job: Job,
-    admission: Admission,
+    how: Exec,
     idle: Duration,
     slot: &Arc<tokio::sync::Mutex<Slot>>,
     generation: u64,
@@ -64,12 +78,28 @@ pub async fn start(
     let dir = runner::job_dir(state, &job.job_id);
     super::streams::job_folder(&dir).map_err(|e| format!("cannot create the job folder: {e}"))?;
     let path = runner::live_control_path(&dir);
-    let listener = tokio::net::UnixListener::bind(&path)
+    let listener = agentjail_engine::live::short_socket_path(&path)
+        .and_then(|(_dir, short)| tokio::net::UnixListener::bind(short))
         .map_err(|e| format!("cannot listen on the control socket: {e}"))?;
     let cancel = CancellationToken::new();
     job.cancel = Some(cancel.clone());
     let request_id = job.request_id.clone();
-    let mut run = tokio::spawn(runner::execute(state.clone(), job, Some(admission), None));
+    let mut run = match how {
+        Exec::Local(a) => tokio::spawn(runner::execute(state.clone(), job, Some(a), None)),
+        Exec::Leased {
+            queue,
+            fence,
+            claimed_at,
+            permit,
+        } => tokio::spawn(super::lease::execute_leased(
+            state.clone(),
+            queue,
+            job,
+            fence,
+            claimed_at,
+            Some(permit),
+        )),
+    };
     let accepted = tokio::select! {
         a = tokio::time::timeout(START_LIMIT, listener.accept()) => a,
         _ = &mut run => {
@@ -184,16 +214,30 @@ pub async fn end(live: Live, kill: bool) {
 /// How long a driver told to end (its channel closed) has to exit before it is killed.
 const QUIT_LIMIT: Duration = Duration::from_secs(5);
 
-/// Ends the session's live sandbox, if any (`DELETE`): the driver is told to end (it is
-/// between cells: the slot is held), then killed if it lingers; returns once its runner,
-/// which outlives the sandbox, has exited.
-pub async fn close(state: &AppState, session_id: &str) {
+/// Ends the session's live sandbox on this node, if any (`DELETE`): the driver is told to
+/// end (it is between cells: the slot is held), then killed if it lingers (`kill`: at once,
+/// without a checkpoint); returns once its runner, which outlives the sandbox, has exited.
+pub async fn close(state: &AppState, session_id: &str, kill: bool) {
     if let Some(slot) = state.inner.live.get(session_id) {
         let live = slot.lock().await.live.take();
         if let Some(l) = live {
-            end(l, false).await;
+            end(l, kill).await;
         }
         state.inner.live.forget(session_id);
+    }
+}
+
+/// Ends every live sandbox of this node as at its idle end (an executor's drain): each
+/// workspace is checkpointed, and each session's next cell starts a new sandbox wherever it
+/// is executed.
+pub async fn close_all(state: &AppState) {
+    for id in state.inner.live.ids() {
+        if let Some(slot) = state.inner.live.get(&id) {
+            let live = slot.lock().await.live.take();
+            if let Some(l) = live {
+                end(l, false).await;
+            }
+        }
     }
 }
 

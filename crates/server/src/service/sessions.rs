@@ -15,7 +15,7 @@ use utoipa::ToSchema;
 use super::auth::deny;
 use super::failure::Failure;
 use super::inputs::ts;
-use super::runs::{CALLER_GONE, RunView, new_run_row, view, wait_for};
+use super::runs::{CALLER_GONE, RunView, new_run_row, view, wait_for, wait_until};
 use crate::app::AppState;
 use crate::execution::checkpoints::{self, CellJob};
 use crate::execution::runner::{self, Admission, Job};
@@ -244,7 +244,7 @@ pub(super) async fn owned(
 }
 
 /// The session `id` as it stands (known to exist).
-async fn session_row(db: &Sessions, id: &str) -> Result<SessionRow, Failure> {
+pub(super) async fn session_row(db: &Sessions, id: &str) -> Result<SessionRow, Failure> {
     db.get_session(id).await?.ok_or(Failure::Internal)
 }
 
@@ -290,11 +290,6 @@ pub(crate) async fn open(
         Some(_) => return Err(deny(state, caller, ev, Refusal::NotASessionTask).await),
         None => return Err(deny(state, caller, ev, Refusal::UnknownTask).await),
     };
-    // Live sessions (`session.interpreter`) keep their sandbox on this node, SQLite only in
-    // this version (whatever store the other sessions may use).
-    if settings.interpreter.is_some() && state.store().sqlite().is_none() {
-        return Err(deny(state, caller, ev, Refusal::SessionsUnsupported).await);
-    }
     // The same checks as a run request's (the actor may use the task; the inputs are the
     // tenant's and fit the task), with an empty cell's code.
     admit(
@@ -447,6 +442,24 @@ pub(crate) async fn cell(
     wait: bool,
     cancel: Option<CancellationToken>,
 ) -> Result<CellView, Failure> {
+    loop {
+        let once = cell_once(state, caller, id, req.clone(), wait, cancel.clone()).await?;
+        if let Some(v) = once {
+            return Ok(v);
+        }
+    }
+}
+
+/// [`cell`] once; None: a live session's cell on the fleet waited for the turn of the one in
+/// progress, and asks again.
+async fn cell_once(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    req: CellRequest,
+    wait: bool,
+    cancel: Option<CancellationToken>,
+) -> Result<Option<CellView>, Failure> {
     let mut ev = caller.event("session_cell");
     ev.session_id = Some(id.to_owned());
     let db = db(state, caller, &ev).await?;
@@ -461,7 +474,9 @@ pub(crate) async fn cell(
         .get_cell_by_request(&s.session_id, &req.request_id)
         .await?;
     if let Some(c) = known {
-        return replay_cell(state, caller, c, &body_sha, ev, wait, cancel.as_ref()).await;
+        return replay_cell(state, caller, c, &body_sha, ev, wait, cancel.as_ref())
+            .await
+            .map(Some);
     }
     if s.closed_at.is_some() {
         return Err(deny(state, caller, ev, Refusal::SessionClosed).await);
@@ -509,9 +524,13 @@ pub(crate) async fn cell(
             }
         },
     };
-    // A live session's cells, its idle end and its close take turns on its slot.
+    // A live session's cells, its idle end and its close take turns on its slot: on this
+    // node, or on PostgreSQL on the executor that holds the session
+    // (crate::execution::live_fleet).
+    let fleet_live = settings.interpreter.is_some() && state.inner.queue.is_some();
     let live_slot = settings
         .interpreter
+        .filter(|_| !fleet_live)
         .map(|_| state.inner.live.slot(&s.session_id));
     let mut live_guard = match &live_slot {
         Some(sl) => Some(sl.clone().lock_owned().await),
@@ -526,6 +545,7 @@ pub(crate) async fn cell(
         max_mb: settings.max_mb,
         max_files: settings.max_files,
         interpreter: false,
+        live: fleet_live,
     };
     // The executor that claims the cell on PostgreSQL gets its place in the session from the
     // queued run's spec: the cell it reserves is `s.cells` from `s`'s head (or none at all).
@@ -575,7 +595,22 @@ pub(crate) async fn cell(
         ) => (cell, before, previous_receipt, run),
         (Begin::Exists(c), _) => {
             drop(admission);
-            return replay_cell(state, caller, *c, &body_sha, ev, wait, cancel.as_ref()).await;
+            return replay_cell(state, caller, *c, &body_sha, ev, wait, cancel.as_ref())
+                .await
+                .map(Some);
+        }
+        (Begin::Busy, _) if fleet_live => {
+            // Cells of a live session take turns: this one waits for the one in progress,
+            // then asks again (a concurrent request may have taken the next turn).
+            drop(admission);
+            drop(live_guard);
+            if wait_turn(state, &db, &s.session_id, cancel.as_ref()).await? {
+                return Ok(None);
+            }
+            let r = Refusal::CellInProgress {
+                cell: s.cells.saturating_sub(1),
+            };
+            return Err(deny(state, caller, ev, r).await);
         }
         (b, _) => {
             let r = match b {
@@ -611,7 +646,9 @@ pub(crate) async fn cell(
                 let _ = super::cancel::cancel(state, caller, &run.request_id).await;
             }
         }
-        return cell_record(state, &db, &s.session_id, cell, &caller.tenant).await;
+        return cell_record(state, &db, &s.session_id, cell, &caller.tenant)
+            .await
+            .map(Some);
     };
     if let (Some(slot), Some(guard)) = (&live_slot, live_guard.as_mut()) {
         let c = super::live_cells::LiveCell {
@@ -625,7 +662,9 @@ pub(crate) async fn cell(
             slot,
         };
         super::live_cells::execute(state, caller, admitted, admission, guard, c).await?;
-        return cell_record(state, &db, &s.session_id, cell, &caller.tenant).await;
+        return cell_record(state, &db, &s.session_id, cell, &caller.tenant)
+            .await
+            .map(Some);
     }
     let job = Job {
         tenant: caller.tenant.clone(),
@@ -655,8 +694,32 @@ pub(crate) async fn cell(
             }
         }
     }
-    cell_record(state, &db, &s.session_id, cell, &caller.tenant).await
+    cell_record(state, &db, &s.session_id, cell, &caller.tenant)
+        .await
+        .map(Some)
 }
+
+/// Waits until the last cell of session `sid` has ended (its turn is over): true; false when
+/// it did not end within [`TURN_WAIT`], or the wait was cancelled (`cancel`, or the HTTP
+/// caller left).
+async fn wait_turn(
+    state: &AppState,
+    db: &Sessions,
+    sid: &str,
+    cancel: Option<&CancellationToken>,
+) -> Result<bool, Failure> {
+    let s = session_row(db, sid).await?;
+    if s.cells == 0 {
+        return Ok(true);
+    }
+    let last = store::run_request_id(sid, s.cells - 1);
+    let r = wait_until(state, &s.tenant, &last, cancel, TURN_WAIT).await?;
+    Ok(r.status.is_terminal())
+}
+
+/// The longest a live session's cell waits for the one in progress before `409
+/// cell-in-progress`.
+const TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The cell `cell` of session `sid` with its run's record.
 async fn cell_record(
@@ -701,89 +764,4 @@ async fn replay_cell(
         run
     };
     Ok(cell_view(state, &c, &run))
-}
-
-/// Most cells on one page.
-const MAX_PAGE: u32 = 100;
-
-/// `GET /v1/sessions/{id}/cells?cursor=&limit=`: the cells in order, a page at a time.
-pub(crate) async fn list_cells(
-    state: &AppState,
-    caller: &Caller,
-    id: &str,
-    cursor: Option<&str>,
-    limit: Option<u32>,
-) -> Result<CellList, Failure> {
-    let mut ev = caller.event("session_read");
-    ev.session_id = Some(id.to_owned());
-    let db = db(state, caller, &ev).await?;
-    let s = owned(state, caller, &db, id, &ev).await?;
-    let after = match cursor {
-        None => None,
-        Some(c) => match c.parse::<u64>() {
-            Ok(n) => Some(n),
-            Err(_) => {
-                let r = Refusal::Malformed("`cursor` is not a cursor of this listing".into());
-                return Err(deny(state, caller, ev, r).await);
-            }
-        },
-    };
-    let limit = limit.unwrap_or(50);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        let r = Refusal::Malformed(format!("`limit` must be 1-{MAX_PAGE}"));
-        return Err(deny(state, caller, ev, r).await);
-    }
-    let rows = db.list_cells(&s.session_id, after, limit + 1).await?;
-    let more = rows.len() > limit as usize;
-    let mut cells = Vec::new();
-    for c in rows.iter().take(limit as usize) {
-        let run = run_of(state, &c.tenant, &c.run_request_id).await?;
-        cells.push(cell_view(state, c, &run));
-    }
-    let next_cursor = more
-        .then(|| cells.last().map(|c| c.cell.to_string()))
-        .flatten();
-    Ok(CellList { cells, next_cursor })
-}
-
-/// `DELETE /v1/sessions/{id}`: ends the session (idempotent); a cell still queued or running
-/// is cancelled through the runs' cancel path.
-pub(crate) async fn close(
-    state: &AppState,
-    caller: &Caller,
-    id: &str,
-) -> Result<SessionView, Failure> {
-    let mut ev = caller.event("session_close");
-    ev.session_id = Some(id.to_owned());
-    let db = db(state, caller, &ev).await?;
-    let s = owned(state, caller, &db, id, &ev).await?;
-    let closed = db.close_session(&s.session_id, now()).await?;
-    // A live session's sandbox is killed (its processes with it).
-    crate::execution::live::close(state, &s.session_id).await;
-    if closed {
-        metrics::counter!("agentjail_sessions_total", "event" => "session_close").increment(1);
-        state
-            .store()
-            .audit(Event {
-                event: "session_close",
-                decision: Some("allow"),
-                task: Some(s.task.clone()),
-                ..ev
-            })
-            .await;
-    }
-    // The session as closed: a cell that got in before the close counts (not the row read
-    // before it), and its execution, if not yet registered, sees the close and never starts.
-    let s = session_row(&db, &s.session_id).await?;
-    if s.cells > 0 {
-        let last = store::run_request_id(&s.session_id, s.cells - 1);
-        if let Ok(r) = run_of(state, &s.tenant, &last).await
-            && !r.status.is_terminal()
-        {
-            // Its end is recorded by its execution; the close stands whatever it says.
-            let _ = super::cancel::cancel(state, caller, &last).await;
-            return Ok(session_view(state, &session_row(&db, &s.session_id).await?));
-        }
-    }
-    Ok(session_view(state, &s))
 }

@@ -1329,6 +1329,11 @@ fn log_column(stdout: bool) -> &'static str {
 /// The column of a run's stored live denials (`execution::denials`).
 const DENIALS_COLUMN: &str = "denials_log";
 
+/// The interpreter run holding the live session of the queued cell `runs` (in a claim's
+/// subquery): in flight under an unexpired lease.
+const HELD: &str = "SELECT 1 FROM runs i WHERE i.interpreter_of = runs.live_cell_of
+    AND i.status IN ('queued', 'running') AND i.lease_expires_at > clock_timestamp()";
+
 /// What a cancel did ([`PgStore::cancel`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cancel {
@@ -1486,6 +1491,7 @@ impl PgStore {
                      WHERE (tenant, request_id) = (
                         SELECT tenant, request_id FROM runs
                         WHERE status = 'queued' AND owner IS NULL AND spec IS NOT NULL AND labels <@ $3
+                        AND (live_cell_of IS NULL OR NOT EXISTS ({HELD}))
                         ORDER BY created_at, job_id LIMIT 1 FOR UPDATE SKIP LOCKED)
                      AND status = 'queued' AND owner IS NULL
                      RETURNING {RUN_COLS}, spec, fence, job_expires_at - EXTRACT(EPOCH FROM clock_timestamp())::bigint"
@@ -1501,6 +1507,52 @@ impl PgStore {
             fence: r.get(23),
             job_left: r.get(24),
         }))
+    }
+
+    /// Claims the oldest queued cell of a live session whose interpreter this node holds
+    /// (its run in flight, owned here, under an unexpired lease): those cells go to this node
+    /// only, and need no run slot (the interpreter holds one). As [`PgStore::claim`] otherwise.
+    pub async fn claim_held(&self, lease: Duration) -> Result<Option<Claimed>, StoreError> {
+        let secs = lease.as_secs_f64();
+        let c = self.client().await?;
+        let row = c
+            .query_opt(
+                &format!(
+                    "UPDATE runs SET owner = $1, node_id = $1, fence = nextval('run_fence'),
+                        lease_expires_at = clock_timestamp() + make_interval(secs => $2)
+                     WHERE (tenant, request_id) = (
+                        SELECT tenant, request_id FROM runs
+                        WHERE status = 'queued' AND owner IS NULL AND spec IS NOT NULL
+                        AND live_cell_of IS NOT NULL AND EXISTS ({HELD} AND i.owner = $1)
+                        ORDER BY created_at, job_id LIMIT 1 FOR UPDATE SKIP LOCKED)
+                     AND status = 'queued' AND owner IS NULL
+                     RETURNING {RUN_COLS}, spec, fence, job_expires_at - EXTRACT(EPOCH FROM clock_timestamp())::bigint"
+                ),
+                &[&self.node, &secs],
+            )
+            .await
+            .map_err(pg_err)?;
+        let Some(r) = row else { return Ok(None) };
+        Ok(Some(Claimed {
+            run: run_from_row(&r)?,
+            spec: r.get(22),
+            fence: r.get(23),
+            job_left: r.get(24),
+        }))
+    }
+
+    /// Gives back the claim `fence` of the queued run `job_id` (not started): unclaimed, for
+    /// any executor.
+    pub async fn give_back(&self, job_id: &str, fence: i64) -> Result<(), StoreError> {
+        let c = self.client().await?;
+        c.execute(
+            "UPDATE runs SET owner = NULL, fence = NULL, lease_expires_at = NULL
+             WHERE job_id = $1 AND fence = $2 AND status = 'queued'",
+            &[&job_id, &fence],
+        )
+        .await
+        .map_err(pg_err)?;
+        Ok(())
     }
 
     /// Extends the lease of `job_id` held with `fence` to `clock_timestamp() + lease`; None:
@@ -1823,7 +1875,8 @@ impl PgStore {
             .query(
                 "UPDATE runs SET status = 'unknown', finished_at = $1,
                     reason = 'the lease of its executor (node ' || owner || ') expired while it ran: the executor stopped renewing it (it was stopped, killed or cut off). Its runner kills the sandbox when renewals stop reaching it, before the lease ends by the executor host''s boot clock, so no payload of this run is still running; whether it finished is unknown: reconcile it'
-                 WHERE status = 'running' AND owner IS NOT NULL AND lease_expires_at < clock_timestamp()
+                 WHERE (status = 'running' OR (status = 'queued' AND interpreter_of IS NOT NULL))
+                 AND owner IS NOT NULL AND lease_expires_at < clock_timestamp()
                  RETURNING tenant, request_id, task, job_id, owner",
                 &[&now],
             )
@@ -1833,7 +1886,8 @@ impl PgStore {
             .execute(
                 &format!(
                     "UPDATE runs SET owner = NULL, fence = NULL, lease_expires_at = NULL, job_id = {NEW_JOB_ID}
-                     WHERE status = 'queued' AND owner IS NOT NULL AND lease_expires_at < clock_timestamp()"
+                     WHERE status = 'queued' AND owner IS NOT NULL AND lease_expires_at < clock_timestamp()
+                     AND interpreter_of IS NULL"
                 ),
                 &[],
             )
@@ -1877,15 +1931,16 @@ impl PgStore {
         labels: &[String],
         draining: bool,
         first: bool,
+        facts: &str,
     ) -> Result<(), StoreError> {
         let (slots, labels) = (slots as i32, labels.to_vec());
         let c = self.client().await?;
         c.execute(
-            "INSERT INTO workers (node_id, slots, labels, draining) VALUES ($1, $2, $3, $4)
+            "INSERT INTO workers (node_id, slots, labels, draining, facts) VALUES ($1, $2, $3, $4, $6)
              ON CONFLICT (node_id) DO UPDATE
-             SET slots = $2, labels = $3, draining = $4, heartbeat_at = now(),
+             SET slots = $2, labels = $3, draining = $4, heartbeat_at = now(), facts = $6,
                  started_at = CASE WHEN $5 THEN now() ELSE workers.started_at END",
-            &[&self.node, &slots, &labels, &draining, &first],
+            &[&self.node, &slots, &labels, &draining, &first, &facts],
         )
         .await
         .map_err(pg_err)?;
@@ -1948,7 +2003,7 @@ impl PgStore {
                         w.heartbeat_at > now() - make_interval(secs => $1),
                         (SELECT count(*) FROM runs r WHERE r.owner = w.node_id
                             AND r.status IN ('queued', 'running')),
-                        w.draining
+                        w.draining, w.facts
                  FROM workers w ORDER BY w.node_id",
                 &[&live.as_secs_f64()],
             )
@@ -1977,6 +2032,9 @@ impl PgStore {
                 "live": r.get::<_, bool>(5),
                 "runs_held": r.get::<_, i64>(6),
                 "draining": r.get::<_, bool>(7),
+                // What the node published of itself (crate::node_facts): its word, shown as such.
+                "facts": r.get::<_, Option<String>>(8)
+                    .and_then(|f| serde_json::from_str::<serde_json::Value>(&f).ok()),
             })).collect::<Vec<_>>(),
             "leases": leases.iter().map(|r| serde_json::json!({
                 "tenant": r.get::<_, String>(0),

@@ -260,9 +260,13 @@ pub struct CellJob {
     pub max_files: u64,
     /// The run is a live session's resident interpreter (`execution::live`): its runner gets
     /// the control socket, and its end moves the session's head, not a cell's record. Never
-    /// on a queued run's spec (live sessions run on the node that holds them).
+    /// on a queued run's spec (the executor that holds the session starts it).
     #[serde(default)]
     pub interpreter: bool,
+    /// A live session's cell on the fleet's queue: executed in the session's resident
+    /// interpreter by the executor that holds it (crate::execution::live_fleet).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub live: bool,
 }
 
 /// How every session id starts (`ses_` and 32 hex digits); run request ids cannot.

@@ -305,7 +305,7 @@ async function runPage(tenant, id) {
       stream("stderr", v.stderr),
       h("h2", {}, "Receipt"),
       rc ? h("p", { id: "receipt-check", class: rc.verifies ? "status-ok" : "status-bad" },
-        rc.verifies ? "The receipt verifies with this node's key." : "The receipt does NOT verify: " + (rc.error || "")) : h("p", { class: "muted" }, "No receipt."),
+        rc.verifies ? "The receipt verifies with the key of " + (rc.signer || "this node") + "." : "The receipt does NOT verify: " + (rc.error || "")) : h("p", { class: "muted" }, "No receipt."),
       v.receipt ? h("details", {}, h("summary", {}, "The DSSE envelope"), h("pre", { tabindex: 0 }, JSON.stringify(v.receipt, null, 2))) : null,
     );
     if (v.status === "queued" || v.status === "running") {
@@ -439,15 +439,50 @@ async function fleetPage() {
 // ---------------------------------------------------------------------------------------------
 // Health
 
+// What `agentjail check` reports on a host: each item, whether a strict run works, the fixes.
+function isolation(c) {
+  if (!c) return h("p", { class: "muted" }, "Being read (`agentjail check` runs a strict sandbox just after start-up); reload in a moment.");
+  if (c.error) return h("p", { class: "status-bad" }, c.error);
+  return h("div", {},
+    h("p", { class: c.strict_run_ok ? "status-ok" : "status-bad" },
+      c.strict_run_ok ? "A strict run works on this host." : "A strict run is REFUSED on this host (runs need --allow-degraded)."),
+    table("The isolation facts `agentjail check` reports", [
+      ["Item", (i) => i.name], ["OK", (i) => h("span", { class: i.ok ? "status-ok" : "status-bad" }, i.ok ? "yes" : "NO")], ["Detail", (i) => i.detail],
+    ], c.items || []),
+    (c.fixes || []).length ? h("ul", {}, ...c.fixes.map((f) => h("li", {}, f))) : "");
+}
+
+function selftest(st) {
+  if (!st) return h("p", { class: "muted" }, "The start-up self-test did not run (server.selftest).");
+  return dl([["Result", st.passed ? "passed" : "FAILED"], ["Probes passed", st.probes_passed], ["Probes failed", st.probes_failed],
+    ["Probes skipped", st.probes_skipped], ["Failed probes", (st.failed_probes || []).join(", ") || "none"], ["Sandbox mode", st.sandbox_mode],
+    ["Mode", st.mode], ["Started", st.started_at],
+    ["Attestation", st.attestation_sha256 ? st.attestation_sha256 + " (DATA/private/selftest-attestation.json; `agentjail receipt verify` checks it)" : "none written"]]);
+}
+
 async function healthPage() {
   stop();
   const r = await api("/console/api/health");
-  const st = r.selftest;
+  const key = r.receipt_key || {};
+  const nodes = r.nodes ? [
+    h("h2", {}, "Every node (PostgreSQL)"),
+    h("p", { class: "muted" }, "What each node published of itself with its heartbeat: its word, as recorded in the shared database."),
+    table("Each node's host, receipt key and self-test", [
+      ["Node", (n) => n.node_id], ["Live", (n) => h("span", { class: n.live ? "status-ok" : "status-bad" }, n.live ? "yes" : "NO")],
+      ["Strict run", (n) => (n.facts && n.facts.check ? (n.facts.check.strict_run_ok ? "works" : "REFUSED") : "not read yet")],
+      ["Isolation", (n) => (n.facts && n.facts.check && n.facts.check.items ? n.facts.check.items.map((i) => (i.ok ? "" : "NOT ") + i.name).join(", ") : "")],
+      ["Self-test", (n) => (n.facts && n.facts.selftest ? (n.facts.selftest.passed ? "passed" : "FAILED") + ", " + n.facts.selftest.probes_passed + " passed" : "did not run")],
+      ["Attestation", (n) => (n.facts && n.facts.selftest && n.facts.selftest.attestation_sha256) || ""],
+      ["Receipt key id", (n) => (n.facts && n.facts.receipt_key && n.facts.receipt_key.keyid) || ""], ["Version", (n) => (n.facts && n.facts.version) || ""],
+    ], r.nodes)] : [];
   show(h("h1", {}, "Health"),
     dl([["Store", r.store], ["Store reachable", r.store_ok ? "yes" : "NO"], ["Runs in flight or queued", r.runs_in_flight_or_queued],
-      ["Run slots", r.slots], ["Version", r.version]]),
+      ["Run slots", r.slots], ["Version", r.version], ["Node", r.node || "this one (SQLite)"], ["Receipt key id", key.keyid || key.error || ""]]),
+    h("h2", {}, "Isolation on this host"),
+    isolation(r.isolation),
     h("h2", {}, "Self-test at start-up"),
-    st ? dl(Object.entries(st)) : h("p", { class: "muted" }, "The start-up self-test did not run (server.selftest)."));
+    selftest(r.selftest),
+    ...nodes);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -146,4 +146,14 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // 7: whether an executor is draining (SIGTERM: it claims no more and finishes the runs it
     // holds), written with its heartbeat, for the operator console's Fleet page.
     "ALTER TABLE workers ADD COLUMN draining BOOLEAN NOT NULL DEFAULT FALSE;",
+    // 8: live sessions on the fleet (crate::execution::live_fleet): a live session's cell names
+    // its session (`live_cell_of`: claimed only by the executor whose interpreter holds the
+    // session, or by any executor when none does), and the resident interpreter's own run
+    // names the session it holds (`interpreter_of`), under its lease like any run. And what
+    // each node publishes of itself with its heartbeat (`workers.facts`, crate::node_facts:
+    // its host's isolation facts, receipt key, self-test) for the console's Health page.
+    "ALTER TABLE runs ADD COLUMN live_cell_of TEXT;
+    ALTER TABLE runs ADD COLUMN interpreter_of TEXT;
+    CREATE INDEX runs_interpreter_of ON runs (interpreter_of) WHERE interpreter_of IS NOT NULL;
+    ALTER TABLE workers ADD COLUMN facts TEXT;",
 ];

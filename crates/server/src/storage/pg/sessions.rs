@@ -24,6 +24,20 @@ use crate::storage::sessions::{
 };
 use crate::storage::store::StoreError;
 
+/// What [`PgStore::insert_interpreter`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interpreter {
+    /// Recorded as claimed by this node: its fencing token, and the seconds left before its
+    /// job id expires (the database's clock).
+    Started { fence: i64, job_left: i64 },
+    /// Another interpreter of the session is in flight under an unexpired lease.
+    Held,
+    /// The session's head is not the one the caller restored (an interpreter's end moved it).
+    HeadMoved,
+    /// The session is closed or gone.
+    Closed,
+}
+
 const SESSION_COLS: &str = "session_id, tenant, actor, request_id, body_sha256, task, inputs, created_at, expires_at, closed_at, head_sha256, last_receipt_sha256, cells, forked_from, forked_cell, cells_before, keep_checkpoints";
 const CELL_COLS: &str = "session_id, cell, request_id, body_sha256, tenant, run_request_id, before_sha256, after_sha256, head_after, receipt_sha256, chain_after, created_at";
 
@@ -269,6 +283,7 @@ impl PgStore {
         let mut run = n.run;
         run.request_id = run_request_id(&n.session_id, cell);
         let mut spec = q.spec;
+        let live = spec.session.as_ref().is_some_and(|j| j.live);
         if let Some(j) = spec.session.as_mut() {
             j.cell = cell;
             j.restore = s.head_sha256.clone();
@@ -281,6 +296,15 @@ impl PgStore {
             return Err(StoreError::Database(
                 "a cell's run already exists for a cell not recorded".into(),
             ));
+        }
+        if live {
+            // Routed to the executor whose interpreter holds the session (PgStore::claim).
+            tx.execute(
+                "UPDATE runs SET live_cell_of = $3 WHERE tenant = $1 AND request_id = $2",
+                &[&run.tenant, &run.request_id, &n.session_id],
+            )
+            .await
+            .map_err(pg_err)?;
         }
         super::append_audit_in(&tx, &self.node, q.accepted).await?;
         tx.execute(
@@ -363,6 +387,94 @@ impl PgStore {
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
+    /// Records the resident interpreter run `row` of live session `session_id` as claimed by
+    /// this node (queued, owner this node, a new fencing token, the lease until the
+    /// database's `clock_timestamp() + lease`), with its `run_accepted` record, unless the
+    /// session is held already (another interpreter of it in flight under an unexpired
+    /// lease), ended, or its head is not `head` any more (the one the caller restored). The
+    /// earlier interpreters' rows are locked first, then the session's (the order of a fenced
+    /// end: its run, then the session), so an interpreter whose end is committing is waited
+    /// for, and its new head seen; two executors never both start one. Its spec is NULL: no
+    /// executor claims it from the queue. The fence and the seconds left before the job id
+    /// expires (the database's clock).
+    pub async fn insert_interpreter(
+        &self,
+        session_id: &str,
+        row: &RunRow,
+        lease: std::time::Duration,
+        accepted: &Event,
+        head: Option<&str>,
+    ) -> Result<Interpreter, StoreError> {
+        let mut c = self.client().await?;
+        let tx = read_committed(&mut c).await?;
+        let held = tx
+            .query(
+                "SELECT lease_expires_at > clock_timestamp() FROM runs
+                 WHERE interpreter_of = $1 AND status IN ('queued', 'running') FOR UPDATE",
+                &[&session_id],
+            )
+            .await
+            .map_err(pg_err)?;
+        if held
+            .iter()
+            .any(|r| r.get::<_, Option<bool>>(0) == Some(true))
+        {
+            return Ok(Interpreter::Held);
+        }
+        let s = tx
+            .query_opt(
+                "SELECT closed_at IS NULL, head_sha256 FROM sessions WHERE session_id = $1 FOR UPDATE",
+                &[&session_id],
+            )
+            .await
+            .map_err(pg_err)?;
+        match s {
+            Some(r) if r.get::<_, bool>(0) => {
+                if r.get::<_, Option<String>>(1).as_deref() != head {
+                    return Ok(Interpreter::HeadMoved);
+                }
+            }
+            _ => return Ok(Interpreter::Closed),
+        }
+        if self.insert_queued(&tx, row, "", &[]).await? != 1 {
+            return Err(StoreError::Database(
+                "an interpreter's run id was taken".into(),
+            ));
+        }
+        let secs = lease.as_secs_f64();
+        let r = tx
+            .query_one(
+                "UPDATE runs SET spec = NULL, interpreter_of = $3, owner = $4, node_id = $4, fence = nextval('run_fence'),
+                    lease_expires_at = clock_timestamp() + make_interval(secs => $5)
+                 WHERE tenant = $1 AND request_id = $2
+                 RETURNING fence, job_expires_at - EXTRACT(EPOCH FROM clock_timestamp())::bigint",
+                &[&row.tenant, &row.request_id, &session_id, &self.node, &secs],
+            )
+            .await
+            .map_err(pg_err)?;
+        super::append_audit_in(&tx, &self.node, accepted).await?;
+        tx.commit().await.map_err(pg_err)?;
+        Ok(Interpreter::Started {
+            fence: r.get(0),
+            job_left: r.get(1),
+        })
+    }
+
+    /// Asks the executor holding live session `session_id`'s interpreter to end it (read by
+    /// its lease renewal, as a run's cancel); whether one was in flight.
+    pub async fn end_interpreter(&self, session_id: &str) -> Result<bool, StoreError> {
+        let c = self.client().await?;
+        let n = c
+            .execute(
+                "UPDATE runs SET cancel_requested = TRUE
+                 WHERE interpreter_of = $1 AND status IN ('queued', 'running')",
+                &[&session_id],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(n > 0)
+    }
+
     /// In the fenced end of a cell's run (after its run's row was updated): the checkpoint's
     /// bytes (stored unless present; a row whose bytes no longer hash to its name is repaired),
     /// the session's new head and receipt, and the cell's record.
@@ -390,6 +502,10 @@ impl PgStore {
         )
         .await
         .map_err(pg_err)?;
+        if end.interpreter {
+            // A live session's interpreter: its cells were recorded as they answered.
+            return Ok(());
+        }
         tx.execute(
             "UPDATE session_cells SET after_sha256 = $3, receipt_sha256 = $4,
                 head_after = (SELECT head_sha256 FROM sessions WHERE session_id = $1),
