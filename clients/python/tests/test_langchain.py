@@ -3,7 +3,7 @@ service, with no model key and no network: a scripted chat model (langchain-core
 ``FakeMessagesListChatModel``) answers with a fixed sequence of tool calls, LangGraph's
 ``ToolNode`` runs them through ``AgentjailCodeTool``, each as one cell of one session.
 
-Sessions need the SQLite store (on the PostgreSQL pass the tool must fail typed). Under CI
+Sessions work on either store (SQLite or PostgreSQL). Under CI
 (``CI`` set) langchain-core and langgraph must be importable (``.ci/run`` pins them);
 elsewhere, without them, this module is skipped (crates/cli/tests/client_python.rs leaves it
 out and says so).

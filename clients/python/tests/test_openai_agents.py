@@ -3,7 +3,7 @@ with no model key and no network: a scripted ``Model`` of the SDK's interface an
 tool calls, reading the tool outputs it got back, and ``Runner`` runs them through
 ``AgentjailPython.tool``, each as one cell of one session.
 
-Sessions need the SQLite store (on the PostgreSQL pass the tool must fail typed). Under CI
+Sessions work on either store (SQLite or PostgreSQL). Under CI
 (``CI`` set) openai-agents must be importable (``.ci/run`` pins it); elsewhere, without it,
 this module is skipped (crates/cli/tests/client_python.rs leaves it out and says so).
 """

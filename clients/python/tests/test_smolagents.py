@@ -192,12 +192,8 @@ final_answer({'top_row_region': best['region'], 'tick': next(counter)})
 def test_a_code_agent_keeps_its_objects_in_a_live_session_without_pickling(
     client: agentjail.Client, example: Path
 ) -> None:
+    # On either store: on PostgreSQL the session's interpreter is held by one executor.
     data = client.upload(example / "report.csv", name="report.csv")
-    if os.environ.get("AGENTJAIL_STORE") == "postgres":
-        # Live sessions are held by one node and need the SQLite store in this version.
-        with pytest.raises(agentjail.SessionsUnsupported):
-            AgentjailExecutor(task="agent_live", inputs=[data])
-        return
     executor = AgentjailExecutor(task="agent_live", inputs=[data], timeout=120)
     assert executor.live
     model = ScriptedModel([LIVE_STEP_1, LIVE_STEP_2, LIVE_STEP_3])

@@ -101,7 +101,7 @@ export class RateLimited extends APIError {
   /** The `Retry-After` header in seconds (undefined when absent). */
   get retryAfter(): number | undefined { return retryAfterOf(this.headers); }
 }
-/** 501 `sessions-unsupported`: live sessions (a resident interpreter) need the SQLite store. */
+/** 501 `sessions-unsupported`: the service's store keeps no sessions (older servers). */
 export class SessionsUnsupported extends APIError { override name = "SessionsUnsupported"; }
 /** 503: the service (its database) cannot be reached right now; retry after `retryAfter`. */
 export class Unavailable extends APIError {

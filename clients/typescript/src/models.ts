@@ -1880,7 +1880,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Live sessions (a task with a resident interpreter) need the SQLite store in this version */
+            /** @description The service's store keeps no sessions (not answered by this version: SQLite and PostgreSQL both do) */
             501: {
                 headers: {
                     [name: string]: unknown;
@@ -1961,7 +1961,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Live sessions (a task with a resident interpreter) need the SQLite store in this version */
+            /** @description The service's store keeps no sessions (not answered by this version: SQLite and PostgreSQL both do) */
             501: {
                 headers: {
                     [name: string]: unknown;
@@ -2042,7 +2042,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Live sessions (a task with a resident interpreter) need the SQLite store in this version */
+            /** @description The service's store keeps no sessions (not answered by this version: SQLite and PostgreSQL both do) */
             501: {
                 headers: {
                     [name: string]: unknown;
@@ -2128,7 +2128,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Live sessions (a task with a resident interpreter) need the SQLite store in this version */
+            /** @description The service's store keeps no sessions (not answered by this version: SQLite and PostgreSQL both do) */
             501: {
                 headers: {
                     [name: string]: unknown;
@@ -2292,7 +2292,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Live sessions (a task with a resident interpreter) need the SQLite store in this version */
+            /** @description The service's store keeps no sessions (not answered by this version: SQLite and PostgreSQL both do) */
             501: {
                 headers: {
                     [name: string]: unknown;
@@ -2431,7 +2431,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Live sessions (a task with a resident interpreter) need the SQLite store in this version */
+            /** @description The service's store keeps no sessions (not answered by this version: SQLite and PostgreSQL both do) */
             501: {
                 headers: {
                     [name: string]: unknown;

@@ -442,14 +442,19 @@ fn the_runs_events_of_one_replica_tell_of_runs_on_another() {
             .unwrap()
     };
     let run = get("/console/api/runs/acme/on-b");
-    assert_eq!(run["receipt_check"]["verifies"], true, "{run}");
-    assert!(
-        run["receipt_check"]["signer"]
-            .as_str()
-            .unwrap_or("")
-            .contains("node-b"),
+    let rc = &run["receipt_check"];
+    assert_eq!(
+        (&rc["verifies"], &rc["trust"], &rc["signer_node"]),
+        (&json!(true), &json!("database"), &json!("node-b")),
         "{run}"
     );
+    // A second node publishing B's key id: no key is taken (the database's word is split).
+    pg.psql(
+        "INSERT INTO workers (node_id, slots, labels, facts) SELECT 'copycat', 0, '{}', facts FROM workers WHERE node_id = 'node-b'",
+    );
+    let run = get("/console/api/runs/acme/on-b");
+    assert_eq!(run["receipt_check"]["verifies"], false, "{run}");
+    pg.psql("DELETE FROM workers WHERE node_id = 'copycat'");
     // A receipt whose signature was changed verifies with no node's key.
     pg.psql(
         "UPDATE runs SET receipt = regexp_replace(receipt, '\"sig\": *\"[^\"]*\"', '\"sig\":\"' || repeat('A', 86) || '==\"') WHERE request_id = 'on-b'",

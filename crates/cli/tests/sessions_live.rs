@@ -376,6 +376,10 @@ fn delete_leaves_no_process_and_idle_ends_with_a_checkpoint() {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     assert!(head().as_str().is_some(), "the idle end left no checkpoint");
+    // The interpreter's run ended cleanly (before: `output_rejected`, for the task's output
+    // file an interpreter never writes).
+    let run = e.api.status_of(ALICE, &format!("{sid}-live-0"));
+    assert_eq!(run["status"], "ok", "{run}");
     let b = cell(
         &e.api,
         ALICE,
@@ -525,9 +529,9 @@ fn on_the_fleet_a_live_session_stays_on_its_worker_and_restarts_once_when_that_i
     );
     // Idle (5 s): the interpreter ends and its workspace becomes the session's head.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    // (It ends as a run of the task would without its output file: what counts is its
-    // checkpoint, the session's new head.)
-    let ended = |v: &[String]| v.len() == 1 && !v[0].ends_with(":running");
+    // (A clean end: `ok`, not `output_rejected` for the task's output file, which an
+    // interpreter never writes.)
+    let ended = |v: &[String]| v == [format!("{first}:ok")];
     while !ended(&interpreters(pg, &sid)) {
         assert!(
             std::time::Instant::now() < deadline,

@@ -203,7 +203,7 @@ pub enum Refusal {
     /// A fork from a cell whose checkpoint is no longer kept (not one of the session's most
     /// recent `keep` cells).
     CheckpointGone { cell: u64, keep: u64 },
-    /// Sessions need the SQLite store in this version.
+    /// The service's store keeps no sessions (not answered by this version: both stores do).
     SessionsUnsupported,
 }
 
@@ -355,7 +355,7 @@ impl Refusal {
             CheckpointGone { cell, keep } => format!(
                 "cell {cell}'s checkpoint is no longer kept (a session keeps those of its {keep} most recent cells); fork from a later cell"
             ),
-            SessionsUnsupported => "live sessions (a task whose session has an interpreter) need the SQLite store in this version; this service uses PostgreSQL (sessions without one work on either store)".into(),
+            SessionsUnsupported => "this service's store keeps no sessions".into(),
         }
     }
 

@@ -38,6 +38,36 @@ pub struct SelftestStatus {
 
 static STATUS: OnceLock<SelftestStatus> = OnceLock::new();
 
+/// The file this process's self-test signed its attestation into, until published.
+static SIGNED: OnceLock<std::path::PathBuf> = OnceLock::new();
+
+/// Makes this process's self-test attestation the node's
+/// (`DATA/private/selftest-attestation.json`), once the process holds the data directory;
+/// an earlier start's is removed when this one has none, and so are the files of starts
+/// that never got the directory.
+pub(crate) fn publish_attestation(data_dir: &Path) {
+    let private = data_dir.join("private");
+    let node = private.join("selftest-attestation.json");
+    match SIGNED.get() {
+        Some(mine) => {
+            if let Err(e) = std::fs::rename(mine, &node) {
+                tracing::warn!(error = %e, "keeping the self-test's attestation failed");
+            }
+        }
+        None => {
+            let _ = std::fs::remove_file(&node);
+        }
+    }
+    if let Ok(rd) = std::fs::read_dir(&private) {
+        for e in rd.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if n.starts_with("selftest-attestation.") && n != "selftest-attestation.json" {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
 /// The result of the start-up self-test, if one ran.
 pub fn status() -> Option<SelftestStatus> {
     STATUS.get().cloned()
@@ -59,26 +89,33 @@ pub(crate) fn at_startup(
         "agentjail serve: running `{} selftest` (server.selftest = \"{word}\") …",
         runner.display()
     );
+    // Signed to a file of this process, made the node's attestation (`publish_attestation`)
+    // only once this process holds the data directory: a second `serve` on a directory in
+    // use never replaces the running node's.
     let private = data_dir.join("private");
-    let attestation = private.join("selftest-attestation.json");
-    // A stale one from an earlier start must not pass for this one's.
-    let _ = std::fs::remove_file(&attestation);
+    let attestation = private.join(format!("selftest-attestation.{}.json", std::process::id()));
     let out = Command::new(runner)
         .args(["selftest", "--json", "--tier", "native", "--receipt"])
         .arg(&attestation)
         .arg("--key")
         .arg(private.join("receipt-key.pem"))
         .stdin(Stdio::null())
-        .stderr(Stdio::null())
         .output();
     let parsed = out
         .map_err(|e| format!("cannot run {}: {e}", runner.display()))
         .and_then(|o| {
             serde_json::from_slice::<serde_json::Value>(&o.stdout).map_err(|_| {
+                let said = String::from_utf8_lossy(&o.stderr);
+                let last = said
+                    .lines()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or("");
                 format!(
-                    "{} selftest printed no result (exit {:?})",
+                    "{} selftest printed no result (exit {:?}): {}",
                     runner.display(),
-                    o.status.code()
+                    o.status.code(),
+                    last.chars().take(300).collect::<String>()
                 )
             })
         });
@@ -118,6 +155,9 @@ pub(crate) fn at_startup(
             .ok()
             .map(|b| format!("sha256:{}", crate::config::sha256_hex(&b))),
     };
+    if st.attestation_sha256.is_some() {
+        let _ = SIGNED.set(attestation);
+    }
     let line = format!(
         "self-test: {} passed, {} failed, {} skipped{}",
         st.probes_passed,

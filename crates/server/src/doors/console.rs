@@ -385,41 +385,57 @@ async fn runs_events(State(state): State<AppState>) -> Result<Response, ApiError
         .into_response())
 }
 
-/// Whether a receipt verifies: with this node's key, or on PostgreSQL with the key another
-/// node recorded for itself in the database (`signer`: that node; the page says the key is
-/// the database's word).
+/// Whether a receipt verifies: with this node's key (`trust: "this node"`), or on PostgreSQL
+/// with the key that the one node publishing the envelope's key id recorded in the shared
+/// database (`trust: "database"`, `signer_node`: the database's word, not a key this node
+/// holds: a writer of the database could have put both there). `verifies` null: it could not
+/// be checked.
 async fn receipt_check(state: &AppState, env: &str) -> Value {
     use agentjail_verify::receipt::{ReceiptKey, parse_public_key_pem, verify_with_key};
     let key = state.inner.data_dir.join("private").join("receipt-key.pem");
     let own = match ReceiptKey::load(&key) {
         Ok(k) => verify_with_key(env.as_bytes(), &k.verifying_key(), &[]),
-        Err(e) => return json!({"verifies": false, "error": format!("this node's key: {e}")}),
+        Err(e) => return json!({"verifies": null, "error": format!("this node's key: {e}")}),
     };
     let error = match own {
-        Ok(_) => return json!({"verifies": true, "signer": "this node"}),
+        Ok(_) => return json!({"verifies": true, "trust": "this node"}),
         Err(e) => e.to_string(),
     };
     let Some(q) = &state.inner.queue else {
         return json!({"verifies": false, "error": error});
     };
-    let nodes = q
-        .fleet(std::time::Duration::from_secs(0))
-        .await
-        .unwrap_or(Value::Null);
-    for w in nodes["workers"].as_array().into_iter().flatten() {
-        let Some(pem) = w["facts"]["receipt_key"]["public_key_pem"].as_str() else {
-            continue;
-        };
-        if let Ok(k) = parse_public_key_pem(pem)
-            && verify_with_key(env.as_bytes(), &k, &[]).is_ok()
-        {
-            return json!({
-                "verifies": true,
-                "signer": format!("node {} (its key as recorded in the database)", w["node_id"].as_str().unwrap_or("?")),
-            });
+    // The key id the envelope names (a hint only: the signature decides).
+    let keyid = serde_json::from_str::<Value>(env).ok().and_then(|v| {
+        v["signatures"][0]["keyid"]
+            .as_str()
+            .filter(|k| k.len() == 64 && k.bytes().all(|b| b.is_ascii_hexdigit()))
+            .map(str::to_owned)
+    });
+    let Some(keyid) = keyid else {
+        return json!({"verifies": false, "error": error});
+    };
+    let nodes = match q.receipt_keys(&keyid).await {
+        Ok(n) => n,
+        Err(e) => {
+            return json!({"verifies": null, "error": format!("{error}; the other nodes' keys could not be read: {e}")});
+        }
+    };
+    match nodes.as_slice() {
+        [] => {
+            json!({"verifies": false, "error": format!("{error}; no node published key {keyid}")})
+        }
+        [(node, pem)] => {
+            match parse_public_key_pem(pem).and_then(|k| verify_with_key(env.as_bytes(), &k, &[])) {
+                Ok(_) => json!({"verifies": true, "trust": "database", "signer_node": node}),
+                Err(e) => {
+                    json!({"verifies": false, "error": format!("{error}; nor with the key node {node:?} published: {e}")})
+                }
+            }
+        }
+        more => {
+            json!({"verifies": false, "error": format!("{error}; {} nodes published key {keyid}: none is taken", more.len())})
         }
     }
-    json!({"verifies": false, "error": format!("{error}; nor with any other node's recorded key")})
 }
 
 /// One run as the console shows it: the API's record, and whether its receipt verifies with

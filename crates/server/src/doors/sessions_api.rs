@@ -84,7 +84,7 @@ fn session_response(v: SessionView, created: bool) -> Response {
         (status = 404, description = "Unknown task, or an input id that is missing or not the tenant's", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The request_id was used with a different body (or by another actor)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Inputs do not match the task", body = Problem, content_type = "application/problem+json"),
-        (status = 501, description = "Live sessions (a task with a resident interpreter) need the SQLite store in this version", body = Problem, content_type = "application/problem+json"),
+        (status = 501, description = "The service's store keeps no sessions (not answered by this version: SQLite and PostgreSQL both do)", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -107,7 +107,7 @@ async fn open_session(
     responses(
         (status = 200, description = "The session", body = SessionView),
         (status = 404, description = "No such session of the caller's", body = Problem, content_type = "application/problem+json"),
-        (status = 501, description = "Live sessions (a task with a resident interpreter) need the SQLite store in this version", body = Problem, content_type = "application/problem+json"),
+        (status = 501, description = "The service's store keeps no sessions (not answered by this version: SQLite and PostgreSQL both do)", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -129,7 +129,7 @@ async fn get_session(
     responses(
         (status = 200, description = "Ended (now or before)", body = SessionView),
         (status = 404, description = "No such session of the caller's", body = Problem, content_type = "application/problem+json"),
-        (status = 501, description = "Live sessions (a task with a resident interpreter) need the SQLite store in this version", body = Problem, content_type = "application/problem+json"),
+        (status = 501, description = "The service's store keeps no sessions (not answered by this version: SQLite and PostgreSQL both do)", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -173,7 +173,7 @@ fn cell_response(v: CellView) -> Response {
         (status = 409, description = "A cell is still queued or running (`cell-in-progress`), the session was ended (`session-closed`) or expired (`session-expired`), ran its cells (`session-cell-limit`), its checkpoint no longer matches its stored bytes (`checkpoint-invalid`), or the request_id was used with other code", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Inputs no longer match the task", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Run slots and queue are full; see Retry-After", body = Problem, content_type = "application/problem+json"),
-        (status = 501, description = "Live sessions (a task with a resident interpreter) need the SQLite store in this version", body = Problem, content_type = "application/problem+json"),
+        (status = 501, description = "The service's store keeps no sessions (not answered by this version: SQLite and PostgreSQL both do)", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -228,7 +228,7 @@ pub struct CellsQuery {
         (status = 200, description = "One page of cells", body = CellList),
         (status = 400, description = "A cursor or limit that is not valid", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such session of the caller's", body = Problem, content_type = "application/problem+json"),
-        (status = 501, description = "Live sessions (a task with a resident interpreter) need the SQLite store in this version", body = Problem, content_type = "application/problem+json"),
+        (status = 501, description = "The service's store keeps no sessions (not answered by this version: SQLite and PostgreSQL both do)", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -267,7 +267,7 @@ async fn list_cells(
         (status = 404, description = "No such session of the caller's, or no such cell in it", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The cell is still running (`cell-in-progress`), the session was ended (`session-closed`) or expired (`session-expired`), or the request_id was used with a different body", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "The cell's checkpoint is no longer kept: only the session's most recent `session.keep_checkpoints` cells keep theirs (`checkpoint-gone`)", body = Problem, content_type = "application/problem+json"),
-        (status = 501, description = "Live sessions (a task with a resident interpreter) need the SQLite store in this version", body = Problem, content_type = "application/problem+json"),
+        (status = 501, description = "The service's store keeps no sessions (not answered by this version: SQLite and PostgreSQL both do)", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]

@@ -344,8 +344,13 @@ pub fn build_manifest(state: &AppState, task: &Task, job: &Job) -> Manifest {
         super::checkpoints::apply(&mut m, &state.inner.data_dir, cell);
         // A live session's interpreter lives until its session's idle end or close, at most
         // the session's lifetime and a day; each cell has the task's limit ([`super::live`]).
+        // It produces no output file of its own (its cells answer over the control channel,
+        // their streams recorded as each cell's): its run is `ok` when the driver exits
+        // cleanly, not `output_rejected` for the task's output it never writes.
         if cell.interpreter {
             m.limits.seconds = run_seconds(task, job);
+            m.output = None;
+            m.output_schema = None;
         }
     }
     m
@@ -1050,7 +1055,9 @@ fn collect(task: &Task, job: &Job, ended: Ended, results: Results) -> Outcome {
     let mut status = RunState::from_report(report.status);
     let mut reason = None;
     let mut artifact = None;
-    if report.status == Status::Ok {
+    // A live session's interpreter writes no artifact (its manifest asks for none).
+    let interpreter = job.session.as_ref().is_some_and(|c| c.interpreter);
+    if report.status == Status::Ok && !interpreter {
         // The artifact must be the file the report lists (its digest), as a check of the
         // channel: only the runner writes to the lifeline.
         let rel = task.output.path.trim_start_matches("/output/");

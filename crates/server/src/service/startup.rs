@@ -80,6 +80,7 @@ impl AppState {
         agentjail_verify::receipt::ReceiptKey::load_or_create(&private.join("receipt-key.pem"))
             .map_err(|e| ServerError::Io(format!("receipt key: {e}")))?;
         crate::node_facts::load_key(&data_dir);
+        crate::selftest::publish_attestation(&data_dir);
         let concurrency = slots
             .or(config.server.max_concurrent_runs)
             .unwrap_or_else(|| {

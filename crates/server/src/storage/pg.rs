@@ -1369,6 +1369,20 @@ pub struct Claimed {
     pub job_left: i64,
 }
 
+/// The most of a node's published facts (`workers.facts`, crate::node_facts) a reader takes:
+/// a node's own are a few KiB.
+pub const FACTS_LIMIT: usize = 64 * 1024;
+
+/// A claim's row (`RETURNING {RUN_COLS}, spec, fence, job_expires_at - now`).
+fn claimed_from(r: &Row) -> Result<Claimed, StoreError> {
+    Ok(Claimed {
+        run: run_from_row(r)?,
+        spec: r.get(22),
+        fence: r.get(23),
+        job_left: r.get(24),
+    })
+}
+
 /// A run whose lease expired while it ran (now `unknown`).
 #[derive(Debug, Clone)]
 pub struct Expired {
@@ -1500,13 +1514,7 @@ impl PgStore {
             )
             .await
             .map_err(pg_err)?;
-        let Some(r) = row else { return Ok(None) };
-        Ok(Some(Claimed {
-            run: run_from_row(&r)?,
-            spec: r.get(22),
-            fence: r.get(23),
-            job_left: r.get(24),
-        }))
+        row.as_ref().map(claimed_from).transpose()
     }
 
     /// Claims the oldest queued cell of a live session whose interpreter this node holds
@@ -1532,13 +1540,7 @@ impl PgStore {
             )
             .await
             .map_err(pg_err)?;
-        let Some(r) = row else { return Ok(None) };
-        Ok(Some(Claimed {
-            run: run_from_row(&r)?,
-            spec: r.get(22),
-            fence: r.get(23),
-            job_left: r.get(24),
-        }))
+        row.as_ref().map(claimed_from).transpose()
     }
 
     /// Gives back the claim `fence` of the queued run `job_id` (not started): unclaimed, for
@@ -2034,6 +2036,7 @@ impl PgStore {
                 "draining": r.get::<_, bool>(7),
                 // What the node published of itself (crate::node_facts): its word, shown as such.
                 "facts": r.get::<_, Option<String>>(8)
+                    .filter(|f| f.len() <= FACTS_LIMIT)
                     .and_then(|f| serde_json::from_str::<serde_json::Value>(&f).ok()),
             })).collect::<Vec<_>>(),
             "leases": leases.iter().map(|r| serde_json::json!({
@@ -2045,6 +2048,33 @@ impl PgStore {
                 "lease_expires_at": ts(r.get(5)),
             })).collect::<Vec<_>>(),
         }))
+    }
+
+    /// The nodes that published receipt key `keyid` with their facts (crate::node_facts):
+    /// each node id with the public key's PEM, as each recorded it.
+    pub async fn receipt_keys(&self, keyid: &str) -> Result<Vec<(String, String)>, StoreError> {
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT node_id, facts FROM workers WHERE strpos(facts, $1) > 0",
+                &[&keyid],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                let facts: String = r.get(1);
+                if facts.len() > FACTS_LIMIT {
+                    return None;
+                }
+                let v: serde_json::Value = serde_json::from_str(&facts).ok()?;
+                let k = &v["receipt_key"];
+                (k["keyid"].as_str() == Some(keyid))
+                    .then(|| Some((r.get(0), k["public_key_pem"].as_str()?.to_owned())))
+                    .flatten()
+            })
+            .collect())
     }
 
     /// The cluster's gauges; a worker is live when its heartbeat is younger than `live`.

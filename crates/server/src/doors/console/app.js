@@ -267,6 +267,20 @@ function reconcileActions(tenant, id, retryPossible, after) {
   return box;
 }
 
+// Whether the run's receipt verifies, and with whose key (another node's is the database's word).
+function receiptCheck(rc) {
+  if (rc.verifies === true && rc.trust === "this node") {
+    return h("p", { id: "receipt-check", class: "status-ok" }, "The receipt verifies with this node's key.");
+  }
+  if (rc.verifies === true) {
+    return h("p", { id: "receipt-check", class: "status-warn" },
+      "The receipt's signature matches the key that node ", h("code", {}, String(rc.signer_node)),
+      " published in the shared database: the database's word, not a key this node holds. Verify it offline with a key you trust.");
+  }
+  if (rc.verifies === null) return h("p", { id: "receipt-check", class: "status-warn" }, "The receipt could not be checked: " + (rc.error || ""));
+  return h("p", { id: "receipt-check", class: "status-bad" }, "The receipt does NOT verify: " + (rc.error || ""));
+}
+
 async function runPage(tenant, id) {
   stop();
   const load = async () => {
@@ -304,8 +318,7 @@ async function runPage(tenant, id) {
       stream("stdout", v.stdout),
       stream("stderr", v.stderr),
       h("h2", {}, "Receipt"),
-      rc ? h("p", { id: "receipt-check", class: rc.verifies ? "status-ok" : "status-bad" },
-        rc.verifies ? "The receipt verifies with the key of " + (rc.signer || "this node") + "." : "The receipt does NOT verify: " + (rc.error || "")) : h("p", { class: "muted" }, "No receipt."),
+      rc ? receiptCheck(rc) : h("p", { class: "muted" }, "No receipt."),
       v.receipt ? h("details", {}, h("summary", {}, "The DSSE envelope"), h("pre", { tabindex: 0 }, JSON.stringify(v.receipt, null, 2))) : null,
     );
     if (v.status === "queued" || v.status === "running") {
@@ -440,16 +453,18 @@ async function fleetPage() {
 // Health
 
 // What `agentjail check` reports on a host: each item, whether a strict run works, the fixes.
+const list = (v) => (Array.isArray(v) ? v.filter((x) => x && typeof x === "object") : []);
+
 function isolation(c) {
-  if (!c) return h("p", { class: "muted" }, "Being read (`agentjail check` runs a strict sandbox just after start-up); reload in a moment.");
-  if (c.error) return h("p", { class: "status-bad" }, c.error);
+  if (!c || typeof c !== "object") return h("p", { class: "muted" }, "Being read (`agentjail check` runs a strict sandbox just after start-up); reload in a moment.");
+  if (c.error) return h("p", { class: "status-bad" }, String(c.error));
   return h("div", {},
     h("p", { class: c.strict_run_ok ? "status-ok" : "status-bad" },
       c.strict_run_ok ? "A strict run works on this host." : "A strict run is REFUSED on this host (runs need --allow-degraded)."),
     table("The isolation facts `agentjail check` reports", [
       ["Item", (i) => i.name], ["OK", (i) => h("span", { class: i.ok ? "status-ok" : "status-bad" }, i.ok ? "yes" : "NO")], ["Detail", (i) => i.detail],
-    ], c.items || []),
-    (c.fixes || []).length ? h("ul", {}, ...c.fixes.map((f) => h("li", {}, f))) : "");
+    ], list(c.items)),
+    Array.isArray(c.fixes) && c.fixes.length ? h("ul", {}, ...c.fixes.map((f) => h("li", {}, String(f)))) : "");
 }
 
 function selftest(st) {
@@ -464,17 +479,20 @@ async function healthPage() {
   stop();
   const r = await api("/console/api/health");
   const key = r.receipt_key || {};
-  const nodes = r.nodes ? [
+  // What another node published is its word: read defensively.
+  const facts = (n) => (n.facts && typeof n.facts === "object" ? n.facts : {});
+  const strict = (f) => (f.check && typeof f.check === "object" ? (f.check.error ? "not read: " + f.check.error : f.check.strict_run_ok ? "works" : "REFUSED") : "not read yet");
+  const nodes = Array.isArray(r.nodes) ? [
     h("h2", {}, "Every node (PostgreSQL)"),
     h("p", { class: "muted" }, "What each node published of itself with its heartbeat: its word, as recorded in the shared database."),
     table("Each node's host, receipt key and self-test", [
       ["Node", (n) => n.node_id], ["Live", (n) => h("span", { class: n.live ? "status-ok" : "status-bad" }, n.live ? "yes" : "NO")],
-      ["Strict run", (n) => (n.facts && n.facts.check ? (n.facts.check.strict_run_ok ? "works" : "REFUSED") : "not read yet")],
-      ["Isolation", (n) => (n.facts && n.facts.check && n.facts.check.items ? n.facts.check.items.map((i) => (i.ok ? "" : "NOT ") + i.name).join(", ") : "")],
-      ["Self-test", (n) => (n.facts && n.facts.selftest ? (n.facts.selftest.passed ? "passed" : "FAILED") + ", " + n.facts.selftest.probes_passed + " passed" : "did not run")],
-      ["Attestation", (n) => (n.facts && n.facts.selftest && n.facts.selftest.attestation_sha256) || ""],
-      ["Receipt key id", (n) => (n.facts && n.facts.receipt_key && n.facts.receipt_key.keyid) || ""], ["Version", (n) => (n.facts && n.facts.version) || ""],
-    ], r.nodes)] : [];
+      ["Strict run", (n) => strict(facts(n))],
+      ["Isolation", (n) => list(facts(n).check && facts(n).check.items).map((i) => (i.ok ? "" : "NOT ") + String(i.name)).join(", ")],
+      ["Self-test", (n) => { const t = facts(n).selftest; return t && typeof t === "object" ? (t.passed ? "passed" : "FAILED") + ", " + String(t.probes_passed) + " passed" : "did not run"; }],
+      ["Attestation", (n) => String((facts(n).selftest && facts(n).selftest.attestation_sha256) || "")],
+      ["Receipt key id", (n) => String((facts(n).receipt_key && facts(n).receipt_key.keyid) || "")], ["Version", (n) => String(facts(n).version || "")],
+    ], list(r.nodes))] : [];
   show(h("h1", {}, "Health"),
     dl([["Store", r.store], ["Store reachable", r.store_ok ? "yes" : "NO"], ["Runs in flight or queued", r.runs_in_flight_or_queued],
       ["Run slots", r.slots], ["Version", r.version], ["Node", r.node || "this one (SQLite)"], ["Receipt key id", key.keyid || key.error || ""]]),
