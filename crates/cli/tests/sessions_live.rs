@@ -439,6 +439,45 @@ fn a_lost_interpreter_restarts_from_its_checkpoint() {
     assert_eq!(stdout(&b).trim(), "False kept", "{b}");
 }
 
+/// `POST /v1/runs/{id}/cancel` of a running live cell stops it at once (before its 3-second
+/// limit): the cell's code runs in the interpreter, so its sandbox is killed, the cell ends
+/// `cancelled` saying so, and the next cell restarts. (Before: the cancel did not reach the
+/// cell, which ran on to its limit.)
+#[test]
+fn a_cancelled_cell_ends_its_interpreter_and_the_next_restarts() {
+    let e = start();
+    let sid = open(&e.api, ALICE, "cancel");
+    cell(&e.api, ALICE, &sid, "c0", "v = 1");
+    let t0 = std::time::Instant::now();
+    let busy = {
+        let (api, sid) = (e.api.clone(), sid.clone());
+        std::thread::spawn(move || {
+            cell(
+                &api,
+                ALICE,
+                &sid,
+                "c1",
+                "import time\nwhile True:\n    time.sleep(0.05)",
+            )
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let (st, v) = e.api.send(
+        reqwest::Method::POST,
+        ALICE,
+        &format!("/v1/runs/{sid}-1/cancel"),
+        None,
+    );
+    assert_eq!(st, 200, "{v}");
+    let a = busy.join().unwrap();
+    assert!(t0.elapsed() < std::time::Duration::from_millis(2800), "{a}");
+    assert_eq!(a["status"], "cancelled", "{a}");
+    assert_eq!(interpreter(&a), "lost", "{a}");
+    let b = cell(&e.api, ALICE, &sid, "c2", "print('v' in globals())");
+    assert_eq!(interpreter(&b), "restarted", "{b}");
+    assert_eq!(stdout(&b).trim(), "False", "{b}");
+}
+
 #[test]
 fn an_answer_written_out_of_turn_ends_the_interpreter() {
     let e = start();
@@ -610,6 +649,36 @@ fn on_the_fleet_a_live_session_stays_on_its_worker_and_restarts_once_when_that_i
         ("False", "kept"),
         "{d}"
     );
+    // A cancel on the replica reaches the cell on its worker (through the cell's lease
+    // renewal) before the cell's 3-second limit.
+    let t0 = std::time::Instant::now();
+    let busy = {
+        let (api, sid) = (api.clone(), sid.clone());
+        std::thread::spawn(move || {
+            cell(
+                &api,
+                ALICE,
+                &sid,
+                "c7",
+                "import time\nwhile True:\n    time.sleep(0.05)",
+            )
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let (st, v) = api.send(
+        reqwest::Method::POST,
+        ALICE,
+        &format!("/v1/runs/{sid}-{}/cancel", d["cell"].as_u64().unwrap() + 1),
+        None,
+    );
+    assert_eq!(st, 200, "{v}");
+    let x = busy.join().unwrap();
+    assert_eq!(
+        (x["status"].as_str(), interpreter(&x).as_str()),
+        (Some("cancelled"), "lost"),
+        "{x}"
+    );
+    assert!(t0.elapsed() < std::time::Duration::from_millis(2900), "{x}");
     let (st, v) = api.send(
         reqwest::Method::DELETE,
         ALICE,

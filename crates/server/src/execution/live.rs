@@ -49,6 +49,8 @@ pub enum Answer {
     Timeout,
     /// The connection ended without an answer (the interpreter or its sandbox died).
     Lost,
+    /// The cell was cancelled (`POST /v1/runs/{id}/cancel`): the sandbox was killed.
+    Cancelled,
 }
 
 /// How an interpreter's run is executed and what run slot it holds for its life.
@@ -127,6 +129,25 @@ pub async fn start(
         generation,
         seq: 0,
     })
+}
+
+/// [`exec`] until `cancel` fires: then the sandbox is killed (the cell's code runs in the
+/// interpreter: nothing short of that stops it for sure) and the answer is
+/// [`Answer::Cancelled`].
+pub async fn exec_cancellable(
+    live: &mut Live,
+    code: &str,
+    seconds: u64,
+    cancel: &CancellationToken,
+) -> Answer {
+    let kill = live.cancel.clone();
+    tokio::select! {
+        a = exec(live, code, seconds) => a,
+        _ = cancel.cancelled() => {
+            kill.cancel();
+            Answer::Cancelled
+        }
+    }
 }
 
 /// Executes `code` in the live sandbox within `seconds` (the driver interrupts it then) and

@@ -13,9 +13,11 @@ use crate::util::now;
 /// What a live cell's `answer` comes to (`word`: what the interpreter did if the cell ran:
 /// `started`, `kept` or `restarted`; `seconds`: the cell's limit). A timed-out or lost
 /// interpreter is ended and taken from `guard`; what ended a lost one is read from its run.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn ended(
     state: &AppState,
     tenant: &str,
+    task_name: &str,
     guard: &mut Slot,
     answer: Answer,
     word: &str,
@@ -64,6 +66,22 @@ pub(crate) async fn ended(
                 format!(
                     "interpreter: lost; the cell did not return within {} s of its interrupt at the time limit ({seconds} s): the sandbox was killed, its state lost; the next cell starts a new one from the last checkpoint",
                     live::GRACE.as_secs()
+                ),
+            )
+        }
+        Answer::Cancelled => {
+            if let Some(l) = guard.live.take() {
+                live::end(l, true).await;
+            }
+            let task = state.inner.config.tasks.get(task_name);
+            let (st, why) = match task {
+                Some(t) => runner::cancelled_outcome(t, true),
+                None => (RunState::Cancelled, "cancelled while running".to_owned()),
+            };
+            Ended::new(
+                st,
+                format!(
+                    "interpreter: lost; {why}: the cell's code runs in the interpreter, so its sandbox was killed and its state lost; the next cell starts a new one from the last checkpoint"
                 ),
             )
         }

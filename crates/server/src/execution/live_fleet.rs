@@ -108,7 +108,9 @@ pub(crate) async fn run_cell(
             return;
         }
     }
-    state.inner.news.open(&c.run.job_id);
+    // A cancel (on any node: read by the cell's lease renewal) reaches it here, until its end
+    // is recorded.
+    let (cancel, _registered) = runner::register(state, &c.run.job_id);
     state.inner.news.started(&c.run.job_id);
     let seconds = task.limits.seconds;
     let mut word = "kept";
@@ -136,7 +138,7 @@ pub(crate) async fn run_cell(
         };
         let code = c.spec.code.clone().unwrap_or_default();
         let answer = tokio::select! {
-            a = live::exec(l, &code, seconds) => Some(a),
+            a = live::exec_cancellable(l, &code, seconds, &cancel) => Some(a),
             _ = lease.lost.cancelled() => None,
         };
         let answer = match answer {
@@ -150,7 +152,16 @@ pub(crate) async fn run_cell(
                 Answer::Lost
             }
         };
-        ended(state, &c.run.tenant, &mut guard, answer, word, seconds).await
+        ended(
+            state,
+            &c.run.tenant,
+            &c.run.task,
+            &mut guard,
+            answer,
+            word,
+            seconds,
+        )
+        .await
     };
     drop(guard);
     let (status, reason) = (out.status, out.reason.clone());
@@ -178,7 +189,6 @@ pub(crate) async fn run_cell(
             tracing::error!(job_id = %c.run.job_id, error = %e, "recording a live cell's end failed")
         }
     }
-    state.inner.news.close(&c.run.job_id);
 }
 
 /// Starts the session's interpreter on this node from the session's head as the database

@@ -266,7 +266,7 @@ async fn cancelled(c: Option<&CancellationToken>) {
 /// How a cancelled run is recorded: `cancelled` when the task has no network access (the
 /// sandbox was killed and nothing outside can have happened), else `unknown` (an external
 /// effect may have happened before the kill; an operator reconciles it).
-fn cancelled_outcome(task: &Task, started: bool) -> (RunState, String) {
+pub(crate) fn cancelled_outcome(task: &Task, started: bool) -> (RunState, String) {
     let what = if started {
         "cancelled while running; the sandbox was killed"
     } else {
@@ -1189,9 +1189,19 @@ pub async fn execute(
     execute_registered(state.clone(), job, admission, slot).await;
 }
 
+/// Registers the execution of `job_id` that is not a runner's (a live session's cell,
+/// executed in its interpreter): `POST /v1/runs/{id}/cancel` (or a fleet executor's lease
+/// renewal) cancels the token; the registration (and the run's followers here) ends when the
+/// returned guard is dropped.
+pub(crate) fn register(state: &AppState, job_id: &str) -> (CancellationToken, Registered) {
+    let token = CancellationToken::new();
+    let r = Registered::new(state, job_id, token.clone());
+    (token, r)
+}
+
 /// A run's entry in [`crate::app::Inner::cancels`], removed when the run's execution ends (or
 /// is dropped).
-struct Registered {
+pub(crate) struct Registered {
     state: AppState,
     job_id: String,
 }

@@ -40,6 +40,8 @@ pub(super) async fn execute(
     guard: &mut Slot,
     c: LiveCell<'_>,
 ) -> Result<(), Failure> {
+    // `POST /v1/runs/{id}/cancel` of the cell reaches it here (kept until its end is recorded).
+    let (cancel, _registered) = crate::execution::runner::register(state, &c.run.job_id);
     let s = c.session;
     let seconds = admitted.task.limits.seconds;
     // A sandbox whose run ended (its runner lost) is gone with its state.
@@ -103,9 +105,9 @@ pub(super) async fn execute(
         return Err(Failure::Internal);
     };
     let t0 = std::time::Instant::now();
-    let answer = live::exec(l, &c.code, seconds).await;
+    let answer = live::exec_cancellable(l, &c.code, seconds, &cancel).await;
     tracing::debug!(session_id = %s.session_id, cell = c.cell, exec_us = t0.elapsed().as_micros() as u64, "live cell executed");
-    let out = ended(state, &caller.tenant, guard, answer, word, seconds).await;
+    let out = ended(state, &caller.tenant, &s.task, guard, answer, word, seconds).await;
     finish(state, s, &c, out).await
 }
 
