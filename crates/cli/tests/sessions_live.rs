@@ -634,6 +634,15 @@ fn on_the_fleet_a_live_session_stays_on_its_worker_and_restarts_once_when_that_i
     assert_eq!(interpreter(&c), "restarted", "{c}");
     assert_eq!(stdout(&c).trim(), "False a", "{c}");
     let idled = interpreters(pg, &sid)[0].clone();
+    // The lost one's row is marked `unknown` by the next lease sweep (every second here),
+    // which may come just after the new interpreter started: its expired lease already let
+    // the new one start.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while interpreters(pg, &sid).get(1) != Some(&format!("{second}:unknown"))
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
     assert_eq!(
         interpreters(pg, &sid),
         [
