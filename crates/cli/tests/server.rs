@@ -552,6 +552,14 @@ seconds = 120
         202
     );
     wait_status(&s, "sleeper-2", "running");
+    // On the local store `run_start` is appended just after the `running` mark, when the
+    // payload is handed its manifest: a kill between the two leaves a run that never started
+    // (the restart audits it `run_unknown` alone). This test kills a run that did start.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while audit(dir.path()).1.matches("\"run_start\"").count() < 2 {
+        assert!(Instant::now() < deadline, "sleeper-2's run_start was never audited");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     s.kill();
     let s = Server::start_with(dir.path(), settings, &holder_task);
     let v: Value = s.get(ALICE, "/v1/runs/sleeper-2").json().unwrap();
