@@ -439,6 +439,40 @@ fn a_lost_interpreter_restarts_from_its_checkpoint() {
     assert_eq!(stdout(&b).trim(), "False kept", "{b}");
 }
 
+/// Sends cell `rid` (number `n`), which loops until stopped, cancels its run 0.7 s later, and
+/// checks that it ended `cancelled` with its interpreter `lost` within `ms` of its start
+/// (before its 3-second limit).
+fn cancel_a_busy_cell(api: &Api, sid: &str, rid: &str, n: u64, ms: u64) {
+    let t0 = std::time::Instant::now();
+    let busy = {
+        let (api, sid, rid) = (api.clone(), sid.to_owned(), rid.to_owned());
+        std::thread::spawn(move || {
+            cell(
+                &api,
+                ALICE,
+                &sid,
+                &rid,
+                "import time\nwhile True:\n    time.sleep(0.05)",
+            )
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let (st, v) = api.send(
+        reqwest::Method::POST,
+        ALICE,
+        &format!("/v1/runs/{sid}-{n}/cancel"),
+        None,
+    );
+    assert_eq!(st, 200, "{v}");
+    let x = busy.join().unwrap();
+    assert_eq!(
+        (x["status"].as_str(), interpreter(&x).as_str()),
+        (Some("cancelled"), "lost"),
+        "{x}"
+    );
+    assert!(t0.elapsed() < std::time::Duration::from_millis(ms), "{x}");
+}
+
 /// `POST /v1/runs/{id}/cancel` of a running live cell stops it at once (before its 3-second
 /// limit): the cell's code runs in the interpreter, so its sandbox is killed, the cell ends
 /// `cancelled` saying so, and the next cell restarts. (Before: the cancel did not reach the
@@ -448,31 +482,7 @@ fn a_cancelled_cell_ends_its_interpreter_and_the_next_restarts() {
     let e = start();
     let sid = open(&e.api, ALICE, "cancel");
     cell(&e.api, ALICE, &sid, "c0", "v = 1");
-    let t0 = std::time::Instant::now();
-    let busy = {
-        let (api, sid) = (e.api.clone(), sid.clone());
-        std::thread::spawn(move || {
-            cell(
-                &api,
-                ALICE,
-                &sid,
-                "c1",
-                "import time\nwhile True:\n    time.sleep(0.05)",
-            )
-        })
-    };
-    std::thread::sleep(std::time::Duration::from_millis(700));
-    let (st, v) = e.api.send(
-        reqwest::Method::POST,
-        ALICE,
-        &format!("/v1/runs/{sid}-1/cancel"),
-        None,
-    );
-    assert_eq!(st, 200, "{v}");
-    let a = busy.join().unwrap();
-    assert!(t0.elapsed() < std::time::Duration::from_millis(2800), "{a}");
-    assert_eq!(a["status"], "cancelled", "{a}");
-    assert_eq!(interpreter(&a), "lost", "{a}");
+    cancel_a_busy_cell(&e.api, &sid, "c1", 1, 2800);
     let b = cell(&e.api, ALICE, &sid, "c2", "print('v' in globals())");
     assert_eq!(interpreter(&b), "restarted", "{b}");
     assert_eq!(stdout(&b).trim(), "False", "{b}");
@@ -660,34 +670,7 @@ fn on_the_fleet_a_live_session_stays_on_its_worker_and_restarts_once_when_that_i
     );
     // A cancel on the replica reaches the cell on its worker (through the cell's lease
     // renewal) before the cell's 3-second limit.
-    let t0 = std::time::Instant::now();
-    let busy = {
-        let (api, sid) = (api.clone(), sid.clone());
-        std::thread::spawn(move || {
-            cell(
-                &api,
-                ALICE,
-                &sid,
-                "c7",
-                "import time\nwhile True:\n    time.sleep(0.05)",
-            )
-        })
-    };
-    std::thread::sleep(std::time::Duration::from_millis(700));
-    let (st, v) = api.send(
-        reqwest::Method::POST,
-        ALICE,
-        &format!("/v1/runs/{sid}-{}/cancel", d["cell"].as_u64().unwrap() + 1),
-        None,
-    );
-    assert_eq!(st, 200, "{v}");
-    let x = busy.join().unwrap();
-    assert_eq!(
-        (x["status"].as_str(), interpreter(&x).as_str()),
-        (Some("cancelled"), "lost"),
-        "{x}"
-    );
-    assert!(t0.elapsed() < std::time::Duration::from_millis(2900), "{x}");
+    cancel_a_busy_cell(&api, &sid, "c7", d["cell"].as_u64().unwrap() + 1, 2900);
     let (st, v) = api.send(
         reqwest::Method::DELETE,
         ALICE,

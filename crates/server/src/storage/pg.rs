@@ -1488,40 +1488,38 @@ impl PgStore {
 
     /// Claims the oldest queued run whose labels this executor has (`FOR UPDATE SKIP LOCKED`:
     /// concurrent claimers never wait for, nor take, the same row): owner = this node, a new
-    /// fencing token, the lease until the database's `clock_timestamp() + lease`.
+    /// fencing token, the lease until the database's `clock_timestamp() + lease`. A live
+    /// session's cell only when no interpreter holds its session.
     pub async fn claim(
         &self,
         labels: &[String],
         lease: Duration,
     ) -> Result<Option<Claimed>, StoreError> {
         let labels = labels.to_vec();
-        let secs = lease.as_secs_f64();
-        let c = self.client().await?;
-        let row = c
-            .query_opt(
-                &format!(
-                    "UPDATE runs SET owner = $1, node_id = $1, fence = nextval('run_fence'),
-                        lease_expires_at = clock_timestamp() + make_interval(secs => $2)
-                     WHERE (tenant, request_id) = (
-                        SELECT tenant, request_id FROM runs
-                        WHERE status = 'queued' AND owner IS NULL AND spec IS NOT NULL AND labels <@ $3
-                        AND (live_cell_of IS NULL OR NOT EXISTS ({HELD}))
-                        ORDER BY created_at, job_id LIMIT 1 FOR UPDATE SKIP LOCKED)
-                     AND status = 'queued' AND owner IS NULL
-                     RETURNING {RUN_COLS}, spec, fence, job_expires_at - EXTRACT(EPOCH FROM clock_timestamp())::bigint"
-                ),
-                &[&self.node, &secs, &labels],
-            )
-            .await
-            .map_err(pg_err)?;
-        row.as_ref().map(claimed_from).transpose()
+        let which = format!("labels <@ $3 AND (live_cell_of IS NULL OR NOT EXISTS ({HELD}))");
+        self.claim_where(&which, lease, &[&labels]).await
     }
 
     /// Claims the oldest queued cell of a live session whose interpreter this node holds
     /// (its run in flight, owned here, under an unexpired lease): those cells go to this node
     /// only, and need no run slot (the interpreter holds one). As [`PgStore::claim`] otherwise.
     pub async fn claim_held(&self, lease: Duration) -> Result<Option<Claimed>, StoreError> {
+        let which = format!("live_cell_of IS NOT NULL AND EXISTS ({HELD} AND i.owner = $1)");
+        self.claim_where(&which, lease, &[]).await
+    }
+
+    /// The claim of [`PgStore::claim`] and [`PgStore::claim_held`]: the oldest queued,
+    /// unclaimed run with a spec that matches `which` (`$1`: this node, `$2`: the lease's
+    /// seconds, `$3…`: `more`).
+    async fn claim_where(
+        &self,
+        which: &str,
+        lease: Duration,
+        more: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Option<Claimed>, StoreError> {
         let secs = lease.as_secs_f64();
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&self.node, &secs];
+        params.extend_from_slice(more);
         let c = self.client().await?;
         let row = c
             .query_opt(
@@ -1530,13 +1528,12 @@ impl PgStore {
                         lease_expires_at = clock_timestamp() + make_interval(secs => $2)
                      WHERE (tenant, request_id) = (
                         SELECT tenant, request_id FROM runs
-                        WHERE status = 'queued' AND owner IS NULL AND spec IS NOT NULL
-                        AND live_cell_of IS NOT NULL AND EXISTS ({HELD} AND i.owner = $1)
+                        WHERE status = 'queued' AND owner IS NULL AND spec IS NOT NULL AND {which}
                         ORDER BY created_at, job_id LIMIT 1 FOR UPDATE SKIP LOCKED)
                      AND status = 'queued' AND owner IS NULL
                      RETURNING {RUN_COLS}, spec, fence, job_expires_at - EXTRACT(EPOCH FROM clock_timestamp())::bigint"
                 ),
-                &[&self.node, &secs],
+                &params,
             )
             .await
             .map_err(pg_err)?;
