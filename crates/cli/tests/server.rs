@@ -557,7 +557,10 @@ seconds = 120
     // (the restart audits it `run_unknown` alone). This test kills a run that did start.
     let deadline = Instant::now() + Duration::from_secs(15);
     while audit(dir.path()).1.matches("\"run_start\"").count() < 2 {
-        assert!(Instant::now() < deadline, "sleeper-2's run_start was never audited");
+        assert!(
+            Instant::now() < deadline,
+            "sleeper-2's run_start was never audited"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     s.kill();
