@@ -124,6 +124,33 @@ def test_cells_share_work_retry_safely_and_chain_their_receipts(
         client.get_session("ses_00000000000000000000000000000000")
 
 
+def test_a_live_sessions_cells_have_receipts_that_chain(
+    client: agentjail.Client, example: Path, pubkey: Path
+) -> None:
+    data = client.upload(example / "report.csv")
+    s = client.session("agent_live", [data], request_id=rid("live-chain"))
+    try:
+        code = "n = len(open('/input/data.csv').read().splitlines())\nprint(n)\n"
+        c0 = s.run(code)
+        c1 = s.run("print(n * 2)\n")
+        assert c0.ok and c1.ok and int(c1.stdout) == 2 * int(c0.stdout), c1.stderr_tail
+        # Each live cell has a receipt of its own (the service's), and they chain.
+        verified = s.verify_chain(pubkey)
+        assert [v.is_live_cell for v in verified] == [True, True]
+        assert [v.predicate["interpreter"]["state"] for v in verified] == ["started", "kept"]
+        assert c0.receipt is not None
+        one = agentjail.verify(
+            c0.receipt, ("code.py", code.encode()), public_key=pubkey, stdout=c0.stdout.encode()
+        )
+        assert one.status == "ok" and one.predicate["session"]["cell"] == 0
+        with pytest.raises(agentjail.VerificationError):
+            agentjail.verify(c0.receipt, ("code.py", b"print(1)\n"), public_key=pubkey)
+        with pytest.raises(agentjail.VerificationError):
+            agentjail.verify(c0.receipt, public_key=pubkey, workspace=b"")
+    finally:
+        s.close()
+
+
 def test_the_context_manager_closes_and_limits_are_typed(
     client: agentjail.Client, ops: agentjail.Client
 ) -> None:

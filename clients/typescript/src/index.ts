@@ -12,7 +12,7 @@ export * from "./client.js";
 export { SSEDecoder, Follower, type RunEvent } from "./sse.js";
 export {
   verify, verifySession, receiptDigest, canonicalJson, loadPublicKey, keyidOf, sha256Hex, pae,
-  VerificationError, VerifiedReceipt, PAYLOAD_TYPE, STATEMENT_TYPE, PREDICATE_TYPE,
+  VerificationError, VerifiedReceipt, PAYLOAD_TYPE, STATEMENT_TYPE, PREDICATE_TYPE, LIVE_CELL_PREDICATE_TYPE,
   type Content, type ArtifactArg, type ReceiptArg, type KeyArg, type VerifyOptions,
   type VerifySessionOptions,
 } from "./verify.js";

@@ -11,7 +11,9 @@
  *    public key (a signature naming another `keyid` is not tried; the key id is the sha256 of
  *    the raw public key, hex);
  * 3. the payload is an in-toto Statement v1 whose `predicateType` is
- *    `https://agentjail.dev/attestation/run/v1`;
+ *    `https://agentjail.dev/attestation/run/v1` (a run, a session's cell) or
+ *    `https://agentjail.dev/attestation/live-cell/v1` (a live session's cell, signed by the
+ *    service: its subject is the cell's code, `code.py`; it names no workspace);
  * 4. each artifact's sha256 equals the digest of the one subject with its name (the subject's
  *    full name, else its last path component);
  * 5. a log of the command's stdout or stderr hashes to the predicate's `stdout.sha256` /
@@ -27,6 +29,8 @@ export const PAYLOAD_TYPE = "application/vnd.in-toto+json";
 export const STATEMENT_TYPE = "https://in-toto.io/Statement/v1";
 /** The predicate type of a run's receipt. */
 export const PREDICATE_TYPE = "https://agentjail.dev/attestation/run/v1";
+/** The predicate type of a live session's cell's receipt. */
+export const LIVE_CELL_PREDICATE_TYPE = "https://agentjail.dev/attestation/live-cell/v1";
 export const MAX_ENVELOPE_BYTES = 16 * 1024 * 1024;
 
 /** A file's content: bytes, a Blob (or File), or text (encoded as UTF-8). */
@@ -61,6 +65,10 @@ export class VerifiedReceipt {
   get predicate(): Record<string, any> {
     const p = this.statement["predicate"];
     return isObject(p) ? p : {};
+  }
+  /** A live session's cell (signed by the service; no workspace digest). */
+  get isLiveCell(): boolean {
+    return this.statement["predicateType"] === LIVE_CELL_PREDICATE_TYPE;
   }
   /** The run's status as signed (`ok`, `exit_nonzero`, …): check it. */
   get status(): string | undefined {
@@ -220,7 +228,10 @@ function statementOf(body: Uint8Array): Record<string, any> {
   if (!isObject(statement) || statement["_type"] !== STATEMENT_TYPE) {
     throw new VerificationError("not an in-toto Statement v1");
   }
-  if (statement["predicateType"] !== PREDICATE_TYPE) throw new VerificationError("not an agentjail run predicate");
+  const type = statement["predicateType"];
+  if (type !== PREDICATE_TYPE && type !== LIVE_CELL_PREDICATE_TYPE) {
+    throw new VerificationError("not an agentjail run or live-cell predicate");
+  }
   if ("subject" in statement && !Array.isArray(statement["subject"])) {
     throw new VerificationError("the statement's subject is not a list");
   }

@@ -73,3 +73,24 @@ test("a session is async-disposable (`await using s = await client.session(...)`
   }
   assert.equal((await c.getSession(s.sessionId)).state, "closed");
 });
+
+test("a live session's cells have receipts of their own that chain", live, async () => {
+  const c = new aj.Client();
+  const pem = await text(process.env.AGENTJAIL_PUBKEY);
+  const s = await c.session("py_live", [], { requestId: rid("live") });
+  try {
+    const code = "x = 21\nprint(x)\n";
+    const c0 = await s.run(code);
+    const c1 = await s.run("print(x * 2)\n");
+    assert.ok(c0.ok && c1.ok, c1.stderrTail);
+    assert.equal(c1.stdout.trim(), "42");
+    const verified = await s.verifyChain(pem);
+    assert.deepEqual(verified.map((v) => [v.isLiveCell, v.predicate.interpreter.state]), [[true, "started"], [true, "kept"]]);
+    const one = await aj.verify(c0.receipt, { publicKey: pem, artifact: ["code.py", code], stdout: c0.stdout });
+    assert.equal(one.status, "ok");
+    await assert.rejects(aj.verify(c0.receipt, { publicKey: pem, artifact: ["code.py", "print(1)\n"] }), aj.VerificationError);
+    await assert.rejects(aj.verify(c0.receipt, { publicKey: pem, workspace: "" }), /no digest of the workspace/);
+  } finally {
+    await s.close();
+  }
+});

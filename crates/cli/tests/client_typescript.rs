@@ -90,10 +90,11 @@ fn build() {
 }
 
 /// The service's configuration: tenant `acme`, actors `alice` and `ops` (an operator), the
-/// seed's `summarize_csv` and `py` (model-proposed Python, an `o.json` output, 60 s).
+/// seed's `summarize_csv`, `py` (model-proposed Python, an `o.json` output, 60 s) and
+/// `py_live` (the same in live sessions: a resident interpreter).
 fn config() -> String {
     format!(
-        "[server]\n\n[tenants.acme]\n{alice}{ops}{summarize}{py}",
+        "[server]\n\n[tenants.acme]\n{alice}{ops}{summarize}{py}{py_live}[tasks.py_live.session]\ninterpreter = \"python\"\n",
         alice = actor("alice", "acme", ALICE, false),
         ops = actor("ops", "acme", OPS, true),
         summarize = summarize_csv_task(
@@ -105,6 +106,12 @@ fn config() -> String {
         py = python_code_task(
             "py",
             "Model-proposed Python",
+            "allowed_tenants = [\"acme\"]",
+            60
+        ),
+        py_live = python_code_task(
+            "py_live",
+            "Model-proposed Python in live sessions",
             "allowed_tenants = [\"acme\"]",
             60
         ),

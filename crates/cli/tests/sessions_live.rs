@@ -439,6 +439,164 @@ fn a_lost_interpreter_restarts_from_its_checkpoint() {
     assert_eq!(stdout(&b).trim(), "False kept", "{b}");
 }
 
+/// The digest a session's chain names a receipt by (RFC 8785 JSON of its envelope).
+fn receipt_digest(receipt: &Value) -> String {
+    format!(
+        "sha256:{}",
+        common::serve::sha256_hex(serde_jcs::to_vec(receipt).unwrap())
+    )
+}
+
+/// A receipt envelope's statement.
+fn statement(receipt: &Value) -> Value {
+    use base64::Engine as _;
+    let body = base64::engine::general_purpose::STANDARD
+        .decode(receipt["payload"].as_str().expect("a receipt"))
+        .unwrap();
+    serde_json::from_slice(&body).unwrap()
+}
+
+/// Each live cell has a receipt of its own, signed with the node's key: it names the cell's
+/// code, streams, status and interpreter, and the previous cell's receipt, so that a
+/// session's cells chain through the restarts; an interpreter's end does not move the chain
+/// (its run receipt names the receipt before its first cell).
+#[test]
+fn each_live_cell_has_a_receipt_and_the_cells_chain_through_restarts() {
+    let e = start();
+    let sid = open(&e.api, ALICE, "chain");
+    let codes = [
+        "x = 6\nprint('six')",
+        "print(x * 7)",
+        "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+        "print('again')",
+    ];
+    let cells: Vec<Value> = codes
+        .iter()
+        .enumerate()
+        .map(|(i, c)| cell(&e.api, ALICE, &sid, &format!("c{i}"), c))
+        .collect();
+    let words = ["started", "kept", "lost", "restarted"];
+    let runs = [0, 0, 0, 3].map(|n| format!("{sid}-live-{n}"));
+    let mut previous = Value::Null;
+    for (i, c) in cells.iter().enumerate() {
+        assert_eq!(interpreter(c), words[i], "{c}");
+        let st = statement(&c["receipt"]);
+        assert_eq!(
+            st["predicateType"], "https://agentjail.dev/attestation/live-cell/v1",
+            "{st}"
+        );
+        let p = &st["predicate"];
+        assert_eq!(p["request_id"], format!("{sid}-{i}"), "{p}");
+        assert_eq!(p["session"]["id"], sid.as_str(), "{p}");
+        assert_eq!(p["session"]["cell"], i, "{p}");
+        assert_eq!(
+            p["session"]["previous_receipt_sha256"], previous,
+            "cell {i}: {p}"
+        );
+        assert_eq!(p["interpreter"]["state"], words[i], "{p}");
+        assert_eq!(p["interpreter"]["request_id"], runs[i].as_str(), "{p}");
+        assert_eq!(p["status"], c["status"], "{p}");
+        assert_eq!(
+            st["subject"][0]["digest"]["sha256"],
+            common::serve::sha256_hex(codes[i]),
+            "{st}"
+        );
+        previous = Value::String(receipt_digest(&c["receipt"]));
+    }
+    let session = |e: &Env| {
+        let (_, s) = e.api.send(
+            reqwest::Method::GET,
+            ALICE,
+            &format!("/v1/sessions/{sid}"),
+            None,
+        );
+        s
+    };
+    assert_eq!(session(&e)["last_receipt_sha256"], previous);
+    // The first interpreter's run receipt names no earlier cell; the second names the
+    // receipt of the cell before it started (cell 2).
+    let first = e.api.status_of(ALICE, &runs[0]);
+    let p = statement(&first["receipt"])["predicate"].clone();
+    assert!(p["session"]["previous_receipt_sha256"].is_null(), "{p}");
+    let (st, _) = e.api.send(
+        reqwest::Method::DELETE,
+        ALICE,
+        &format!("/v1/sessions/{sid}"),
+        None,
+    );
+    assert_eq!(st, 200);
+    let second = e.api.status_of(ALICE, &runs[3]);
+    let p = statement(&second["receipt"])["predicate"].clone();
+    assert_eq!(
+        p["session"]["previous_receipt_sha256"].as_str(),
+        Some(receipt_digest(&cells[2]["receipt"]).as_str()),
+        "{p}"
+    );
+    assert!(p["workspace"]["after"].as_str().is_some(), "{p}");
+    // Its end (a checkpoint) moved the head, not the chain: the last cell's receipt is still
+    // the one the next cell would name.
+    assert_eq!(session(&e)["last_receipt_sha256"], previous);
+
+    // `agentjail receipt verify` checks a cell's receipt with the node's public key, its code
+    // and its stdout; other code, another stdout or a workspace is refused.
+    let dir = common::tmp();
+    let key = e._dir.path().join("data/private/receipt-key.pem");
+    let pubkey = common::agentjail(&["receipt", "pubkey", "--key", key.to_str().unwrap()]);
+    assert_eq!(pubkey.code, 0, "{}", pubkey.dump());
+    let pem = dir.path().join("pub.pem");
+    std::fs::write(&pem, &pubkey.stdout).unwrap();
+    let rc = dir.path().join("receipt.json");
+    std::fs::write(&rc, serde_json::to_vec(&cells[1]["receipt"]).unwrap()).unwrap();
+    let code = dir.path().join("code.py");
+    let log = dir.path().join("stdout.log");
+    std::fs::write(&log, "42\n").unwrap();
+    let verify = |code_text: &str, extra: &[&str]| {
+        std::fs::write(&code, code_text).unwrap();
+        let mut args = vec![
+            "receipt",
+            "verify",
+            rc.to_str().unwrap(),
+            "--pubkey",
+            pem.to_str().unwrap(),
+            "--artifact",
+            code.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        common::agentjail(&args)
+    };
+    let ok = verify(codes[1], &["--stdout", log.to_str().unwrap()]);
+    assert_eq!(ok.code, 0, "{}", ok.dump());
+    assert!(
+        ok.stdout.contains("live cell 1 of session"),
+        "{}",
+        ok.dump()
+    );
+    assert!(ok.stdout.contains("interpreter kept"), "{}", ok.dump());
+    let other = verify("print(x * 8)", &[]);
+    assert_eq!(other.code, 1, "{}", other.dump());
+    std::fs::write(&log, "43\n").unwrap();
+    let forged = verify(codes[1], &["--stdout", log.to_str().unwrap()]);
+    assert_eq!(forged.code, 1, "{}", forged.dump());
+    let ws = verify(codes[1], &["--workspace", log.to_str().unwrap()]);
+    assert_eq!(ws.code, 1, "{}", ws.dump());
+    assert!(ws.stderr.contains("no workspace digest"), "{}", ws.dump());
+    // The third-party verifier accepts it too.
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../verify/tests/receipt_verify.py");
+    let py = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(&rc)
+        .arg(&pem)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        py.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&py.stdout),
+        String::from_utf8_lossy(&py.stderr)
+    );
+}
+
 /// Sends cell `rid` (number `n`), which loops until stopped, cancels its run 0.7 s later, and
 /// checks that it ended `cancelled` with its interpreter `lost` within `ms` of its start
 /// (before its 3-second limit).
@@ -689,4 +847,27 @@ fn on_the_fleet_a_live_session_stays_on_its_worker_and_restarts_once_when_that_i
         );
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
+    // Every cell that answered has a receipt, signed by the worker that ran it, and the
+    // receipts chain across the workers and the restart: each names the latest earlier one.
+    let (st, list) = api.send(
+        reqwest::Method::GET,
+        ALICE,
+        &format!("/v1/sessions/{sid}/cells?limit=100"),
+        None,
+    );
+    assert_eq!(st, 200, "{list}");
+    let mut previous = Value::Null;
+    let mut signed = 0;
+    for c in list["cells"].as_array().unwrap() {
+        if c["receipt"].is_null() {
+            assert_ne!(c["status"], "ok", "an ok cell without a receipt: {c}");
+            continue;
+        }
+        let p = statement(&c["receipt"])["predicate"].clone();
+        assert_eq!(p["session"]["cell"], c["cell"], "{p}");
+        assert_eq!(p["session"]["previous_receipt_sha256"], previous, "{p}");
+        previous = Value::String(receipt_digest(&c["receipt"]));
+        signed += 1;
+    }
+    assert!(signed >= 7, "{list}");
 }

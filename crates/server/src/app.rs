@@ -81,6 +81,9 @@ pub(crate) struct Inner {
     pub news: crate::news::Board,
     /// The live sandboxes of live sessions on this node ([`crate::live_slots`]).
     pub live: crate::live_slots::LiveSessions,
+    /// This node's receipt key (`DATA/private/receipt-key.pem`): the runner signs runs with
+    /// it, the service a live session's cells (crate::execution::live_cell).
+    pub receipt_key: Arc<agentjail_verify::receipt::ReceiptKey>,
     /// Exclusive lock on the data directory, held for the life of the process.
     pub(crate) _lock: std::fs::File,
 }

@@ -33,11 +33,16 @@ use crate::text::printable;
 
 mod error;
 mod key;
+mod live_cell;
 pub use error::{
-    PAYLOAD_TYPE, PREDICATE_TYPE, ReceiptError, SELFTEST_PREDICATE_TYPE, STATEMENT_TYPE,
+    LIVE_CELL_PREDICATE_TYPE, PAYLOAD_TYPE, PREDICATE_TYPE, ReceiptError, SELFTEST_PREDICATE_TYPE,
+    STATEMENT_TYPE,
 };
 use key::keyid_of;
 pub use key::{ReceiptKey, default_key_path, parse_public_key_pem};
+pub use live_cell::{
+    LiveCellInterpreter, LiveCellPredicate, LiveCellStatement, VerifiedLiveCell, sign_live_cell,
+};
 
 /// Largest envelope accepted (a key file or PEM text: `key.rs`).
 const MAX_ENVELOPE_BYTES: usize = 16 * 1024 * 1024;
@@ -320,6 +325,15 @@ pub fn check_stream(
         StreamName::Stdout => statement.predicate.stdout.as_ref(),
         StreamName::Stderr => statement.predicate.stderr.as_ref(),
     };
+    check_stream_report(s, which, log)
+}
+
+/// Checks a log (its bytes' sha256, `log`) against a stream's signed report `s`.
+fn check_stream_report(
+    s: Option<&StreamReport>,
+    which: StreamName,
+    log: &Artifact,
+) -> Result<(), ReceiptError> {
     let signed = s
         .and_then(|s| s.sha256.as_deref())
         .ok_or(ReceiptError::NoStreamDigest {
@@ -598,6 +612,7 @@ pub struct VerifiedSelftest {
 pub enum VerifiedAny {
     Run(Box<VerifiedReceipt>),
     Selftest(VerifiedSelftest),
+    LiveCell(Box<VerifiedLiveCell>),
 }
 
 /// Signs a self-test result: subject `binary_name` with sha256 `binary_sha256_hex`, predicate
@@ -644,8 +659,16 @@ pub fn verify_any(
     let key = verifying_key(pubkey_pem)?;
     let (body, keyid) = authentic_payload(envelope_json, &key)?;
     let raw = raw_statement(&body)?;
-    if raw.get("predicateType").and_then(|v| v.as_str()) != Some(SELFTEST_PREDICATE_TYPE) {
-        return verified_statement(raw, keyid, artifacts).map(|v| VerifiedAny::Run(Box::new(v)));
+    match raw.get("predicateType").and_then(|v| v.as_str()) {
+        Some(SELFTEST_PREDICATE_TYPE) => {}
+        Some(LIVE_CELL_PREDICATE_TYPE) => {
+            return live_cell::verified(raw, keyid, artifacts)
+                .map(|v| VerifiedAny::LiveCell(Box::new(v)));
+        }
+        _ => {
+            return verified_statement(raw, keyid, artifacts)
+                .map(|v| VerifiedAny::Run(Box::new(v)));
+        }
     }
     let statement: SelftestStatement =
         serde_json::from_value(raw).map_err(|e| ReceiptError::BadStatement {

@@ -12,7 +12,9 @@ The checks, in order (each failure raises :class:`VerificationError` with a one-
    public key (a signature naming another ``keyid`` is not tried; the key id is the sha256 of
    the raw public key, hex);
 3. the payload is an in-toto Statement v1 whose ``predicateType`` is
-   ``https://agentjail.dev/attestation/run/v1``;
+   ``https://agentjail.dev/attestation/run/v1`` (a run, a session's cell) or
+   ``https://agentjail.dev/attestation/live-cell/v1`` (a live session's cell, signed by the
+   service: its subject is the cell's code, ``code.py``; it names no workspace);
 4. each artifact's sha256 equals the digest of the one subject with its name (the subject's
    full name, else its last path component);
 5. a log of the command's stdout or stderr hashes to the predicate's ``stdout.sha256`` /
@@ -41,6 +43,7 @@ from cryptography.hazmat.primitives.serialization import (
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://agentjail.dev/attestation/run/v1"
+LIVE_CELL_PREDICATE_TYPE = "https://agentjail.dev/attestation/live-cell/v1"
 MAX_ENVELOPE_BYTES = 16 * 1024 * 1024
 
 #: A file's content: its bytes, a binary file object, or a path (``str`` or ``os.PathLike``).
@@ -76,6 +79,11 @@ class VerifiedReceipt:
         """The run predicate: ``status``, ``exit_code``, ``request_id``, limits, digests…"""
         p = self.statement.get("predicate")
         return p if isinstance(p, dict) else {}
+
+    @property
+    def is_live_cell(self) -> bool:
+        """A live session's cell (signed by the service; no workspace digest)."""
+        return self.statement.get("predicateType") == LIVE_CELL_PREDICATE_TYPE
 
     @property
     def status(self) -> Optional[str]:
@@ -212,8 +220,8 @@ def _statement(body: bytes) -> Dict[str, Any]:
         raise VerificationError("the payload is not JSON") from None
     if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
         raise VerificationError("not an in-toto Statement v1")
-    if statement.get("predicateType") != PREDICATE_TYPE:
-        raise VerificationError("not an agentjail run predicate")
+    if statement.get("predicateType") not in (PREDICATE_TYPE, LIVE_CELL_PREDICATE_TYPE):
+        raise VerificationError("not an agentjail run or live-cell predicate")
     if not isinstance(statement.get("subject", []), list):
         raise VerificationError("the statement's subject is not a list")
     if not isinstance(statement.get("predicate"), dict):

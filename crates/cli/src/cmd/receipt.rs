@@ -171,6 +171,19 @@ fn verify(
             errln!("agentjail: receipt verification failed: {e}");
             return Ok(1);
         }
+    } else if let Ok(VerifiedAny::LiveCell(v)) = &verified {
+        for (which, log) in &logs {
+            if let Err(e) = v.check_stream(*which, log) {
+                errln!("agentjail: receipt verification failed: {e}");
+                return Ok(1);
+            }
+        }
+        if workspace.is_some() {
+            errln!(
+                "agentjail: receipt verification failed: a live cell's receipt carries no workspace digest (its interpreter's run receipt does: --workspace)"
+            );
+            return Ok(1);
+        }
     } else if (!logs.is_empty() || workspace.is_some()) && verified.is_ok() {
         errln!(
             "agentjail: receipt verification failed: a self-test attestation carries no stream or workspace digests (--stdout/--stderr/--workspace)"
@@ -199,6 +212,38 @@ fn verify(
             Ok(0)
         }
         Ok(VerifiedAny::Selftest(v)) => Ok(selftest_verdict(&v, arts.len(), accept)),
+        Ok(VerifiedAny::LiveCell(v)) => {
+            use agentjail_verify::text::printable;
+            let p = &v.statement.predicate;
+            let streams = match logs.len() {
+                0 => String::new(),
+                n => format!("; {n} stream log(s) match"),
+            };
+            outln!(
+                "receipt OK: live cell {} of session {} signed by key {}; status {}; interpreter {} ({}); previous receipt {}; {} artifact(s) match{streams}",
+                p.session.cell,
+                printable(&p.session.id, 200),
+                v.keyid,
+                printable(&p.status, 40),
+                printable(&p.interpreter.state, 40),
+                printable(
+                    p.interpreter
+                        .request_id
+                        .as_deref()
+                        .unwrap_or("none started"),
+                    200
+                ),
+                printable(
+                    p.session
+                        .previous_receipt_sha256
+                        .as_deref()
+                        .unwrap_or("none"),
+                    80
+                ),
+                arts.len()
+            );
+            Ok(0)
+        }
         Err(e) => {
             errln!("agentjail: receipt verification failed: {e}");
             Ok(1)

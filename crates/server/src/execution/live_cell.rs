@@ -20,7 +20,22 @@ pub(crate) async fn ended(
     task_name: &str,
     guard: &mut Slot,
     answer: Answer,
-    word: &str,
+    word: &'static str,
+    seconds: u64,
+) -> Ended {
+    let run = guard.live.as_ref().map(|l| l.request_id.clone());
+    let mut e = ended_as(state, tenant, task_name, guard, answer, word, seconds).await;
+    e.interpreter_run = run;
+    e
+}
+
+async fn ended_as(
+    state: &AppState,
+    tenant: &str,
+    task_name: &str,
+    guard: &mut Slot,
+    answer: Answer,
+    word: &'static str,
     seconds: u64,
 ) -> Ended {
     match answer {
@@ -50,11 +65,18 @@ pub(crate) async fn ended(
                     ),
                 ),
             };
+            let interpreter = if status == "interrupted" {
+                "kept"
+            } else {
+                word
+            };
             Ended {
                 status: st,
                 reason: why,
                 stdout,
                 stderr,
+                interpreter,
+                interpreter_run: None,
             }
         }
         Answer::Timeout => {
@@ -128,15 +150,51 @@ pub(crate) struct Ended {
     pub reason: String,
     pub stdout: String,
     pub stderr: String,
+    /// What became of the interpreter: `started`, `kept`, `restarted` or `lost`.
+    pub interpreter: &'static str,
+    /// The interpreter run's request id, when there was one.
+    pub interpreter_run: Option<String>,
 }
 
 impl Ended {
+    /// A cell whose interpreter is gone (`lost`).
     pub(crate) fn new(status: RunState, reason: String) -> Ended {
         Ended {
             status,
             reason,
             stdout: String::new(),
             stderr: String::new(),
+            interpreter: "lost",
+            interpreter_run: None,
+        }
+    }
+}
+
+/// What a live cell's receipt names besides its end: its code, its place in the session's
+/// chain and when it was handed to the interpreter.
+pub(crate) struct CellFacts<'a> {
+    pub code: &'a str,
+    pub previous_receipt: Option<String>,
+    /// The session's head when the cell was reserved.
+    pub session_head: Option<String>,
+    /// RFC 3339, UTC.
+    pub started_at: String,
+    pub t0: std::time::Instant,
+}
+
+impl CellFacts<'_> {
+    /// The facts of a cell starting now.
+    pub(crate) fn now(
+        code: &str,
+        previous_receipt: Option<String>,
+        session_head: Option<String>,
+    ) -> CellFacts<'_> {
+        CellFacts {
+            code,
+            previous_receipt,
+            session_head,
+            started_at: jiff::Timestamp::now().to_string(),
+            t0: std::time::Instant::now(),
         }
     }
 }
@@ -150,32 +208,38 @@ pub(crate) fn cell_end(
     session_id: &str,
     cell: u64,
     out: Ended,
+    facts: CellFacts<'_>,
 ) -> Option<(FinishRun, CellEnd)> {
     let task = state.inner.config.tasks.get(task)?;
     let dir = runner::job_dir(state, job_id);
+    // The answer is the interpreter's word, and the cell's code runs in the interpreter: its
+    // streams are cut here at a run's bound whatever the driver was made to send.
+    let cut = |s: &str| -> Vec<u8> {
+        let b = s.as_bytes();
+        b[..b.len().min(agentjail_engine::STREAM_LIMIT as usize)].to_vec()
+    };
+    let (stdout, stderr) = (cut(&out.stdout), cut(&out.stderr));
     let streams = {
         use crate::execution::streams::{job_folder, log_name, record_from_logs};
-        // The answer is the interpreter's word, and the cell's code runs in the interpreter:
-        // its streams are cut here at a run's bound whatever the driver was made to send.
-        let cut = |s: &str| -> Vec<u8> {
-            let b = s.as_bytes();
-            b[..b.len().min(agentjail_engine::STREAM_LIMIT as usize)].to_vec()
-        };
         let written = job_folder(&dir)
-            .and_then(|()| std::fs::write(dir.join(log_name(true)), cut(&out.stdout)))
-            .and_then(|()| std::fs::write(dir.join(log_name(false)), cut(&out.stderr)));
+            .and_then(|()| std::fs::write(dir.join(log_name(true)), &stdout))
+            .and_then(|()| std::fs::write(dir.join(log_name(false)), &stderr));
         if let Err(e) = written {
             tracing::error!(%job_id, error = %e, "writing a live cell's logs failed");
         }
         record_from_logs(&dir, task).and_then(|x| serde_json::to_string(&x).ok())
     };
+    let receipt = sign(state, session_id, cell, &out, &facts, &stdout, &stderr);
+    let receipt_sha256 = receipt
+        .as_deref()
+        .and_then(super::checkpoints::receipt_digest);
     let f = FinishRun {
         job_id: job_id.to_owned(),
         status: out.status,
         reason: Some(out.reason),
         now: now(),
         report: None,
-        receipt: None,
+        receipt,
         artifact: None,
         artifact_sha256: None,
         streams,
@@ -186,10 +250,57 @@ pub(crate) fn cell_end(
         session_id: session_id.to_owned(),
         cell,
         checkpoint: None,
-        receipt_sha256: None,
+        receipt_sha256,
         checkpoint_path: None,
         bytes: None,
         interpreter: false,
     };
     Some((f, end))
+}
+
+/// The cell's receipt (crate::receipt's live-cell predicate), signed with this node's key;
+/// None (logged) when it cannot be made.
+fn sign(
+    state: &AppState,
+    session_id: &str,
+    cell: u64,
+    out: &Ended,
+    facts: &CellFacts<'_>,
+    stdout: &[u8],
+    stderr: &[u8],
+) -> Option<String> {
+    use agentjail_manifest::report::StreamReport;
+    use agentjail_verify::receipt::{LiveCellInterpreter, LiveCellPredicate, sign_live_cell};
+    let stream = |b: &[u8]| StreamReport {
+        bytes: b.len() as u64,
+        truncated: b.len() as u64 >= agentjail_engine::STREAM_LIMIT,
+        sha256: Some(format!("sha256:{}", crate::config::sha256_hex(b))),
+    };
+    let predicate = LiveCellPredicate {
+        agentjail_version: env!("CARGO_PKG_VERSION").into(),
+        request_id: crate::storage::sessions::run_request_id(session_id, cell),
+        session: agentjail_manifest::session::Session {
+            id: session_id.to_owned(),
+            cell,
+            previous_receipt_sha256: facts.previous_receipt.clone(),
+        },
+        interpreter: LiveCellInterpreter {
+            request_id: out.interpreter_run.clone(),
+            state: out.interpreter.to_owned(),
+        },
+        status: out.status.as_str().to_owned(),
+        started_at: facts.started_at.clone(),
+        wall_ms: facts.t0.elapsed().as_millis() as u64,
+        stdout: stream(stdout),
+        stderr: stream(stderr),
+        session_head: facts.session_head.clone(),
+    };
+    let code = crate::config::sha256_hex(facts.code.as_bytes());
+    match sign_live_cell(&state.inner.receipt_key, &code, predicate) {
+        Ok(env) => Some(env.to_json()),
+        Err(e) => {
+            tracing::error!(%session_id, cell, error = %e, "signing a live cell's receipt failed; it is recorded without one");
+            None
+        }
+    }
 }

@@ -26,7 +26,7 @@ use std::time::Instant;
 
 use super::checkpoints::CellJob;
 use super::live::{self, Answer, Exec, Live};
-use super::live_cell::{Ended, cell_end, ended};
+use super::live_cell::{CellFacts, Ended, cell_end, ended};
 use super::runner::{self, Job, Lease, RunIds};
 use crate::app::AppState;
 use crate::run_state::RunState;
@@ -113,6 +113,12 @@ pub(crate) async fn run_cell(
     let (cancel, _registered) = runner::register(state, &c.run.job_id);
     state.inner.news.started(&c.run.job_id);
     let seconds = task.limits.seconds;
+    let code = c.spec.code.clone().unwrap_or_default();
+    let facts = CellFacts::now(
+        &code,
+        cell.previous_receipt_sha256.clone(),
+        cell.restore.clone(),
+    );
     let mut word = "kept";
     let out = 'out: {
         if guard.live.is_none() {
@@ -136,7 +142,6 @@ pub(crate) async fn run_cell(
         let Some(l) = guard.live.as_mut() else {
             break 'out Ended::new(RunState::Unknown, "interpreter: lost".into());
         };
-        let code = c.spec.code.clone().unwrap_or_default();
         let answer = tokio::select! {
             a = live::exec_cancellable(l, &code, seconds, &cancel) => Some(a),
             _ = lease.lost.cancelled() => None,
@@ -172,6 +177,7 @@ pub(crate) async fn run_cell(
         &cell.session_id,
         cell.cell,
         out,
+        facts,
     ) else {
         return;
     };

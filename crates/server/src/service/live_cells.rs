@@ -10,7 +10,7 @@ use super::runs::new_run_row;
 use crate::app::AppState;
 use crate::execution::checkpoints::CellJob;
 use crate::execution::live::{self, Slot};
-use crate::execution::live_cell::{Ended, cell_end, ended};
+use crate::execution::live_cell::{CellFacts, Ended, cell_end, ended};
 use crate::execution::runner::{Admission, Job};
 use crate::policy::{self, Caller};
 use crate::run_state::RunState;
@@ -43,6 +43,7 @@ pub(super) async fn execute(
     // `POST /v1/runs/{id}/cancel` of the cell reaches it here (kept until its end is recorded).
     let (cancel, _registered) = crate::execution::runner::register(state, &c.run.job_id);
     let s = c.session;
+    let facts = CellFacts::now(&c.code, c.previous_receipt.clone(), c.before.clone());
     let seconds = admitted.task.limits.seconds;
     // A sandbox whose run ended (its runner lost) is gone with its state.
     if guard.live.as_ref().is_some_and(live::Live::ended) {
@@ -95,7 +96,7 @@ pub(super) async fn execute(
             Err(why) => {
                 let reason = format!("interpreter: lost; it could not be started: {why}");
                 let out = Ended::new(RunState::SetupError, reason);
-                return finish(state, s, &c, out).await;
+                return finish(state, s, &c, out, facts).await;
             }
         }
     } else {
@@ -108,7 +109,7 @@ pub(super) async fn execute(
     let answer = live::exec_cancellable(l, &c.code, seconds, &cancel).await;
     tracing::debug!(session_id = %s.session_id, cell = c.cell, exec_us = t0.elapsed().as_micros() as u64, "live cell executed");
     let out = ended(state, &caller.tenant, &s.task, guard, answer, word, seconds).await;
-    finish(state, s, &c, out).await
+    finish(state, s, &c, out, facts).await
 }
 
 /// Records the cell's run (its streams through the job folder's logs, as a run's).
@@ -117,9 +118,18 @@ async fn finish(
     s: &SessionRow,
     c: &LiveCell<'_>,
     out: Ended,
+    facts: CellFacts<'_>,
 ) -> Result<(), Failure> {
-    let (f, end) = cell_end(state, &s.task, &c.run.job_id, &s.session_id, c.cell, out)
-        .ok_or(Failure::Internal)?;
+    let (f, end) = cell_end(
+        state,
+        &s.task,
+        &c.run.job_id,
+        &s.session_id,
+        c.cell,
+        out,
+        facts,
+    )
+    .ok_or(Failure::Internal)?;
     store::finish_cell(state.store(), f, end).await?;
     Ok(())
 }

@@ -77,8 +77,9 @@ impl AppState {
             )));
         }
         // Create the receipt key now, so concurrent runs never race to create it.
-        agentjail_verify::receipt::ReceiptKey::load_or_create(&private.join("receipt-key.pem"))
-            .map_err(|e| ServerError::Io(format!("receipt key: {e}")))?;
+        let receipt_key =
+            agentjail_verify::receipt::ReceiptKey::load_or_create(&private.join("receipt-key.pem"))
+                .map_err(|e| ServerError::Io(format!("receipt key: {e}")))?;
         crate::node_facts::load_key(&data_dir);
         crate::selftest::publish_attestation(&data_dir);
         let concurrency = slots
@@ -151,6 +152,7 @@ impl AppState {
                 live: Default::default(),
                 news: Default::default(),
                 followers: Arc::new(Semaphore::new(max_followers)),
+                receipt_key: Arc::new(receipt_key),
                 _lock: lock,
             }),
         };

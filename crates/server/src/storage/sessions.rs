@@ -353,9 +353,17 @@ pub struct CellEnd {
     /// The checkpoint's bytes (already checked against `checkpoint`), for a store shared by
     /// several nodes, which keeps them itself (PostgreSQL's `checkpoints`).
     pub bytes: Option<std::sync::Arc<[u8]>>,
-    /// A live session's interpreter run: it moves the session's head and chain, and no
-    /// cell's record (its cells were recorded as they answered).
+    /// A live session's interpreter run: it moves the session's head, and neither the chain
+    /// of receipts (its cells' receipts chain, each naming the one before) nor a cell's
+    /// record (its cells were recorded as they answered).
     pub interpreter: bool,
+}
+
+impl CellEnd {
+    /// The receipt digest the session's chain moves to: none for an interpreter's run.
+    pub fn chain_link(&self) -> Option<&str> {
+        self.receipt_sha256.as_deref().filter(|_| !self.interpreter)
+    }
 }
 
 fn finish_cell_sync(c: &mut Connection, f: &FinishRun, end: &CellEnd) -> Result<(), DbError> {
@@ -384,7 +392,7 @@ fn finish_cell_sync(c: &mut Connection, f: &FinishRun, end: &CellEnd) -> Result<
     )?;
     tx.execute(
         "UPDATE sessions SET head_sha256 = COALESCE(?2, head_sha256), last_receipt_sha256 = COALESCE(?3, last_receipt_sha256) WHERE session_id = ?1",
-        params![end.session_id, end.checkpoint, end.receipt_sha256],
+        params![end.session_id, end.checkpoint, end.chain_link()],
     )?;
     if end.interpreter {
         tx.commit()?;

@@ -10,6 +10,10 @@ pub const PREDICATE_TYPE: &str = "https://agentjail.dev/attestation/run/v1";
 /// `predicateType` of an `agentjail selftest` attestation: the predicate is the self-test's JSON
 /// result (`agentjail.selftest/v1`), the subject the agentjail binary that was tested.
 pub const SELFTEST_PREDICATE_TYPE: &str = "https://agentjail.dev/attestation/selftest/v1";
+/// `predicateType` of a live session's cell (crate::receipt::live_cell): signed by the
+/// service that executed the cell in the session's resident interpreter, whose own run has a
+/// run attestation.
+pub const LIVE_CELL_PREDICATE_TYPE: &str = "https://agentjail.dev/attestation/live-cell/v1";
 /// DSSE `payloadType` of an in-toto statement.
 pub const PAYLOAD_TYPE: &str = "application/vnd.in-toto+json";
 

@@ -354,7 +354,7 @@ fn selftest_attestations_verify_as_such_and_never_as_run_receipts() {
             assert_eq!(v.statement.predicate_type, SELFTEST_PREDICATE_TYPE);
             assert_eq!(v.keyid, key.keyid());
         }
-        VerifiedAny::Run(_) => panic!("verified as a run receipt"),
+        _ => panic!("verified as another kind"),
     }
     // The run-receipt check refuses it: a self-test is never taken for a run.
     let err = verify(json.as_bytes(), Some(&pem), &[]).unwrap_err();
@@ -388,6 +388,90 @@ fn selftest_attestations_verify_as_such_and_never_as_run_receipts() {
     let mut body: serde_json::Value =
         serde_json::from_slice(&STANDARD.decode(&e.payload).unwrap()).unwrap();
     body["predicate"]["passed"] = false.into();
+    e.payload = STANDARD.encode(serde_json::to_vec(&body).unwrap());
+    let err = verify_any(e.to_json().as_bytes(), Some(&pem), &[]).unwrap_err();
+    assert!(
+        matches!(err, ReceiptError::SignatureInvalid { .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn live_cell_receipts_verify_as_such_name_their_code_and_streams_and_are_never_runs() {
+    let key = ReceiptKey::generate().unwrap();
+    let pem = key.public_key_pem();
+    let stream = |b: &[u8]| StreamReport {
+        bytes: b.len() as u64,
+        truncated: false,
+        sha256: Some(format!(
+            "sha256:{}",
+            agentjail_manifest::hex(&Sha256::digest(b))
+        )),
+    };
+    let code = b"print(6 * 7)\n";
+    let predicate = LiveCellPredicate {
+        agentjail_version: "0".into(),
+        request_id: "ses_1-1".into(),
+        session: agentjail_manifest::session::Session {
+            id: "ses_1".into(),
+            cell: 1,
+            previous_receipt_sha256: Some(format!("sha256:{}", "ab".repeat(32))),
+        },
+        interpreter: LiveCellInterpreter {
+            request_id: Some("ses_1-live-0".into()),
+            state: "kept".into(),
+        },
+        status: "ok".into(),
+        started_at: "2026-12-04T00:00:00Z".into(),
+        wall_ms: 3,
+        stdout: stream(b"42\n"),
+        stderr: stream(b""),
+        session_head: None,
+    };
+    let code_hex = agentjail_manifest::hex(&Sha256::digest(code));
+    let json = sign_live_cell(&key, &code_hex, predicate.clone())
+        .unwrap()
+        .to_json();
+    let v = match verify_any(
+        json.as_bytes(),
+        Some(&pem),
+        &[Artifact::from_bytes("code.py", code)],
+    )
+    .unwrap()
+    {
+        VerifiedAny::LiveCell(v) => v,
+        _ => panic!("verified as another kind"),
+    };
+    assert_eq!(v.statement.predicate, predicate);
+    assert_eq!(v.statement.predicate_type, LIVE_CELL_PREDICATE_TYPE);
+    v.check_stream(StreamName::Stdout, &Artifact::from_bytes("o", b"42\n"))
+        .unwrap();
+    let err = v
+        .check_stream(StreamName::Stdout, &Artifact::from_bytes("o", b"43\n"))
+        .unwrap_err();
+    assert!(matches!(err, ReceiptError::StreamMismatch { .. }), "{err}");
+    // Other code is not its subject's.
+    let err = verify_any(
+        json.as_bytes(),
+        Some(&pem),
+        &[Artifact::from_bytes("code.py", b"print(1)")],
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, ReceiptError::ArtifactMismatch { .. }),
+        "{err}"
+    );
+    // Never a run receipt.
+    let err = verify(json.as_bytes(), Some(&pem), &[]).unwrap_err();
+    assert!(
+        matches!(err, ReceiptError::WrongPredicateType { .. }),
+        "{err}"
+    );
+    // A tampered status fails the signature.
+    let mut e: Envelope = serde_json::from_str(&json).unwrap();
+    let mut body: serde_json::Value =
+        serde_json::from_slice(&STANDARD.decode(&e.payload).unwrap()).unwrap();
+    body["predicate"]["status"] = "timeout".into();
     e.payload = STANDARD.encode(serde_json::to_vec(&body).unwrap());
     let err = verify_any(e.to_json().as_bytes(), Some(&pem), &[]).unwrap_err();
     assert!(

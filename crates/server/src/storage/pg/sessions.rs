@@ -498,7 +498,7 @@ impl PgStore {
         };
         tx.execute(
             "UPDATE sessions SET head_sha256 = COALESCE($2, head_sha256), last_receipt_sha256 = COALESCE($3, last_receipt_sha256) WHERE session_id = $1",
-            &[&end.session_id, &checkpoint, &end.receipt_sha256],
+            &[&end.session_id, &checkpoint, &end.chain_link()],
         )
         .await
         .map_err(pg_err)?;
