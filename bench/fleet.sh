@@ -43,6 +43,14 @@
 #   bench started (their Popen handles; they also die with it, PR_SET_PDEATHSIG); everything
 #   listens on 127.0.0.1; every process and folder is removed at exit, also on error.
 #   Example: AGENTJAIL_BIN_OLD=/tmp/aj-old AGENTJAIL_BIN=/tmp/aj-new bench/fleet.sh stop 110 2
+#
+# bench/fleet.sh live [N] [ROUNDS]   (issue #34: a live session's cell on the fleet)
+#   One caller, N sequential `print(1)` cells (after one untimed cell that starts the
+#   interpreter) in one live session (`session.interpreter = "python"`), per round each way:
+#   fleet: a fresh cluster, one `serve --slots 0` (the replica the caller talks to) and one
+#   `worker --slots 2` (holds the interpreter); single: one `serve` on SQLite (2 slots), the
+#   same cells. Prints p50/p99/max per way over all rounds. With $AGENTJAIL_BIN_OLD set, the
+#   fleet way is also run with that binary in each round (old, new, single).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=scale
@@ -51,6 +59,11 @@ if [ "${1:-}" = stop ]; then
   shift
   n=${1:-110}
   rounds=${2:-2}
+elif [ "${1:-}" = live ]; then
+  mode=live
+  shift
+  n=${1:-100}
+  rounds=${2:-3}
 else
   n=${1:-60}
   rounds=${2:-3}
@@ -62,7 +75,7 @@ else
   aj=$(realpath "$AGENTJAIL_BIN")
 fi
 aj_old=""
-if [ "$mode" = stop ] && [ -n "${AGENTJAIL_BIN_OLD:-}" ]; then
+if [ "$mode" != scale ] && [ -n "${AGENTJAIL_BIN_OLD:-}" ]; then
   aj_old=$(realpath "$AGENTJAIL_BIN_OLD")
 fi
 pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
@@ -117,6 +130,17 @@ media_type = "application/json"
 max_bytes = 100
 [tasks.tiny.limits]
 seconds = 30
+
+[tasks.live]
+description = "Cells in a live session"
+code = "allowed"
+command = ["/usr/bin/python3", "/input/code.py"]
+allowed_tenants = ["bench"]
+[tasks.live.limits]
+seconds = 30
+[tasks.live.session]
+interpreter = "python"
+max_cells = 100000
 """
 
 
@@ -548,8 +572,87 @@ def stop_main():
               f"{retried or 'none'}; load {min(loads):.1f}-{max(loads):.1f}")
 
 
+# ---- `live` mode: a live session's cell on the fleet against one node ----
+def live_cells(port, tag):
+    """Opens a live session, runs one untimed cell, then N timed `print(1)` cells; returns
+    the seconds of each (every cell must end `ok` and print 1)."""
+    auth = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+
+    def post(path, body):
+        conn.request("POST", path, body=json.dumps(body), headers=auth)
+        resp = conn.getresponse()
+        v = json.loads(resp.read())
+        assert resp.status in (200, 201), (resp.status, v)
+        return v
+
+    sid = post("/v1/sessions", {"request_id": f"live-{tag}", "task": "live"})["session_id"]
+    post(f"/v1/sessions/{sid}/cells", {"request_id": "warm", "code": "x = 0"})
+    times = []
+    for i in range(n):
+        t0 = time.monotonic()
+        v = post(f"/v1/sessions/{sid}/cells", {"request_id": f"c{i}", "code": "print(1)"})
+        times.append(time.monotonic() - t0)
+        assert v["status"] == "ok" and v["stdout"]["head"].strip() == "1", v
+    conn.request("DELETE", f"/v1/sessions/{sid}", headers=auth)
+    conn.getresponse().read()
+    conn.close()
+    return times
+
+
+def live_fleet_round(binary, tag):
+    d, port = pg_start(tag)
+    url = f"postgres://agentjail@127.0.0.1:{port}/agentjail?sslmode=disable"
+    procs = []
+    try:
+        api, _, line = start(["serve", "--listen", "127.0.0.1:0", "--slots", "0", "--database", url],
+                             f"{tag}-api", 1, "listening on ", binary=binary)
+        procs.append(api)
+        api_port = int(re.search(r"listening on http://127\.0\.0\.1:(\d+)", line).group(1))
+        wp, _, _ = start(["worker", "--slots", "2", "--node-id", "w0", "--database", url],
+                         f"{tag}-w0", 2, "claiming runs", binary=binary)
+        procs.append(wp)
+        return live_cells(api_port, tag)
+    finally:
+        stop(procs)
+        pg_stop(d)
+
+
+def live_single_round(tag):
+    p, d, line = start(["serve", "--listen", "127.0.0.1:0"], tag, 2, "listening on ")
+    try:
+        port = int(re.search(r"listening on http://127\.0\.0\.1:(\d+)", line).group(1))
+        return live_cells(port, tag)
+    finally:
+        stop([p])
+
+
+def live_main():
+    ways = [("fleet", aj)]
+    if os.environ.get("AJ_OLD"):
+        ways = [("fleet, old", os.environ["AJ_OLD"]), ("fleet", aj)]
+    for label, b in ways:
+        v = subprocess.run([b, "--version"], capture_output=True, text=True).stdout.strip()
+        print(f"{label}: {b}: {v}", flush=True)
+    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; {n} cells per way, {rounds} round(s)", flush=True)
+    out = {}
+    for r in range(rounds):
+        for label, b in ways:
+            out.setdefault(label, []).extend(live_fleet_round(b, f"lf{len(out)}-{r}-{label[-3:]}"))
+        out.setdefault("single", []).extend(live_single_round(f"ls-{r}"))
+        print(f"round {r + 1} done (load {os.getloadavg()[0]:.1f})", flush=True)
+    print(f"\n`print(1)` cells in a live session, {rounds} x {n} per way (load average now {os.getloadavg()[0]:.1f}); ms:")
+    print("  way | n | p50 | p90 | p99 | max")
+    for label, xs in out.items():
+        print(f"  {label} | {len(xs)} | {pct(xs, .5) * 1e3:.1f} | {pct(xs, .9) * 1e3:.1f} | "
+              f"{pct(xs, .99) * 1e3:.1f} | {max(xs) * 1e3:.1f}")
+
+
 if os.environ["MODE"] == "stop":
     stop_main()
+    sys.exit(0)
+if os.environ["MODE"] == "live":
+    live_main()
     sys.exit(0)
 
 res = {}

@@ -37,6 +37,19 @@ impl LiveSessions {
         m.keys().cloned().collect()
     }
 
+    /// Drops the slots nobody holds or waits for and that hold no sandbox (their sessions'
+    /// interpreters ended: idle, lost or on another executor now), so that the registry does
+    /// not grow with every session this node ever held, and an executor with none claims no
+    /// held cells. A slot is held by every cell, idle watcher and close that uses it (each
+    /// keeps a clone), so one that only the registry holds is in no one's hands; a later
+    /// cell makes a fresh one.
+    pub fn prune(&self) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.retain(|_, slot| {
+            Arc::strong_count(slot) > 1 || slot.try_lock().map_or(true, |s| s.live.is_some())
+        });
+    }
+
     /// Drops the session's slot (its sandbox ended with its close).
     pub fn forget(&self, session_id: &str) {
         let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -78,5 +91,28 @@ impl Slot {
     pub fn next_generation(&mut self) -> u64 {
         self.generation += 1;
         self.generation
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn prune_drops_only_slots_in_no_ones_hands() {
+        let live = LiveSessions::default();
+        let held = live.slot("ses_held");
+        let locked = live.slot("ses_locked");
+        let guard = locked.clone().lock_owned().await;
+        drop(locked);
+        drop(live.slot("ses_free"));
+        live.prune();
+        let mut ids = live.ids();
+        ids.sort();
+        assert_eq!(ids, ["ses_held", "ses_locked"]);
+        drop(guard);
+        drop(held);
+        live.prune();
+        assert!(live.is_empty());
     }
 }

@@ -301,8 +301,12 @@ pub async fn run_executor(
 async fn claim_held_cells(state: AppState, queue: PgStore, stop: CancellationToken) {
     let lease = lease_of(&state);
     let mut running = JoinSet::new();
+    // A cell queued for a session is told at once (PgStore::live_news); the poll finds the
+    // rest (cells given back, notifications lost while the database session was re-made).
+    let mut news = queue.live_news();
     while !stop.is_cancelled() {
         while running.try_join_next().is_some() {}
+        state.inner.live.prune();
         let claimed = if state.inner.live.is_empty() {
             Ok(None)
         } else {
@@ -327,6 +331,7 @@ async fn claim_held_cells(state: AppState, queue: PgStore, stop: CancellationTok
         }
         tokio::select! {
             _ = tokio::time::sleep(POLL) => {}
+            _ = news.changed() => {}
             _ = stop.cancelled() => break,
         }
     }

@@ -84,8 +84,11 @@ pub(crate) async fn run_cell(
         None if guard.live.is_none() => match state.inner.run_slots.clone().try_acquire_owned() {
             Ok(p) => Some(p),
             Err(_) => {
-                if let Err(e) = queue.give_back(&c.run.job_id, lease.fence).await {
-                    tracing::warn!(job_id = %c.run.job_id, error = %e, "giving back a live cell's claim failed; it ends unknown at its lease's end");
+                match queue.give_back(&c.run.job_id, lease.fence).await {
+                    Ok(_) => queue.tell_live_news().await,
+                    Err(e) => {
+                        tracing::warn!(job_id = %c.run.job_id, error = %e, "giving back a live cell's claim failed; it ends unknown at its lease's end")
+                    }
                 }
                 return;
             }
@@ -186,7 +189,8 @@ pub(crate) async fn run_cell(
         .finish_fenced_cell(f, lease.fence, Some(&ev), Some(&end))
         .await
     {
-        Ok(()) => {}
+        // The replica waiting for the cell answers at once.
+        Ok(()) => queue.tell_live_news().await,
         Err(crate::storage::store::StoreError::Fenced(fence)) => {
             tracing::error!(job_id = %c.run.job_id, fence, "a live cell's end was refused by fencing (its lease expired or was taken); nothing recorded");
             metrics::counter!("agentjail_fenced_writes_total").increment(1);

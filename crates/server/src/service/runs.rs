@@ -534,6 +534,9 @@ pub(super) async fn wait_until(
     most: std::time::Duration,
 ) -> Result<RunRow, Failure> {
     let deadline = std::time::Instant::now() + most;
+    // On the fleet a live session's cell that ends is told at once (PgStore::live_news);
+    // other runs are read every 100 ms.
+    let mut news = state.inner.queue.as_ref().map(|q| q.live_news());
     loop {
         let row = state
             .store()
@@ -547,7 +550,16 @@ pub(super) async fn wait_until(
         {
             return Ok(row);
         }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let pause = tokio::time::sleep(std::time::Duration::from_millis(100));
+        match news.as_mut() {
+            Some(n) => {
+                tokio::select! {
+                    _ = pause => {}
+                    _ = n.changed() => {}
+                }
+            }
+            None => pause.await,
+        }
     }
 }
 

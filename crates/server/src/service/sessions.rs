@@ -528,10 +528,10 @@ async fn cell_once(
     // node, or on PostgreSQL on the executor that holds the session
     // (crate::execution::live_fleet).
     let fleet_live = settings.interpreter.is_some() && state.inner.queue.is_some();
-    let live_slot = settings
-        .interpreter
-        .filter(|_| !fleet_live)
-        .map(|_| state.inner.live.slot(&s.session_id));
+    let live_slot = settings.interpreter.filter(|_| !fleet_live).map(|_| {
+        state.inner.live.prune();
+        state.inner.live.slot(&s.session_id)
+    });
     let mut live_guard = match &live_slot {
         Some(sl) => Some(sl.clone().lock_owned().await),
         None => None,
@@ -639,7 +639,11 @@ async fn cell_once(
         })
         .await;
     let Some(admission) = admission else {
-        // PostgreSQL: an executor of the fleet claims the cell's run.
+        // PostgreSQL: an executor of the fleet claims the cell's run; a live session's holder
+        // hears of it at once.
+        if fleet_live && let Some(q) = &state.inner.queue {
+            q.tell_live_news().await;
+        }
         if wait {
             let r = wait_for(state, &caller.tenant, &run.request_id, cancel.as_ref()).await?;
             if cancel.as_ref().is_some_and(|c| c.is_cancelled()) && !r.status.is_terminal() {

@@ -311,12 +311,25 @@ pub struct PgStore {
     anchored: Arc<std::sync::Mutex<Option<Vec<audit::Anchor>>>>,
     /// This replica's content-addressed object folder (`DATA/objects`).
     objects: PathBuf,
-    /// See [`PgStore::runs_changed`].
-    runs_changed: Arc<tokio::sync::watch::Sender<u64>>,
+    /// See [`PgStore::runs_changed`] and [`PgStore::live_news`].
+    runs_changed: Arc<Heard>,
+}
+
+/// What this node's database session hears from the others, each a counter bumped per
+/// notification.
+#[derive(Default)]
+struct Heard {
+    /// `runs_changed`.
+    runs: tokio::sync::watch::Sender<u64>,
+    /// `live_cells`.
+    live: tokio::sync::watch::Sender<u64>,
 }
 
 /// The notification channel by which the nodes tell each other of their runs' changes.
 const RUNS_CHANGED: &str = "runs_changed";
+/// The notification channel by which a live session's cell, queued or ended, is told at once
+/// (the executor holding the session claims it, the replica waiting for it answers).
+const LIVE_CELLS: &str = "live_cells";
 
 /// SQL for a fresh job id, in the form of [`crate::util::random_hex`]'s (`job_` and 32 hex
 /// digits, from PostgreSQL's `gen_random_uuid()`, a core function since PostgreSQL 13): a run
@@ -382,7 +395,7 @@ pub const NODE_LOCK_PREFIX: &str = "agentjail-node:";
 async fn take_node_lock(
     config: &tokio_postgres::Config,
     node: &str,
-    runs_changed: Arc<tokio::sync::watch::Sender<u64>>,
+    runs_changed: Arc<Heard>,
 ) -> Result<Result<tokio_postgres::Client, String>, StoreError> {
     let (client, mut conn) = config.connect(NoTls).await.map_err(pg_err)?;
     // The session also listens for `runs_changed` (sent by the other nodes, see
@@ -391,13 +404,18 @@ async fn take_node_lock(
     tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
         while let Some(Ok(m)) = futures_util::StreamExt::next(&mut messages).await {
-            if let tokio_postgres::AsyncMessage::Notification(_) = m {
-                runs_changed.send_modify(|n| *n = n.wrapping_add(1));
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let heard = if n.channel() == LIVE_CELLS {
+                    &runs_changed.live
+                } else {
+                    &runs_changed.runs
+                };
+                heard.send_modify(|n| *n = n.wrapping_add(1));
             }
         }
     });
     client
-        .batch_execute(&format!("LISTEN {RUNS_CHANGED}"))
+        .batch_execute(&format!("LISTEN {RUNS_CHANGED}; LISTEN {LIVE_CELLS}"))
         .await
         .map_err(pg_err)?;
     // A session of a process killed a moment ago ends as soon as the server reads its EOF:
@@ -443,7 +461,7 @@ fn hold_node_lock(
     config: tokio_postgres::Config,
     node: String,
     client: tokio_postgres::Client,
-    runs_changed: Arc<tokio::sync::watch::Sender<u64>>,
+    runs_changed: Arc<Heard>,
 ) {
     tokio::spawn(async move {
         let mut client = client;
@@ -481,7 +499,7 @@ impl PgStore {
         node: String,
         objects: PathBuf,
     ) -> Result<PgStore, StoreError> {
-        let runs_changed = Arc::new(tokio::sync::watch::channel(0).0);
+        let runs_changed = Arc::new(Heard::default());
         match take_node_lock(config, &node, runs_changed.clone()).await? {
             Ok(client) => {
                 hold_node_lock(config.clone(), node.clone(), client, runs_changed.clone())
@@ -509,7 +527,30 @@ impl PgStore {
     /// this node's own database session, `LISTEN runs_changed`; its own are heard too); none
     /// arrive while that session is being re-established. For the console's live runs list.
     pub fn runs_changed(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.runs_changed.subscribe()
+        self.runs_changed.runs.subscribe()
+    }
+
+    /// Bumped when a node tells that a live session's cell was queued or ended
+    /// ([`PgStore::tell_live_news`]; this node's own are heard too): the executors holding
+    /// sessions claim their cells, and replicas waiting for a cell read it, at once instead of
+    /// at their next poll. None arrive while the session is being re-established: the polls
+    /// go on.
+    pub fn live_news(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.runs_changed.live.subscribe()
+    }
+
+    /// `NOTIFY live_cells`, in a statement of its own after the cell's transaction.
+    pub async fn tell_live_news(&self) {
+        let told = match self.client().await {
+            Ok(c) => c
+                .batch_execute(&format!("NOTIFY {LIVE_CELLS}"))
+                .await
+                .map_err(pg_err),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = told {
+            tracing::debug!(error = %e, "telling of a live cell failed; the others find it at their next poll");
+        }
     }
 
     /// Tells every node that this one registered, started or ended a run: `NOTIFY
