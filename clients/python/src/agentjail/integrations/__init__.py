@@ -2,4 +2,5 @@
 framework only when imported: ``agentjail.integrations.smolagents`` (``AgentjailExecutor``, a
 ``CodeAgent`` executor), ``agentjail.integrations.langchain`` (``AgentjailCodeTool``, a LangChain
 tool for LangGraph's ``ToolNode`` or ``bind_tools``) and ``agentjail.integrations.openai_agents``
-(``AgentjailPython``, a function tool of the OpenAI Agents SDK)."""
+(``AgentjailSandboxClient``, a sandbox provider for the OpenAI Agents SDK's ``SandboxAgent``,
+and ``AgentjailPython``, a function tool of the SDK)."""

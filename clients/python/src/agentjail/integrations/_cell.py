@@ -14,7 +14,7 @@ import hashlib
 import json
 import re
 import uuid
-from typing import Awaitable, Callable, List, Optional, Sequence
+from typing import Awaitable, Callable, List, Optional, Sequence, TypeVar
 
 from .._errors import TransportError, TransportTimeout
 from .._models import TaskView
@@ -56,6 +56,8 @@ with open(_aj_call["output"], "w") as _aj_f:
     _aj_json.dump(_aj_report, _aj_f)
 _aj_sys.exit(_aj_status)
 """
+
+T = TypeVar("T")
 
 #: The most of a cell's stdout the observation carries (its head and tail beyond that).
 MAX_OBSERVATION = 8000
@@ -114,8 +116,9 @@ def retrying(run: Callable[[], Cell]) -> Cell:
     raise AssertionError("unreachable")
 
 
-async def aretrying(run: Callable[[], Awaitable[Cell]]) -> Cell:
-    """:func:`retrying`, awaited."""
+async def aretrying(run: Callable[[], Awaitable[T]]) -> T:
+    """:func:`retrying`, awaited (for any call whose request id makes it execute-once: a
+    cell, a session opened or forked)."""
     for attempt in range(3):
         try:
             return await run()
