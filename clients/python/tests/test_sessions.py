@@ -134,19 +134,45 @@ def test_a_live_sessions_cells_have_receipts_that_chain(
         c0 = s.run(code)
         c1 = s.run("print(n * 2)\n")
         assert c0.ok and c1.ok and int(c1.stdout) == 2 * int(c0.stdout), c1.stderr_tail
+        # A checkpoint on request: the interpreter keeps its variables (one node only).
+        sha = None
+        if os.environ.get("AGENTJAIL_STORE") == "postgres":
+            with pytest.raises(agentjail.CheckpointUnsupported):
+                s.checkpoint()
+        else:
+            sha = s.checkpoint()
+            assert sha is not None and sha.startswith("sha256:")
+            assert s.view["workspace_sha256"] == sha
+        c2 = s.run("print(n)\n")
+        assert c2.ok and c2.stdout.strip() == c0.stdout.strip(), c2.stderr_tail
         # Each live cell has a receipt of its own (the service's), and they chain.
         verified = s.verify_chain(pubkey)
-        assert [v.is_live_cell for v in verified] == [True, True]
-        assert [v.predicate["interpreter"]["state"] for v in verified] == ["started", "kept"]
+        assert [v.is_live_cell for v in verified] == [True, True, True]
+        assert [v.predicate["interpreter"]["state"] for v in verified] == [
+            "started",
+            "kept",
+            "kept",
+        ]
+        if sha is not None:
+            assert verified[2].predicate["session_head"] == sha
         assert c0.receipt is not None
         one = agentjail.verify(
-            c0.receipt, ("code.py", code.encode()), public_key=pubkey, stdout=c0.stdout.encode()
+            c0.receipt,
+            ("code.py", code.encode()),
+            public_key=pubkey,
+            stdout=c0.stdout.encode(),
+            live_cell=True,
         )
         assert one.status == "ok" and one.predicate["session"]["cell"] == 0
+        # Never taken for a run's receipt unless asked for.
+        with pytest.raises(agentjail.VerificationError, match="live_cell=True"):
+            agentjail.verify(c0.receipt, ("code.py", code.encode()), public_key=pubkey)
         with pytest.raises(agentjail.VerificationError):
-            agentjail.verify(c0.receipt, ("code.py", b"print(1)\n"), public_key=pubkey)
+            agentjail.verify(
+                c0.receipt, ("code.py", b"print(1)\n"), public_key=pubkey, live_cell=True
+            )
         with pytest.raises(agentjail.VerificationError):
-            agentjail.verify(c0.receipt, public_key=pubkey, workspace=b"")
+            agentjail.verify(c0.receipt, public_key=pubkey, workspace=b"", live_cell=True)
     finally:
         s.close()
 

@@ -514,6 +514,11 @@ export class Client {
     return new Session(this, await this.json<SessionRecord>({ method: "POST", path: `/v1/sessions/${seg(sessionId)}/fork`, json: body }));
   }
 
+  /** Checkpoints a session's workspace now (a live session's interpreter keeps running). */
+  async checkpointSession(sessionId: string): Promise<Session> {
+    return new Session(this, await this.json<SessionRecord>({ method: "POST", path: `/v1/sessions/${seg(sessionId)}/checkpoint` }));
+  }
+
   /** Ends a session (idempotent). */
   async closeSession(sessionId: string): Promise<Session> {
     return new Session(this, await this.json<SessionRecord>({ method: "DELETE", path: `/v1/sessions/${seg(sessionId)}` }));
@@ -581,6 +586,14 @@ export class Session {
   /** A new session from the workspace as `cell` left it (default: the head). */
   fork(options: { cell?: number; requestId?: string } = {}): Promise<Session> {
     return this.client.forkSession(this.sessionId, options);
+  }
+  /**
+   * Checkpoints the workspace now and resolves to its digest (`sha256:…`; null for an empty
+   * one). A live session's interpreter keeps running; a fork from the last cell starts here.
+   */
+  async checkpoint(): Promise<string | null> {
+    this.record = (await this.client.checkpointSession(this.sessionId)).record;
+    return this.record.workspace_sha256 ?? null;
   }
   /** Ends the session (idempotent). */
   async close(): Promise<void> {

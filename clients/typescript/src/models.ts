@@ -276,6 +276,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{session_id}/checkpoint": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Checkpoints the session's workspace now. A session that is not live already has one
+         *     after every cell (its head). A live session's interpreter keeps running: between cells,
+         *     `/work` is collected from outside its sandbox with the same refusals and bounds as at its
+         *     end, and becomes the session's head (and what a fork from its last cell starts from).
+         */
+        post: operations["checkpoint_session"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{session_id}/fork": {
         parameters: {
             query?: never;
@@ -2293,6 +2315,96 @@ export interface operations {
                 };
             };
             /** @description The service's store keeps no sessions (not answered by this version: SQLite and PostgreSQL both do) */
+            501: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The store (the PostgreSQL database) cannot be reached right now; retry after Retry-After seconds */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    checkpoint_session: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id */
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The session, its `workspace_sha256` the checkpoint */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionView"];
+                };
+            };
+            /** @description Malformed request (e.g. more than one Authorization header) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthenticated */
+            401: {
+                headers: {
+                    /** @description `Bearer` */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No such session of the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The session was ended (`session-closed`) or expired (`session-expired`), or no checkpoint could be taken (`checkpoint-invalid`: the workspace is over its bounds, or the live sandbox did not answer) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Internal error; the detail is in the service log, not in the answer */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A live session on the fleet (PostgreSQL): not in this version (`checkpoint-unsupported`) */
             501: {
                 headers: {
                     [name: string]: unknown;

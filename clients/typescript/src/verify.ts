@@ -300,6 +300,12 @@ export interface VerifyOptions {
   stderr?: Content;
   /** A workspace checkpoint, checked against `predicate.workspace.after`. */
   workspace?: Content;
+  /**
+   * Accept a live session's cell receipt (signed by the service; its subject is the cell's
+   * code, `code.py`). Refused otherwise: it is not a run's receipt, and a file a run wrote
+   * could share its subject's name.
+   */
+  liveCell?: boolean;
 }
 
 /**
@@ -311,6 +317,9 @@ export async function verify(receipt: ReceiptArg, options: VerifyOptions): Promi
   const key = await loadPublicKey(options.publicKey);
   const [body, keyid] = await authenticPayload(await envelope(receipt), key);
   const statement = statementOf(body);
+  if (statement["predicateType"] === LIVE_CELL_PREDICATE_TYPE && !options.liveCell) {
+    throw new VerificationError("a live session's cell receipt, not a run's: pass liveCell: true to accept one");
+  }
   const subjects: Array<Record<string, any>> = (Array.isArray(statement["subject"]) ? statement["subject"] : []).filter(isObject);
   const a = options.artifact;
   const artifacts: ArtifactArg[] = a === undefined ? [] : isPair(a) || !Array.isArray(a) ? [a as ArtifactArg] : (a as ArtifactArg[]);
@@ -391,7 +400,7 @@ export async function verifySession(
   for (let index = 0; index < receipts.length; index++) {
     const receipt = receipts[index];
     if (receipt === null || receipt === undefined) continue;
-    const v = await verify(receipt, { publicKey: key });
+    const v = await verify(receipt, { publicKey: key, liveCell: true });
     const s = v.predicate["session"];
     if (!isObject(s)) throw new VerificationError(`cell ${index}: the receipt names no session`);
     if (sessionId === undefined) sessionId = String(s["id"]);

@@ -531,6 +531,10 @@ const PROSE_RUN: &[&str] = &[
 /// Commands named in prose that are not run here, each with the reason.
 const PROSE_SKIP: &[(&str, &str)] = &[
     (
+        "agentjail receipt verify --live-cell",
+        "needs a live session's cell receipt: sessions_live.rs verifies one with and without the flag",
+    ),
+    (
         "agentjail image show D --sbom | sha256sum",
         "D stands for a stored image's digest; image.rs checks that show's SBOM digest is that of what --sbom prints",
     ),

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 const ALICE: &str = "tok-alice-live-7d1e2a";
 const CAROL: &str = "tok-carol-live-0b9f4c";
 const BOB: &str = "tok-bob-live-c4e8d1";
+const OPS: &str = "tok-ops-live-5a7e90";
 
 fn config() -> String {
     format!("[server]\nmax_concurrent_runs = 8\n{}", tenants_and_task())
@@ -31,7 +32,7 @@ fn tenants_and_task() -> String {
         r#"
 [tenants.acme]
 [tenants.beta]
-{alice}{carol}{bob}
+{alice}{carol}{bob}{ops}
 [tasks.live]
 description = "Model-proposed Python in a live session"
 code = "allowed"
@@ -48,6 +49,7 @@ idle_seconds = 5
         alice = actor("alice", "acme", ALICE, false),
         carol = actor("carol", "acme", CAROL, false),
         bob = actor("bob", "beta", BOB, false),
+        ops = actor("ops", "acme", OPS, true),
         output = json_output("live", "o.json", 1000),
     )
 }
@@ -537,6 +539,35 @@ fn each_live_cell_has_a_receipt_and_the_cells_chain_through_restarts() {
     // the one the next cell would name.
     assert_eq!(session(&e)["last_receipt_sha256"], previous);
 
+    // The operator console's run page checks a cell's receipt like a run's.
+    let login = e
+        .api
+        .http
+        .post(format!("{}/console/login", e.api.base))
+        .header("Origin", &e.api.base)
+        .json(&json!({ "token": OPS }))
+        .send()
+        .unwrap();
+    assert_eq!(login.status(), 200);
+    let cookie = login.headers()["set-cookie"].to_str().unwrap().to_string();
+    let page: Value = e
+        .api
+        .http
+        .get(format!("{}/console/api/runs/acme/{sid}-1", e.api.base))
+        .header("Cookie", cookie.split(';').next().unwrap())
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(
+        (
+            &page["receipt_check"]["verifies"],
+            &page["receipt_check"]["trust"]
+        ),
+        (&json!(true), &json!("this node")),
+        "{page}"
+    );
+
     // `agentjail receipt verify` checks a cell's receipt with the node's public key, its code
     // and its stdout; other code, another stdout or a workspace is refused.
     let dir = common::tmp();
@@ -560,10 +591,25 @@ fn each_live_cell_has_a_receipt_and_the_cells_chain_through_restarts() {
             pem.to_str().unwrap(),
             "--artifact",
             code.to_str().unwrap(),
+            "--live-cell",
         ];
         args.extend_from_slice(extra);
         common::agentjail(&args)
     };
+    // Without --live-cell, an authentic cell receipt is not taken for a run's (exit 3).
+    let not_a_run = common::agentjail(&[
+        "receipt",
+        "verify",
+        rc.to_str().unwrap(),
+        "--pubkey",
+        pem.to_str().unwrap(),
+    ]);
+    assert_eq!(not_a_run.code, 3, "{}", not_a_run.dump());
+    assert!(
+        not_a_run.stderr.contains("--live-cell"),
+        "{}",
+        not_a_run.dump()
+    );
     let ok = verify(codes[1], &["--stdout", log.to_str().unwrap()]);
     assert_eq!(ok.code, 0, "{}", ok.dump());
     assert!(
@@ -583,18 +629,120 @@ fn each_live_cell_has_a_receipt_and_the_cells_chain_through_restarts() {
     // The third-party verifier accepts it too.
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../verify/tests/receipt_verify.py");
-    let py = std::process::Command::new("python3")
-        .arg(&script)
-        .arg(&rc)
-        .arg(&pem)
-        .output()
-        .expect("python3 runs");
+    let py = |extra: &[&str]| {
+        std::process::Command::new("python3")
+            .arg(&script)
+            .arg(&rc)
+            .arg(&pem)
+            .args(extra)
+            .output()
+            .expect("python3 runs")
+    };
+    assert!(
+        !py(&[]).status.success(),
+        "a cell's receipt taken for a run's"
+    );
+    let py = py(&["--live-cell"]);
     assert!(
         py.status.success(),
         "{}{}",
         String::from_utf8_lossy(&py.stdout),
         String::from_utf8_lossy(&py.stderr)
     );
+}
+
+/// `POST /v1/sessions/{id}/checkpoint` of a live session: `/work` is collected now, from
+/// outside the sandbox, and becomes the session's head; the interpreter is kept (its
+/// variables survive), the next cell's receipt names the new head, and a fork from the last
+/// cell starts from it. A workspace over its bounds is refused with the interpreter kept;
+/// another tenant's session is a 404, a closed one a 409.
+#[test]
+fn a_checkpoint_on_request_keeps_the_interpreter_and_a_fork_starts_from_it() {
+    let e = start();
+    let sid = open(&e.api, ALICE, "ckpt");
+    let checkpoint = |token: &str, sid: &str| {
+        e.api.send(
+            reqwest::Method::POST,
+            token,
+            &format!("/v1/sessions/{sid}/checkpoint"),
+            None,
+        )
+    };
+    let a = cell(
+        &e.api,
+        ALICE,
+        &sid,
+        "c0",
+        "v = 5\nopen('/work/a', 'w').write('one')",
+    );
+    assert_eq!(a["status"], "ok", "{a}");
+    let (st, s) = checkpoint(ALICE, &sid);
+    assert_eq!(st, 200, "{s}");
+    let head = s["workspace_sha256"].as_str().expect("a head").to_owned();
+    // The interpreter was not stopped: its variables are there.
+    let b = cell(
+        &e.api,
+        ALICE,
+        &sid,
+        "c1",
+        "print(v, open('/work/a').read())",
+    );
+    assert_eq!(interpreter(&b), "kept", "{b}");
+    assert_eq!(stdout(&b).trim(), "5 one", "{b}");
+    let p = statement(&b["receipt"])["predicate"].clone();
+    assert_eq!(p["session_head"].as_str(), Some(head.as_str()), "{p}");
+    // A fork from cell 0 (the last cell when the checkpoint was taken) starts from it.
+    let (st, f) = e.api.send(
+        reqwest::Method::POST,
+        ALICE,
+        &format!("/v1/sessions/{sid}/fork"),
+        Some(json!({"request_id": "ckpt-fork", "cell": 0})),
+    );
+    assert_eq!(st, 201, "{f}");
+    let fid = f["session_id"].as_str().unwrap().to_owned();
+    let c = cell(
+        &e.api,
+        ALICE,
+        &fid,
+        "f0",
+        "print(open('/work/a').read(), 'v' in globals())",
+    );
+    assert_eq!(stdout(&c).trim(), "one False", "{c}");
+    // Over the workspace's bounds (10,000 entries by default): refused, the interpreter kept.
+    cell(
+        &e.api,
+        ALICE,
+        &sid,
+        "c2",
+        "import os\nos.mkdir('/work/many')\nfor i in range(10001):\n    open(f'/work/many/{i}', 'w').close()",
+    );
+    let (st, p) = checkpoint(ALICE, &sid);
+    assert_eq!(
+        (st, p["type"].as_str().unwrap_or("")),
+        (409, "https://agentjail.dev/problems/checkpoint-invalid"),
+        "{p}"
+    );
+    assert!(
+        p["detail"].as_str().unwrap().contains("over its bounds"),
+        "{p}"
+    );
+    let d = cell(&e.api, ALICE, &sid, "c3", "print(v)");
+    assert_eq!(
+        (interpreter(&d).as_str(), stdout(&d).trim()),
+        ("kept", "5"),
+        "{d}"
+    );
+    // Another tenant's session is not found; a closed one takes no checkpoint.
+    let (st, _) = checkpoint(BOB, &sid);
+    assert_eq!(st, 404);
+    e.api.send(
+        reqwest::Method::DELETE,
+        ALICE,
+        &format!("/v1/sessions/{sid}"),
+        None,
+    );
+    let (st, p) = checkpoint(ALICE, &sid);
+    assert_eq!(st, 409, "{p}");
 }
 
 /// Sends cell `rid` (number `n`), which loops until stopped, cancels its run 0.7 s later, and

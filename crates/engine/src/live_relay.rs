@@ -13,6 +13,15 @@
 //! they are killed end the sandbox: the cell's answer is then never passed on (the service
 //! reports the interpreter lost). Threads inside the interpreter are its state, not processes
 //! of the sandbox: they are not stopped (docs/api.md, "Live sessions").
+//!
+//! A request `{"seq": N, "checkpoint": true}` (the service's `POST …/checkpoint`) is not
+//! passed on: the relay sweeps, then collects `/work` through the descriptor the init handed
+//! over ([`crate::workspace`]) with the same walk, refusals and bounds as at the run's end
+//! ([`agentjail_verify::checkpoint::build`]: beneath the folder, no link followed, nothing
+//! but regular files and folders opened), and answers one frame: a JSON line (`{"seq",
+//! "sha256", "files", "bytes", "rejected"}`, or `{"seq", "error"}`) then the archive. The
+//! interpreter is not stopped meanwhile; threads a cell left running may change `/work`
+//! during the walk (what they wrote is in the checkpoint or not, whole files as read).
 
 use std::collections::HashSet;
 use std::io::{Read, Write};
@@ -37,21 +46,47 @@ const SWEEP_PASSES: u32 = 200;
 pub(crate) struct Started {
     pub command_end: OwnedFd,
     pub payload: Sender<i32>,
+    /// Where `/work`'s descriptor goes once the init handed it over (a checkpoint on request).
+    pub work: Sender<OwnedFd>,
+}
+
+/// The workspace's bounds for a checkpoint on request (the plan's): content bytes, entries.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    pub max_bytes: u64,
+    pub max_files: u64,
+}
+
+/// The sandbox's `/work`, for checkpoints on request.
+struct Work {
+    rx: Receiver<OwnedFd>,
+    fd: Option<OwnedFd>,
+    bounds: Option<Bounds>,
 }
 
 /// Starts the relay between `service` (the live control connection) and a new socket pair,
 /// for the sandbox whose init is `init` (a pidfd).
-pub(crate) fn start(service: &OwnedFd, init: &OwnedFd) -> std::io::Result<Started> {
+pub(crate) fn start(
+    service: &OwnedFd,
+    init: &OwnedFd,
+    bounds: Option<Bounds>,
+) -> std::io::Result<Started> {
     let (ours, command_end) = UnixStream::pair()?;
     let service = UnixStream::from(service.try_clone()?);
     let init = init.try_clone()?;
     let init_pid = pid_of_pidfd(&init)?;
     let (tx, rx) = std::sync::mpsc::channel();
+    let (work_tx, work_rx) = std::sync::mpsc::channel();
+    let mut work = Work {
+        rx: work_rx,
+        fd: None,
+        bounds,
+    };
     std::thread::Builder::new()
         .name("live-relay".into())
         .spawn(move || {
             // Anything but the service's own end of the channel ends the sandbox now.
-            if relay(&service, ours, init_pid, &rx).is_none() {
+            if relay(&service, ours, init_pid, &rx, &mut work).is_none() {
                 let _ = pidfd_send_signal(&init, Signal::KILL);
             }
             // Whatever ended the relay ends the channel both ways, whoever else holds it.
@@ -60,6 +95,7 @@ pub(crate) fn start(service: &OwnedFd, init: &OwnedFd) -> std::io::Result<Starte
     Ok(Started {
         command_end: command_end.into(),
         payload: tx,
+        work: work_tx,
     })
 }
 
@@ -71,6 +107,7 @@ fn relay(
     mut command: UnixStream,
     init_pid: i32,
     payload: &Receiver<i32>,
+    work: &mut Work,
 ) -> Option<()> {
     let mut interpreter: Option<i32> = None;
     loop {
@@ -88,11 +125,68 @@ fn relay(
             interpreter = found;
         }
         let interpreter = interpreter?;
+        if let Some(seq) = checkpoint_request(&request) {
+            sweep(init_pid, interpreter).ok()?;
+            write_frame(&mut service, &checkpoint(seq, work))?;
+            continue;
+        }
         write_frame(&mut command, &request)?;
         let answer = read_frame(&mut command, ANSWER_LIMIT)?;
         sweep(init_pid, interpreter).ok()?;
         write_frame(&mut service, &answer)?;
     }
+}
+
+/// The `seq` of a checkpoint request (`{"seq": N, "checkpoint": true}`); None for a cell.
+fn checkpoint_request(request: &[u8]) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_slice(request).ok()?;
+    if v.get("checkpoint").and_then(serde_json::Value::as_bool) != Some(true) {
+        return None;
+    }
+    v.get("seq").and_then(serde_json::Value::as_u64)
+}
+
+/// The answer to checkpoint request `seq`: a JSON line, then the archive when one was made.
+fn checkpoint(seq: u64, work: &mut Work) -> Vec<u8> {
+    if work.fd.is_none() {
+        work.fd = work.rx.try_recv().ok();
+    }
+    let made = match (&work.fd, work.bounds) {
+        (Some(fd), Some(b)) => {
+            let entries = usize::try_from(b.max_files).unwrap_or(usize::MAX);
+            agentjail_verify::checkpoint::build(fd.as_fd(), b.max_bytes, entries)
+                .map_err(|e| format!("the workspace could not be read: {e}"))
+        }
+        _ => Err("this sandbox has no workspace to collect".to_owned()),
+    };
+    let (head, archive) = match made {
+        Ok(c) => match c.archive {
+            Some(a) => (
+                serde_json::json!({
+                    "seq": seq,
+                    "sha256": c.report.sha256,
+                    "files": c.report.files,
+                    "bytes": c.report.bytes,
+                    "rejected": c.report.rejected.len() as u64 + c.report.rejected_dropped,
+                }),
+                a,
+            ),
+            None => {
+                let why = c
+                    .report
+                    .rejected
+                    .last()
+                    .map(|r| r.reason.clone())
+                    .unwrap_or_else(|| "the workspace is over its bounds".to_owned());
+                (serde_json::json!({"seq": seq, "error": why}), Vec::new())
+            }
+        },
+        Err(why) => (serde_json::json!({"seq": seq, "error": why}), Vec::new()),
+    };
+    let mut out = head.to_string().into_bytes();
+    out.push(b'\n');
+    out.extend_from_slice(&archive);
+    out
 }
 
 fn read_frame(r: &mut impl Read, limit: u32) -> Option<Vec<u8>> {

@@ -150,7 +150,17 @@ pub fn run_on(
     // A live session's control channel passes through the relay (live_relay.rs), which
     // kills what each cell leaves behind from out here; the command gets the other end.
     let relay = match opts.stdin.as_deref() {
-        Some(conn) => match crate::live_relay::start(conn, &pidfd) {
+        Some(conn) => match crate::live_relay::start(
+            conn,
+            &pidfd,
+            plan.workspace
+                .as_ref()
+                .filter(|w| w.collect)
+                .map(|w| crate::live_relay::Bounds {
+                    max_bytes: w.max_bytes,
+                    max_files: w.max_files,
+                }),
+        ) {
             Ok(r) => Some(r),
             Err(e) => return abort(report, format!("the live session's relay: {e}")),
         },
@@ -235,8 +245,13 @@ pub fn run_on(
 
     let mut out = Stream::new(Some(out_r), opts.stdout);
     let mut err = Stream::new(Some(err_r), opts.stderr);
+    let (on_started, on_work) = match relay {
+        Some(r) => (Some(r.payload), Some(r.work)),
+        None => (None, None),
+    };
     let mut st = State {
-        on_started: relay.map(|r| r.payload),
+        on_started,
+        on_work,
         ..State::default()
     };
     let mut gateway: Option<agentjail_egress::GatewayHandle> = None;
@@ -488,6 +503,9 @@ struct State {
     started: bool,
     /// Where the payload's pid goes when it started (a live session's relay).
     on_started: Option<std::sync::mpsc::Sender<i32>>,
+    /// Where a copy of `/work`'s descriptor goes (a live session's relay: checkpoints on
+    /// request).
+    on_work: Option<std::sync::mpsc::Sender<OwnedFd>>,
     exec_failed: Option<String>,
     setup_failed: Option<String>,
     exit: Option<(i32, u64, u64)>,
@@ -500,7 +518,14 @@ impl State {
             Ok(Some((msg, fd))) => {
                 match msg {
                     ToSupervisor::Ready => self.output = fd,
-                    ToSupervisor::Work => self.work = fd,
+                    ToSupervisor::Work => {
+                        if let (Some(tx), Some(f)) = (self.on_work.take(), fd.as_ref())
+                            && let Ok(copy) = f.try_clone()
+                        {
+                            let _ = tx.send(copy);
+                        }
+                        self.work = fd;
+                    }
                     ToSupervisor::Listener => self.listener = fd,
                     ToSupervisor::Applied(a) => self.applied = Some(a),
                     ToSupervisor::Started { payload } => {

@@ -46,7 +46,9 @@ pub use reconcile::ReconcileAction;
 pub(crate) use reconcile::reconcile;
 pub use runs::{Artifact, ArtifactView, RunInput, RunView};
 pub(crate) use runs::{CALLER_GONE, artifact, get, receipt, submit, view};
-pub(crate) use session_admin::{close as close_session, list_cells as list_session_cells};
+pub(crate) use session_admin::{
+    checkpoint as checkpoint_session, close as close_session, list_cells as list_session_cells,
+};
 pub(crate) use session_fork::fork as fork_session;
 pub(crate) use session_steps::plan_cell as plan_session_cell;
 pub use sessions::{

@@ -9,15 +9,15 @@
 //! * Keys are PKCS#8 PEM files, created on first use with mode 0600 in a 0700 folder
 //!   ([`ReceiptKey::load_or_create`]); an existing key file readable by others, or not owned by
 //!   the current user, is refused. The key id is the hex sha256 of the raw 32-byte public key
-//!   (`receipt/key.rs`; the error and the type names are in `receipt/error.rs`).
+//!   (`receipt/key.rs`; the error and the type names are in `receipt/error.rs`; the envelope,
+//!   subjects and artifacts every kind shares in `receipt/dsse.rs`; a live cell's receipt in
+//!   `receipt/live_cell.rs`).
 //!
 //! [`verify`] checks the envelope's payload type, the signature (with a given public key, or
 //! the local key), the statement and predicate types, and that every artifact given matches a
 //! subject of the same name. See `docs/receipts.md` for the format and third-party checks.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::path::Path;
 
 use agentjail_manifest::Limits;
 use agentjail_manifest::report::{
@@ -25,15 +25,18 @@ use agentjail_manifest::report::{
 };
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE};
-use ed25519_dalek::{Signature, Signer, VerifyingKey};
+use ed25519_dalek::Signature;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::text::printable;
 
+mod dsse;
 mod error;
 mod key;
 mod live_cell;
+pub use dsse::{Artifact, Envelope, EnvelopeSignature, StreamName, Subject, pae};
+use dsse::{check_artifact, check_stream_report, signed_envelope};
+pub use ed25519_dalek::VerifyingKey;
 pub use error::{
     LIVE_CELL_PREDICATE_TYPE, PAYLOAD_TYPE, PREDICATE_TYPE, ReceiptError, SELFTEST_PREDICATE_TYPE,
     STATEMENT_TYPE,
@@ -47,35 +50,6 @@ pub use live_cell::{
 /// Largest envelope accepted (a key file or PEM text: `key.rs`).
 const MAX_ENVELOPE_BYTES: usize = 16 * 1024 * 1024;
 
-/// A DSSE envelope.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Envelope {
-    /// Base64 of the canonical statement.
-    pub payload: String,
-    #[serde(rename = "payloadType")]
-    pub payload_type: String,
-    pub signatures: Vec<EnvelopeSignature>,
-}
-
-/// One DSSE signature.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EnvelopeSignature {
-    /// Hex sha256 of the raw Ed25519 public key (a hint, not trusted for security).
-    #[serde(default)]
-    pub keyid: String,
-    /// Base64 of the 64-byte Ed25519 signature over [`pae`].
-    pub sig: String,
-}
-
-impl Envelope {
-    /// The envelope as pretty JSON with a final newline, as written to a receipt file.
-    pub fn to_json(&self) -> String {
-        let mut s = serde_json::to_string_pretty(self).unwrap_or_default();
-        s.push('\n');
-        s
-    }
-}
-
 /// An in-toto Statement v1 with the agentjail run predicate.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Statement {
@@ -85,14 +59,6 @@ pub struct Statement {
     #[serde(rename = "predicateType")]
     pub predicate_type: String,
     pub predicate: RunPredicate,
-}
-
-/// One subject: a file by name (path relative to /output) and digest.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Subject {
-    pub name: String,
-    /// `{"sha256": "<hex>"}`.
-    pub digest: BTreeMap<String, String>,
 }
 
 /// The digest of one input, by its mount point in the sandbox.
@@ -175,59 +141,6 @@ pub struct VerifiedReceipt {
     pub keyid: String,
 }
 
-/// An artifact to check against a receipt's subjects: a name and its digest.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Artifact {
-    /// The name to match: a subject's full name, or a file name matching one subject's last
-    /// path component.
-    pub name: String,
-    /// Lowercase hex sha256.
-    pub sha256: String,
-}
-
-impl Artifact {
-    /// An artifact from bytes in memory.
-    pub fn from_bytes(name: impl Into<String>, bytes: &[u8]) -> Artifact {
-        Artifact {
-            name: name.into(),
-            sha256: agentjail_manifest::hex(&Sha256::digest(bytes)),
-        }
-    }
-
-    /// An artifact read (streamed) from a file; its name is the file name.
-    pub fn from_path(path: &Path) -> Result<Artifact, ReceiptError> {
-        let err = |source| ReceiptError::ArtifactRead {
-            path: path.to_owned(),
-            source,
-        };
-        let mut f = File::open(path).map_err(err)?;
-        let mut hasher = Sha256::new();
-        crate::digest::hash_reader(&mut f, &mut hasher).map_err(err)?;
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| path.display().to_string());
-        Ok(Artifact {
-            name,
-            sha256: agentjail_manifest::hex(&hasher.finalize()),
-        })
-    }
-}
-
-/// DSSE pre-authentication encoding: `"DSSEv1" SP len(type) SP type SP len(body) SP body`.
-pub fn pae(payload_type: &str, body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(body.len() + payload_type.len() + 32);
-    out.extend_from_slice(b"DSSEv1 ");
-    out.extend_from_slice(payload_type.len().to_string().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(payload_type.as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(body.len().to_string().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(body);
-    out
-}
-
 /// Builds the statement of a run: `report` for the predicate, `inputs` as `(mount, sha256:<hex>)`
 /// pairs, `subjects` the output files that passed (their `sha256:<hex>` digests).
 pub fn statement(
@@ -298,22 +211,6 @@ pub fn statement(
     })
 }
 
-/// Which stream of the command a log is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StreamName {
-    Stdout,
-    Stderr,
-}
-
-impl StreamName {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StreamName::Stdout => "stdout",
-            StreamName::Stderr => "stderr",
-        }
-    }
-}
-
 /// Checks a log of one of the command's streams (its bytes' sha256, `log`) against the digest
 /// a verified receipt's predicate carries for that stream.
 pub fn check_stream(
@@ -326,28 +223,6 @@ pub fn check_stream(
         StreamName::Stderr => statement.predicate.stderr.as_ref(),
     };
     check_stream_report(s, which, log)
-}
-
-/// Checks a log (its bytes' sha256, `log`) against a stream's signed report `s`.
-fn check_stream_report(
-    s: Option<&StreamReport>,
-    which: StreamName,
-    log: &Artifact,
-) -> Result<(), ReceiptError> {
-    let signed = s
-        .and_then(|s| s.sha256.as_deref())
-        .ok_or(ReceiptError::NoStreamDigest {
-            stream: which.as_str(),
-        })?;
-    if signed.strip_prefix("sha256:") != Some(log.sha256.as_str()) {
-        return Err(ReceiptError::StreamMismatch {
-            stream: which.as_str(),
-            name: printable(&log.name, 200),
-            found: log.sha256.clone(),
-            signed: signed.to_string(),
-        });
-    }
-    Ok(())
 }
 
 /// Checks a workspace checkpoint file (its bytes' sha256, `checkpoint`) against the digest of
@@ -379,16 +254,7 @@ pub fn sign(
 
 /// Signs any statement: canonical JSON (RFC 8785), base64, Ed25519 over the PAE.
 pub fn sign_statement(key: &ReceiptKey, statement: &Statement) -> Result<Envelope, ReceiptError> {
-    let body = serde_jcs::to_vec(statement).map_err(|e| ReceiptError::Encoding(e.to_string()))?;
-    let sig: Signature = key.key.sign(&pae(PAYLOAD_TYPE, &body));
-    Ok(Envelope {
-        payload: STANDARD.encode(&body),
-        payload_type: PAYLOAD_TYPE.into(),
-        signatures: vec![EnvelopeSignature {
-            keyid: key.keyid(),
-            sig: STANDARD.encode(sig.to_bytes()),
-        }],
-    })
+    signed_envelope(key, statement)
 }
 
 /// Base64 as DSSE allows it: standard or URL-safe alphabet, padded or not.
@@ -546,47 +412,6 @@ fn verified_statement(
     Ok(VerifiedReceipt { statement, keyid })
 }
 
-fn check_artifact(subjects: &[Subject], a: &Artifact) -> Result<(), ReceiptError> {
-    let exact: Vec<&Subject> = subjects.iter().filter(|s| s.name == a.name).collect();
-    let candidates = if exact.is_empty() {
-        let base = a.name.rsplit('/').next().unwrap_or(&a.name);
-        subjects
-            .iter()
-            .filter(|s| s.name.rsplit('/').next() == Some(base))
-            .collect()
-    } else {
-        exact
-    };
-    let name = printable(&a.name, 200);
-    match candidates.as_slice() {
-        [] => Err(ReceiptError::ArtifactNotSubject {
-            name,
-            subjects: if subjects.is_empty() {
-                "none".into()
-            } else {
-                subjects
-                    .iter()
-                    .map(|s| printable(&s.name, 80))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            },
-        }),
-        [s] => {
-            let expected = s.digest.get("sha256").cloned().unwrap_or_default();
-            if expected.eq_ignore_ascii_case(&a.sha256) {
-                Ok(())
-            } else {
-                Err(ReceiptError::ArtifactMismatch {
-                    name,
-                    expected: printable(&expected, 80),
-                    actual: a.sha256.clone(),
-                })
-            }
-        }
-        _ => Err(ReceiptError::ArtifactAmbiguous { name }),
-    }
-}
-
 /// An in-toto statement whose predicate is an `agentjail selftest` result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SelftestStatement {
@@ -636,16 +461,7 @@ pub fn sign_selftest(
         predicate_type: SELFTEST_PREDICATE_TYPE.into(),
         predicate: result,
     };
-    let body = serde_jcs::to_vec(&statement).map_err(|e| ReceiptError::Encoding(e.to_string()))?;
-    let sig: Signature = key.key.sign(&pae(PAYLOAD_TYPE, &body));
-    Ok(Envelope {
-        payload: STANDARD.encode(&body),
-        payload_type: PAYLOAD_TYPE.into(),
-        signatures: vec![EnvelopeSignature {
-            keyid: key.keyid(),
-            sig: STANDARD.encode(sig.to_bytes()),
-        }],
-    })
+    signed_envelope(key, &statement)
 }
 
 /// [`verify`] for run receipts and self-test attestations alike: the same envelope, signature
@@ -656,8 +472,16 @@ pub fn verify_any(
     pubkey_pem: Option<&str>,
     artifacts: &[Artifact],
 ) -> Result<VerifiedAny, ReceiptError> {
-    let key = verifying_key(pubkey_pem)?;
-    let (body, keyid) = authentic_payload(envelope_json, &key)?;
+    verify_any_with_key(envelope_json, &verifying_key(pubkey_pem)?, artifacts)
+}
+
+/// [`verify_any`] with a parsed key.
+pub fn verify_any_with_key(
+    envelope_json: &[u8],
+    key: &VerifyingKey,
+    artifacts: &[Artifact],
+) -> Result<VerifiedAny, ReceiptError> {
+    let (body, keyid) = authentic_payload(envelope_json, key)?;
     let raw = raw_statement(&body)?;
     match raw.get("predicateType").and_then(|v| v.as_str()) {
         Some(SELFTEST_PREDICATE_TYPE) => {}

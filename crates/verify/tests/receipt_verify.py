@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Verify an agentjail run receipt without agentjail.
 
-Usage: receipt_verify.py RECEIPT PUBKEY_PEM [ARTIFACT...] [--stdout LOG] [--stderr LOG]
+Usage: receipt_verify.py RECEIPT PUBKEY_PEM [ARTIFACT...] [--stdout LOG] [--stderr LOG] [--live-cell]
        [--workspace CHECKPOINT]
 
 A command line over the Python client's offline verifier,
@@ -44,7 +44,9 @@ def main(argv):
     artifacts, logs = [], {}
     while rest:
         a = rest.pop(0)
-        if a in ("--stdout", "--stderr", "--workspace"):
+        if a == "--live-cell":
+            logs["live_cell"] = True
+        elif a in ("--stdout", "--stderr", "--workspace"):
             if not rest:
                 fail(a + " needs a file")
             logs[a[2:]] = rest.pop(0)

@@ -270,6 +270,10 @@ class AsyncClient:
         rid = request_id or core.new_request_id()
         return AsyncSession(self, await self._drive(core.op_fork_session(session_id, cell, rid)))
 
+    async def checkpoint_session(self, session_id: str) -> AsyncSession:
+        """Checkpoints the session's workspace now; returns the session."""
+        return AsyncSession(self, await self._drive(core.op_checkpoint_session(session_id)))
+
     async def close_session(self, session_id: str) -> AsyncSession:
         """Ends the session (idempotent)."""
         return AsyncSession(self, await self._drive(core.op_close_session(session_id)))

@@ -279,6 +279,11 @@ class Client:
         rid = request_id or core.new_request_id()
         return Session(self, self._drive(core.op_fork_session(session_id, cell, rid)))
 
+    def checkpoint_session(self, session_id: str) -> Session:
+        """Checkpoints the session's workspace now (a live session's interpreter keeps
+        running); returns the session, its ``workspace_sha256`` the checkpoint."""
+        return Session(self, self._drive(core.op_checkpoint_session(session_id)))
+
     def close_session(self, session_id: str) -> Session:
         """Ends the session (idempotent); returns it, ``closed``."""
         return Session(self, self._drive(core.op_close_session(session_id)))

@@ -355,6 +355,11 @@ def op_close_session(session_id: str) -> Op[SessionView]:
     return cast(SessionView, a.json())
 
 
+def op_checkpoint_session(session_id: str) -> Op[SessionView]:
+    a = check((yield Call("POST", session_path(session_id) + "/checkpoint", long=True)))
+    return cast(SessionView, a.json())
+
+
 def op_fork_session(session_id: str, cell: Optional[int], request_id: str) -> Op[SessionView]:
     body: Dict[str, Any] = {"request_id": request_id}
     if cell is not None:

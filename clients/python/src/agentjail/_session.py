@@ -110,6 +110,14 @@ class Session(_SessionBase):
         as ``cell`` left it (default: the head)."""
         return self._client.fork_session(self.session_id, cell=cell, request_id=request_id)
 
+    def checkpoint(self) -> Optional[str]:
+        """Checkpoints the workspace now and returns its digest (``sha256:…``; None for an
+        empty one). A live session's interpreter keeps running: its variables survive, and a
+        fork from the last cell starts from this checkpoint. Raises
+        :class:`~agentjail.Conflict` (``checkpoint-invalid``) when none could be taken."""
+        self.view = self._client.checkpoint_session(self.session_id).view
+        return self.view.get("workspace_sha256")
+
     def close(self) -> None:
         """Ends the session (idempotent; a cell still running is cancelled)."""
         self.view = self._client.close_session(self.session_id).view
@@ -175,6 +183,11 @@ class AsyncSession(_SessionBase):
     ) -> "AsyncSession":
         """A new session from a checkpoint of this one."""
         return await self._client.fork_session(self.session_id, cell=cell, request_id=request_id)
+
+    async def checkpoint(self) -> Optional[str]:
+        """Checkpoints the workspace now; returns its digest."""
+        self.view = (await self._client.checkpoint_session(self.session_id)).view
+        return self.view.get("workspace_sha256")
 
     async def close(self) -> None:
         """Ends the session (idempotent)."""

@@ -274,6 +274,7 @@ def verify(
     stdout: Optional[Content] = None,
     stderr: Optional[Content] = None,
     workspace: Optional[Content] = None,
+    live_cell: bool = False,
 ) -> VerifiedReceipt:
     """Verifies a run receipt offline, as ``agentjail receipt verify`` does.
 
@@ -285,6 +286,10 @@ def verify(
     ``workspace`` are a log or a workspace checkpoint (bytes, a binary file object, or a
     path) checked against the digests the receipt signs.
 
+    A live session's cell receipt (signed by the service; its subject is the cell's code,
+    ``code.py``) is refused unless ``live_cell`` is true: it is not a run's receipt, and a
+    file a run wrote could share its subject's name.
+
     Returns the :class:`VerifiedReceipt`; raises :class:`VerificationError` with the reason
     otherwise. A verified receipt says what happened, not that it went well: check
     ``status``.
@@ -292,6 +297,10 @@ def verify(
     key = load_public_key(public_key)
     body, keyid = _authentic_payload(_envelope(receipt), key)
     statement = _statement(body)
+    if statement.get("predicateType") == LIVE_CELL_PREDICATE_TYPE and not live_cell:
+        raise VerificationError(
+            "a live session's cell receipt, not a run's: pass live_cell=True to accept one"
+        )
     subjects = [s for s in statement.get("subject", []) if isinstance(s, dict)]
     if artifact is None:
         artifacts: Sequence[ArtifactArg] = []
@@ -378,7 +387,7 @@ def verify_session(
     for index, receipt in enumerate(receipts):
         if receipt is None:
             continue
-        v = verify(receipt, public_key=public_key)
+        v = verify(receipt, public_key=public_key, live_cell=True)
         s = v.predicate.get("session")
         if not isinstance(s, dict):
             raise VerificationError("cell %d: the receipt names no session" % index)

@@ -14,7 +14,8 @@ use clap::Subcommand;
 pub enum ReceiptCmd {
     /// Check a receipt's signature and that artifacts match its subjects; for a self-test
     /// attestation, also its verdict. Exit 0 verified (a self-test: PASSED, or accepted), 1 not
-    /// verified, 2 a FAILED self-test, 3 a PARTIAL or DEGRADED self-test not accepted.
+    /// verified, 2 a FAILED self-test, 3 a PARTIAL or DEGRADED self-test not accepted, or a
+    /// live session's cell receipt without `--live-cell`.
     Verify {
         receipt: PathBuf,
         /// An artifact to check against the receipt's subjects (repeatable).
@@ -42,6 +43,11 @@ pub enum ReceiptCmd {
         /// that host); exit 0 for it.
         #[arg(long)]
         accept_degraded: bool,
+        /// Accept a live session's cell receipt (signed by the service that ran the cell; its
+        /// subject is the cell's code, `code.py`): it is not a run's receipt, and without this
+        /// flag an authentic one exits 3.
+        #[arg(long)]
+        live_cell: bool,
     },
     /// Print the public key of a receipt signing key. Reading a key never creates one: exit 0
     /// printed, 125 when there is no key at that path (nothing is created) or it cannot be
@@ -68,6 +74,7 @@ pub fn dispatch(c: ReceiptCmd) -> Result<u8, String> {
             pubkey,
             accept_partial,
             accept_degraded,
+            live_cell,
         } => verify(
             &receipt,
             &artifacts,
@@ -76,6 +83,7 @@ pub fn dispatch(c: ReceiptCmd) -> Result<u8, String> {
             Accept {
                 partial: accept_partial,
                 degraded: accept_degraded,
+                live_cell,
             },
         ),
         ReceiptCmd::Pubkey { key, create } => pubkey(key, create),
@@ -111,7 +119,8 @@ fn pubkey(key: Option<PathBuf>, create: bool) -> Result<u8, String> {
 /// Exit status of `receipt verify` for an authentic self-test attestation that is FAILED.
 pub const EXIT_FAILED: u8 = 2;
 /// Exit status of `receipt verify` for an authentic self-test attestation that is partial or
-/// degraded, and not accepted by `--accept-partial` / `--accept-degraded`.
+/// degraded, and not accepted by `--accept-partial` / `--accept-degraded`; and for an
+/// authentic live cell's receipt without `--live-cell`.
 pub const EXIT_NOT_ACCEPTED: u8 = 3;
 
 /// What the verifier accepts besides a PASSED self-test attestation.
@@ -119,6 +128,7 @@ pub const EXIT_NOT_ACCEPTED: u8 = 3;
 struct Accept {
     partial: bool,
     degraded: bool,
+    live_cell: bool,
 }
 
 fn verify(
@@ -219,6 +229,12 @@ fn verify(
                 0 => String::new(),
                 n => format!("; {n} stream log(s) match"),
             };
+            if !accept.live_cell {
+                errln!(
+                    "agentjail: receipt authentic, not accepted: it is a live session's cell receipt (signed by the service; its subject is the cell's code), not a run's; pass --live-cell to accept one"
+                );
+                return Ok(EXIT_NOT_ACCEPTED);
+            }
             outln!(
                 "receipt OK: live cell {} of session {} signed by key {}; status {}; interpreter {} ({}); previous receipt {}; {} artifact(s) match{streams}",
                 p.session.cell,

@@ -391,7 +391,19 @@ async fn runs_events(State(state): State<AppState>) -> Result<Response, ApiError
 /// holds: a writer of the database could have put both there). `verifies` null: it could not
 /// be checked.
 async fn receipt_check(state: &AppState, env: &str) -> Value {
-    use agentjail_verify::receipt::{ReceiptKey, parse_public_key_pem, verify_with_key};
+    use agentjail_verify::receipt::{
+        ReceiptError, ReceiptKey, VerifiedAny, VerifyingKey, parse_public_key_pem,
+    };
+    // A run's receipt, or a live session's cell's (which the service signs); never a
+    // self-test attestation in a run's place.
+    fn verify_with_key(env: &[u8], key: &VerifyingKey, _: &[()]) -> Result<(), ReceiptError> {
+        match agentjail_verify::receipt::verify_any_with_key(env, key, &[])? {
+            VerifiedAny::Run(_) | VerifiedAny::LiveCell(_) => Ok(()),
+            VerifiedAny::Selftest(_) => Err(ReceiptError::BadStatement {
+                reason: "a self-test attestation, not a run's receipt".into(),
+            }),
+        }
+    }
     let key = state.inner.data_dir.join("private").join("receipt-key.pem");
     let own = match ReceiptKey::load(&key) {
         Ok(k) => verify_with_key(env.as_bytes(), &k.verifying_key(), &[]),

@@ -28,6 +28,7 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(get_session, close_session))
         .routes(routes!(run_cell, list_cells))
         .routes(routes!(fork_session))
+        .routes(routes!(checkpoint_session))
 }
 
 /// A JSON body, or its refusal (audited) as for `POST /v1/runs`.
@@ -139,6 +140,33 @@ async fn close_session(
     Path(id): Path<String>,
 ) -> Result<Json<SessionView>, ApiError> {
     Ok(Json(service::close_session(&state, &caller, &id).await?))
+}
+
+/// Checkpoints the session's workspace now. A session that is not live already has one
+/// after every cell (its head). A live session's interpreter keeps running: between cells,
+/// `/work` is collected from outside its sandbox with the same refusals and bounds as at its
+/// end, and becomes the session's head (and what a fork from its last cell starts from).
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{session_id}/checkpoint",
+    tag = "sessions",
+    params(("session_id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 200, description = "The session, its `workspace_sha256` the checkpoint", body = SessionView),
+        (status = 404, description = "No such session of the caller's", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The session was ended (`session-closed`) or expired (`session-expired`), or no checkpoint could be taken (`checkpoint-invalid`: the workspace is over its bounds, or the live sandbox did not answer)", body = Problem, content_type = "application/problem+json"),
+        (status = 501, description = "A live session on the fleet (PostgreSQL): not in this version (`checkpoint-unsupported`)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+async fn checkpoint_session(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<SessionView>, ApiError> {
+    Ok(Json(
+        service::checkpoint_session(&state, &caller, &id).await?,
+    ))
 }
 
 fn cell_response(v: CellView) -> Response {

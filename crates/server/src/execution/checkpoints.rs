@@ -146,6 +146,23 @@ fn store(data_dir: &Path, sha256: &str, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::File::open(&d)?.sync_all()
 }
 
+/// Stores `bytes`, already checked to hash to `sha256` (a live sandbox's checkpoint on
+/// request), on a blocking thread; where it is stored, or None (logged).
+pub async fn keep(data_dir: &Path, sha256: &str, bytes: Vec<u8>) -> Option<std::path::PathBuf> {
+    let (d, sha) = (data_dir.to_owned(), sha256.to_owned());
+    let stored =
+        tokio::task::spawn_blocking(move || store(&d, &sha, &bytes).map(|()| path(&d, &sha)))
+            .await
+            .ok()?;
+    match stored {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!(error = %e, "storing a checkpoint failed");
+            None
+        }
+    }
+}
+
 /// The checkpoint a cell's runner sent back, kept only when its bytes hash to the report's
 /// `workspace.sha256` and are stored: its digest, or None (the head then stays where it was).
 pub fn accept(

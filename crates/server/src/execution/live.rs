@@ -208,6 +208,72 @@ pub async fn exec(live: &mut Live, code: &str, seconds: u64) -> Answer {
     }
 }
 
+/// What a checkpoint request to a live sandbox came to.
+pub enum Collected {
+    /// The archive and its digest (`sha256:<hex>`), checked to be that digest.
+    Archive { sha256: String, bytes: Vec<u8> },
+    /// The supervisor made none (over the workspace's bounds, unreadable): why, one line.
+    Refused(String),
+    /// No answer in step: the sandbox was killed.
+    Lost,
+}
+
+/// How long the supervisor has to collect `/work` for a checkpoint on request.
+const COLLECT_LIMIT: Duration = Duration::from_secs(120);
+
+/// Asks the live sandbox's supervisor (its relay, outside the sandbox) for a checkpoint of
+/// `/work` now, between cells: an answer of at most `limit` bytes. The interpreter keeps
+/// running. A channel out of step or silent past [`COLLECT_LIMIT`] ends the sandbox.
+pub async fn checkpoint(live: &mut Live, limit: u64) -> Collected {
+    live.seq += 1;
+    let seq = live.seq;
+    let body = serde_json::json!({"seq": seq, "checkpoint": true}).to_string();
+    let mut frame = Vec::with_capacity(body.len() + 4);
+    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(body.as_bytes());
+    let conn = &mut live.conn;
+    let exchange = async {
+        conn.write_all(&frame).await.ok()?;
+        let mut head = [0u8; 4];
+        conn.read_exact(&mut head).await.ok()?;
+        let n = u64::from(u32::from_be_bytes(head));
+        if n > limit {
+            return None;
+        }
+        let mut buf = Vec::new();
+        (&mut *conn).take(n).read_to_end(&mut buf).await.ok()?;
+        (buf.len() as u64 == n).then_some(buf)
+    };
+    let answer = match tokio::time::timeout(COLLECT_LIMIT, exchange).await {
+        Ok(Some(a)) => a,
+        _ => {
+            live.cancel.cancel();
+            return Collected::Lost;
+        }
+    };
+    let split = answer.iter().position(|b| *b == b'\n');
+    let head = split.and_then(|i| serde_json::from_slice::<serde_json::Value>(&answer[..i]).ok());
+    let (Some(i), Some(head)) = (split, head) else {
+        live.cancel.cancel();
+        return Collected::Lost;
+    };
+    if head.get("seq").and_then(serde_json::Value::as_u64) != Some(seq) {
+        live.cancel.cancel();
+        return Collected::Lost;
+    }
+    live.last = Instant::now();
+    if let Some(why) = head.get("error").and_then(|e| e.as_str()) {
+        return Collected::Refused(agentjail_manifest::text::printable(why, 300));
+    }
+    let bytes = answer[i + 1..].to_vec();
+    let sha256 = format!("sha256:{}", crate::config::sha256_hex(&bytes));
+    if head.get("sha256").and_then(|s| s.as_str()) != Some(sha256.as_str()) {
+        live.cancel.cancel();
+        return Collected::Lost;
+    }
+    Collected::Archive { sha256, bytes }
+}
+
 /// Ends a live sandbox: `kill` kills it (a close, a timeout); otherwise its control channel
 /// is closed and the driver exits by itself, its workspace collected as the session's head.
 /// Returns once its run's end is recorded (bounded).

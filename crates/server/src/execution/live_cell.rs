@@ -197,6 +197,12 @@ impl CellFacts<'_> {
             t0: std::time::Instant::now(),
         }
     }
+
+    /// The cell is handed to the interpreter now (after its start, if it started for it).
+    pub(crate) fn handed(&mut self) {
+        self.started_at = jiff::Timestamp::now().to_string();
+        self.t0 = std::time::Instant::now();
+    }
 }
 
 /// A live cell's recorded end (its run's and the cell's): its streams written to its job

@@ -84,11 +84,10 @@ pub(crate) async fn run_cell(
         None if guard.live.is_none() => match state.inner.run_slots.clone().try_acquire_owned() {
             Ok(p) => Some(p),
             Err(_) => {
-                match queue.give_back(&c.run.job_id, lease.fence).await {
-                    Ok(_) => queue.tell_live_news().await,
-                    Err(e) => {
-                        tracing::warn!(job_id = %c.run.job_id, error = %e, "giving back a live cell's claim failed; it ends unknown at its lease's end")
-                    }
+                // No notification: while the session shows as held here no other node may
+                // claim it, and this node finds it again at its next poll.
+                if let Err(e) = queue.give_back(&c.run.job_id, lease.fence).await {
+                    tracing::warn!(job_id = %c.run.job_id, error = %e, "giving back a live cell's claim failed; it ends unknown at its lease's end");
                 }
                 return;
             }
@@ -117,7 +116,7 @@ pub(crate) async fn run_cell(
     state.inner.news.started(&c.run.job_id);
     let seconds = task.limits.seconds;
     let code = c.spec.code.clone().unwrap_or_default();
-    let facts = CellFacts::now(
+    let mut facts = CellFacts::now(
         &code,
         cell.previous_receipt_sha256.clone(),
         cell.restore.clone(),
@@ -133,7 +132,11 @@ pub(crate) async fn run_cell(
             let generation = guard.next_generation();
             match start_interpreter(state, queue, &c, &cell, &task, permit, &slot, generation).await
             {
-                Ok(l) => guard.live = Some(l),
+                Ok((l, restored)) => {
+                    guard.live = Some(l);
+                    // What it restored: the head as the database said when it started.
+                    facts.session_head = restored;
+                }
                 Err(why) => {
                     let reason = format!("interpreter: lost; it could not be started: {why}");
                     break 'out Ended::new(RunState::SetupError, reason);
@@ -145,6 +148,7 @@ pub(crate) async fn run_cell(
         let Some(l) = guard.live.as_mut() else {
             break 'out Ended::new(RunState::Unknown, "interpreter: lost".into());
         };
+        facts.handed();
         let answer = tokio::select! {
             a = live::exec_cancellable(l, &code, seconds, &cancel) => Some(a),
             _ = lease.lost.cancelled() => None,
@@ -213,7 +217,7 @@ async fn start_interpreter(
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
     slot: &std::sync::Arc<tokio::sync::Mutex<live::Slot>>,
     generation: u64,
-) -> Result<Live, String> {
+) -> Result<(Live, Option<String>), String> {
     let permit = permit.ok_or("no run slot")?;
     let sid = &cell.session_id;
     let t = now();
@@ -314,7 +318,7 @@ async fn start_interpreter(
     let who = (row.actor.clone(), row.tenant.clone(), row.task.clone());
     let (request_id, job_id) = (job.request_id.clone(), job.job_id.clone());
     match live::start(state, job, how, idle, slot, generation).await {
-        Ok(l) => Ok(l),
+        Ok(l) => Ok((l, s.head_sha256)),
         Err(why) => {
             // Its run may not have started (or ended already: then this is refused by the
             // fencing): it does not hold the session until its lease runs out.

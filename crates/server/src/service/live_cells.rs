@@ -43,7 +43,7 @@ pub(super) async fn execute(
     // `POST /v1/runs/{id}/cancel` of the cell reaches it here (kept until its end is recorded).
     let (cancel, _registered) = crate::execution::runner::register(state, &c.run.job_id);
     let s = c.session;
-    let facts = CellFacts::now(&c.code, c.previous_receipt.clone(), c.before.clone());
+    let mut facts = CellFacts::now(&c.code, c.previous_receipt.clone(), c.before.clone());
     let seconds = admitted.task.limits.seconds;
     // A sandbox whose run ended (its runner lost) is gone with its state.
     if guard.live.as_ref().is_some_and(live::Live::ended) {
@@ -106,6 +106,7 @@ pub(super) async fn execute(
         return Err(Failure::Internal);
     };
     let t0 = std::time::Instant::now();
+    facts.handed();
     let answer = live::exec_cancellable(l, &c.code, seconds, &cancel).await;
     tracing::debug!(session_id = %s.session_id, cell = c.cell, exec_us = t0.elapsed().as_micros() as u64, "live cell executed");
     let out = ended(state, &caller.tenant, &s.task, guard, answer, word, seconds).await;

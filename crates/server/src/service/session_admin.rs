@@ -1,9 +1,10 @@
-//! A session's owner's other operations: its cells a page at a time, and its end (`DELETE`).
+//! A session's owner's other operations: its cells a page at a time, a checkpoint on request,
+//! and its end (`DELETE`).
 
 use super::auth::deny;
 use super::failure::Failure;
 use super::sessions::{
-    CellList, SessionView, cell_view, db, owned, run_of, session_row, session_view,
+    CellList, SessionView, cell_view, db, owned, run_of, session_row, session_view, settings,
 };
 use crate::app::AppState;
 use crate::policy::Caller;
@@ -100,4 +101,117 @@ pub(crate) async fn list_cells(
         .then(|| cells.last().map(|c| c.cell.to_string()))
         .flatten();
     Ok(CellList { cells, next_cursor })
+}
+
+/// `POST /v1/sessions/{id}/checkpoint`: the session's workspace checkpointed now. A session
+/// that is not live checkpoints after every cell: its head is already the last one. A live
+/// session's interpreter keeps running: between cells (it takes its turn after a cell in
+/// progress), the supervisor outside its sandbox collects `/work` with the same refusals and
+/// bounds as at its end, and the checkpoint becomes the session's head and the one a fork
+/// from its last cell starts from. With no interpreter up, the head is the last checkpoint.
+pub(crate) async fn checkpoint(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<SessionView, Failure> {
+    let mut ev = caller.event("session_checkpoint");
+    ev.session_id = Some(id.to_owned());
+    let db = db(state, caller, &ev).await?;
+    let s = owned(state, caller, &db, id, &ev).await?;
+    ev.task = Some(s.task.clone());
+    if s.closed_at.is_some() {
+        return Err(deny(state, caller, ev, Refusal::SessionClosed).await);
+    }
+    if now() >= s.expires_at {
+        return Err(deny(state, caller, ev, Refusal::SessionExpired).await);
+    }
+    let Some(set) = settings(state, &s.task).cloned() else {
+        return Err(deny(state, caller, ev, Refusal::TaskGone).await);
+    };
+    let mut took = None;
+    if set.interpreter.is_some() {
+        if state.inner.queue.is_some() {
+            return Err(deny(state, caller, ev, Refusal::CheckpointUnsupported).await);
+        }
+        if let Some(slot) = state.inner.live.get(&s.session_id) {
+            let mut guard = slot.lock().await;
+            if guard
+                .live
+                .as_ref()
+                .is_some_and(crate::execution::live::Live::ended)
+            {
+                guard.live = None;
+            }
+            if let Some(l) = guard.live.as_mut() {
+                // The archive's bound: the workspace's content plus a tar header (and a GNU
+                // long name) per entry, and the answer's JSON line.
+                let limit = set
+                    .max_mb
+                    .saturating_mul(1 << 20)
+                    .saturating_add(set.max_files.saturating_mul(2048))
+                    .saturating_add(1 << 20)
+                    .min(u64::from(u32::MAX));
+                match crate::execution::live::checkpoint(l, limit).await {
+                    crate::execution::live::Collected::Archive { sha256, bytes } => {
+                        took = Some(keep_head(state, &s.session_id, sha256, bytes).await?);
+                    }
+                    crate::execution::live::Collected::Refused(why) => {
+                        let r = Refusal::CheckpointInvalid(format!(
+                            "no checkpoint was taken (the interpreter is kept): {why}"
+                        ));
+                        return Err(deny(state, caller, ev, r).await);
+                    }
+                    crate::execution::live::Collected::Lost => {
+                        if let Some(l) = guard.live.take() {
+                            crate::execution::live::end(l, true).await;
+                        }
+                        let r = Refusal::CheckpointInvalid(
+                            "the live sandbox did not answer the checkpoint in step; it was ended (the next cell restarts from the last checkpoint)".into(),
+                        );
+                        return Err(deny(state, caller, ev, r).await);
+                    }
+                }
+            }
+        }
+    }
+    metrics::counter!("agentjail_sessions_total", "event" => "session_checkpoint").increment(1);
+    let s = session_row(&db, &s.session_id).await?;
+    state
+        .store()
+        .audit(Event {
+            event: "session_checkpoint",
+            decision: Some("allow"),
+            reason: Some(match took {
+                Some(sha) => format!("the live interpreter's /work: {sha}"),
+                None => "the session's head is its last checkpoint".into(),
+            }),
+            ..ev
+        })
+        .await;
+    Ok(session_view(state, &s))
+}
+
+/// Stores a live sandbox's checkpoint and makes it the session's head (SQLite).
+async fn keep_head(
+    state: &AppState,
+    sid: &str,
+    sha256: String,
+    bytes: Vec<u8>,
+) -> Result<String, Failure> {
+    let path = crate::execution::checkpoints::keep(&state.inner.data_dir, &sha256, bytes)
+        .await
+        .ok_or(Failure::Internal)?;
+    let db = state.store().sqlite().ok_or(Failure::Internal)?.clone();
+    let (id, sha) = (sid.to_owned(), sha256.clone());
+    let set = db
+        .call(move |c| store::set_live_head(c, &id, &sha, &path))
+        .await
+        .map_err(|e| {
+            tracing::error!(session_id = %sid, error = %e, "recording a checkpoint taken on request failed");
+            Failure::Internal
+        })?;
+    if !set {
+        tracing::warn!(session_id = %sid, "the session was closed while its checkpoint was taken; not its head");
+    }
+    Ok(sha256)
 }

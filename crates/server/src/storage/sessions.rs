@@ -414,6 +414,35 @@ fn finish_cell_sync(c: &mut Connection, f: &FinishRun, end: &CellEnd) -> Result<
     Ok(())
 }
 
+/// A live session's checkpoint taken on request (stored at `path`, checked under the
+/// database's lock as the retention sweep deletes under it): the session's new head, and the
+/// head its last cell left (what a fork from that cell starts from). False when the session
+/// was closed meanwhile or the file is gone.
+pub fn set_live_head(
+    c: &mut Connection,
+    session_id: &str,
+    sha256: &str,
+    path: &std::path::Path,
+) -> Result<bool, DbError> {
+    let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    if !path.is_file() {
+        return Ok(false);
+    }
+    let n = tx.execute(
+        "UPDATE sessions SET head_sha256 = ?2 WHERE session_id = ?1 AND closed_at IS NULL",
+        params![session_id, sha256],
+    )?;
+    if n == 1 {
+        tx.execute(
+            "UPDATE session_cells SET head_after = ?2 WHERE session_id = ?1
+               AND cell = (SELECT cells - 1 FROM sessions WHERE session_id = ?1)",
+            params![session_id, sha256],
+        )?;
+    }
+    tx.commit()?;
+    Ok(n == 1)
+}
+
 /// Records a cell's end: its run's outcome, the cell's checkpoint and receipt, and the
 /// session's new head, in one transaction.
 pub async fn finish_cell(store: &dyn Store, f: FinishRun, end: CellEnd) -> Result<(), StoreError> {

@@ -3,25 +3,26 @@
 //! A live cell is executed in the session's resident interpreter, which is a run of its own
 //! (with a run attestation naming its manifest: the boundary, limits and network); the cell
 //! is not a run of the runner's, so the service that executed it signs its receipt, with the
-//! same key and envelope. It says which code ran (the subject `code.py`), what the
-//! interpreter answered (status, the streams' digests), which interpreter run it ran in and
-//! what became of it, and the previous cell's receipt digest: a session's cells, live or
-//! not, form one chain. It does not say what `/work` held: a live cell's workspace is
+//! same key and envelope. It says which code was sent to the interpreter (the subject
+//! `code.py`), what the interpreter answered (status, the streams' digests: its word, as
+//! untrusted as the cells' code, which runs in it and may have changed it), which
+//! interpreter run it ran in and what became of it, and the previous cell's receipt digest:
+//! a session's cells, live or not, form one chain. It is not a run's receipt: verifiers take
+//! it only when asked to (`--live-cell`), since a file a run wrote could share its subject's
+//! name. It does not say what `/work` held: a live cell's workspace is
 //! checkpointed when its interpreter's run ends, and that run's receipt names it.
 
 use std::collections::BTreeMap;
 
 use agentjail_manifest::report::StreamReport;
 use agentjail_manifest::session::Session;
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD;
-use ed25519_dalek::{Signature, Signer};
 use serde::{Deserialize, Serialize};
 
-use super::{
-    Artifact, Envelope, EnvelopeSignature, LIVE_CELL_PREDICATE_TYPE, PAYLOAD_TYPE, ReceiptError,
-    ReceiptKey, STATEMENT_TYPE, StreamName, Subject, check_artifact, check_stream_report, pae,
+use super::dsse::{
+    Artifact, Envelope, StreamName, Subject, check_artifact, check_stream_report, signed_envelope,
 };
+use super::error::{LIVE_CELL_PREDICATE_TYPE, ReceiptError, STATEMENT_TYPE};
+use super::key::ReceiptKey;
 use crate::text::printable;
 
 /// An in-toto statement about a live cell: its subject is the cell's code (`code.py`).
@@ -58,9 +59,9 @@ pub struct LiveCellPredicate {
     pub stdout: StreamReport,
     /// Its stderr, likewise.
     pub stderr: StreamReport,
-    /// The session's head checkpoint (`sha256:<hex>`) when the cell was reserved: what the
-    /// interpreter restored if it started for this cell. A kept interpreter's `/work` is that
-    /// plus what earlier cells did to it.
+    /// The checkpoint (`sha256:<hex>`) the interpreter restored when it started for this
+    /// cell; else the session's head when the cell was reserved (a kept interpreter's
+    /// `/work` is that plus what earlier cells did to it).
     pub session_head: Option<String>,
 }
 
@@ -110,16 +111,7 @@ pub fn sign_live_cell(
         predicate_type: LIVE_CELL_PREDICATE_TYPE.into(),
         predicate,
     };
-    let body = serde_jcs::to_vec(&statement).map_err(|e| ReceiptError::Encoding(e.to_string()))?;
-    let sig: Signature = key.key.sign(&pae(PAYLOAD_TYPE, &body));
-    Ok(Envelope {
-        payload: STANDARD.encode(&body),
-        payload_type: PAYLOAD_TYPE.into(),
-        signatures: vec![EnvelopeSignature {
-            keyid: key.keyid(),
-            sig: STANDARD.encode(sig.to_bytes()),
-        }],
-    })
+    signed_envelope(key, &statement)
 }
 
 /// A live cell's statement from an authentic payload (its predicate type checked by the

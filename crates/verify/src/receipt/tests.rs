@@ -3,6 +3,7 @@
 use super::key::key_path_from;
 use super::*;
 use agentjail_manifest::report::{DenialKind, REPORT_SCHEMA};
+use sha2::{Digest, Sha256};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
