@@ -136,6 +136,10 @@ description = "Cells in a live session"
 code = "allowed"
 command = ["/usr/bin/python3", "/input/code.py"]
 allowed_tenants = ["bench"]
+[tasks.live.output]
+path = "/output/o.json"
+media_type = "application/json"
+max_bytes = 100
 [tasks.live.limits]
 seconds = 30
 [tasks.live.session]
