@@ -134,15 +134,11 @@ def test_a_live_sessions_cells_have_receipts_that_chain(
         c0 = s.run(code)
         c1 = s.run("print(n * 2)\n")
         assert c0.ok and c1.ok and int(c1.stdout) == 2 * int(c0.stdout), c1.stderr_tail
-        # A checkpoint on request: the interpreter keeps its variables (one node only).
-        sha = None
-        if os.environ.get("AGENTJAIL_STORE") == "postgres":
-            with pytest.raises(agentjail.CheckpointUnsupported):
-                s.checkpoint()
-        else:
-            sha = s.checkpoint()
-            assert sha is not None and sha.startswith("sha256:")
-            assert s.view["workspace_sha256"] == sha
+        # A checkpoint on request (on the fleet, by the worker holding the interpreter): the
+        # interpreter keeps its variables.
+        sha = s.checkpoint()
+        assert sha is not None and sha.startswith("sha256:")
+        assert s.view["workspace_sha256"] == sha
         c2 = s.run("print(n)\n")
         assert c2.ok and c2.stdout.strip() == c0.stdout.strip(), c2.stderr_tail
         # Each live cell has a receipt of its own (the service's), and they chain.
@@ -153,8 +149,7 @@ def test_a_live_sessions_cells_have_receipts_that_chain(
             "kept",
             "kept",
         ]
-        if sha is not None:
-            assert verified[2].predicate["session_head"] == sha
+        assert verified[2].predicate["session_head"] == sha
         assert c0.receipt is not None
         one = agentjail.verify(
             c0.receipt,

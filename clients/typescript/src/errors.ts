@@ -103,8 +103,6 @@ export class RateLimited extends APIError {
 }
 /** 501 `sessions-unsupported`: the service's store keeps no sessions (older servers). */
 export class SessionsUnsupported extends APIError { override name = "SessionsUnsupported"; }
-/** 501 `checkpoint-unsupported`: a checkpoint on request of a live session on the fleet (not in this version). */
-export class CheckpointUnsupported extends APIError { override name = "CheckpointUnsupported"; }
 /** 503: the service (its database) cannot be reached right now; retry after `retryAfter`. */
 export class Unavailable extends APIError {
   override name = "Unavailable";
@@ -140,7 +138,6 @@ const BY_SLUG: Record<string, typeof APIError> = {
   "session-cell-limit": SessionCellLimit,
   "checkpoint-invalid": CheckpointInvalid,
   "sessions-unsupported": SessionsUnsupported,
-  "checkpoint-unsupported": CheckpointUnsupported,
 };
 
 const BY_STATUS: Record<number, typeof APIError> = {

@@ -2404,15 +2404,6 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description A live session on the fleet (PostgreSQL): not in this version (`checkpoint-unsupported`) */
-            501: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/problem+json": components["schemas"]["Problem"];
-                };
-            };
             /** @description The store (the PostgreSQL database) cannot be reached right now; retry after Retry-After seconds */
             503: {
                 headers: {

@@ -4,7 +4,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as aj from "../dist/index.js";
 import { text } from "../dist/node.js";
-import { live, rid, OUT, POSTGRES } from "./helpers.mjs";
+import { live, rid, OUT } from "./helpers.mjs";
 
 test("cells share /work, retry safely and chain their receipts", live, async () => {
   const c = new aj.Client();
@@ -84,19 +84,15 @@ test("a live session's cells have receipts of their own that chain", live, async
     const c1 = await s.run("print(x * 2)\n");
     assert.ok(c0.ok && c1.ok, c1.stderrTail);
     assert.equal(c1.stdout.trim(), "42");
-    // A checkpoint on request: the interpreter keeps its variables (one node only).
-    let sha = null;
-    if (POSTGRES) {
-      await assert.rejects(s.checkpoint(), aj.CheckpointUnsupported);
-    } else {
-      sha = await s.checkpoint();
-      assert.match(sha, /^sha256:/);
-    }
+    // A checkpoint on request (on the fleet, by the worker holding the interpreter): the
+    // interpreter keeps its variables.
+    const sha = await s.checkpoint();
+    assert.match(sha, /^sha256:/);
     const c2 = await s.run("print(x)\n");
     assert.equal(c2.stdout.trim(), "21");
     const verified = await s.verifyChain(pem);
     assert.deepEqual(verified.map((v) => [v.isLiveCell, v.predicate.interpreter.state]), [[true, "started"], [true, "kept"], [true, "kept"]]);
-    if (sha) assert.equal(verified[2].predicate.session_head, sha);
+    assert.equal(verified[2].predicate.session_head, sha);
     const one = await aj.verify(c0.receipt, { publicKey: pem, artifact: ["code.py", code], stdout: c0.stdout, liveCell: true });
     assert.equal(one.status, "ok");
     // Never taken for a run's receipt unless asked for.

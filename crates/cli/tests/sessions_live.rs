@@ -870,7 +870,39 @@ fn on_the_fleet_a_live_session_stays_on_its_worker_and_restarts_once_when_that_i
         assert_eq!(stdout(&v).trim(), (41 + i).to_string(), "{v}");
         assert_eq!(interpreter(&v), "kept", "{v}");
     }
+    // A checkpoint on request through the replica (no run slot, no interpreter): the worker
+    // holding the session takes it; the interpreter is kept.
+    let (st, v) = api.send(
+        reqwest::Method::POST,
+        ALICE,
+        &format!("/v1/sessions/{sid}/checkpoint"),
+        None,
+    );
+    assert_eq!(st, 200, "{v}");
+    let taken = v["workspace_sha256"]
+        .as_str()
+        .expect("a checkpoint")
+        .to_owned();
+    let k = cell(
+        &api,
+        ALICE,
+        &sid,
+        "c3k",
+        "x += 1\nprint(x, open('/work/a').read())",
+    );
+    assert_eq!(
+        (stdout(&k).trim(), interpreter(&k).as_str()),
+        ("45 a", "kept"),
+        "{k}"
+    );
     let pg = &f.pg;
+    assert_eq!(
+        pg.psql(&format!(
+            "SELECT head_after FROM session_cells WHERE session_id = '{sid}' AND cell = 3"
+        )),
+        taken,
+        "a fork from the last cell before the checkpoint starts from it"
+    );
     let holder = interpreters(pg, &sid);
     assert_eq!(holder.len(), 1, "{holder:?}");
     let first = holder[0].split(':').next().unwrap().to_owned();

@@ -205,8 +205,6 @@ pub enum Refusal {
     CheckpointGone { cell: u64, keep: u64 },
     /// The service's store keeps no sessions (not answered by this version: both stores do).
     SessionsUnsupported,
-    /// A checkpoint on request of a live session on the fleet (not in this version).
-    CheckpointUnsupported,
 }
 
 impl Refusal {
@@ -260,7 +258,6 @@ impl Refusal {
             CheckpointInvalid(_) => "checkpoint-invalid",
             CheckpointGone { .. } => "checkpoint-gone",
             SessionsUnsupported => "sessions-unsupported",
-            CheckpointUnsupported => "checkpoint-unsupported",
         }
     }
 
@@ -359,7 +356,6 @@ impl Refusal {
                 "cell {cell}'s checkpoint is no longer kept (a session keeps those of its {keep} most recent cells); fork from a later cell"
             ),
             SessionsUnsupported => "this service's store keeps no sessions".into(),
-            CheckpointUnsupported => "a checkpoint on request of a live session is not taken on the fleet (PostgreSQL) in this version: its interpreter's end (idle, DELETE, a drain) checkpoints /work".into(),
         }
     }
 

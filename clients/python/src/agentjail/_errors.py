@@ -42,7 +42,6 @@ __all__ = [
     "CheckpointInvalid",
     "CheckpointGone",
     "SessionsUnsupported",
-    "CheckpointUnsupported",
     "VerificationError",
 ]
 
@@ -173,11 +172,6 @@ class SessionsUnsupported(ServerError):
     (PostgreSQL)."""
 
 
-class CheckpointUnsupported(ServerError):
-    """501 ``checkpoint-unsupported``: a checkpoint on request of a live session on the fleet
-    (PostgreSQL) is not taken in this version; the interpreter's end checkpoints ``/work``."""
-
-
 def _retry_after(headers: Mapping[str, str]) -> Optional[float]:
     v = headers.get("retry-after")
     try:
@@ -252,7 +246,6 @@ _BY_SLUG: Dict[str, Type[APIError]] = {
     "checkpoint-invalid": CheckpointInvalid,
     "checkpoint-gone": CheckpointGone,
     "sessions-unsupported": SessionsUnsupported,
-    "checkpoint-unsupported": CheckpointUnsupported,
 }
 
 

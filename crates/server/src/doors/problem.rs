@@ -182,9 +182,7 @@ fn http_status(r: &Refusal) -> (StatusCode, &'static str) {
         SessionFull { .. } => (StatusCode::CONFLICT, "Session cell limit"),
         CheckpointInvalid(_) => (StatusCode::CONFLICT, "Checkpoint refused"),
         CheckpointGone { .. } => (StatusCode::GONE, "Checkpoint deleted"),
-        SessionsUnsupported | CheckpointUnsupported => {
-            (StatusCode::NOT_IMPLEMENTED, "Not implemented")
-        }
+        SessionsUnsupported => (StatusCode::NOT_IMPLEMENTED, "Not implemented"),
     }
 }
 

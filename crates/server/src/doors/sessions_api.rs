@@ -155,7 +155,6 @@ async fn close_session(
         (status = 200, description = "The session, its `workspace_sha256` the checkpoint", body = SessionView),
         (status = 404, description = "No such session of the caller's", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The session was ended (`session-closed`) or expired (`session-expired`), or no checkpoint could be taken (`checkpoint-invalid`: the workspace is over its bounds, or the live sandbox did not answer)", body = Problem, content_type = "application/problem+json"),
-        (status = 501, description = "A live session on the fleet (PostgreSQL): not in this version (`checkpoint-unsupported`)", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]

@@ -304,9 +304,13 @@ async fn claim_held_cells(state: AppState, queue: PgStore, stop: CancellationTok
     // A cell queued for a session is told at once (PgStore::live_news); the poll finds the
     // rest (cells given back, notifications lost while the database session was re-made).
     let mut news = queue.live_news();
+    // Sessions whose checkpoint ask is being answered here (one at a time each).
+    let answering: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>> =
+        Default::default();
     while !stop.is_cancelled() {
         while running.try_join_next().is_some() {}
         state.inner.live.prune();
+        answer_checkpoints(&state, &queue, &answering, &mut running).await;
         let claimed = if state.inner.live.is_empty() {
             Ok(None)
         } else {
@@ -336,6 +340,45 @@ async fn claim_held_cells(state: AppState, queue: PgStore, stop: CancellationTok
         }
     }
     while running.join_next().await.is_some() {}
+}
+
+/// Starts answering the checkpoint asks of the sessions this node holds
+/// ([`super::live_fleet::answer_checkpoint`]), each session's one at a time.
+async fn answer_checkpoints(
+    state: &AppState,
+    queue: &PgStore,
+    answering: &std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    running: &mut JoinSet<()>,
+) {
+    let held = state.inner.live.ids();
+    if held.is_empty() {
+        return;
+    }
+    let asks = match queue.checkpoints_asked(&held).await {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the checkpoint asks failed; retrying");
+            return;
+        }
+    };
+    for a in asks {
+        let fresh = answering
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(a.session_id.clone());
+        if !fresh {
+            continue;
+        }
+        let (state, queue, answering) = (state.clone(), queue.clone(), answering.clone());
+        running.spawn(async move {
+            let sid = a.session_id.clone();
+            super::live_fleet::answer_checkpoint(&state, &queue, a).await;
+            answering
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&sid);
+        });
+    }
 }
 
 /// This node's row in `workers`, renewed every `every` (slots, labels, whether it drains;

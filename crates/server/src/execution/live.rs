@@ -218,6 +218,16 @@ pub enum Collected {
     Lost,
 }
 
+/// The most a checkpoint's answer may take for a session of `set`: the workspace's content
+/// plus a tar header (and a GNU long name) per entry, and the answer's JSON line.
+pub fn checkpoint_limit(set: &crate::config::SessionSettings) -> u64 {
+    set.max_mb
+        .saturating_mul(1 << 20)
+        .saturating_add(set.max_files.saturating_mul(2048))
+        .saturating_add(1 << 20)
+        .min(u64::from(u32::MAX))
+}
+
 /// How long the supervisor has to collect `/work` for a checkpoint on request.
 const COLLECT_LIMIT: Duration = Duration::from_secs(120);
 

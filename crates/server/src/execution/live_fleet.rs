@@ -334,3 +334,60 @@ async fn start_interpreter(
         }
     }
 }
+
+/// Answers a checkpoint ask for a session this node holds (crate::storage::pg::live_checkpoints):
+/// between cells (it takes its turn on the session's slot), the supervisor collects `/work`
+/// from the interpreter's sandbox, which keeps running; the checkpoint becomes the session's
+/// head. Nothing is answered when this node no longer holds the session.
+pub(crate) async fn answer_checkpoint(
+    state: &AppState,
+    queue: &PgStore,
+    asked: crate::storage::pg::live_checkpoints::Asked,
+) {
+    use crate::storage::pg::live_checkpoints::Answer as Reply;
+    let Some(slot) = state.inner.live.get(&asked.session_id) else {
+        return;
+    };
+    let Some(set) = state
+        .inner
+        .config
+        .tasks
+        .get(&asked.task)
+        .map(|t| t.session.clone())
+    else {
+        return;
+    };
+    let mut guard = slot.lock().await;
+    if guard.live.as_ref().is_some_and(Live::ended) {
+        guard.live = None;
+    }
+    let Some(l) = guard.live.as_mut() else {
+        return;
+    };
+    let reply = match live::checkpoint(l, live::checkpoint_limit(&set)).await {
+        live::Collected::Archive { sha256, bytes } => Reply::Taken { sha256, bytes },
+        live::Collected::Refused(why) => Reply::Refused(format!(
+            "no checkpoint was taken (the interpreter is kept): {why}"
+        )),
+        live::Collected::Lost => {
+            if let Some(l) = guard.live.take() {
+                live::end(l, true).await;
+            }
+            Reply::Refused("the live sandbox did not answer the checkpoint in step; it was ended (the next cell restarts from the last checkpoint)".into())
+        }
+    };
+    match queue
+        .answer_checkpoint(&asked.session_id, asked.asked, reply, now())
+        .await
+    {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!(session_id = %asked.session_id, "a checkpoint was taken, but this node no longer holds the session; not recorded")
+        }
+        Err(e) => {
+            tracing::error!(session_id = %asked.session_id, error = %e, "recording a checkpoint taken on request failed")
+        }
+    }
+    drop(guard);
+    queue.tell_live_news().await;
+}

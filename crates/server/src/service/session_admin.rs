@@ -130,10 +130,12 @@ pub(crate) async fn checkpoint(
     };
     let mut took = None;
     if set.interpreter.is_some() {
-        if state.inner.queue.is_some() {
-            return Err(deny(state, caller, ev, Refusal::CheckpointUnsupported).await);
-        }
-        if let Some(slot) = state.inner.live.get(&s.session_id) {
+        if let Some(q) = &state.inner.queue {
+            match fleet_checkpoint(q, &s.session_id).await? {
+                Ok(sha) => took = sha,
+                Err(r) => return Err(deny(state, caller, ev, r).await),
+            }
+        } else if let Some(slot) = state.inner.live.get(&s.session_id) {
             let mut guard = slot.lock().await;
             if guard
                 .live
@@ -143,14 +145,7 @@ pub(crate) async fn checkpoint(
                 guard.live = None;
             }
             if let Some(l) = guard.live.as_mut() {
-                // The archive's bound: the workspace's content plus a tar header (and a GNU
-                // long name) per entry, and the answer's JSON line.
-                let limit = set
-                    .max_mb
-                    .saturating_mul(1 << 20)
-                    .saturating_add(set.max_files.saturating_mul(2048))
-                    .saturating_add(1 << 20)
-                    .min(u64::from(u32::MAX));
+                let limit = crate::execution::live::checkpoint_limit(&set);
                 match crate::execution::live::checkpoint(l, limit).await {
                     crate::execution::live::Collected::Archive { sha256, bytes } => {
                         took = Some(keep_head(state, &s.session_id, sha256, bytes).await?);
@@ -189,6 +184,54 @@ pub(crate) async fn checkpoint(
         })
         .await;
     Ok(session_view(state, &s))
+}
+
+/// How long a replica waits for the executor holding a live session to answer its
+/// checkpoint ask (the collection's own bound, and some).
+const FLEET_CHECKPOINT_WAIT: std::time::Duration = std::time::Duration::from_secs(150);
+
+/// A live session's checkpoint on request on the fleet (crate::storage::pg::live_checkpoints):
+/// asked through the session's row and answered by the executor whose interpreter holds it.
+/// Ok(Some(digest)) taken; Ok(None) no interpreter holds the session (its head is the last
+/// checkpoint); Err the refusal (none could be taken, or no answer in time).
+async fn fleet_checkpoint(
+    q: &crate::storage::pg::PgStore,
+    sid: &str,
+) -> Result<Result<Option<String>, Refusal>, Failure> {
+    let Some(asked) = q.ask_checkpoint(sid).await? else {
+        return Ok(Err(Refusal::SessionClosed));
+    };
+    q.tell_live_news().await;
+    let mut news = q.live_news();
+    let deadline = std::time::Instant::now() + FLEET_CHECKPOINT_WAIT;
+    loop {
+        let (answer, held) = q.checkpoint_answer(sid, asked).await?;
+        if let Some(a) = answer {
+            let v: serde_json::Value = serde_json::from_str(&a).unwrap_or_default();
+            if let Some(sha) = v.get("sha256").and_then(|x| x.as_str()) {
+                return Ok(Ok(Some(sha.to_owned())));
+            }
+            let why = v
+                .get("error")
+                .and_then(|x| x.as_str())
+                .unwrap_or("the executor holding the session took no checkpoint");
+            return Ok(Err(Refusal::CheckpointInvalid(why.to_owned())));
+        }
+        if !held {
+            q.settle_checkpoint_ask(sid, asked).await?;
+            return Ok(Ok(None));
+        }
+        if std::time::Instant::now() >= deadline {
+            return Ok(Err(Refusal::CheckpointInvalid(format!(
+                "the executor holding the session did not answer the checkpoint within {} s",
+                FLEET_CHECKPOINT_WAIT.as_secs()
+            ))));
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+            _ = news.changed() => {}
+        }
+    }
 }
 
 /// Stores a live sandbox's checkpoint and makes it the session's head (SQLite).

@@ -47,6 +47,7 @@ use crate::storage::store::{
     UNKNOWN_AT_START_UP, WriteObject,
 };
 
+pub mod live_checkpoints;
 mod migrations;
 pub mod sessions;
 use migrations::MIGRATIONS;

@@ -156,4 +156,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE runs ADD COLUMN interpreter_of TEXT;
     CREATE INDEX runs_interpreter_of ON runs (interpreter_of) WHERE interpreter_of IS NOT NULL;
     ALTER TABLE workers ADD COLUMN facts TEXT;",
+    // 9: a live session's checkpoint on request on the fleet (crate::storage::pg::live_checkpoints):
+    // a replica asks (`checkpoint_asked`, a counter), the executor holding the interpreter
+    // answers the asks up to the one it read (`checkpoint_done`) with the result
+    // (`checkpoint_result`: JSON, the digest or why none).
+    "ALTER TABLE sessions ADD COLUMN checkpoint_asked BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE sessions ADD COLUMN checkpoint_done BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE sessions ADD COLUMN checkpoint_result TEXT;",
 ];
