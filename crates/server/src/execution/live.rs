@@ -219,11 +219,12 @@ pub enum Collected {
 }
 
 /// The most a checkpoint's answer may take for a session of `set`: the workspace's content
-/// plus a tar header (and a GNU long name) per entry, and the answer's JSON line.
+/// plus, per entry, a tar header, a GNU long-name entry for a path of up to 4 KiB and the
+/// padding (6 KiB in all), and the answer's JSON line.
 pub fn checkpoint_limit(set: &crate::config::SessionSettings) -> u64 {
     set.max_mb
         .saturating_mul(1 << 20)
-        .saturating_add(set.max_files.saturating_mul(2048))
+        .saturating_add(set.max_files.saturating_mul(6 << 10))
         .saturating_add(1 << 20)
         .min(u64::from(u32::MAX))
 }
@@ -275,7 +276,8 @@ pub async fn checkpoint(live: &mut Live, limit: u64) -> Collected {
     if let Some(why) = head.get("error").and_then(|e| e.as_str()) {
         return Collected::Refused(agentjail_manifest::text::printable(why, 300));
     }
-    let bytes = answer[i + 1..].to_vec();
+    let mut answer = answer;
+    let bytes = answer.split_off(i + 1);
     let sha256 = format!("sha256:{}", crate::config::sha256_hex(&bytes));
     if head.get("sha256").and_then(|s| s.as_str()) != Some(sha256.as_str()) {
         live.cancel.cancel();

@@ -376,18 +376,30 @@ pub(crate) async fn answer_checkpoint(
             Reply::Refused("the live sandbox did not answer the checkpoint in step; it was ended (the next cell restarts from the last checkpoint)".into())
         }
     };
-    match queue
-        .answer_checkpoint(&asked.session_id, asked.asked, reply, now())
+    let sid = &asked.session_id;
+    let recorded = match queue
+        .answer_checkpoint(sid, asked.asked, reply, now())
         .await
     {
-        Ok(true) => {}
-        Ok(false) => {
-            tracing::warn!(session_id = %asked.session_id, "a checkpoint was taken, but this node no longer holds the session; not recorded")
-        }
+        Ok(r) => r,
         Err(e) => {
-            tracing::error!(session_id = %asked.session_id, error = %e, "recording a checkpoint taken on request failed")
+            // A checkpoint the database cannot take (too large a value, say): the ask is
+            // answered with why, not collected again at every poll.
+            tracing::error!(session_id = %sid, error = %e, "recording a checkpoint taken on request failed");
+            let why = Reply::Refused(format!("the checkpoint could not be stored: {e}"));
+            queue
+                .answer_checkpoint(sid, asked.asked, why, now())
+                .await
+                .unwrap_or(false)
         }
-    }
+    };
     drop(guard);
-    queue.tell_live_news().await;
+    if recorded {
+        queue.tell_live_news().await;
+    } else {
+        // This node no longer holds the session (or cannot write): the ask stays for the
+        // holder, and this node looks again no sooner than this.
+        tracing::warn!(session_id = %sid, "a checkpoint ask was not answered here: this node no longer holds the session or the database refused");
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    }
 }

@@ -148,7 +148,16 @@ pub(crate) async fn checkpoint(
                 let limit = crate::execution::live::checkpoint_limit(&set);
                 match crate::execution::live::checkpoint(l, limit).await {
                     crate::execution::live::Collected::Archive { sha256, bytes } => {
-                        took = Some(keep_head(state, &s.session_id, sha256, bytes).await?);
+                        let run = (s.tenant.as_str(), l.request_id.as_str());
+                        match keep_head(state, &s.session_id, run, sha256, bytes).await? {
+                            Some(sha) => took = Some(sha),
+                            None => {
+                                let r = Refusal::CheckpointInvalid(
+                                    "the session changed while its checkpoint was taken (it was closed, or its interpreter ended: its end's checkpoint is the head); nothing was recorded".into(),
+                                );
+                                return Err(deny(state, caller, ev, r).await);
+                            }
+                        }
                     }
                     crate::execution::live::Collected::Refused(why) => {
                         let r = Refusal::CheckpointInvalid(format!(
@@ -211,6 +220,10 @@ async fn fleet_checkpoint(
             if let Some(sha) = v.get("sha256").and_then(|x| x.as_str()) {
                 return Ok(Ok(Some(sha.to_owned())));
             }
+            if v.get("none").is_some() {
+                // Settled by another request that found no holder: the head stands.
+                return Ok(Ok(None));
+            }
             let why = v
                 .get("error")
                 .and_then(|x| x.as_str())
@@ -222,6 +235,8 @@ async fn fleet_checkpoint(
             return Ok(Ok(None));
         }
         if std::time::Instant::now() >= deadline {
+            // No holder takes it later for nobody.
+            q.settle_checkpoint_ask(sid, asked).await?;
             return Ok(Err(Refusal::CheckpointInvalid(format!(
                 "the executor holding the session did not answer the checkpoint within {} s",
                 FLEET_CHECKPOINT_WAIT.as_secs()
@@ -234,27 +249,31 @@ async fn fleet_checkpoint(
     }
 }
 
-/// Stores a live sandbox's checkpoint and makes it the session's head (SQLite).
+/// Stores a live sandbox's checkpoint and makes it the session's head (SQLite), while the
+/// interpreter's run `run` (tenant, request id) is in flight; None when it was not recorded.
 async fn keep_head(
     state: &AppState,
     sid: &str,
+    run: (&str, &str),
     sha256: String,
     bytes: Vec<u8>,
-) -> Result<String, Failure> {
+) -> Result<Option<String>, Failure> {
     let path = crate::execution::checkpoints::keep(&state.inner.data_dir, &sha256, bytes)
         .await
         .ok_or(Failure::Internal)?;
     let db = state.store().sqlite().ok_or(Failure::Internal)?.clone();
     let (id, sha) = (sid.to_owned(), sha256.clone());
+    let (tenant, rid) = (run.0.to_owned(), run.1.to_owned());
     let set = db
-        .call(move |c| store::set_live_head(c, &id, &sha, &path))
+        .call(move |c| store::set_live_head(c, &id, (&tenant, &rid), &sha, &path))
         .await
         .map_err(|e| {
             tracing::error!(session_id = %sid, error = %e, "recording a checkpoint taken on request failed");
             Failure::Internal
         })?;
     if !set {
-        tracing::warn!(session_id = %sid, "the session was closed while its checkpoint was taken; not its head");
+        tracing::warn!(session_id = %sid, "the session was closed or its interpreter ended while its checkpoint was taken; not its head");
+        return Ok(None);
     }
-    Ok(sha256)
+    Ok(Some(sha256))
 }

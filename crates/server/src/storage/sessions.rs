@@ -416,11 +416,14 @@ fn finish_cell_sync(c: &mut Connection, f: &FinishRun, end: &CellEnd) -> Result<
 
 /// A live session's checkpoint taken on request (stored at `path`, checked under the
 /// database's lock as the retention sweep deletes under it): the session's new head, and the
-/// head its last cell left (what a fork from that cell starts from). False when the session
-/// was closed meanwhile or the file is gone.
+/// head its last cell left (what a fork from that cell starts from). Only while the
+/// interpreter's run that took it (`tenant`, `run`) is in flight: once it ended, its end's
+/// checkpoint is the newer head, never replaced by this older one. False when the session
+/// was closed, the run ended, or the file is gone.
 pub fn set_live_head(
     c: &mut Connection,
     session_id: &str,
+    (tenant, run): (&str, &str),
     sha256: &str,
     path: &std::path::Path,
 ) -> Result<bool, DbError> {
@@ -429,8 +432,10 @@ pub fn set_live_head(
         return Ok(false);
     }
     let n = tx.execute(
-        "UPDATE sessions SET head_sha256 = ?2 WHERE session_id = ?1 AND closed_at IS NULL",
-        params![session_id, sha256],
+        "UPDATE sessions SET head_sha256 = ?2 WHERE session_id = ?1 AND closed_at IS NULL
+           AND EXISTS (SELECT 1 FROM runs WHERE tenant = ?3 AND request_id = ?4
+                       AND status IN ('queued', 'running'))",
+        params![session_id, sha256, tenant, run],
     )?;
     if n == 1 {
         tx.execute(

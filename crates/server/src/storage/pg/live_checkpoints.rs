@@ -112,15 +112,15 @@ impl PgStore {
         let mut c = self.client().await?;
         let tx = read_committed(&mut c).await?;
         let holds: bool = tx
-            .query_one(
+            .query_opt(
                 "SELECT EXISTS (SELECT 1 FROM runs WHERE interpreter_of = $1 AND node_id = $2
                         AND status IN ('queued', 'running') AND lease_expires_at > clock_timestamp())
-                 FROM sessions WHERE session_id = $1 FOR UPDATE",
+                 FROM sessions WHERE session_id = $1 AND closed_at IS NULL FOR UPDATE",
                 &[&session_id, &self.node],
             )
             .await
             .map_err(pg_err)?
-            .get(0);
+            .is_some_and(|r| r.get(0));
         if !holds {
             return Ok(false);
         }
@@ -139,9 +139,14 @@ impl PgStore {
                 )
                 .await
                 .map_err(pg_err)?;
+                // The last cell, once it ended: one a replica reserved meanwhile (queued, not
+                // run yet) did not leave this workspace.
                 tx.execute(
-                    "UPDATE session_cells SET head_after = $2 WHERE session_id = $1
-                       AND cell = (SELECT cells - 1 FROM sessions WHERE session_id = $1)",
+                    "UPDATE session_cells c SET head_after = $2 WHERE c.session_id = $1
+                       AND c.cell = (SELECT cells - 1 FROM sessions WHERE session_id = $1)
+                       AND EXISTS (SELECT 1 FROM runs r WHERE r.tenant = c.tenant
+                                   AND r.request_id = c.run_request_id
+                                   AND r.status NOT IN ('queued', 'running'))",
                     &[&session_id, &sha256],
                 )
                 .await
@@ -163,9 +168,9 @@ impl PgStore {
 }
 
 impl PgStore {
-    /// Marks the session's asks up to `asked` as settled without an answer (no interpreter
-    /// held the session: its head is the last checkpoint), so that no later holder takes a
-    /// checkpoint nobody waits for.
+    /// Marks the session's asks up to `asked` as settled without a checkpoint (no interpreter
+    /// held the session: its head is the last checkpoint; or no answer came in time), so that
+    /// no later holder takes one nobody waits for. A waiter on an earlier ask reads `none`.
     pub async fn settle_checkpoint_ask(
         &self,
         session_id: &str,
@@ -173,7 +178,8 @@ impl PgStore {
     ) -> Result<(), StoreError> {
         let c = self.client().await?;
         c.execute(
-            "UPDATE sessions SET checkpoint_done = GREATEST(checkpoint_done, $2) WHERE session_id = $1",
+            "UPDATE sessions SET checkpoint_done = $2, checkpoint_result = '{\"none\": true}'
+             WHERE session_id = $1 AND checkpoint_done < $2",
             &[&session_id, &asked],
         )
         .await
