@@ -160,7 +160,9 @@ with sync_playwright() as p:
     # A tenant's token is refused in the browser too, and leaves no session.
     page.fill("#token", TENANT)
     page.click("button[type=submit]")
-    page.wait_for_selector("text=the console is for operators")
+    # The refusal itself (the page's own text also says the console is for operators): until
+    # it shows, the refused request may still clear the token field under the next fill.
+    page.wait_for_selector("p.error >> text=Refused: the console is for operators")
     check(not ctx.cookies(), f"a tenant's login left a cookie: {ctx.cookies()}")
 
     requested = []
