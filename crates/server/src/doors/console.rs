@@ -396,7 +396,7 @@ async fn receipt_check(state: &AppState, env: &str) -> Value {
     };
     // A run's receipt, or a live session's cell's (which the service signs); never a
     // self-test attestation in a run's place.
-    fn verify_with_key(env: &[u8], key: &VerifyingKey, _: &[()]) -> Result<(), ReceiptError> {
+    fn check(env: &[u8], key: &VerifyingKey) -> Result<(), ReceiptError> {
         match agentjail_verify::receipt::verify_any_with_key(env, key, &[])? {
             VerifiedAny::Run(_) | VerifiedAny::LiveCell(_) => Ok(()),
             VerifiedAny::Selftest(_) => Err(ReceiptError::BadStatement {
@@ -406,7 +406,7 @@ async fn receipt_check(state: &AppState, env: &str) -> Value {
     }
     let key = state.inner.data_dir.join("private").join("receipt-key.pem");
     let own = match ReceiptKey::load(&key) {
-        Ok(k) => verify_with_key(env.as_bytes(), &k.verifying_key(), &[]),
+        Ok(k) => check(env.as_bytes(), &k.verifying_key()),
         Err(e) => return json!({"verifies": null, "error": format!("this node's key: {e}")}),
     };
     let error = match own {
@@ -436,14 +436,12 @@ async fn receipt_check(state: &AppState, env: &str) -> Value {
         [] => {
             json!({"verifies": false, "error": format!("{error}; no node published key {keyid}")})
         }
-        [(node, pem)] => {
-            match parse_public_key_pem(pem).and_then(|k| verify_with_key(env.as_bytes(), &k, &[])) {
-                Ok(_) => json!({"verifies": true, "trust": "database", "signer_node": node}),
-                Err(e) => {
-                    json!({"verifies": false, "error": format!("{error}; nor with the key node {node:?} published: {e}")})
-                }
+        [(node, pem)] => match parse_public_key_pem(pem).and_then(|k| check(env.as_bytes(), &k)) {
+            Ok(_) => json!({"verifies": true, "trust": "database", "signer_node": node}),
+            Err(e) => {
+                json!({"verifies": false, "error": format!("{error}; nor with the key node {node:?} published: {e}")})
             }
-        }
+        },
         more => {
             json!({"verifies": false, "error": format!("{error}; {} nodes published key {keyid}: none is taken", more.len())})
         }

@@ -208,8 +208,47 @@ pub async fn exec(live: &mut Live, code: &str, seconds: u64) -> Answer {
     }
 }
 
+/// A checkpoint taken on request of a live sandbox (see [`checkpoint_now`]).
+pub struct Taken {
+    /// `sha256:<hex>`, checked to be the bytes'.
+    pub sha256: String,
+    pub bytes: Vec<u8>,
+    /// The interpreter run's request id (its record says whether it is still in flight).
+    pub run: String,
+}
+
+/// A checkpoint on request of the session's live sandbox held in `slot` (locked by the
+/// caller: between cells), for the task's session settings `set`: None when no sandbox is up
+/// (the head is the last checkpoint); `Err` why none was taken (over the workspace's bounds,
+/// the interpreter kept; or a sandbox that answered out of step, ended here).
+pub async fn checkpoint_now(
+    slot: &mut Slot,
+    set: &crate::config::SessionSettings,
+) -> Option<Result<Taken, String>> {
+    if slot.live.as_ref().is_some_and(Live::ended) {
+        slot.live = None;
+    }
+    let l = slot.live.as_mut()?;
+    Some(match checkpoint(l, checkpoint_limit(set)).await {
+        Collected::Archive { sha256, bytes } => Ok(Taken {
+            sha256,
+            bytes,
+            run: l.request_id.clone(),
+        }),
+        Collected::Refused(why) => Err(format!(
+            "no checkpoint was taken (the interpreter is kept): {why}"
+        )),
+        Collected::Lost => {
+            if let Some(l) = slot.live.take() {
+                end(l, true).await;
+            }
+            Err("the live sandbox did not answer the checkpoint in step; it was ended (the next cell restarts from the last checkpoint)".into())
+        }
+    })
+}
+
 /// What a checkpoint request to a live sandbox came to.
-pub enum Collected {
+enum Collected {
     /// The archive and its digest (`sha256:<hex>`), checked to be that digest.
     Archive { sha256: String, bytes: Vec<u8> },
     /// The supervisor made none (over the workspace's bounds, unreadable): why, one line.
@@ -221,7 +260,7 @@ pub enum Collected {
 /// The most a checkpoint's answer may take for a session of `set`: the workspace's content
 /// plus, per entry, a tar header, a GNU long-name entry for a path of up to 4 KiB and the
 /// padding (6 KiB in all), and the answer's JSON line.
-pub fn checkpoint_limit(set: &crate::config::SessionSettings) -> u64 {
+fn checkpoint_limit(set: &crate::config::SessionSettings) -> u64 {
     set.max_mb
         .saturating_mul(1 << 20)
         .saturating_add(set.max_files.saturating_mul(6 << 10))
@@ -235,7 +274,7 @@ const COLLECT_LIMIT: Duration = Duration::from_secs(120);
 /// Asks the live sandbox's supervisor (its relay, outside the sandbox) for a checkpoint of
 /// `/work` now, between cells: an answer of at most `limit` bytes. The interpreter keeps
 /// running. A channel out of step or silent past [`COLLECT_LIMIT`] ends the sandbox.
-pub async fn checkpoint(live: &mut Live, limit: u64) -> Collected {
+async fn checkpoint(live: &mut Live, limit: u64) -> Collected {
     live.seq += 1;
     let seq = live.seq;
     let body = serde_json::json!({"seq": seq, "checkpoint": true}).to_string();

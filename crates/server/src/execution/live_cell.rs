@@ -225,17 +225,27 @@ pub(crate) fn cell_end(
         b[..b.len().min(agentjail_engine::STREAM_LIMIT as usize)].to_vec()
     };
     let (stdout, stderr) = (cut(&out.stdout), cut(&out.stderr));
+    // Each stream's count and digest, once: for its record and for the receipt.
+    let report = |b: &[u8]| agentjail_manifest::report::StreamReport {
+        bytes: b.len() as u64,
+        truncated: b.len() as u64 >= agentjail_engine::STREAM_LIMIT,
+        sha256: Some(format!("sha256:{}", crate::config::sha256_hex(b))),
+    };
+    let reports = (report(&stdout), report(&stderr));
     let streams = {
-        use crate::execution::streams::{job_folder, log_name, record_from_logs};
+        use crate::execution::streams::{job_folder, log_name, record};
         let written = job_folder(&dir)
             .and_then(|()| std::fs::write(dir.join(log_name(true)), &stdout))
             .and_then(|()| std::fs::write(dir.join(log_name(false)), &stderr));
-        if let Err(e) = written {
-            tracing::error!(%job_id, error = %e, "writing a live cell's logs failed");
+        match written {
+            Ok(()) => serde_json::to_string(&record(&dir, task, &reports.0, &reports.1)).ok(),
+            Err(e) => {
+                tracing::error!(%job_id, error = %e, "writing a live cell's logs failed");
+                None
+            }
         }
-        record_from_logs(&dir, task).and_then(|x| serde_json::to_string(&x).ok())
     };
-    let receipt = sign(state, session_id, cell, &out, &facts, &stdout, &stderr);
+    let receipt = sign(state, session_id, cell, &out, &facts, reports);
     let receipt_sha256 = receipt
         .as_deref()
         .and_then(super::checkpoints::receipt_digest);
@@ -272,16 +282,12 @@ fn sign(
     cell: u64,
     out: &Ended,
     facts: &CellFacts<'_>,
-    stdout: &[u8],
-    stderr: &[u8],
+    (stdout, stderr): (
+        agentjail_manifest::report::StreamReport,
+        agentjail_manifest::report::StreamReport,
+    ),
 ) -> Option<String> {
-    use agentjail_manifest::report::StreamReport;
     use agentjail_verify::receipt::{LiveCellInterpreter, LiveCellPredicate, sign_live_cell};
-    let stream = |b: &[u8]| StreamReport {
-        bytes: b.len() as u64,
-        truncated: b.len() as u64 >= agentjail_engine::STREAM_LIMIT,
-        sha256: Some(format!("sha256:{}", crate::config::sha256_hex(b))),
-    };
     let predicate = LiveCellPredicate {
         agentjail_version: env!("CARGO_PKG_VERSION").into(),
         request_id: crate::storage::sessions::run_request_id(session_id, cell),
@@ -297,8 +303,8 @@ fn sign(
         status: out.status.as_str().to_owned(),
         started_at: facts.started_at.clone(),
         wall_ms: facts.t0.elapsed().as_millis() as u64,
-        stdout: stream(stdout),
-        stderr: stream(stderr),
+        stdout,
+        stderr,
         session_head: facts.session_head.clone(),
     };
     let code = crate::config::sha256_hex(facts.code.as_bytes());

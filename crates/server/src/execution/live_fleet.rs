@@ -358,23 +358,13 @@ pub(crate) async fn answer_checkpoint(
         return;
     };
     let mut guard = slot.lock().await;
-    if guard.live.as_ref().is_some_and(Live::ended) {
-        guard.live = None;
-    }
-    let Some(l) = guard.live.as_mut() else {
-        return;
-    };
-    let reply = match live::checkpoint(l, live::checkpoint_limit(&set)).await {
-        live::Collected::Archive { sha256, bytes } => Reply::Taken { sha256, bytes },
-        live::Collected::Refused(why) => Reply::Refused(format!(
-            "no checkpoint was taken (the interpreter is kept): {why}"
-        )),
-        live::Collected::Lost => {
-            if let Some(l) = guard.live.take() {
-                live::end(l, true).await;
-            }
-            Reply::Refused("the live sandbox did not answer the checkpoint in step; it was ended (the next cell restarts from the last checkpoint)".into())
-        }
+    let reply = match live::checkpoint_now(&mut guard, &set).await {
+        None => return,
+        Some(Ok(t)) => Reply::Taken {
+            sha256: t.sha256,
+            bytes: t.bytes,
+        },
+        Some(Err(why)) => Reply::Refused(why),
     };
     let sid = &asked.session_id;
     let recorded = match queue

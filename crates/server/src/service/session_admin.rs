@@ -137,43 +137,19 @@ pub(crate) async fn checkpoint(
             }
         } else if let Some(slot) = state.inner.live.get(&s.session_id) {
             let mut guard = slot.lock().await;
-            if guard
-                .live
-                .as_ref()
-                .is_some_and(crate::execution::live::Live::ended)
-            {
-                guard.live = None;
-            }
-            if let Some(l) = guard.live.as_mut() {
-                let limit = crate::execution::live::checkpoint_limit(&set);
-                match crate::execution::live::checkpoint(l, limit).await {
-                    crate::execution::live::Collected::Archive { sha256, bytes } => {
-                        let run = (s.tenant.as_str(), l.request_id.as_str());
-                        match keep_head(state, &s.session_id, run, sha256, bytes).await? {
-                            Some(sha) => took = Some(sha),
-                            None => {
-                                let r = Refusal::CheckpointInvalid(
-                                    "the session changed while its checkpoint was taken (it was closed, or its interpreter ended: its end's checkpoint is the head); nothing was recorded".into(),
-                                );
-                                return Err(deny(state, caller, ev, r).await);
-                            }
-                        }
-                    }
-                    crate::execution::live::Collected::Refused(why) => {
-                        let r = Refusal::CheckpointInvalid(format!(
-                            "no checkpoint was taken (the interpreter is kept): {why}"
-                        ));
-                        return Err(deny(state, caller, ev, r).await);
-                    }
-                    crate::execution::live::Collected::Lost => {
-                        if let Some(l) = guard.live.take() {
-                            crate::execution::live::end(l, true).await;
-                        }
+            match crate::execution::live::checkpoint_now(&mut guard, &set).await {
+                None => {}
+                Some(Ok(t)) => match keep_head(state, &s.session_id, &s.tenant, t).await? {
+                    Some(sha) => took = Some(sha),
+                    None => {
                         let r = Refusal::CheckpointInvalid(
-                            "the live sandbox did not answer the checkpoint in step; it was ended (the next cell restarts from the last checkpoint)".into(),
+                            "the session changed while its checkpoint was taken (it was closed, or its interpreter ended: its end's checkpoint is the head); nothing was recorded".into(),
                         );
                         return Err(deny(state, caller, ev, r).await);
                     }
+                },
+                Some(Err(why)) => {
+                    return Err(deny(state, caller, ev, Refusal::CheckpointInvalid(why)).await);
                 }
             }
         }
@@ -254,18 +230,18 @@ async fn fleet_checkpoint(
 async fn keep_head(
     state: &AppState,
     sid: &str,
-    run: (&str, &str),
-    sha256: String,
-    bytes: Vec<u8>,
+    tenant: &str,
+    t: crate::execution::live::Taken,
 ) -> Result<Option<String>, Failure> {
+    let crate::execution::live::Taken { sha256, bytes, run } = t;
     let path = crate::execution::checkpoints::keep(&state.inner.data_dir, &sha256, bytes)
         .await
         .ok_or(Failure::Internal)?;
     let db = state.store().sqlite().ok_or(Failure::Internal)?.clone();
     let (id, sha) = (sid.to_owned(), sha256.clone());
-    let (tenant, rid) = (run.0.to_owned(), run.1.to_owned());
+    let tenant = tenant.to_owned();
     let set = db
-        .call(move |c| store::set_live_head(c, &id, (&tenant, &rid), &sha, &path))
+        .call(move |c| store::set_live_head(c, &id, (&tenant, &run), &sha, &path))
         .await
         .map_err(|e| {
             tracing::error!(session_id = %sid, error = %e, "recording a checkpoint taken on request failed");

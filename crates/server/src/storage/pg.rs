@@ -313,7 +313,7 @@ pub struct PgStore {
     /// This replica's content-addressed object folder (`DATA/objects`).
     objects: PathBuf,
     /// See [`PgStore::runs_changed`] and [`PgStore::live_news`].
-    runs_changed: Arc<Heard>,
+    heard: Arc<Heard>,
 }
 
 /// What this node's database session hears from the others, each a counter bumped per
@@ -520,7 +520,7 @@ impl PgStore {
             node,
             anchored: Arc::default(),
             objects,
-            runs_changed,
+            heard: runs_changed,
         })
     }
 
@@ -528,7 +528,7 @@ impl PgStore {
     /// this node's own database session, `LISTEN runs_changed`; its own are heard too); none
     /// arrive while that session is being re-established. For the console's live runs list.
     pub fn runs_changed(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.runs_changed.runs.subscribe()
+        self.heard.runs.subscribe()
     }
 
     /// Bumped when a node tells that a live session's cell was queued or ended
@@ -537,7 +537,7 @@ impl PgStore {
     /// at their next poll. None arrive while the session is being re-established: the polls
     /// go on.
     pub fn live_news(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.runs_changed.live.subscribe()
+        self.heard.live.subscribe()
     }
 
     /// `NOTIFY live_cells`, in a statement of its own after the cell's transaction.
